@@ -1,0 +1,28 @@
+"""What every backend runtime implements: launch one `extern "C" __global__` function.
+
+A kernel call (kgen/kernel.py) turns the user's keyword arguments into a list of
+`Launch`es; a backend module executes them. Arguments are passed by value in
+kernel-parameter order, exactly like cuLaunchKernel's `void** args`:
+arrays (numpy on the CPU backend, CuPy on CUDA) stand for a device pointer, and
+numpy scalars (np.int32, np.int64, np.float32) for by-value parameters of that C type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class Launch:
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int = 0  # dynamic shared memory, bytes
+    args: list[Any] = field(default_factory=list)
+
+
+class Module(Protocol):
+    backend: str
+
+    def launch(self, launch: Launch) -> None: ...
