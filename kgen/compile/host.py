@@ -1,0 +1,206 @@
+"""Compile generated CUDA source for the CPU backend: g++ + the SIMT runtime header.
+
+`compile_host(source, kernel_names)` builds a shared library holding the kernels and a
+launch shim that exports (C ABI):
+
+    int kgen_launch(const char* kernel, unsigned gx, unsigned gy, unsigned gz,
+                    unsigned bx, unsigned by, unsigned bz, size_t smem,
+                    void** args, char* err, size_t errlen);
+        // args: cuLaunchKernel-style, args[i] points at parameter i's value.
+        // 0 = ok; nonzero = error, message in err.
+    const char* kgen_signature(const char* kernel);   // "p,i4,f4": parameter type codes, NULL if unknown
+    void kgen_set_options(unsigned workers, size_t stack_bytes);  // 0 = default
+
+Artifacts are cached (kgen.cache) under the key of everything that shapes the library.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import settings
+from ..cache import ArtifactCache, content_key
+from ..errors import CompileError, ToolchainError
+from ..paths import simt_dir
+from .cuda_headers import cuda_include_dir
+
+NAMESPACE = "host"
+SOURCE_NAME = "kernel.cu"
+SHIM_NAME = "shim.cpp"
+LIB_NAME = "kernel.so"
+BASE_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-pthread")
+SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclass(frozen=True)
+class HostArtifact:
+    library: Path  # the shared library
+    source_path: Path  # the compiled source, as the library's debug info names it
+    kernel_names: tuple[str, ...]
+    sanitize: bool
+    key: str
+    cache_hit: bool
+    build_seconds: float  # 0.0 on a cache hit
+
+
+def compiler() -> str:
+    """Absolute path of the C++ compiler (KGEN_CXX or g++); ToolchainError if missing."""
+    name = settings.KGEN_CXX.get() or "g++"
+    found = shutil.which(name)
+    if not found:
+        raise ToolchainError(
+            f"C++ compiler {name!r} not found"
+            + (" (from KGEN_CXX)" if settings.KGEN_CXX.get() else " on PATH")
+            + "; the CPU backend needs g++ >= 9: install it or set KGEN_CXX to its path"
+        )
+    return found
+
+
+@functools.lru_cache(maxsize=8)
+def _compiler_version(path: str, mtime: float) -> str:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+    except OSError as e:
+        raise ToolchainError(f"C++ compiler {path!r} (KGEN_CXX) cannot run: {e}") from e
+    if out.returncode != 0:
+        raise ToolchainError(f"C++ compiler {path!r} (KGEN_CXX) failed on --version: {out.stderr.strip()[:500]}")
+    return out.stdout
+
+
+def compiler_version(path: str) -> str:
+    return _compiler_version(path, os.path.getmtime(path))
+
+
+def simt_headers() -> list[Path]:
+    return sorted(p for p in simt_dir().iterdir() if p.suffix == ".h")
+
+
+def _shim(kernel_names: Sequence[str]) -> str:
+    lines = [
+        f'#include "{SOURCE_NAME}"',
+        "#include <cstring>",
+        "#include <string>",
+        '#define KGEN_EXPORT extern "C" __attribute__((visibility("default")))',
+        "KGEN_EXPORT int kgen_launch(const char* kernel, unsigned gx, unsigned gy, unsigned gz, unsigned bx,",
+        "                            unsigned by, unsigned bz, size_t smem, void** args, char* err, size_t errlen) {",
+        "  dim3 g(gx, gy, gz), b(bx, by, bz);",
+    ]
+    for name in kernel_names:
+        lines.append(
+            f'  if (std::strcmp(kernel, "{name}") == 0) '
+            f'return ::kgen_simt::launch_kernel("{name}", &::{name}, g, b, smem, args, err, errlen);'
+        )
+    lines += [
+        '  return ::kgen_simt::write_err(err, errlen, std::string("unknown kernel \'") + kernel + "\'");',
+        "}",
+        "KGEN_EXPORT const char* kgen_signature(const char* kernel) {",
+    ]
+    for name in kernel_names:
+        lines.append(
+            f'  if (std::strcmp(kernel, "{name}") == 0) {{ static const std::string s = '
+            f"::kgen_simt::signature(&::{name}); return s.c_str(); }}"
+        )
+    lines += [
+        "  return nullptr;",
+        "}",
+        "KGEN_EXPORT void kgen_set_options(unsigned workers, size_t stack_bytes) {",
+        "  ::kgen_simt::g_options.workers = workers;",
+        "  ::kgen_simt::g_options.stack_size = stack_bytes;",
+        "}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+_DIAG = re.compile(r"^(?P<file>[^:\s]+):(?P<line>\d+):(?P<col>\d+): (?P<kind>error|fatal error): (?P<msg>.*)$")
+
+
+def _compile_error(stderr: str, source: str, max_errors: int = 5) -> CompileError:
+    src_lines = source.splitlines()
+    shown: list[str] = []
+    n_errors = 0
+    for line in stderr.splitlines():
+        m = _DIAG.match(line)
+        if not m:
+            continue
+        n_errors += 1
+        if len(shown) >= max_errors * 2:
+            continue
+        shown.append(line)
+        if m["file"] == SOURCE_NAME:
+            ln = int(m["line"])
+            if 1 <= ln <= len(src_lines):
+                shown.append(f"  {ln:5d} | {src_lines[ln - 1]}")
+    if not shown:  # no parsable diagnostic (linker error, crash): show the raw tail
+        shown = stderr.strip().splitlines()[-20:]
+    head = f"g++ failed to compile the generated source ({n_errors} error(s)); first errors:"
+    return CompileError("\n".join([head, *shown]))
+
+
+def compile_host(
+    source: str,
+    kernel_names: Sequence[str],
+    *,
+    sanitize: bool = False,
+    extra_flags: Sequence[str] = (),
+    cache: ArtifactCache | None = None,
+) -> HostArtifact:
+    """Build (or fetch from the cache) the CPU shared library for `source`'s kernels."""
+    names = tuple(kernel_names)
+    if not names:
+        raise ValueError("compile_host: kernel_names is empty")
+    for n in names:
+        if not _IDENT.match(n):
+            raise ValueError(f"compile_host: kernel name {n!r} is not a C identifier")
+    if len(set(names)) != len(names):
+        raise ValueError(f"compile_host: duplicate kernel names in {names}")
+    cxx = compiler()
+    version = compiler_version(cxx)
+    inc = cuda_include_dir()
+    sdir = simt_dir()
+    flags = [*BASE_FLAGS, *(SANITIZE_FLAGS if sanitize else ()), *extra_flags]
+    headers = simt_headers()
+    key = content_key(
+        "host-v1",
+        source,
+        "\0".join(names),
+        *(p.name + "\0" + p.read_text() for p in headers),
+        "\0".join(flags),
+        version,
+        f"sanitize={int(sanitize)}",
+    )
+    build_time = [0.0]
+
+    def build(tmp: Path) -> None:
+        (tmp / SOURCE_NAME).write_text(source)
+        (tmp / SHIM_NAME).write_text(_shim(names))
+        cmd = [cxx, *flags, "-include", str(sdir / "kgen_simt.h"), "-I", str(sdir), "-I", str(inc),
+               "-x", "c++", SHIM_NAME, "-o", LIB_NAME]
+        t0 = time.perf_counter()
+        try:
+            res = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=600)
+        except OSError as e:
+            raise ToolchainError(f"C++ compiler {cxx!r} (KGEN_CXX) cannot run: {e}") from e
+        build_time[0] = time.perf_counter() - t0
+        if res.returncode != 0:
+            raise _compile_error(res.stderr, source)
+
+    entry, hit = (cache or ArtifactCache()).get_or_build(NAMESPACE, key, build)
+    return HostArtifact(
+        library=entry / LIB_NAME,
+        source_path=entry / SOURCE_NAME,
+        kernel_names=names,
+        sanitize=sanitize,
+        key=key,
+        cache_hit=hit,
+        build_seconds=build_time[0],
+    )

@@ -1,0 +1,55 @@
+"""Child process of CpuModule's sanitize mode: `python -m kgen.runtime._sanitized_launch JOB.pkl`.
+
+Started with the ASan runtime in LD_PRELOAD. Loads the job (library path, launches with
+numpy arrays), runs the launches and pickles back the arrays (pointer arguments) and any
+runtime error. A sanitizer report ends the process (nonzero exit, report on stderr); the
+parent turns it into a KernelRuntimeError.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+
+import numpy as np
+
+
+def main(job_path: str) -> int:
+    from kgen.runtime.cpu import _Library, pack_args
+
+    with open(job_path, "rb") as f:
+        job = pickle.load(f)
+    out_path = job["result"]
+    lib = _Library(job["library"])
+    result: dict = {"arrays": []}
+    if "signature" in job:
+        result["signature"] = list(lib.signature(job["signature"]) or ())
+    lib.set_options(job.get("workers", 0), job.get("stack_size", 0))
+    import ctypes
+
+    err = ctypes.create_string_buffer(4096)
+    for idx, ln in enumerate(job["launches"]):
+        # Fresh, exactly sized buffers: ASan puts its redzones right after each one.
+        args = [np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in ln["args"]]
+        sig = lib.signature(ln["kernel"])
+        result["kernel"] = ln["kernel"]
+        result["index"] = idx
+        # Progress marker: if the sanitizer kills us mid-launch, the parent knows which kernel.
+        with open(out_path, "wb") as f:
+            pickle.dump(result, f)
+        argv, _keep = pack_args(ln["kernel"], sig, args)
+        rc = lib.launch(ln["kernel"].encode(), *ln["grid"], *ln["block"], ln["smem"], argv, err, 4096)
+        result["arrays"].append([a if isinstance(a, np.ndarray) else None for a in args])
+        if rc != 0:
+            result["error"] = err.value.decode(errors="replace")
+            break
+    with open(out_path + ".tmp", "wb") as f:
+        pickle.dump(result, f)
+    import os
+
+    os.replace(out_path + ".tmp", out_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
