@@ -1,5 +1,28 @@
-"""kgen: specialized paged-attention kernels from YAML specs."""
+"""kgen: specialized paged-attention kernels from YAML specs.
 
+    spec = kgen.load_spec("specs/llama3_8b_decode.yaml")
+    kern = kgen.build(spec, backend="auto")          # renders, compiles, verifies
+    out = kern(q=q, k_cache=k, v_cache=v, block_tables=bt, seq_lens=sl)
+"""
+
+from .build import build
+from .errors import (
+    ArgumentError,
+    CompileError,
+    KernelRuntimeError,
+    KgenError,
+    KgenUserError,
+    SpecError,
+    ToolchainError,
+    UnsupportedError,
+)
+from .kernel import Kernel
+from .spec import Spec, json_schema, load_spec, parse_spec, spec_from_dict
+from .verify import CaseResult, VerificationReport, verify
 from .version import __version__
 
-__all__ = ["__version__"]
+__all__ = [
+    "ArgumentError", "CaseResult", "CompileError", "Kernel", "KernelRuntimeError", "KgenError", "KgenUserError",
+    "Spec", "SpecError", "ToolchainError", "UnsupportedError", "VerificationReport", "__version__", "build",
+    "json_schema", "load_spec", "parse_spec", "spec_from_dict", "verify",
+]

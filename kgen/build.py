@@ -1,0 +1,91 @@
+"""kgen.build: spec → rendered source → compiled artifacts → Kernel (→ verified)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import settings
+from .cache import ArtifactCache
+from .compile.nvrtc import compile_cubin, resources_as_dict
+from .errors import KgenUserError
+from .families.base import Config
+from .kernel import Kernel
+from .render import Rendered, render
+
+BACKENDS = ("auto", "cuda", "cpu")
+
+
+def select_backend(backend: str) -> str:
+    """'auto' is CUDA when a GPU is visible, else CPU (KGEN_BACKEND overrides auto)."""
+    if backend not in BACKENDS:
+        raise KgenUserError(f"backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
+    if backend == "auto":
+        forced = settings.KGEN_BACKEND.get()
+        if forced in ("cuda", "cpu"):
+            return forced
+        from .runtime.cuda import gpu_available
+
+        return "cuda" if gpu_available() else "cpu"
+    return backend
+
+
+def compile_cubins(spec, rendered: Rendered, archs: list[str] | None = None,
+                   cache: ArtifactCache | None = None) -> dict[str, Any]:
+    """NVRTC cubins for the spec's targets (or `archs`): {arch: CubinArtifact}."""
+    origin = f"spec {spec.name}" + (f" ({spec.source_path})" if spec.source_path else "")
+    return {arch: compile_cubin(rendered.source, arch, origin=origin, cache=cache)
+            for arch in (archs if archs is not None else spec.targets)}
+
+
+def load_module(backend: str, rendered: Rendered, cubins: dict[str, Any] | None = None,
+                sanitize: bool = False, cache: ArtifactCache | None = None):
+    """A runnable module for `backend` from the rendered source (CPU) or a cubin for this GPU (CUDA)."""
+    if backend == "cpu":
+        from .compile.host import compile_host
+        from .runtime.cpu import CpuModule
+
+        artifact = compile_host(rendered.source, rendered.kernel_names, sanitize=sanitize)
+        return CpuModule(artifact)
+    from .compile.nvrtc import compile_cubin as _compile
+    from .runtime.cuda import CudaModule, device_arch
+
+    arch = device_arch()
+    art = (cubins or {}).get(arch) or _compile(rendered.source, arch, cache=cache)
+    cache = cache or ArtifactCache()
+    path = _cubin_path(cache, art)
+    return CudaModule(path, rendered.kernel_names)
+
+
+def _cubin_path(cache: ArtifactCache, art) -> Any:
+    import hashlib
+    import os
+    import tempfile
+    from pathlib import Path
+
+    digest = hashlib.sha256(art.cubin).hexdigest()
+    path = Path(cache.root) / "loaded" / f"{digest}.cubin"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(art.cubin)
+        os.replace(tmp, path)
+    return path
+
+
+def build(spec, backend: str = "auto", verify: bool = True, config: Config | None = None,
+          archs: list[str] | None = None, sanitize: bool = False, seed: int | None = None,
+          cache: ArtifactCache | None = None) -> Kernel:
+    """Render, compile (cubins for every target arch + the runnable backend), and verify."""
+    rendered = render(spec, config)
+    cubins = compile_cubins(spec, rendered, archs, cache)
+    chosen = select_backend(backend)
+    module = load_module(chosen, rendered, cubins, sanitize=sanitize, cache=cache)
+    kernel = Kernel(spec, rendered.source, rendered.config, module, rendered.kernel_names,
+                    resources={arch: resources_as_dict(a.resources) for arch, a in cubins.items()},
+                    artifacts={"cubins": cubins})
+    if verify:
+        from .verify import verify as run_verify
+
+        kernel.report = run_verify(kernel, seed=seed)
+    return kernel

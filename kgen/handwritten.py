@@ -1,0 +1,40 @@
+"""Hand-written kernels (e.g. from an AI assistant) verified against a spec's ABI.
+
+The file must define `extern "C" __global__ void <spec name>(...)` with the exact
+signature printed by `kgen abi SPEC`; kgen compiles it for the spec's targets
+(resources), builds it for the chosen backend and runs the same case matrix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .build import compile_cubins, load_module, select_backend
+from .compile.nvrtc import resources_as_dict
+from .errors import KgenUserError
+from .families import family_for
+from .families.base import resolve_config
+from .kernel import Kernel
+from .render import Rendered
+
+
+def build_from_source(spec, path: Path, backend: str = "auto") -> Kernel:
+    try:
+        source = Path(path).read_text()
+    except OSError as e:
+        raise KgenUserError(f"{path}: cannot read the kernel source ({e.strerror})") from None
+    family = family_for(spec)
+    config = resolve_config(family, spec, {"partition_size": 0} if "partition_size" in family.params else None)
+    names = family.kernel_names(spec, config)
+    missing = [n for n in names if f"{n}(" not in source.replace(" (", "(")]
+    if missing:
+        raise KgenUserError(
+            f"{path}: defines no kernel named {', '.join(missing)}; it must declare "
+            f'extern "C" __global__ void {names[0]}(...) with the signature of `kgen abi {spec.source_path or spec.name}`'
+        )
+    rendered = Rendered(source, names, config, spec.kind)
+    cubins = compile_cubins(spec, rendered)
+    module = load_module(select_backend(backend), rendered, cubins)
+    return Kernel(spec, source, config, module, names,
+                  resources={arch: resources_as_dict(a.resources) for arch, a in cubins.items()},
+                  artifacts={"cubins": cubins})

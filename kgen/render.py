@@ -1,0 +1,61 @@
+"""Render a spec (+ a config of tuning parameters) into one self-contained CUDA C++ source.
+
+The Jinja part is thin: typedefs and constexprs for the spec. Kernel bodies live in
+real headers under templates/common/, inlined verbatim (not parsed as Jinja) so the
+generated source needs nothing but CUDA's own fp16/bf16/fp8 headers. Only values
+validated by the spec models reach the template; StrictUndefined turns a missing
+template variable into an error instead of an empty string.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import jinja2
+
+from .errors import KgenUserError
+from .families import family_for
+from .families.base import Config, resolve_config
+from .paths import templates_dir
+from .version import __version__
+
+
+@dataclass(frozen=True)
+class Rendered:
+    source: str
+    kernel_names: list[str]
+    config: Config
+    family: str
+    headers: list[str] = field(default_factory=list)
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    root = templates_dir()
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(root)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.globals["include_raw"] = lambda name: (root / name).read_text()
+    return env
+
+
+def render(spec, config: Config | None = None) -> Rendered:
+    family = family_for(spec)
+    resolved = resolve_config(family, spec, config)
+    problems = family.check_config(spec, resolved)
+    if problems:
+        raise KgenUserError("\n".join(f"{spec.name}: config {resolved}: {p}" for p in problems))
+    context = family.template_context(spec, resolved)
+    source = _environment().get_template(family.template).render(
+        spec=spec,
+        spec_hash=spec.spec_hash(),
+        kgen_version=__version__,
+        config_text=json.dumps(resolved, sort_keys=True),
+        **context,
+    )
+    return Rendered(source, family.kernel_names(spec, resolved), resolved, family.kind)

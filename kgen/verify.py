@@ -1,0 +1,188 @@
+"""Verify a built kernel against the contiguous float64 reference (DESIGN.md §6).
+
+A case passes when  max|out - ref| <= K * max|out_lp - ref| + floor,  where out_lp is
+the same attention computed in the kernel's input precision (inputs and every
+intermediate rounded to the q dtype, as the FlashAttention tests do), K = 2, and
+floor = max|ref| * (64 * eps(fp32) + eps(out dtype)): the kernels accumulate in fp32
+(with fast exp on the GPU) and round once to the output dtype. NaN never passes, and
+the output is pre-filled with NaN so an unwritten element fails too.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .cases import make_decode_case
+from .dtypes import dtype
+from .reference import attention_decode
+
+K_FACTOR = 2.0
+EPS_FP32 = float(np.finfo(np.float32).eps)
+
+
+@dataclass
+class CaseResult:
+    name: str
+    seq_lens: list[int]
+    max_error: float
+    bound: float
+    lowp_error: float
+    passed: bool
+    nan_count: int = 0
+    first_failure: dict | None = None  # {"sequence", "head", "dim", "got", "expected"}
+    note: str = ""
+
+
+@dataclass
+class VerificationReport:
+    spec_name: str
+    backend: str
+    seed: int
+    config: dict
+    cases: list[CaseResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.cases) and all(c.passed for c in self.cases)
+
+    @property
+    def failed_cases(self) -> list[CaseResult]:
+        return [c for c in self.cases if not c.passed]
+
+    def summary(self) -> str:
+        n, bad = len(self.cases), self.failed_cases
+        if not bad:
+            worst = max(self.cases, key=lambda c: c.max_error / c.bound if c.bound else 0)
+            return (f"{self.spec_name}: verified {n}/{n} cases on {self.backend} (seed {self.seed}; "
+                    f"worst error {worst.max_error:.3g} vs bound {worst.bound:.3g} in '{worst.name}')")
+        first = bad[0]
+        where = first.first_failure or {}
+        return (f"{self.spec_name}: FAILED {len(bad)}/{n} cases on {self.backend} (seed {self.seed}); first: "
+                f"'{first.name}' error {first.max_error:.3g} > bound {first.bound:.3g}"
+                + (f" at sequence {where.get('sequence')}, head {where.get('head')}, dim {where.get('dim')}"
+                   if where else "") + (f" ({first.note})" if first.note else ""))
+
+    def to_dict(self) -> dict:
+        return {"spec": self.spec_name, "backend": self.backend, "seed": self.seed, "config": self.config,
+                "passed": self.passed, "seconds": round(self.seconds, 3),
+                "cases": [asdict(c) for c in self.cases]}
+
+
+def decode_case_matrix(spec, config: dict, rng: np.random.Generator) -> list[tuple[str, list[int], bool]]:
+    """(name, seq_lens, share_prefix) for every case of the matrix."""
+    B = spec.kv_cache.block_size
+    long_len = max(5 * B + 3, 300)
+    lens = {"len_1": 1, "len_B-1": B - 1, "len_B": B, "len_B+1": B + 1, "len_2B+1": 2 * B + 1, "long": long_len}
+    P = config.get("partition_size", 0)
+    if P:
+        lens |= {"len_P-1": P - 1, "len_P": P, "len_P+1": P + 1, "len_2P+1": 2 * P + 1}
+    W = spec.attention.sliding_window
+    if W:
+        lens |= {"len_W-1": W - 1, "len_W": W, "len_W+1": W + 1, "len_W+2B+1": W + 2 * B + 1}
+    if not spec.tail_masking:  # the contract: every length a multiple of B
+        lens = {f"{k}(rounded)": max(B, -(-v // B) * B) for k, v in lens.items()}
+    cases = [(name, [n], False) for name, n in lens.items() if n >= 1]
+    mixed = sorted({n for _, (n,), _ in cases} | {int(x) for x in rng.integers(1, long_len + 1, size=3)})
+    if not spec.tail_masking:
+        mixed = sorted({max(B, -(-n // B) * B) for n in mixed})
+    rng.shuffle(mixed)
+    cases.append(("mixed_batch", [int(x) for x in mixed], False))
+    a, b = 3 * B + max(1, B // 2), 2 * B + 1
+    if not spec.tail_masking:
+        a, b = 3 * B, 2 * B
+    cases.append(("shared_prefix", [a, b], True))
+    return cases
+
+
+def _to_device(args: dict, backend: str) -> dict:
+    """Inputs for the backend: numpy as is on the CPU; torch CUDA tensors (which have bf16/fp8) on CUDA."""
+    if backend == "cpu":
+        return args
+    import torch
+
+    from .dtypes import BY_NUMPY
+
+    out = {}
+    for key, v in args.items():
+        d = BY_NUMPY[v.dtype]
+        if d.name in ("bf16", "fp8_e4m3", "fp8_e5m2"):  # numpy has no such dtypes: move the raw bits
+            raw = torch.from_numpy(np.ascontiguousarray(v).view(np.int16 if d.itemsize == 2 else np.uint8))
+            out[key] = raw.cuda().view(getattr(torch, d.torch_name))
+        else:
+            out[key] = torch.from_numpy(np.ascontiguousarray(v)).cuda()
+    return out
+
+
+def _to_host(x) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x
+    t = x.detach().cpu()
+    if str(t.dtype) in ("torch.bfloat16",):
+        import ml_dtypes
+        import torch
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def check_output(name: str, seq_lens: list[int], out: np.ndarray, ref: np.ndarray, lowp: np.ndarray,
+                 out_dtype: str) -> CaseResult:
+    got = np.asarray(out).astype(np.float64)
+    err = np.abs(got - ref)
+    nan = ~np.isfinite(got)
+    lowp_err = float(np.max(np.abs(lowp - ref)))
+    ref_mag = float(np.max(np.abs(ref))) if ref.size else 0.0
+    floor = max(ref_mag, 1e-30) * (64 * EPS_FP32 + float(np.finfo(dtype(out_dtype).numpy).eps))
+    bound = K_FACTOR * lowp_err + floor
+    bad = nan | (err > bound)
+    max_err = float("nan") if nan.any() else float(err.max())
+    result = CaseResult(name, list(seq_lens), max_err, bound, lowp_err, not bad.any(), int(nan.sum()))
+    if bad.any():
+        s, h, d = (int(i) for i in np.argwhere(bad)[0])
+        result.first_failure = {"sequence": s, "head": h, "dim": d, "got": float(got[s, h, d]),
+                                "expected": float(ref[s, h, d])}
+        if nan.any():
+            result.note = f"{int(nan.sum())} NaN/unwritten output elements"
+    return result
+
+
+def verify(kernel, seed: int | None = None, cases: list[str] | None = None) -> VerificationReport:
+    """Run the case matrix on `kernel` with fresh random inputs (the seed is recorded)."""
+    spec = kernel.spec
+    if spec.kind != "paged_decode":
+        from .errors import UnsupportedError
+
+        raise UnsupportedError(f"{spec.name}: no verifier for kind '{spec.kind}' yet")
+    seed = int(seed if seed is not None else np.random.SeedSequence().entropy % (2**63))
+    rng = np.random.default_rng(seed)
+    report = VerificationReport(spec.name, kernel.backend, seed, dict(kernel.config))
+    start = time.perf_counter()
+    low = dtype(spec.dtype.q).numpy
+    round_to = None if spec.dtype.q == "fp32" else low
+    for name, lens, share in decode_case_matrix(spec, kernel.config, rng):
+        if cases is not None and name not in cases:
+            continue
+        args = make_decode_case(spec, lens, rng, share_prefix=share)
+        ref, ref_lse = attention_decode(spec, args["q"], args)
+        lowp, lowp_lse = attention_decode(spec, args["q"], args, dtype=np.float32, round_to=round_to)
+        want_lse = name == "mixed_batch"
+        dev_args = _to_device(args, kernel.backend)
+        result = kernel(**dev_args, return_lse=True) if want_lse else kernel(**dev_args)
+        out = result[0] if want_lse else result
+        case = check_output(name, lens, _to_host(out), ref, lowp.astype(np.float64), spec.dtype.resolved_out)
+        report.cases.append(case)
+        if want_lse:
+            lse = _to_host(result[1]).astype(np.float64)
+            lerr = np.abs(lse - ref_lse)
+            lbound = K_FACTOR * float(np.max(np.abs(lowp_lse - ref_lse))) + float(
+                np.max(np.abs(ref_lse))) * 64 * EPS_FP32
+            ok = bool(np.all(np.isfinite(lse)) and np.all(lerr <= lbound))
+            report.cases.append(CaseResult("mixed_batch_lse", lens, float(np.nanmax(lerr)) if np.isfinite(lse).all()
+                                           else math.nan, lbound, 0.0, ok))
+    report.seconds = time.perf_counter() - start
+    return report

@@ -1,0 +1,52 @@
+// kgen platform layer: the few primitives whose spelling differs between the
+// GPU (NVRTC) and the CPU SIMT runtime (templates/simt/, which defines KGEN_SIMT).
+#pragma once
+
+#ifndef KGEN_SIMT
+// Dynamic shared memory: one 16-byte aligned buffer per thread block.
+#define KGEN_DYNAMIC_SMEM(T, name) \
+  extern __shared__ __align__(16) unsigned char kgen_dynamic_smem_[]; \
+  T* name = reinterpret_cast<T*>(kgen_dynamic_smem_)
+#endif
+
+#define KGEN_NEG_INF (__int_as_float(0xff800000u))
+
+namespace kgen {
+
+typedef signed char i8;
+
+// ---- scalar conversions to and from float (the kernels compute in fp32) ----
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__nv_fp8_e4m3 x) { return float(x); }
+__device__ __forceinline__ float to_float(__nv_fp8_e5m2 x) { return float(x); }
+__device__ __forceinline__ float to_float(i8 x) { return float(x); }
+
+template <class T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// ---- vector memory access: N elements of T as one load when the bytes allow ----
+template <int BYTES> struct VecStorage;
+template <> struct VecStorage<16> { typedef uint4 type; };
+template <> struct VecStorage<8> { typedef uint2 type; };
+template <> struct VecStorage<4> { typedef unsigned int type; };
+template <> struct VecStorage<2> { typedef unsigned short type; };
+template <> struct VecStorage<1> { typedef unsigned char type; };
+
+// Load N contiguous, N*sizeof(T)-aligned elements and widen them to float.
+template <class T, int N>
+__device__ __forceinline__ void load_vec_as_float(const T* __restrict__ ptr, float (&dst)[N]) {
+  typedef typename VecStorage<N * sizeof(T)>::type V;
+  const V raw = *reinterpret_cast<const V*>(ptr);
+  T e[N];
+  memcpy(e, &raw, sizeof(raw));  // not a pointer cast: that would break strict aliasing under g++ -O2
+#pragma unroll
+  for (int i = 0; i < N; ++i) dst[i] = to_float(e[i]);
+}
+
+}  // namespace kgen
