@@ -1,0 +1,661 @@
+"""The kernel spec (DESIGN §2): pydantic models, the loader, and user-facing errors.
+
+Every field is checked by a before-validator that words its own message, so a
+bad value yields exactly one line `FILE:LINE: field.path: message (got X;
+allowed: …)` and never pydantic's phrasing. Rules that span fields (GQA
+divisibility, dtype vs arch, scale vs dtype, tuning cross-references) live in
+one function that runs on raw data after field validation, skipping fields that
+already failed, so a file's errors are all reported at once.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+import json
+import math
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Annotated, Any, Literal, NoReturn, get_args
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from .errors import SpecError
+from .spec_yaml import Loc, YamlDoc, YamlFileError, read_yaml
+
+Kind = Literal["paged_decode", "paged_prefill", "cache_write", "copy_blocks"]
+Layout = Literal["separate", "fused", "vllm"]
+Order = Literal["NHD", "HND"]
+QDType = Literal["fp16", "bf16", "fp32"]
+KVDType = Literal["fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2", "int8"]
+Scale = Literal["none", "per_tensor", "per_head", "per_token_head"]
+Arch = Literal["sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_100", "sm_120"]
+
+KINDS, LAYOUTS, ORDERS = get_args(Kind), get_args(Layout), get_args(Order)
+Q_DTYPES, KV_DTYPES, SCALES, ARCHS = get_args(QDType), get_args(KVDType), get_args(Scale), get_args(Arch)
+QUANTIZED_KV_DTYPES = ("fp8_e4m3", "fp8_e5m2", "int8")
+DEFAULT_TARGETS: list[str] = ["sm_80", "sm_90"]
+MIN_SM = {"bf16": 80, "fp8_e4m3": 89, "fp8_e5m2": 89}  # oldest arch with native support
+MAX_HEADS = 4096
+INT32_MAX = 2**31 - 1
+_F32_MIN, _F32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38  # normal float32 range
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_NAME_RULE = "a letter or _, then letters, digits or _, at most 64 characters"
+# C23 and C++20 keywords; _Keywords are caught by the reserved-prefix rule.
+C_KEYWORDS = frozenset("""
+    alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t char32_t
+    class compl concept const consteval constexpr constinit const_cast continue co_await co_return co_yield
+    decltype default delete do double dynamic_cast else enum explicit export extern false float for friend
+    goto if inline int long mutable namespace new noexcept not not_eq nullptr operator or or_eq private
+    protected public register reinterpret_cast requires restrict return short signed sizeof static
+    static_assert static_cast struct switch template this thread_local throw true try typedef typeid
+    typename typeof typeof_unqual union unsigned using virtual void volatile wchar_t while xor xor_eq
+""".split())
+
+
+# ---------------------------------------------------------------- message helpers
+
+def _show(v: object) -> str:
+    if isinstance(v, bool):
+        s = "true" if v else "false"
+    elif v is None:
+        s = "null"
+    elif isinstance(v, str | int | float):
+        s = repr(v)
+    else:
+        s = json.dumps(v, default=str) if isinstance(v, list | dict) else str(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _kind(v: object) -> str:
+    if isinstance(v, bool):
+        return "true/false"
+    kinds = {type(None): "null", str: "a string", int: "an integer", float: "a number", list: "a list",
+             tuple: "a list", dict: "a mapping"}
+    return kinds.get(type(v), f"a {type(v).__name__}")
+
+
+def _suggest(word: str, choices: Iterable[str]) -> str:
+    by_lower = {c.lower(): c for c in choices}
+    close = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f"; did you mean {by_lower[close[0]]!r}?" if close else ""
+
+
+def _fail(what: str, got: object, allowed: str) -> NoReturn:
+    # "{msg}" keeps braces in user values away from pydantic's template formatting.
+    raise PydanticCustomError("kgen", "{msg}", {"msg": f"{what} (got {_show(got)}; allowed: {allowed})"})
+
+
+def _quoted_hint(v: object) -> str:
+    """YAML 1.1 reads `1e-3` (no dot) and quoted numbers as text: say so."""
+    if isinstance(v, str):
+        try:
+            float(v)
+        except ValueError:
+            return ""
+        dot = ", and write exponents with a dot (1.0e-3)" if "e" in v.lower() and "." not in v else ""
+        return f"; YAML read it as text: drop the quotes{dot}"
+    return ""
+
+
+class _Check:
+    """A before-validator with kgen wording; `allowed`/`hint` also feed the missing-field message."""
+
+    def __init__(self, fn: Callable[[Any], Any], allowed: str, hint: str = ""):
+        self.fn, self.allowed, self.hint = fn, allowed, hint
+
+    def __call__(self, v: Any) -> Any:
+        return self.fn(v)
+
+
+def _int(lo: int, hi: int, rule: str, allowed: str, ok: Callable[[int], bool] = lambda v: True) -> BeforeValidator:
+    def check(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            _fail(f"must be an integer, not {_kind(v)}{_quoted_hint(v)}", v, allowed)
+        if not (lo <= v <= hi and ok(v)):
+            _fail(rule, v, allowed)
+        return v
+    return BeforeValidator(_Check(check, allowed))
+
+
+def _number(v: Any, allowed: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        _fail(f"must be a number, not {_kind(v)}{_quoted_hint(v)}", v, allowed)
+    f = float(v)
+    if not math.isfinite(f):
+        _fail("must be a finite number", v, allowed)
+    if not _F32_MIN <= f <= _F32_MAX:
+        _fail("must be positive and fit in float32", v, allowed)
+    return f
+
+
+def _positive(allowed: str, auto: bool = False) -> BeforeValidator:
+    return BeforeValidator(_Check(lambda v: v if auto and v == "auto" else _number(v, allowed), allowed))
+
+
+def _one_of(choices: Any, suggest: bool = True) -> BeforeValidator:
+    values = get_args(choices)
+    allowed = ", ".join(map(str, values))
+
+    def check(v: Any) -> Any:
+        if not isinstance(v, str):
+            _fail(f"must be one of the allowed names, not {_kind(v)}", v, allowed)
+        if v not in values:
+            _fail(f"unknown value{_suggest(v, values) if suggest else ''}", v, allowed)
+        return v
+    return BeforeValidator(_Check(check, allowed))
+
+
+def _bool(hint: str = "") -> BeforeValidator:
+    def check(v: Any) -> bool:
+        if not isinstance(v, bool):
+            _fail(f"must be true or false, not {_kind(v)}", v, "true, false")
+        return v
+    return BeforeValidator(_Check(check, "true, false", hint))
+
+
+def c_name_problem(v: object, keywords: bool = True) -> str | None:
+    """Why `v` cannot be a name in generated C++ (None when it can)."""
+    if not isinstance(v, str):
+        return f"must be a C identifier, not {_kind(v)}"
+    if not _NAME_RE.match(v):
+        return f"must be a C identifier: {_NAME_RULE}"
+    if keywords and v in C_KEYWORDS:
+        return "is a C/C++ keyword"
+    if keywords and (v.startswith("__") or re.match(r"_[A-Z]", v)):
+        return "names starting with __ or _ and a capital letter are reserved for the compiler"
+    return None
+
+
+def _c_name(example: str) -> BeforeValidator:
+    allowed = f"C identifiers such as {example}; not keywords, not starting with __ or _ and a capital"
+
+    def check(v: Any) -> str:
+        problem = c_name_problem(v)
+        if problem:
+            _fail(problem, v, allowed)
+        return v
+    return BeforeValidator(_Check(check, allowed))
+
+
+def _list(allowed: str) -> BeforeValidator:
+    def check(v: Any) -> list[Any]:
+        if not isinstance(v, list | tuple):
+            _fail(f"must be a list, not {_kind(v)}", v, allowed)
+        if not v:
+            _fail("must not be empty", v, allowed)
+        return list(v)
+    return BeforeValidator(_Check(check, allowed))
+
+
+def _mapping(allowed: str) -> BeforeValidator:
+    def check(v: Any) -> dict[Any, Any]:
+        if not isinstance(v, dict):
+            _fail(f"must be a mapping, not {_kind(v)}", v, allowed)
+        return v
+    return BeforeValidator(_Check(check, allowed))
+
+
+_SCALAR_ALLOWED = f"integers, numbers, true/false, or names ({_NAME_RULE})"
+
+
+def _check_scalar(v: Any) -> bool | int | float | str:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and -INT32_MAX - 1 <= v <= INT32_MAX:
+        return v
+    if isinstance(v, float) and math.isfinite(v):
+        return v
+    if isinstance(v, str) and _NAME_RE.match(v):
+        return v  # strings may reach generated C++ as template arguments
+    _fail("must be a 32-bit integer, a finite number, true/false or a name", v, _SCALAR_ALLOWED)
+
+
+# Constraints are evaluated by the tuner; allow only arithmetic and logic over parameter names.
+_EXPR_NODES = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd,
+               ast.Compare, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.BinOp, ast.Add,
+               ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Name, ast.Load, ast.Constant)
+_EXPR_ALLOWED = "parameter names, numbers, and/or/not, comparisons, + - * / // % and parentheses"
+_NODE_WORDS = {ast.Call: "a function call", ast.Attribute: "an attribute access", ast.Subscript: "indexing",
+               ast.Pow: "**", ast.Lambda: "a lambda", ast.In: "in", ast.NotIn: "not in", ast.Is: "is",
+               ast.IsNot: "is not", ast.IfExp: "if/else"}
+
+
+def constraint_names(expr: str) -> set[str]:
+    """The parameter names a (validated) constraint expression uses."""
+    return {n.id for n in ast.walk(ast.parse(expr, mode="eval")) if isinstance(n, ast.Name)}
+
+
+def _check_constraint(v: Any) -> str:
+    if not isinstance(v, str):
+        _fail(f"must be an expression in a string, not {_kind(v)}", v, _EXPR_ALLOWED)
+    if len(v) > 200:
+        _fail("is longer than 200 characters", v, _EXPR_ALLOWED)
+    try:
+        tree = ast.parse(v, mode="eval")
+    except SyntaxError as e:
+        _fail(f"is not a valid expression: {e.msg}", v, _EXPR_ALLOWED)
+    for node in ast.walk(tree):
+        ok = isinstance(node, _EXPR_NODES)
+        if isinstance(node, ast.Constant):
+            ok = isinstance(node.value, int | float) or (isinstance(node.value, str) and bool(_NAME_RE.match(node.value)))
+        if not ok:
+            word = _NODE_WORDS.get(type(node), type(node).__name__)
+            _fail(f"uses {word}, which constraints may not contain", v, _EXPR_ALLOWED)
+    return v
+
+
+# ---------------------------------------------------------------- models
+
+_CONFIG = ConfigDict(extra="forbid", strict=True, frozen=True)
+_HEADS = f"1..{MAX_HEADS}"
+_POS = "a positive number (fits in float32)"
+_TAIL_HINT = ("; true masks the unused slots of each sequence's last block, "
+              "false promises every length is a multiple of block_size")
+
+# Field types: the pydantic type and Field bounds feed the JSON Schema; the _Check does the validating.
+HeadCount = Annotated[int, Field(ge=1, le=MAX_HEADS), _int(1, MAX_HEADS, f"must be in {_HEADS}", _HEADS)]
+HeadDim = Annotated[int, Field(ge=32, le=512, multiple_of=8),
+                    _int(32, 512, "must be a multiple of 8 in 32..512", "32, 40, 48, …, 512", lambda v: v % 8 == 0)]
+BlockSize = Annotated[int, Field(ge=1, le=256),
+                      _int(1, 256, "must be a power of two in 1..256", "1, 2, 4, …, 256", lambda v: v & (v - 1) == 0)]
+Window = Annotated[int, Field(ge=1, le=INT32_MAX),
+                   _int(1, INT32_MAX, "must be a positive number of tokens", "1..2147483647, or null")]
+PosInt = Annotated[int, Field(ge=1, le=INT32_MAX), _int(1, INT32_MAX, "must be a positive integer", "1..2147483647")]
+Bool = Annotated[bool, _bool()]
+Scalar = Annotated[bool | int | float | str, BeforeValidator(_Check(_check_scalar, _SCALAR_ALLOWED))]
+ParamName = Annotated[str, _c_name("threads")]
+Constraint = Annotated[str, BeforeValidator(_Check(_check_constraint, _EXPR_ALLOWED))]
+Buckets = Annotated[list[PosInt], Field(min_length=1), _list("a non-empty list of positive integers")]
+ParamValues = Annotated[list[Scalar], Field(min_length=1), _list(f"a non-empty list of {_SCALAR_ALLOWED}")]
+Targets = Annotated[list[Annotated[Arch, _one_of(Arch, suggest=False)]],
+                    Field(min_length=1, json_schema_extra={"uniqueItems": True}), _list(", ".join(ARCHS))]
+
+
+class AttentionSpec(BaseModel):
+    model_config = _CONFIG
+    num_q_heads: HeadCount = Field(description="number of query heads")
+    num_kv_heads: HeadCount = Field(description="number of KV heads; divides num_q_heads (GQA; 1 = MQA)")
+    head_dim: HeadDim = Field(description="size of one head, a multiple of 8 in 32..512")
+    softmax_scale: Annotated[Literal["auto"] | float, _positive(f"auto or {_POS}", auto=True)] = Field(
+        "auto", description="auto = 1/sqrt(head_dim), or a positive number")
+    sliding_window: Window | None = Field(None, description="attend to the last W tokens only (null = no window)")
+    logits_soft_cap: Annotated[float, Field(gt=0), _positive(f"{_POS}, or null")] | None = Field(
+        None, description="soft cap: logits become cap * tanh(s / cap) (null = off)")
+    alibi: Bool = Field(False, description="add ALiBi biases; slopes are passed at call time")
+    causal: Bool = Field(True, description="causal masking (matters for paged_prefill)")
+
+
+class KVCacheSpec(BaseModel):
+    model_config = _CONFIG
+    block_size: BlockSize = Field(description="tokens per KV block, a power of two in 1..256")
+    layout: Annotated[Layout, _one_of(Layout)] = Field(
+        description="separate K and V arrays, one fused array, or vLLM's split-vector layout")
+    order: Annotated[Order, _one_of(Order)] | None = Field(
+        None, description="axis order inside a block for separate/fused (default NHD); not allowed with vllm")
+    dtype: Annotated[KVDType, _one_of(KVDType)] = Field(description="element type stored in the cache")
+    scale: Annotated[Scale, _one_of(Scale)] = Field(
+        "none", description="dequantization scale granularity; required for fp8/int8, must be none otherwise")
+
+    @property
+    def resolved_order(self) -> Literal["NHD", "HND", "vllm"]:
+        return "vllm" if self.layout == "vllm" else (self.order or "NHD")
+
+    @property
+    def quantized(self) -> bool:
+        return self.dtype in QUANTIZED_KV_DTYPES
+
+
+class DTypeSpec(BaseModel):
+    model_config = _CONFIG
+    q: Annotated[QDType, _one_of(QDType)] = Field(description="query (and cache_write key/value) element type")
+    out: Annotated[QDType, _one_of(QDType)] | None = Field(None, description="output element type (default: q)")
+
+    @property
+    def resolved_out(self) -> str:
+        return self.out or self.q
+
+
+class BucketSpec(BaseModel):
+    model_config = _CONFIG
+    batch: Buckets = Field(description="batch sizes to tune for")
+    context: Buckets = Field(description="context lengths to tune for")
+
+
+class TuningSpec(BaseModel):
+    model_config = _CONFIG
+    params: Annotated[dict[ParamName, ParamValues], _mapping("a mapping from parameter name to a list of values")] = (
+        Field(description="the search space: parameter name -> candidate values"))
+    constraints: Annotated[list[Constraint], _list("a list of expressions")] = Field(
+        default_factory=list, description=f"expressions every tried config satisfies ({_EXPR_ALLOWED})")
+    defaults: Annotated[dict[ParamName, Scalar], _mapping("a mapping from parameter name to one of its values")] = (
+        Field(default_factory=dict, description="the config used without tuning"))
+    buckets: BucketSpec | None = Field(None, description="problem sizes the tuner picks a config for")
+
+
+class Spec(BaseModel):
+    """One kernel. Load with load_spec / parse_spec / spec_from_dict to get kgen-worded errors."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, title="kgen spec")
+    kgen: Annotated[Literal[1], BeforeValidator(_Check(lambda v: _check_version(v), "1"))] = Field(
+        description="spec format version")
+    name: Annotated[str, Field(pattern=_NAME_RE.pattern), _c_name("llama3_8b_decode")] = Field(
+        description="C identifier naming the kernel, unique within one build")
+    kind: Annotated[Kind, _one_of(Kind)] = Field(description="which kernel family to generate")
+    attention: AttentionSpec = Field(description="attention shape and math")
+    kv_cache: KVCacheSpec = Field(description="paged KV cache format")
+    dtype: DTypeSpec = Field(description="query/output element types")
+    tail_masking: Annotated[bool, _bool(_TAIL_HINT)] = Field(description=(
+        "required: true masks the last partial block; false promises lengths are multiples of block_size"))
+    targets: Targets = Field(default_factory=lambda: list(DEFAULT_TARGETS), description="CUDA archs to compile for")
+    tuning: TuningSpec | None = Field(None, description="optional autotuning space")
+
+    _source_path: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> Spec:
+        problems = _semantic_errors(self.model_dump(), set())
+        if problems:
+            msg = "; ".join(f"{_dotted(loc)}: {m}" for loc, m in problems)
+            raise PydanticCustomError("kgen_semantic", "{msg}", {"msg": msg})
+        return self
+
+    @property
+    def source_path(self) -> Path | None:
+        return self._source_path
+
+    @property
+    def group_size(self) -> int:
+        return self.attention.num_q_heads // self.attention.num_kv_heads
+
+    @property
+    def softmax_scale_value(self) -> float:
+        s = self.attention.softmax_scale
+        return 1.0 / math.sqrt(self.attention.head_dim) if s == "auto" else float(s)
+
+    def canonical(self) -> dict[str, Any]:
+        """Plain JSON data with defaults filled in; spec_from_dict(canonical()) gives the same spec back."""
+        data = self.model_dump(mode="json")
+        data["kv_cache"]["order"] = None if self.kv_cache.layout == "vllm" else self.kv_cache.resolved_order
+        data["dtype"]["out"] = self.dtype.resolved_out
+        return data
+
+    def spec_hash(self) -> str:
+        text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def with_overrides(self, **changes: Any) -> Spec:
+        """A re-validated variant. Sections merge (`kv_cache={"block_size": 32}` keeps the other
+        kv_cache fields); dotted keys reach one field (`**{"kv_cache.block_size": 32}`)."""
+        data = self.model_dump()
+        for key, value in changes.items():
+            head, *rest = key.split(".")
+            for part in reversed(rest):
+                value = {part: value}
+            _merge(data, {head: value}, Spec)
+        spec = spec_from_dict(data, filename=f"{self.name} (overrides)")
+        spec._source_path = self._source_path
+        return spec
+
+
+def _check_version(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        _fail(f"must be the integer 1, not {_kind(v)}", v, "1")
+    if v != 1:
+        _fail("unsupported spec format version; this kgen reads version 1", v, "1")
+    return v
+
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    for t in (annotation, *get_args(annotation)):
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            return t
+    return None
+
+
+def _model_at(loc: Loc) -> type[BaseModel] | None:
+    cls: type[BaseModel] | None = Spec
+    for part in loc:
+        field = cls.model_fields.get(part) if cls and isinstance(part, str) else None
+        cls = _submodel(field.annotation) if field else None
+    return cls
+
+
+def _merge(base: dict[str, Any], changes: dict[str, Any], cls: type[BaseModel]) -> None:
+    for key, value in changes.items():
+        field = cls.model_fields.get(key)
+        sub = _submodel(field.annotation) if field else None
+        if sub and isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value, sub)  # a section: merge; a dict-valued field (params): replace
+        else:
+            base[key] = value
+
+
+def _dotted(loc: Loc) -> str:
+    return ".".join(map(str, loc))
+
+
+# ---------------------------------------------------------------- cross-field rules
+
+_INVALID = object()  # a field that failed its own validation: rules that read it stay quiet
+
+
+def _getter(data: dict[str, Any], bad: set[Loc]) -> Callable[..., Any]:
+    def get(*path: str, default: Any = None) -> Any:
+        if any(b[: len(path)] == path or path[: len(b)] == b for b in bad):
+            return _INVALID
+        node: Any = data
+        for part in path:
+            if node is None:
+                return default
+            if not isinstance(node, dict):
+                return _INVALID
+            node = node.get(part)
+        return default if node is None else node
+    return get
+
+
+def _same(a: object, b: object) -> bool:
+    return isinstance(a, bool) == isinstance(b, bool) and a == b
+
+
+def _duplicates(values: Any, loc: Loc, what: str) -> list[tuple[Loc, str]]:
+    if not isinstance(values, list):
+        return []
+    return [(loc + (i,), f"duplicate {what} (got {_show(v)} again; allowed: each value once)")
+            for i, v in enumerate(values) if any(_same(v, w) for w in values[:i])]
+
+
+def _semantic_errors(data: dict[str, Any], bad: set[Loc]) -> list[tuple[Loc, str]]:
+    get = _getter(data, bad)
+    out: list[tuple[Loc, str]] = []
+    q, kv = get("attention", "num_q_heads"), get("attention", "num_kv_heads")
+    if isinstance(q, int) and isinstance(kv, int) and q % kv:
+        divisors = ", ".join(str(d) for d in range(1, q + 1) if q % d == 0)
+        out.append((("attention", "num_kv_heads"),
+                    f"must divide attention.num_q_heads (GQA) (got {kv} with num_q_heads {q}; allowed: {divisors})"))
+
+    targets = get("targets")
+    defaulted = targets is None
+    targets = list(DEFAULT_TARGETS) if defaulted else targets
+    out += _duplicates(targets, ("targets",), "target")
+    uses: dict[str, list[Loc]] = {}
+    for loc in (("dtype", "q"), ("dtype", "out"), ("kv_cache", "dtype")):
+        value = get(*loc)
+        if isinstance(value, str) and value in MIN_SM:
+            uses.setdefault(value, []).append(loc)
+    for dt, locs in uses.items() if isinstance(targets, list) else ():
+        need = MIN_SM[dt]
+        old = sorted({t for t in targets if int(t[3:]) < need}, key=ARCHS.index)
+        if old:
+            also = f" (also set by {', '.join(map(_dotted, locs[1:]))})" if locs[1:] else ""
+            ok = ", ".join(a for a in ARCHS if int(a[3:]) >= need)
+            got = ("the default targets " if defaulted else "targets ") + ", ".join(targets)
+            out.append((locs[0], f"{dt}{also} needs every target to be sm_{need} or newer; "
+                                 f"{' and '.join(old)} {'is' if len(old) == 1 else 'are'} older (got {got}; allowed: {ok})"))
+
+    kv_dtype, scale = get("kv_cache", "dtype"), get("kv_cache", "scale")
+    if kv_dtype in QUANTIZED_KV_DTYPES and scale in (None, "none"):
+        shown = "none (the default)" if scale is None else "'none'"
+        out.append((("kv_cache", "scale"), f"{kv_dtype} KV caches need a scale granularity "
+                                           f"(got {shown}; allowed: per_tensor, per_head, per_token_head)"))
+    elif kv_dtype in KV_DTYPES and kv_dtype not in QUANTIZED_KV_DTYPES and scale in SCALES[1:]:
+        out.append((("kv_cache", "scale"), f"{kv_dtype} KV caches are not quantized, so they take no scale "
+                                           f"(got {scale!r}; allowed: none)"))
+    order = get("kv_cache", "order")
+    if get("kv_cache", "layout") == "vllm" and order in ORDERS:
+        out.append((("kv_cache", "order"), "the vllm layout fixes its own order; leave order out "
+                                           f"(got {order!r}; allowed: no order with layout vllm)"))
+    return out + _tuning_errors(get)
+
+
+def _tuning_errors(get: Callable[..., Any]) -> list[tuple[Loc, str]]:
+    out: list[tuple[Loc, str]] = []
+    for axis in ("batch", "context"):
+        out += _duplicates(get("tuning", "buckets", axis), ("tuning", "buckets", axis), f"{axis} bucket")
+    params = get("tuning", "params")
+    if not isinstance(params, dict):
+        return out
+    names = ", ".join(params) or "none (tuning.params is empty)"
+    for name, values in params.items():
+        out += _duplicates(values, ("tuning", "params", name), f"value of {name}")
+    defaults = get("tuning", "defaults")
+    for key, value in defaults.items() if isinstance(defaults, dict) else ():
+        loc = ("tuning", "defaults", key)
+        if key not in params:
+            out.append((loc, f"not a tuning parameter{_suggest(key, params)} (got {key!r}; allowed: {names})"))
+        elif not any(_same(value, v) for v in params[key]):
+            listed = ", ".join(map(_show, params[key]))
+            out.append((loc, f"not one of the values tuning.params.{key} lists (got {_show(value)}; allowed: {listed})"))
+    constraints = get("tuning", "constraints")
+    for i, expr in enumerate(constraints) if isinstance(constraints, list) else ():
+        unknown = sorted(constraint_names(expr) - set(params))
+        if unknown:
+            out.append((("tuning", "constraints", i), f"{unknown[0]!r} is not a tuning parameter"
+                        f"{_suggest(unknown[0], params)} (got {expr!r}; allowed: names from tuning.params: {names})"))
+    return out
+
+
+# ---------------------------------------------------------------- loading and error reporting
+
+_TOP_KEYS = ", ".join(Spec.model_fields)
+
+
+def _translate(err: Any, loc: Loc) -> str:
+    kind = err["type"]
+    if kind == "kgen":
+        return err["ctx"]["msg"]
+    if kind == "missing":
+        parent = _model_at(loc[:-1])
+        field = parent.model_fields.get(str(loc[-1])) if parent else None
+        sub = _submodel(field.annotation) if field else None
+        if sub:
+            return f"missing required section (allowed: a mapping with keys {', '.join(sub.model_fields)})"
+        check = next((m.func for m in (field.metadata if field else []) if isinstance(getattr(m, "func", None), _Check)), None)
+        return f"missing required field{check.hint if check else ''} (allowed: {check.allowed if check else 'see kgen schema'})"
+    if kind == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        keys = list(parent.model_fields) if parent else []
+        return f"unknown key{_suggest(str(loc[-1]), keys)} (got {str(loc[-1])!r}; allowed: {', '.join(keys)})"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        sub = _model_at(loc)
+        keys = ", ".join(sub.model_fields) if sub else "field names"
+        return f"must be a mapping, not {_kind(err['input'])} (got {_show(err['input'])}; allowed: a mapping with keys {keys})"
+    return f"{err['msg']} (got {_show(err.get('input'))})"  # not expected: every field has its own check
+
+
+def _line_of(lines: dict[Loc, int], loc: Loc) -> int:
+    for i in range(len(loc), -1, -1):  # a missing field takes its parent's line
+        if loc[:i] in lines:
+            return lines[loc[:i]]
+    return 1
+
+
+def _build(data: object, filename: str, doc: YamlDoc | None) -> Spec:
+    lines = doc.lines if doc else None
+
+    def line(loc: Loc, explicit: int | None = None) -> int | None:
+        return explicit or (_line_of(lines, loc) if lines is not None else None)
+
+    def render(loc: Loc, msg: str, at: int | None) -> str:
+        where = filename if at is None else f"{filename}:{at}"
+        return f"{where}: {_dotted(loc)}: {msg}" if loc else f"{where}: {msg}"
+
+    if not isinstance(data, dict):
+        raise SpecError([render((), f"the top level must be a mapping of spec fields, not {_kind(data)} "
+                                    f"(got {_show(data)}; allowed: a mapping with keys {_TOP_KEYS})", line(()))])
+    found = [(p.loc, p.message, p.line) for p in doc.problems] if doc else []
+    blocked = [p.loc for p in doc.problems if p.blocks] if doc else []
+    spec = None
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as e:
+        bad: set[Loc] = set(blocked)
+        for err in e.errors(include_url=False):
+            if err["type"] == "kgen_semantic":
+                continue  # re-derived below, with precise locations
+            loc = tuple(p for p in err["loc"] if p != "[key]")
+            bad.add(loc)
+            if not any(loc[: len(b)] == b for b in blocked):
+                found.append((loc, _translate(err, loc), None))
+        found += [(loc, msg, None) for loc, msg in _semantic_errors(data, bad)]
+    if found or spec is None:
+        rows = [(line(loc, at), loc, msg) for loc, msg, at in found]
+        rows.sort(key=lambda r: r[0] or 0)  # stable: same-line problems keep their order
+        raise SpecError([render(loc, msg, at) for at, loc, msg in rows])
+    return spec
+
+
+def parse_spec(text: str, filename: str = "<string>") -> Spec:
+    try:
+        doc = read_yaml(text)
+    except YamlFileError as e:
+        raise SpecError([f"{filename}:{e.line}: {e.message}"]) from None
+    return _build(doc.data, filename, doc)
+
+
+def spec_from_dict(data: dict[str, Any], filename: str = "<dict>") -> Spec:
+    return _build(data, filename, None)
+
+
+def load_spec(path: str | Path) -> Spec:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise SpecError([f"{path}:1: file not found"]) from None
+    except IsADirectoryError:
+        raise SpecError([f"{path}:1: is a directory, not a spec file"]) from None
+    except UnicodeDecodeError as e:
+        raise SpecError([f"{path}:1: not UTF-8 text ({e.reason} at byte {e.start})"]) from None
+    except OSError as e:
+        raise SpecError([f"{path}:1: cannot read the file: {e.strerror}"]) from None
+    spec = parse_spec(text, str(path))
+    spec._source_path = p.resolve()
+    return spec
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema of the spec format, with help text, for editors and `kgen schema`."""
+    schema = Spec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["description"] = "A kgen kernel spec (DESIGN §2): one YAML document per kernel."
+    return schema
+
+
+__all__ = [
+    "ARCHS", "KINDS", "KV_DTYPES", "LAYOUTS", "ORDERS", "Q_DTYPES", "QUANTIZED_KV_DTYPES", "SCALES",
+    "AttentionSpec", "BucketSpec", "DTypeSpec", "KVCacheSpec", "Spec", "SpecError", "TuningSpec",
+    "c_name_problem", "constraint_names", "json_schema", "load_spec", "parse_spec", "spec_from_dict",
+]
