@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 from .dtypes import QUANTIZED, dtype
@@ -21,7 +22,7 @@ def _cast(values: np.ndarray, name: str) -> np.ndarray:
     if name == "int8":
         return np.clip(np.rint(values), -127, 127).astype(np.int8)
     if name.startswith("fp8"):
-        limit = float(np.finfo(d).max)
+        limit = float(ml_dtypes.finfo(d).max)
         return np.clip(values, -limit, limit).astype(d)
     return values.astype(d)
 

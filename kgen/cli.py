@@ -11,12 +11,13 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from .errors import CompileError, KernelRuntimeError, KgenUserError, SpecError, ToolchainError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class Failed(Exception):
@@ -118,9 +119,9 @@ def build(specs, output, archs, backend, tune, seed):
                              for arch, res in kernel.resources.items())
             if kernel.report.passed:
                 path = write_generated(kernel, output, spec_file=str(spec.source_path), tuning=tuning)
-                out.print(f"[green]ok[/green]   {line} [{regs}] -> {path}")
+                out.print(f"[green]ok[/green]   {escape(line)} {escape(f'[{regs}]')} -> {escape(str(path))}")
             else:
-                out.print(f"[red]FAIL[/red] {line} (nothing written)")
+                out.print(f"[red]FAIL[/red] {escape(line)} (nothing written)")
                 failed.append(spec.name)
             progress.advance(task)
     if failed:
@@ -215,8 +216,8 @@ def _print_report(report) -> None:
     for c in report.cases:
         lens = ",".join(map(str, c.seq_lens))
         lens = lens if len(lens) <= 40 else lens[:37] + "..."
-        verdict = "[green]pass[/green]" if c.passed else f"[red]FAIL[/red] {c.first_failure or ''} {c.note}"
-        table.add_row(c.name, lens, f"{c.max_error:.3g}", f"{c.bound:.3g}", verdict)
+        verdict = "[green]pass[/green]" if c.passed else f"[red]FAIL[/red] {escape(str(c.first_failure or ''))} {escape(c.note)}"
+        table.add_row(escape(c.name), lens, f"{c.max_error:.3g}", f"{c.bound:.3g}", verdict)
     out.print(table)
     out.print(report.summary(), markup=False)
 

@@ -14,6 +14,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 
+import ml_dtypes
 import numpy as np
 
 from .cases import make_decode_case
@@ -137,7 +138,7 @@ def check_output(name: str, seq_lens: list[int], out: np.ndarray, ref: np.ndarra
     nan = ~np.isfinite(got)
     lowp_err = float(np.max(np.abs(lowp - ref)))
     ref_mag = float(np.max(np.abs(ref))) if ref.size else 0.0
-    floor = max(ref_mag, 1e-30) * (64 * EPS_FP32 + float(np.finfo(dtype(out_dtype).numpy).eps))
+    floor = max(ref_mag, 1e-30) * (64 * EPS_FP32 + float(ml_dtypes.finfo(dtype(out_dtype).numpy).eps))
     bound = K_FACTOR * lowp_err + floor
     bad = nan | (err > bound)
     max_err = float("nan") if nan.any() else float(err.max())
