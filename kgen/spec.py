@@ -48,6 +48,8 @@ QUANTIZED_KV_DTYPES = ("fp8_e4m3", "fp8_e5m2", "int8")
 DEFAULT_TARGETS: list[str] = ["sm_80", "sm_90"]
 MIN_SM = {"bf16": 80, "fp8_e4m3": 89, "fp8_e5m2": 89}  # oldest arch with native support
 MAX_HEADS = 4096
+# Spec-derived values a tuning constraint may name besides the tuning parameters.
+CONSTRAINT_SPEC_NAMES = ("group_size", "head_dim", "block_size", "num_q_heads", "num_kv_heads")
 INT32_MAX = 2**31 - 1
 _F32_MIN, _F32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38  # normal float32 range
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -540,10 +542,12 @@ def _tuning_errors(get: Callable[..., Any]) -> list[tuple[Loc, str]]:
             out.append((loc, f"not one of the values tuning.params.{key} lists (got {_show(value)}; allowed: {listed})"))
     constraints = get("tuning", "constraints")
     for i, expr in enumerate(constraints) if isinstance(constraints, list) else ():
-        unknown = sorted(constraint_names(expr) - set(params))
+        known = set(params) | set(CONSTRAINT_SPEC_NAMES)
+        unknown = sorted(constraint_names(expr) - known)
         if unknown:
-            out.append((("tuning", "constraints", i), f"{unknown[0]!r} is not a tuning parameter"
-                        f"{_suggest(unknown[0], params)} (got {expr!r}; allowed: names from tuning.params: {names})"))
+            out.append((("tuning", "constraints", i), f"{unknown[0]!r} is not a tuning parameter or spec value"
+                        f"{_suggest(unknown[0], known)} (got {expr!r}; allowed: names from tuning.params: {names}; "
+                        f"spec values: {', '.join(CONSTRAINT_SPEC_NAMES)})"))
     return out
 
 

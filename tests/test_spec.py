@@ -461,3 +461,13 @@ def test_block_size_accepts_only_powers_of_two(value):
         assert not ok and len(e.errors) == 1 and "kv_cache.block_size: " in e.errors[0]
     else:
         assert ok and spec.kv_cache.block_size == value
+
+
+def test_constraint_may_name_spec_values():
+    text = EXAMPLES[0].read_text().replace(
+        'constraints: ["threads >= 32"]', 'constraints: ["threads >= 32 * group_size"]')
+    assert "group_size" in text
+    spec = parse_spec(text, "c.yaml")
+    assert spec.tuning.constraints == ["threads >= 32 * group_size"]
+    with pytest.raises(SpecError, match="'grup_size' is not a tuning parameter or spec value"):
+        parse_spec(text.replace("32 * group_size", "32 * grup_size"), "c.yaml")
