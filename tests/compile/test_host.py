@@ -1,0 +1,100 @@
+"""kgen.compile.host: g++ build of generated source + launch shim, cached."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kgen.cache import ArtifactCache
+from kgen.compile.cuda_headers import cuda_include_dir
+from kgen.compile.host import compile_host
+from kgen.errors import CompileError, ToolchainError
+from kgen.runtime.base import Launch
+from kgen.runtime.cpu import CpuModule
+
+SRC = r"""
+#include <cuda_fp16.h>
+extern "C" __global__ void __launch_bounds__(64) axpy(float* y, const float* x, float a, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += a * x[i];
+}
+extern "C" __global__ void sig(const __half* a, unsigned b, long long c, double d, unsigned long long e) {}
+"""
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _axpy(art):
+    mod = CpuModule(art)
+    y = np.ones(100, np.float32)
+    x = np.arange(100, dtype=np.float32)
+    mod.launch(Launch("axpy", (2, 1, 1), (64, 1, 1), 0, [y, x, np.float32(2.0), np.int32(100)]))
+    np.testing.assert_array_equal(y, 1 + 2 * x)
+    return mod
+
+
+def test_second_compile_is_a_cache_hit_and_corrupt_entry_is_rebuilt(cache_dir):
+    a1 = compile_host(SRC, ["axpy", "sig"])
+    assert not a1.cache_hit and a1.library.is_file() and a1.build_seconds > 0
+    assert str(a1.library).startswith(str(cache_dir))
+    a2 = compile_host(SRC, ["axpy", "sig"])
+    assert a2.cache_hit and a2.library == a1.library and a2.key == a1.key
+    # a different flag set or sanitize flag is a different artifact
+    assert compile_host(SRC, ["axpy", "sig"], extra_flags=["-DKGEN_TEST_FLAG=1"]).key != a1.key
+    # corrupt the cached library: detected by the entry's hashes, rebuilt, and it works
+    a1.library.write_bytes(b"\x7fELF garbage")
+    a3 = compile_host(SRC, ["axpy", "sig"])
+    assert not a3.cache_hit and a3.library == a1.library
+    _axpy(a3)
+
+
+def test_signature_codes():
+    mod = _axpy(compile_host(SRC, ["axpy", "sig"]))
+    assert mod.signature("axpy") == ("p", "p", "f4", "i4")
+    assert mod.signature("sig") == ("p", "u4", "i8", "f8", "u8")
+
+
+def test_missing_compiler_is_a_toolchain_error(monkeypatch, cache_dir):
+    monkeypatch.setenv("KGEN_CXX", "/nonexistent/bin/g++-42")
+    with pytest.raises(ToolchainError) as ei:
+        compile_host(SRC + "// fresh\n", ["axpy"])
+    assert "g++-42" in str(ei.value) and "KGEN_CXX" in str(ei.value)
+
+
+def test_compile_error_shows_first_errors_with_source_lines(cache_dir):
+    bad = SRC + "\nextern \"C\" __global__ void broken(float* y) {\n  y[0] = undefined_thing + 1;\n}\n"
+    line = bad.splitlines().index("  y[0] = undefined_thing + 1;") + 1
+    with pytest.raises(CompileError) as ei:
+        compile_host(bad, ["axpy", "broken"])
+    msg = str(ei.value)
+    assert f"kernel.cu:{line}:" in msg and "undefined_thing" in msg
+    assert f"{line:5d} |   y[0] = undefined_thing + 1;" in msg
+    assert not list(cache_dir.glob("host/*/*/kernel.so"))  # nothing cached for a failed build
+
+
+def test_unknown_kernel_name_is_a_compile_error(cache_dir):
+    with pytest.raises(CompileError, match="no_such_kernel"):
+        compile_host(SRC, ["axpy", "no_such_kernel"])
+
+
+def test_bad_kernel_names_rejected():
+    with pytest.raises(ValueError):
+        compile_host(SRC, ["axpy; system(\"rm\")"])
+    with pytest.raises(ValueError):
+        compile_host(SRC, [])
+
+
+def test_cuda_include_dir_honours_kgen_cuda_home(monkeypatch, tmp_path):
+    assert (cuda_include_dir() / "cuda_fp16.h").is_file()
+    monkeypatch.setenv("KGEN_CUDA_HOME", str(tmp_path))
+    with pytest.raises(ToolchainError, match="KGEN_CUDA_HOME"):
+        cuda_include_dir()
+
+
+def test_explicit_cache_object(tmp_path):
+    art = compile_host(SRC, ["axpy"], cache=ArtifactCache(tmp_path))
+    assert str(art.library).startswith(str(tmp_path))
