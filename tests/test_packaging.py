@@ -1,0 +1,41 @@
+"""The wheel carries the templates (kgen/_templates) and the console script."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    r = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (whl,) = out.glob("kgen-*.whl")
+    return whl
+
+
+def test_wheel_contains_every_template(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    templates = [p.relative_to(ROOT / "templates").as_posix() for p in (ROOT / "templates").rglob("*") if p.is_file()]
+    assert templates, "no templates found in the checkout"
+    missing = [t for t in templates if f"kgen/_templates/{t}" not in names]
+    assert missing == []
+    assert "kgen/_templates/simt/kgen_simt.h" in names
+    assert "kgen/_templates/paged_decode.cu.j2" in names
+
+
+def test_wheel_declares_console_script_and_deps(wheel):
+    z = zipfile.ZipFile(wheel)
+    entry = next(n for n in z.namelist() if n.endswith("entry_points.txt"))
+    assert "kgen = kgen.cli:main" in z.read(entry).decode()
+    meta = z.read(next(n for n in z.namelist() if n.endswith("METADATA"))).decode()
+    for dep in ("cupy-cuda13x", "nvidia-cuda-nvrtc", "cuda-pathfinder", "jinja2", "pydantic"):
+        assert dep in meta, dep

@@ -1,0 +1,77 @@
+"""Rendering: thin per-spec config over shared device headers, StrictUndefined, configs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import jinja2
+import pytest
+
+from kgen.errors import KgenUserError, UnsupportedError
+from kgen.render import _environment, render
+from kgen.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return load_spec(ROOT / "specs" / "llama3_8b_decode.yaml")
+
+
+def test_config_constants_come_from_the_spec(llama):
+    src = render(llama).source
+    for line in ("NUM_Q_HEADS = 32;", "NUM_KV_HEADS = 8;", "GROUP = 4;", "HEAD_DIM = 128;", "BLOCK_SIZE = 16;",
+                 "TAIL_MASK = true;", "typedef __half kv_t;"):
+        assert line in src, line
+    assert 'extern "C" __global__ void __launch_bounds__(128) llama3_8b_decode(' in src
+
+
+def test_source_is_self_contained(llama):
+    """Only CUDA's own number-format headers are included: the device headers are inlined."""
+    src = render(llama).source
+    includes = re.findall(r"#include\s*[<\"]([^>\"]+)", src)
+    assert sorted(includes) == ["cuda_bf16.h", "cuda_fp16.h", "cuda_fp8.h"]
+    assert "paged_decode_body" in src
+
+
+def test_rendering_is_deterministic_and_path_free(llama, tmp_path):
+    copy = tmp_path / "elsewhere.yaml"
+    copy.write_text((ROOT / "specs" / "llama3_8b_decode.yaml").read_text())
+    assert render(llama).source == render(load_spec(copy)).source  # cache keys never see paths
+
+
+def test_config_changes_source_and_adds_merge_kernel(llama):
+    split = render(llama, {"partition_size": 256, "threads": 256})
+    assert "PARTITION_SIZE = 256;" in split.source and "__launch_bounds__(256)" in split.source
+    assert split.kernel_names == ["llama3_8b_decode", "llama3_8b_decode_merge"]
+    assert render(llama).kernel_names == ["llama3_8b_decode"]
+
+
+def test_spec_tuning_defaults_are_used(llama):
+    assert render(llama).config == {
+        "threads": llama.tuning.defaults.get("threads", 128),
+        "partition_size": llama.tuning.defaults.get("partition_size", 0),
+    }
+
+
+@pytest.mark.parametrize("config,words", [
+    ({"threads": 48}, "threads must be a multiple of 32"),
+    ({"partition_size": 100}, "multiple of block_size"),
+    ({"warps": 4}, "not known to the paged_decode template"),
+])
+def test_bad_config_is_refused(llama, config, words):
+    with pytest.raises(KgenUserError, match=words):
+        render(llama, config)
+
+
+def test_unsupported_kind_is_refused(llama):
+    with pytest.raises(UnsupportedError, match="not supported yet"):
+        render(llama.with_overrides(kind="paged_prefill"))
+
+
+def test_strict_undefined():
+    env = _environment()
+    with pytest.raises(jinja2.UndefinedError):
+        env.from_string("{{ missing }}").render()
