@@ -52,8 +52,14 @@ class _Library:
         opt = self.lib.kgen_set_options
         opt.restype = None
         opt.argtypes = [ctypes.c_uint, ctypes.c_size_t]
-        self.set_options = opt
+        self._set_options = opt
+        self._options: tuple[int, int] | None = None
         self.signatures: dict[str, tuple[str, ...] | None] = {}
+
+    def set_options(self, workers: int, stack_size: int) -> None:
+        if self._options != (workers, stack_size):
+            self._set_options(workers, stack_size)
+            self._options = (workers, stack_size)
 
     def signature(self, kernel: str) -> tuple[str, ...] | None:
         if kernel not in self.signatures:
@@ -149,6 +155,8 @@ def pack_args(kernel: str, sig: Sequence[str], args: Sequence[Any]) -> tuple[cty
 
 
 def _dims(v: Sequence[int] | int, what: str) -> tuple[int, int, int]:
+    if type(v) is tuple and len(v) == 3 and all(type(x) is int and 0 < x <= 0xFFFFFFFF for x in v):
+        return v  # type: ignore[return-value]
     t = (v,) if isinstance(v, int) else tuple(v)
     t = (*t, 1, 1)[:3] if len(t) < 3 else t
     if len(t) != 3 or any((not isinstance(x, int | np.integer)) or x < 1 or x > 0xFFFFFFFF for x in t):

@@ -35,7 +35,8 @@ inline size_t parse_size(const char* s) {
 inline unsigned worker_count() {
   unsigned n = g_options.workers.load();
   if (!n) n = (unsigned)parse_size(getenv("KGEN_SIMT_THREADS"));
-  if (!n) n = std::thread::hardware_concurrency();
+  static const unsigned ncpu = std::thread::hardware_concurrency();  // reads /sys: once
+  if (!n) n = ncpu;
   return n ? n : 1;
 }
 

@@ -100,12 +100,14 @@ struct Worker {
 #endif
 
   void push_ready(unsigned i) {
-    ready[(rq_head + rq_count) % nthreads] = i;
+    unsigned slot = rq_head + rq_count;
+    if (slot >= nthreads) slot -= nthreads;
+    ready[slot] = i;
     ++rq_count;
   }
   unsigned pop_ready() {
     unsigned i = ready[rq_head];
-    rq_head = (rq_head + 1) % nthreads;
+    if (++rq_head == nthreads) rq_head = 0;
     --rq_count;
     return i;
   }
