@@ -36,7 +36,8 @@ NAMESPACE = "host"
 SOURCE_NAME = "kernel.cu"
 SHIM_NAME = "shim.cpp"
 LIB_NAME = "kernel.so"
-BASE_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-pthread")
+BASE_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-pthread",
+              "-fstack-clash-protection")  # big frames probe page by page: overflows hit the guard page
 SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 

@@ -64,6 +64,7 @@ struct Job {
 inline Worker* this_worker() {
   if (!tls_w) {
     tls_w = new Worker();  // one per OS thread, kept for the thread's life (stacks reused)
+    install_overflow_guard();
 #if defined(KGEN_SIMT_ASAN)
     pthread_attr_t attr;
     if (pthread_getattr_np(pthread_self(), &attr) == 0) {

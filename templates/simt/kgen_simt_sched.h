@@ -24,6 +24,8 @@
 #if !defined(__x86_64__)
 #include <ucontext.h>
 #endif
+#include <setjmp.h>
+#include <signal.h>
 
 namespace kgen_simt {
 
@@ -94,6 +96,8 @@ struct Worker {
   char* stack_mem = nullptr;
   size_t stack_mem_len = 0, stack_size = 0;
   unsigned stack_count = 0;
+  sigjmp_buf overflow_jb;  // run_block's landing point after a fiber stack overflow
+  volatile bool in_block = false;
 #if defined(KGEN_SIMT_ASAN)
   const void* main_stack_bottom = nullptr;
   size_t main_stack_size = 0;
@@ -448,6 +452,65 @@ inline void init_fiber(Worker* w, Fiber* f, unsigned i) {
 #endif
 }
 
+// ---- fiber stack overflow: guard page -> SIGSEGV -> error instead of a crash ----------
+// (not under ASan, which reports stack overflows itself). Each library chains to the
+// handler that was installed before it for faults that are not its own.
+inline struct sigaction g_prev_segv;
+
+inline void segv_handler(int sig, siginfo_t* si, void* uctx) {
+  Worker* w = tls_w;
+  if (w && w->in_block && w->cur) {
+    char* a = (char*)si->si_addr;
+    Fiber* f = w->cur;
+    if (a >= f->stack_lo - page_size() && a < f->stack_lo) {
+      char msg[512];
+      snprintf(msg, sizeof msg,
+               "kernel '%s' block (%u,%u,%u) thread (%u,%u,%u): fiber stack overflow (stack size %zu bytes); "
+               "large per-thread arrays need a bigger stack: CpuModule(stack_size=...) or KGEN_SIMT_STACK",
+               w->kernel, w->block_idx.x, w->block_idx.y, w->block_idx.z, f->tid.x, f->tid.y, f->tid.z,
+               f->stack_size);
+      w->err.assign(msg);  // the worker thread is ours and stopped in a fiber: no allocator lock held by us
+      w->failed = true;
+      siglongjmp(w->overflow_jb, 1);
+    }
+  }
+  // not ours: hand over to whatever was installed before
+  if (g_prev_segv.sa_flags & SA_SIGINFO) {
+    if (g_prev_segv.sa_sigaction) {
+      g_prev_segv.sa_sigaction(sig, si, uctx);
+      return;
+    }
+  } else if (g_prev_segv.sa_handler != SIG_DFL && g_prev_segv.sa_handler != SIG_IGN) {
+    g_prev_segv.sa_handler(sig);
+    return;
+  }
+  signal(sig, SIG_DFL);  // re-executing the faulting instruction now crashes as usual
+}
+
+inline void install_overflow_guard() {
+#if !defined(KGEN_SIMT_ASAN)
+  static bool installed = [] {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = segv_handler;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_prev_segv);
+    return true;
+  }();
+  (void)installed;
+  // an alternate signal stack for this thread (keep one that exists, e.g. faulthandler's)
+  stack_t old;
+  if (sigaltstack(nullptr, &old) == 0 && (old.ss_flags & SS_DISABLE)) {
+    stack_t ss;
+    ss.ss_size = 64 * 1024;
+    ss.ss_sp = malloc(ss.ss_size);  // kept for the thread's life
+    ss.ss_flags = 0;
+    if (ss.ss_sp) sigaltstack(&ss, nullptr);
+  }
+#endif
+}
+
 // Run one thread block to completion (or failure) on the calling OS thread.
 inline void run_block(Worker* w, uint3 bidx) {
   w->block_idx = bidx;
@@ -476,7 +539,16 @@ inline void run_block(Worker* w, uint3 bidx) {
   w->n_exited = 0;
   w->cur = &w->fibers[0];
   w->fibers[0].state = F_RUNNING;
+#if !defined(KGEN_SIMT_ASAN)
+  if (sigsetjmp(w->overflow_jb, 1)) {  // a fiber overflowed its stack (segv_handler)
+    w->in_block = false;
+    w->cur = nullptr;
+    return;
+  }
+#endif
+  w->in_block = true;
   switch_ctx(w, nullptr, &w->fibers[0]);
+  w->in_block = false;
   w->cur = nullptr;
 }
 

@@ -165,6 +165,13 @@ extern "C" __global__ void big_local(const int* idx, float* out) {
   out[t] = s;
 }
 
+// ---- a per-thread array far bigger than the fiber stack ----
+extern "C" __global__ void overflow_big(const int* idx, float* out) {
+  float a[40000];
+  for (int i = 0; i < 40000; ++i) a[i] = i;
+  out[threadIdx.x] = a[idx[threadIdx.x]];
+}
+
 // ---- 3-D indices ----
 extern "C" __global__ void indices(unsigned* out) {
   const unsigned tl = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
@@ -242,7 +249,7 @@ extern "C" __global__ void bad_cross(int* out) {
 """
 
 KERNELS = ["rev256", "shfl_cfg", "shfl_types", "votes", "warp_sync_order", "atomics", "smem_iso", "dyn_smem",
-           "big_local", "indices", "fmt_convert", "vec2_basics", "bad_barrier", "bad_shfl_exited", "bad_shfl_mask",
+           "big_local", "overflow_big", "indices", "fmt_convert", "vec2_basics", "bad_barrier", "bad_shfl_exited", "bad_shfl_mask",
            "bad_cross"]
 
 
@@ -289,6 +296,17 @@ def test_big_local_array_on_fiber_stack(mod):
     run(mod, "big_local", (2, 1, 1), (128, 1, 1), idx, out)
     t = np.arange(128)
     np.testing.assert_array_equal(out, (256 * t + 255 * 128 + 256).astype(np.float32))
+
+
+def test_fiber_stack_overflow_is_an_error_and_stack_size_configurable(mod):
+    idx = (np.arange(64, dtype=np.int32) * 600) % 40000
+    out = np.zeros(64, np.float32)
+    with pytest.raises(KernelRuntimeError, match=r"overflow_big.*thread \(0,0,0\).*stack overflow"):
+        run(mod, "overflow_big", (2, 1, 1), (64, 1, 1), idx, out)
+    big = CpuModule(mod.artifact, stack_size=1 << 20)
+    big.launch(Launch("overflow_big", (2, 1, 1), (64, 1, 1), 0, [idx, out]))
+    np.testing.assert_array_equal(out, idx.astype(np.float32))
+    test_barrier_reverse_through_shared_memory(mod)  # the module still works
 
 
 def test_indices_3d(mod):
