@@ -1,0 +1,155 @@
+"""One tuning measurement: (spec, config, bucket) in, plain data out.
+
+`run_task(task)` takes and returns JSON-able dicts, so the same function runs in
+this process or as a task on a cluster engine (kgen/tune_ray.py). It builds the
+config (cached like any build), refuses it when it exceeds the target archs'
+resources, times it on fresh random inputs, and re-verifies the output of the timed
+launches against the float64 reference: a fast but wrong config scores inf.
+
+Timing: on CUDA, device events around each launch, warm-up, inputs rotated and L2
+flushed (a buffer twice the L2 size is overwritten) between launches; on the CPU
+backend the same loop with a wall clock (`clock: "cpu-wall"`): fine for testing the
+tuner and for CPU users, meaningless as a GPU ranking.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from .errors import CompileError, KgenError, KgenUserError
+
+REGISTERS_PER_BLOCK = 65536
+DEFAULT_SMEM_LIMIT = 48 * 1024  # without the opt-in attribute
+ROTATE = 2  # input sets cycled between launches (defeats caches holding the last launch's data)
+WARMUP = 2
+MIN_REPS, MAX_REPS = 3, 10_000
+
+_KERNELS: OrderedDict[tuple, Any] = OrderedDict()  # in-process builds: one per (spec, config, backend)
+_KERNEL_SLOTS = 16
+
+
+def make_task(spec, config: dict, bucket: tuple[int, int], backend: str, measure_s: float, seed: int) -> dict:
+    return {"spec": spec.canonical(), "config": dict(config), "batch": int(bucket[0]), "context": int(bucket[1]),
+            "backend": backend, "measure_s": float(measure_s), "seed": int(seed)}
+
+
+def failed(task: dict, status: str, reason: str) -> dict:
+    return {"config": task["config"], "batch": task["batch"], "context": task["context"], "status": status,
+            "reason": reason, "median_s": math.inf, "min_s": math.inf, "max_s": math.inf, "reps": 0}
+
+
+def resource_problems(kernel) -> list[str]:
+    """Reasons the config cannot launch on one of the spec's target archs (ptxas figures)."""
+    from .families import family_for
+
+    threads = kernel.config.get("threads", 0)
+    smem = family_for(kernel.spec).smem_bytes(kernel.spec) if kernel.spec.kind == "paged_decode" else 0
+    out = []
+    for arch, kernels in kernel.resources.items():
+        main = kernels.get(kernel.spec.name, {})
+        regs = main.get("registers", 0)
+        if regs * threads > REGISTERS_PER_BLOCK:
+            out.append(f"{arch}: {regs} registers x {threads} threads > {REGISTERS_PER_BLOCK} per block")
+        if main.get("static_smem", 0) + smem > DEFAULT_SMEM_LIMIT:
+            out.append(f"{arch}: {main.get('static_smem', 0) + smem} bytes of shared memory > {DEFAULT_SMEM_LIMIT}")
+    return out
+
+
+def _kernel(spec, config: dict, backend: str):
+    from .build import build
+
+    key = (spec.spec_hash(), json.dumps(config, sort_keys=True), backend)
+    if key in _KERNELS:
+        _KERNELS.move_to_end(key)
+        return _KERNELS[key]
+    try:
+        kernel = build(spec, backend=backend, verify=False, config=config)
+    except (CompileError, KgenUserError) as e:
+        kernel = e  # a failed compile is a result too: don't retry it per bucket
+    _KERNELS[key] = kernel
+    while len(_KERNELS) > _KERNEL_SLOTS:
+        _KERNELS.popitem(last=False)
+    return kernel
+
+
+class _WallTimer:
+    clock = "cpu-wall"
+
+    def time(self, launch) -> float:
+        start = time.perf_counter()
+        launch()
+        return time.perf_counter() - start
+
+
+class _CudaTimer:
+    clock = "cuda-events"
+
+    def __init__(self):
+        import cupy
+
+        self.cupy = cupy
+        l2 = cupy.cuda.Device().attributes.get("L2CacheSize", 64 << 20)
+        self.flush = cupy.empty(2 * l2 // 4, dtype=cupy.int32)
+        self.start, self.stop = cupy.cuda.Event(), cupy.cuda.Event()
+
+    def time(self, launch) -> float:
+        self.flush.fill(0)  # evict the previous launch's data from L2 (not timed)
+        self.start.record()
+        launch()
+        self.stop.record()
+        self.stop.synchronize()
+        return self.cupy.cuda.get_elapsed_time(self.start, self.stop) / 1e3
+
+
+def run_task(task: dict) -> dict:
+    """Measure one (config, bucket); never raises for a bad config (status + reason instead)."""
+    from .cases import make_decode_case
+    from .reference import attention_decode
+    from .spec import spec_from_dict
+    from .verify import _to_device, _to_host, check_output
+
+    spec = spec_from_dict(task["spec"], filename="<tuning task>")
+    backend = task["backend"]
+    kernel = _kernel(spec, task["config"], backend)
+    if isinstance(kernel, Exception):
+        first = str(kernel).strip().splitlines()[0] if str(kernel).strip() else type(kernel).__name__
+        return failed(task, "compile_failed", first[:300])
+    problems = resource_problems(kernel)
+    if problems:
+        return failed(task, "resources", "; ".join(problems))
+    rng = np.random.default_rng(task["seed"])
+    lens = [task["context"]] * task["batch"]
+    host_sets = [make_decode_case(spec, lens, rng) for _ in range(ROTATE)]
+    sets = [_to_device(a, backend) for a in host_sets]
+    timer = _CudaTimer() if backend == "cuda" else _WallTimer()
+    times: list[float] = []
+    try:
+        for i in range(WARMUP):
+            kernel(**sets[i % ROTATE])
+        last = 0
+        started = time.perf_counter()
+        while len(times) < MAX_REPS and (len(times) < MIN_REPS or time.perf_counter() - started < task["measure_s"]):
+            last = len(times) % ROTATE
+            times.append(timer.time(lambda a=sets[last]: kernel(**a)))
+    except KgenError as e:
+        return failed(task, "launch_failed", str(e).splitlines()[0][:300])
+    # Re-verify what the timed launches wrote (each set's out was pre-filled with NaN).
+    args = host_sets[last]
+    ref, _ = attention_decode(spec, args["q"], args)
+    round_to = None if spec.dtype.q == "fp32" else args["q"].dtype
+    lowp, _ = attention_decode(spec, args["q"], args, dtype=np.float32, round_to=round_to)
+    check = check_output("tuning", lens, _to_host(sets[last]["out"]), ref, lowp.astype(np.float64),
+                         spec.dtype.resolved_out)
+    if not check.passed:
+        return failed(task, "wrong", f"output does not match the reference: error {check.max_error:.3g} > "
+                                     f"bound {check.bound:.3g} {check.note}".strip())
+    return {"config": task["config"], "batch": task["batch"], "context": task["context"], "status": "ok",
+            "reason": "", "median_s": float(np.median(times)), "min_s": float(min(times)),
+            "max_s": float(max(times)), "reps": len(times), "clock": timer.clock,
+            "max_error": check.max_error, "bound": check.bound}

@@ -1,0 +1,228 @@
+"""Tuning on the CPU backend with real builds and launches: measurement, persistence,
+the per-bucket kernel, and the task data model the Ray executor relies on."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from kgen import tune_measure
+from kgen.cases import make_decode_case
+from kgen.errors import KernelRuntimeError, KgenUserError
+from kgen.reference import attention_decode
+from kgen.spec import spec_from_dict
+from kgen.tune import (
+    TuningWarning,
+    device_info,
+    load_results,
+    read_results,
+    results_path,
+    save_results,
+    tune_spec,
+)
+from kgen.tune_measure import make_task, run_task
+from kgen.tuned import TunedKernel, _nearest, tuned_from_manifest
+from kgen.verify import check_output
+
+TUNING = {"params": {"threads": [32, 64, 2048], "partition_size": [0, 32]},
+          "constraints": ["threads >= 32 * group_size"], "defaults": {"threads": 64, "partition_size": 0},
+          "buckets": {"batch": [1, 3], "context": [16, 100]}}
+FAST = {"budget_s": 30, "measure_s": 0.002}
+
+
+def tiny_spec(**tuning_changes):
+    return spec_from_dict({
+        "kgen": 1, "name": "tiny_tune", "kind": "paged_decode",
+        "attention": {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 32},
+        "kv_cache": {"block_size": 16, "layout": "separate", "dtype": "fp16"},
+        "dtype": {"q": "fp16"}, "tail_masking": True, "targets": ["sm_80"],
+        "tuning": {**TUNING, **tuning_changes}})
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return tiny_spec()
+
+
+@pytest.fixture(scope="module")
+def tuned(spec, tmp_path_factory):
+    root = tmp_path_factory.mktemp("tuning")
+    return root, tune_spec(spec, backend="cpu", seed=3, root=root, **FAST)
+
+
+def test_every_config_is_timed_on_every_bucket(tuned):
+    _, results = tuned
+    assert results["strategy"] == "exhaustive" and results["clock"] == "cpu-wall"
+    assert len(results["space"]["configs"]) == 2 and len(results["space"]["pruned"]) == 4
+    seen = {(m["config"]["partition_size"], m["batch"], m["context"]) for m in results["measurements"]}
+    assert seen == {(p, b, c) for p in (0, 32) for b in (1, 3) for c in (16, 100)}
+    for m in results["measurements"]:
+        assert m["status"] == "ok", m
+        assert m["reps"] >= 3 and m["min_s"] <= m["median_s"] <= m["max_s"]
+        assert m["max_error"] <= m["bound"]
+
+
+def test_winner_is_the_fastest_per_bucket(tuned):
+    _, results = tuned
+    for name, config in results["winners"].items():
+        b, c = (int(x) for x in name.split("x"))
+        times = {json.dumps(m["config"], sort_keys=True): m["median_s"] for m in results["measurements"]
+                 if (m["batch"], m["context"]) == (b, c)}
+        assert times[json.dumps(config, sort_keys=True)] == min(times.values())
+    assert results["default_winner"] in results["space"]["configs"]
+
+
+def test_results_round_trip_and_record_the_environment(spec, tuned):
+    root, results = tuned
+    info = device_info("cpu")
+    path = results_path(spec, info, root)
+    assert read_results(path) == json.loads(json.dumps(results))
+    assert results["device"]["name"] == info["name"] and results["spec_hash"] == spec.spec_hash()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_results(spec, "cpu", root=root)["winners"] == results["winners"]
+
+
+def test_results_for_another_spec_are_not_used(spec, tuned):
+    root, _ = tuned
+    changed = spec.with_overrides(**{"attention.softmax_scale": 0.5})
+    with pytest.warns(TuningWarning, match="spec hash differs"):
+        assert load_results(changed, "cpu", root=root) is None
+
+
+def test_results_for_another_device_are_not_used(spec, tuned, tmp_path):
+    _, results = tuned
+    other = json.loads(json.dumps(results))
+    other["device"]["name"] = "Some Other CPU"
+    save_results(other, results_path(spec, device_info("cpu"), tmp_path))
+    with pytest.warns(TuningWarning, match="device name"):
+        assert load_results(spec, "cpu", root=tmp_path) is None
+
+
+def test_corrupt_results_warn_and_fall_back(spec, tmp_path):
+    path = results_path(spec, device_info("cpu"), tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"format": 1, "winners": ')
+    with pytest.warns(TuningWarning, match="corrupt tuning results"):
+        assert load_results(spec, "cpu", root=tmp_path) is None
+    path.write_text('{"format": 1}')
+    with pytest.raises(KgenUserError, match="missing kgen_version"):
+        read_results(path)
+
+
+def test_measurement_rejects_a_fast_but_wrong_kernel(spec):
+    config = {"threads": 64, "partition_size": 0}
+    good = tune_measure._kernel(spec, config, "cpu")
+
+    def wrong(**args):  # a real launch whose output is then corrupted
+        out = good(**args)
+        out[0, 0, 0] += 1.0
+        return out
+
+    key = next(k for k, v in tune_measure._KERNELS.items() if v is good)
+    wrong.config, wrong.resources, wrong.spec = good.config, good.resources, spec
+    tune_measure._KERNELS[key] = wrong
+    try:
+        result = run_task(make_task(spec, config, (2, 40), "cpu", 0.001, seed=5))
+    finally:
+        tune_measure._KERNELS[key] = good
+    assert result["status"] == "wrong" and math.isinf(result["median_s"])
+    assert "does not match the reference" in result["reason"]
+
+
+def test_resource_overflow_scores_inf_with_the_reason(spec, monkeypatch):
+    monkeypatch.setattr(tune_measure, "REGISTERS_PER_BLOCK", 64)
+    result = run_task(make_task(spec, {"threads": 64, "partition_size": 0}, (1, 16), "cpu", 0.001, seed=1))
+    assert result["status"] == "resources" and "registers x 64 threads > 64" in result["reason"]
+
+
+def test_every_config_failing_is_an_error_not_a_silent_default(spec, monkeypatch, tmp_path):
+    monkeypatch.setattr(tune_measure, "REGISTERS_PER_BLOCK", 64)
+    with pytest.raises(KernelRuntimeError, match="every config failed"):
+        tune_spec(spec, backend="cpu", seed=1, root=tmp_path, save=True, **FAST)
+    assert not list(tmp_path.rglob("*.json"))
+
+
+def test_compile_failure_scores_inf_and_the_run_goes_on(spec, monkeypatch, tmp_path):
+    from kgen.families.paged_decode import PAGED_DECODE
+
+    real = PAGED_DECODE.template_context
+
+    def broken(spec_, config):  # partition 32 renders a kernel NVRTC rejects (bad vector width)
+        ctx = real(spec_, config)
+        return {**ctx, "vec": 3} if config["partition_size"] == 32 else ctx
+
+    monkeypatch.setattr(PAGED_DECODE, "template_context", broken)
+    tune_measure._KERNELS.clear()
+    try:
+        results = tune_spec(spec, backend="cpu", seed=2, root=tmp_path, **FAST)
+    finally:
+        tune_measure._KERNELS.clear()
+    bad = [m for m in results["measurements"] if m["config"]["partition_size"] == 32]
+    assert bad and all(m["status"] == "compile_failed" and m["reason"] for m in bad)
+    assert all(w == {"threads": 64, "partition_size": 0} for w in results["winners"].values())
+
+
+def test_tasks_are_plain_data_for_any_executor(spec, tmp_path):
+    shipped = []
+
+    def remote_like(tasks):  # what a cluster engine does: serialize, run elsewhere, send back
+        shipped.extend(tasks)
+        return [json.loads(json.dumps(run_task(json.loads(json.dumps(t))))) for t in tasks]
+
+    results = tune_spec(spec, backend="cpu", seed=4, root=tmp_path, executor=remote_like, **FAST)
+    assert len(shipped) == len(results["measurements"]) == 8
+    assert len({t["seed"] for t in shipped}) == 8  # fresh inputs per measurement
+    assert set(results["winners"]) == {"1x16", "1x100", "3x16", "3x100"}
+
+
+def test_ray_executor_is_an_optional_extra(spec, tmp_path):
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        with pytest.raises(KgenUserError, match=r"pip install 'kgen\[ray\]'"):
+            tune_spec(spec, backend="cpu", seed=4, root=tmp_path, executor="ray", **FAST)
+        pytest.skip("Ray is not installed: only the missing-Ray error is checked")
+    results = tune_spec(spec, backend="cpu", seed=4, root=tmp_path, executor="ray", **FAST)
+    assert len(results["measurements"]) == 8
+
+
+def test_nearest_bucket_is_nearest_in_log_space():
+    axis = [1, 8, 64, 256]
+    assert [_nearest(axis, v) for v in (1, 2, 3, 4, 9, 100, 200, 5000)] == [1, 1, 8, 8, 8, 64, 256, 256]
+
+
+def test_tuned_kernel_picks_the_bucket_config_and_stays_correct(spec, tuned):
+    _, results = tuned
+    forced = json.loads(json.dumps(results))  # two different winners, to see the switch
+    forced["winners"] = {"1x16": {"threads": 64, "partition_size": 0}, "1x100": {"threads": 64, "partition_size": 32},
+                         "3x16": {"threads": 64, "partition_size": 0}, "3x100": {"threads": 64, "partition_size": 32}}
+    kern = TunedKernel(spec, forced, "cpu")
+    assert len(kern.variants) == 2
+    assert kern.select(1, 16).config["partition_size"] == 0
+    assert kern.select(2, 96).config["partition_size"] == 32
+    rng = np.random.default_rng(0)
+    for lens in ([5, 17, 3], [90, 70]):
+        args = make_decode_case(spec, lens, rng)
+        out = kern(**args)
+        ref, _ = attention_decode(spec, args["q"], args)
+        lowp, _ = attention_decode(spec, args["q"], args, dtype=np.float32, round_to=np.float16)
+        assert check_output("tuned", lens, out, ref, lowp.astype(np.float64), "fp16").passed
+
+
+def test_manifest_hook_warns_on_a_foreign_device(spec, tuned):
+    from kgen.build import build
+
+    _, results = tuned
+    base = build(spec, backend="cpu", verify=False, config=results["default_winner"])
+    assert isinstance(tuned_from_manifest(base, results, "cpu"), TunedKernel)
+    foreign = json.loads(json.dumps(results))
+    foreign["device"]["name"] = "NVIDIA H100"
+    with pytest.warns(TuningWarning, match="ignoring the manifest's tuning results"):
+        kern = tuned_from_manifest(base, foreign, "cpu")
+    assert kern.config == {"threads": 64, "partition_size": 0}  # the spec's untuned defaults
+    assert tuned_from_manifest(base, None, "cpu") is base
