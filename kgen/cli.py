@@ -230,5 +230,10 @@ def schema():
     click.echo(json.dumps(json_schema(), indent=2))
 
 
+from .cli_tune import report, tune  # noqa: E402 - the tuning commands live in kgen/cli_tune.py
+
+main.add_command(tune)
+main.add_command(report)
+
 if __name__ == "__main__":
     main()

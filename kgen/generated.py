@@ -137,6 +137,10 @@ class GeneratedKernel:
             module = load_module("cpu", rendered)
         resources = {arch: c["resources"] for arch, c in self.manifest["cubins"].items()}
         self._kernel = Kernel(spec, self.source, rendered.config, module, rendered.kernel_names, resources)
+        # Tuning hook (kgen/tuned.py): per-bucket tuned configs when the manifest's results fit this device.
+        from .tuned import tuned_from_manifest
+
+        self._kernel = tuned_from_manifest(self._kernel, self.manifest.get("tuning"), chosen)
         return self._kernel
 
     def __call__(self, **arguments: Any):
