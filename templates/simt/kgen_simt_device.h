@@ -11,7 +11,12 @@
 #endif
 
 // ---- block barrier ----------------------------------------------------------------
-inline void __syncthreads() { ::kgen_simt::syncthreads(); }
+inline void __syncthreads() { ::kgen_simt::syncthreads_count(0); }
+inline int __syncthreads_count(int pred) { return ::kgen_simt::syncthreads_count(pred); }
+inline int __syncthreads_and(int pred) {
+  return ::kgen_simt::syncthreads_count(pred) == (int)::kgen_simt::tls_w->nthreads;
+}
+inline int __syncthreads_or(int pred) { return ::kgen_simt::syncthreads_count(pred) != 0; }
 
 // ---- warp operations -------------------------------------------------------------
 namespace kgen_simt {

@@ -217,7 +217,8 @@ inline void block_current(Worker* w, const char* what) {
 }
 
 // ---- __syncthreads ----------------------------------------------------------
-__attribute__((noinline, noipa)) inline void syncthreads() {
+// Block barrier; returns how many threads passed a nonzero `pred` (__syncthreads_count).
+__attribute__((noinline, noipa)) inline int syncthreads_count(int pred) {
   Worker* w = tls_w;
   Fiber* f = w->cur;
   if (w->n_exited) {
@@ -228,20 +229,26 @@ __attribute__((noinline, noipa)) inline void syncthreads() {
     fail("__syncthreads() can never complete: thread %s (and %u other(s)) of the block already exited", nm,
          w->n_exited - 1);
   }
+  f->val = pred != 0;
   if (w->bar_count + 1 == w->nthreads) {  // last to arrive: release everybody
+    unsigned long long count = f->val;
+    for (unsigned i = 0; i < w->bar_count; ++i) count += w->fibers[w->bar_list[i]].val;
     for (unsigned i = 0; i < w->bar_count; ++i) {
       unsigned j = w->bar_list[i];
+      w->fibers[j].res = count;
       w->fibers[j].state = F_READY;
       w->push_ready(j);
     }
     w->bar_count = 0;
     asm volatile("" ::: "memory");
-    return;
+    return (int)count;
   }
   w->bar_list[w->bar_count++] = f->linear;
   f->state = F_BARRIER;
   block_current(w, "__syncthreads()");
+  return (int)f->res;
 }
+inline void syncthreads() { syncthreads_count(0); }
 
 // ---- warp operations ----------------------------------------------------------
 // PTX shfl.sync source-lane rule (c = ((32 - width) << 8) | clamp).

@@ -33,6 +33,13 @@ extern "C" __global__ void __launch_bounds__(256) rev256(const float* __restrict
   y[base + t] = s[255 - t];
 }
 
+// ---- __syncthreads_count/and/or ----
+extern "C" __global__ void sync_preds(const int* preds, int* out) {
+  const int p = preds[blockIdx.x * blockDim.x + threadIdx.x];
+  const int c = __syncthreads_count(p), a = __syncthreads_and(p), o = __syncthreads_or(p);
+  if (threadIdx.x == 77) { out[blockIdx.x * 3] = c; out[blockIdx.x * 3 + 1] = a; out[blockIdx.x * 3 + 2] = o; }
+}
+
 // ---- shuffles: one configuration per block of 32 threads ----
 extern "C" __global__ void shfl_cfg(const int* vals, const int* args, const int* ops, const int* widths,
                                     const unsigned* masks, int* out) {
@@ -248,7 +255,7 @@ extern "C" __global__ void bad_cross(int* out) {
 }
 """
 
-KERNELS = ["rev256", "shfl_cfg", "shfl_types", "votes", "warp_sync_order", "atomics", "smem_iso", "dyn_smem",
+KERNELS = ["rev256", "sync_preds", "shfl_cfg", "shfl_types", "votes", "warp_sync_order", "atomics", "smem_iso", "dyn_smem",
            "big_local", "overflow_big", "indices", "fmt_convert", "vec2_basics", "bad_barrier", "bad_shfl_exited", "bad_shfl_mask",
            "bad_cross"]
 
@@ -269,6 +276,16 @@ def test_barrier_reverse_through_shared_memory(mod):
     y = np.zeros_like(x)
     run(mod, "rev256", (4, 1, 1), (256, 1, 1), x, y)
     np.testing.assert_array_equal(y, 2 * x)
+
+
+def test_syncthreads_count_and_or(mod):
+    preds = np.zeros((4, 160), np.int32)
+    preds[1, ::3] = 5
+    preds[2] = -1
+    preds[3, 159] = 1
+    out = np.zeros((4, 3), np.int32)
+    run(mod, "sync_preds", (4, 1, 1), (160, 1, 1), preds, out)
+    np.testing.assert_array_equal(out, [[0, 0, 0], [54, 0, 1], [160, 1, 1], [1, 0, 1]])
 
 
 def test_shared_memory_private_per_block_concurrent(mod):
