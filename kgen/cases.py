@@ -31,14 +31,39 @@ def _poison(name: str) -> float:
     return 127.0 if name == "int8" else float("nan")  # int8 has no NaN: use its extreme
 
 
+def _strided(arr: np.ndarray, extra: tuple[int, ...], fill: float) -> np.ndarray:
+    """`arr` copied into a poisoned, larger array and returned as a view of it: a pool whose
+    strides are not the packed ones (padding between blocks, heads, tokens or K and V)."""
+    big = np.empty(tuple(n + e for n, e in zip(arr.shape, extra, strict=True)), dtype=arr.dtype)
+    big[...] = np.asarray(fill).astype(arr.dtype)
+    view = big[tuple(slice(0, n) for n in arr.shape)]
+    view[...] = arr
+    return view
+
+
+def _pool_padding(spec) -> dict[str, tuple[int, ...]]:
+    """Extra elements per axis for each cache array of a padded pool. K and V get different
+    padding (a kernel that steps V with K's strides fails); the head_dim axis grows by whole
+    16-byte vectors, so the strides stay as aligned as the vector loads need."""
+    kv = spec.kv_cache
+    v16 = 16 // dtype(kv.dtype).itemsize
+    if kv.layout == "vllm":  # K [N, H, D/x, B, x]; V [N, H, D, B] takes scalar loads: any stride
+        return {"k_cache": (0, 1, 1, 1, 0), "v_cache": (0, 1, 0, 3)}
+    if kv.layout == "fused":  # [N, 2, ...]: a gap between the K and V halves too
+        return {"kv_cache": (0, 1, 1, 1, v16)}
+    return {"k_cache": (0, 1, 1, v16), "v_cache": (0, 2, 0, 2 * v16) if kv.resolved_order == "HND"
+            else (0, 0, 2, 2 * v16)}
+
+
 def alibi_slopes(num_heads: int) -> np.ndarray:
     """The ALiBi paper's geometric slopes 2^(-8 i / n)."""
     return np.asarray([2.0 ** (-8.0 * (i + 1) / num_heads) for i in range(num_heads)], dtype=np.float32)
 
 
 def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_prefix: bool = False,
-                     extra_table_cols: int = 1) -> dict:
-    """Keyword arguments for a decode call (numpy arrays) plus out pre-filled with NaN."""
+                     extra_table_cols: int = 1, padded: bool = False) -> dict:
+    """Keyword arguments for a decode call (numpy arrays) plus out pre-filled with NaN.
+    With `padded` the cache pools (and per-token scales) are strided views into larger arrays."""
     a, kv = spec.attention, spec.kv_cache
     B, H, D, Hq = kv.block_size, a.num_kv_heads, a.head_dim, a.num_q_heads
     S = len(seq_lens)
@@ -91,6 +116,10 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
         else:
             args["k_cache"], args["v_cache"] = np.ascontiguousarray(kq), np.ascontiguousarray(vq)
 
+    if padded:
+        for name, extra in _pool_padding(spec).items():
+            args[name] = _strided(args[name], extra, _poison(kv.dtype))
+
     if quant:
         for name in ("k_scale", "v_scale"):
             base = (0.01 if kv.dtype == "int8" else 0.5) * (1.0 if name == "k_scale" else 1.7)
@@ -107,6 +136,8 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
                 if kv.resolved_order == "NHD":
                     pool = pool.transpose(0, 2, 1)
                 args[name] = np.ascontiguousarray(pool)
+                if padded:
+                    args[name] = _strided(args[name], (0, 1, 1), np.nan)
     if a.alibi:
         args["alibi_slopes"] = alibi_slopes(Hq)
     args["q"] = _cast(rng.standard_normal((S, Hq, D)), spec.dtype.q)

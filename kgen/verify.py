@@ -75,7 +75,8 @@ class VerificationReport:
 
 
 def decode_case_matrix(spec, config: dict, rng: np.random.Generator) -> list[tuple[str, list[int], bool]]:
-    """(name, seq_lens, share_prefix) for every case of the matrix."""
+    """(name, seq_lens, share_prefix) for every case of the matrix; the case named
+    'padded_pool' passes the caches as strided views (see cases.make_decode_case)."""
     B = spec.kv_cache.block_size
     long_len = max(5 * B + 3, 300)
     lens = {"len_1": 1, "len_B-1": B - 1, "len_B": B, "len_B+1": B + 1, "len_2B+1": 2 * B + 1, "long": long_len}
@@ -97,6 +98,8 @@ def decode_case_matrix(spec, config: dict, rng: np.random.Generator) -> list[tup
     if not spec.tail_masking:
         a, b = 3 * B, 2 * B
     cases.append(("shared_prefix", [a, b], True))
+    pad = [2 * B + 1, max(1, B // 2)] if spec.tail_masking else [2 * B, B]
+    cases.append(("padded_pool", pad, False))  # strided pools: padding between blocks, heads, K and V
     return cases
 
 
@@ -155,6 +158,9 @@ def check_output(name: str, seq_lens: list[int], out: np.ndarray, ref: np.ndarra
 def verify(kernel, seed: int | None = None, cases: list[str] | None = None) -> VerificationReport:
     """Run the case matrix on `kernel` with fresh random inputs (the seed is recorded)."""
     spec = kernel.spec
+    if spec.kind in ("cache_write", "copy_blocks"):
+        from .verify_cache import verify_cache_kernel
+        return verify_cache_kernel(kernel, seed=seed)
     if spec.kind != "paged_decode":
         from .errors import UnsupportedError
 
@@ -168,7 +174,7 @@ def verify(kernel, seed: int | None = None, cases: list[str] | None = None) -> V
     for name, lens, share in decode_case_matrix(spec, kernel.config, rng):
         if cases is not None and name not in cases:
             continue
-        args = make_decode_case(spec, lens, rng, share_prefix=share)
+        args = make_decode_case(spec, lens, rng, share_prefix=share, padded=name == "padded_pool")
         ref, ref_lse = attention_decode(spec, args["q"], args)
         lowp, lowp_lse = attention_decode(spec, args["q"], args, dtype=np.float32, round_to=round_to)
         want_lse = name == "mixed_batch"

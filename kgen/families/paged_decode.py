@@ -41,7 +41,7 @@ def cache_shapes(spec, num_blocks: str | int = "num_blocks") -> dict[str, tuple]
         return {"k_cache": (n, h, d // x, b, x), "v_cache": (n, h, d, b)}
     one = (n, b, h, d) if kv.resolved_order == "NHD" else (n, h, b, d)
     if kv.layout == "fused":
-        return {"kv_cache": (n, 2, *one)}
+        return {"kv_cache": (n, 2, *one[1:])}  # [N, 2, ...one block]
     return {"k_cache": one, "v_cache": one}
 
 

@@ -1,0 +1,131 @@
+"""The verifier must catch broken kernels: each mutation below breaks one feature of the
+rendered decode source on purpose, and the case that exercises that feature must fail
+(while the cases that cannot see the bug still pass, which shows the failure is the
+right one). The unmutated source passes the same matrix with the same seed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kgen
+from kgen.compile.host import compile_host
+from kgen.kernel import Kernel
+from kgen.render import render
+from kgen.runtime.cpu import CpuModule
+from kgen.verify import check_output, decode_case_matrix, verify
+
+BASE = {
+    "kgen": 1, "name": "mut_decode", "kind": "paged_decode",
+    "attention": {"num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64},
+    "kv_cache": {"block_size": 16, "layout": "separate", "order": "NHD", "dtype": "fp16"},
+    "dtype": {"q": "fp16"}, "tail_masking": True, "targets": ["sm_90"],
+}
+SEED = 20251
+
+
+def _spec(**overrides):
+    return kgen.spec_from_dict(BASE).with_overrides(**overrides)
+
+
+def _kernel(spec, config=None, old: str | None = None, new: str = "") -> Kernel:
+    r = render(spec, config)
+    src = r.source
+    if old is not None:
+        assert src.count(old) == 1, f"mutation target not found exactly once: {old!r}"
+        src = src.replace(old, new)
+    module = CpuModule(compile_host(src, r.kernel_names))
+    return Kernel(spec, src, r.config, module, r.kernel_names)
+
+
+# (id, spec overrides, config, source fragment, replacement, cases that must fail, cases that must pass)
+MUTATIONS = [
+    ("v_scale_dropped", {"kv_cache.dtype": "int8", "kv_cache.scale": "per_head"}, None,
+     "const float pv = p * vs;", "const float pv = p;", {"len_1", "long"}, set()),
+    ("k_scale_dropped", {"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_tensor"}, None,
+     "qk[g] * ks * Cfg::SOFTMAX_SCALE", "qk[g] * Cfg::SOFTMAX_SCALE", {"long"}, {"len_1"}),
+    ("per_head_scale_of_head_0", {"kv_cache.dtype": "int8", "kv_cache.scale": "per_head"}, None,
+     "return scale[kv_head];", "return scale[0];", {"len_1", "long"}, set()),
+    ("per_token_scale_strides_swapped", {"kv_cache.dtype": "fp8_e5m2", "kv_cache.scale": "per_token_head"}, None,
+     "kv_head * s_head + slot * s_token]", "kv_head * s_token + slot * s_head]", {"long"}, set()),
+    ("merge_drops_last_partition", {}, {"partition_size": 32},
+     "const int num_parts = (seq_lens[seq] + P - 1) / P;", "const int num_parts = seq_lens[seq] / P;",
+     {"len_P+1", "len_2P+1"}, {"len_P"}),
+    ("partition_end_off_by_one", {}, {"partition_size": 32},
+     "tok_end = min(ctx_end, (part + 1) * P);", "tok_end = min(ctx_end, (part + 1) * P - 1);",
+     {"len_P", "len_P+1", "len_2P+1"}, {"len_P-1", "len_1"}),
+    ("window_off_by_one", {"attention.sliding_window": 24}, None,
+     "seq_len - Cfg::SLIDING_WINDOW : 0", "seq_len - Cfg::SLIDING_WINDOW - 1 : 0",
+     {"len_W+1", "len_W+2B+1"}, {"len_W-1", "len_W"}),
+    ("tail_mask_removed", {}, None,
+     "const int ctx_end = Cfg::TAIL_MASK ? seq_len : ((seq_len + B - 1) / B) * B;",
+     "const int ctx_end = ((seq_len + B - 1) / B) * B;", {"len_B-1", "len_B+1"}, {"len_B"}),
+    ("v_read_with_k_strides", {}, None,
+     "(long long)kv_head * v_s_head + slot * v_s_token", "(long long)kv_head * k_s_head + slot * k_s_token",
+     {"padded_pool"}, {"long", "len_B+1"}),
+    ("gqa_query_head_off_by_one", {}, None,
+     "q[seq * q_s_seq + (long long)(q_head0 + g) * q_s_head + d]",
+     "q[seq * q_s_seq + (long long)((q_head0 + g + 1) % Cfg::NUM_Q_HEADS) * q_s_head + d]",
+     {"long", "len_B+1"}, {"len_1"}),
+    ("alibi_sign_flipped", {"attention.alibi": True}, None,
+     "alibi_slope * (float)(pos - (seq_len - 1))", "alibi_slope * (float)((seq_len - 1) - pos)",
+     {"long"}, {"len_1"}),
+    ("soft_cap_missing", {"attention.logits_soft_cap": 2.0, "attention.softmax_scale": 0.5}, None,
+     "if (Cfg::SOFT_CAP > 0.0f) s = Cfg::SOFT_CAP * tanhf(s / Cfg::SOFT_CAP);", "",
+     {"long"}, {"len_1"}),
+    ("lse_without_max", {}, None,
+     "lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = m_blk[tid] + logf(l_blk[tid]);",
+     "lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = logf(l_blk[tid]);", {"mixed_batch_lse"}, {"mixed_batch"}),
+    ("split_lse_without_max", {}, {"partition_size": 32},
+     "lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = m_max + logf(denom);",
+     "lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = logf(denom);", {"mixed_batch_lse"}, {"mixed_batch"}),
+    ("last_output_element_unwritten", {}, None,
+     "for (int i = tid; i < G * D; i += Cfg::NUM_THREADS) {\n    const int g = i / D, d = i % D;\n    const float inv_l",
+     "for (int i = tid; i < G * D - 1; i += Cfg::NUM_THREADS) {\n    const int g = i / D, d = i % D;\n    const float inv_l",
+     {"len_1", "long", "mixed_batch"}, set()),
+]
+
+
+@pytest.mark.parametrize("mid,overrides,config,old,new,must_fail,must_pass", MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_mutation_is_caught_by_the_right_case(mid, overrides, config, old, new, must_fail, must_pass):
+    spec = _spec(**overrides)
+    good = verify(_kernel(spec, config), seed=SEED)
+    assert good.passed, good.summary()
+    report = verify(_kernel(spec, config, old, new), seed=SEED)
+    failed = {c.name for c in report.failed_cases}
+    assert not report.passed
+    assert must_fail <= failed, f"{mid}: expected {sorted(must_fail)} to fail, failed: {sorted(failed)}"
+    assert not (must_pass & failed), f"{mid}: {sorted(must_pass & failed)} cannot see this bug but failed"
+    assert report.failed_cases[0].name in report.summary()
+
+
+def test_case_matrix_adds_partition_and_window_lengths():
+    rng = np.random.default_rng(0)
+    spec = _spec(**{"attention.sliding_window": 40})
+    names = {n: lens for n, lens, _ in decode_case_matrix(spec, {"partition_size": 64}, rng)}
+    assert [names[k] for k in ("len_P-1", "len_P", "len_P+1", "len_2P+1")] == [[63], [64], [65], [129]]
+    assert [names[k] for k in ("len_W-1", "len_W", "len_W+1")] == [[39], [40], [41]]
+    assert {"len_B-1", "len_B+1", "mixed_batch", "shared_prefix", "padded_pool"} <= set(names)
+    plain = {n for n, _, _ in decode_case_matrix(_spec(), {"partition_size": 0}, rng)}
+    assert not any(n.startswith(("len_P", "len_W")) for n in plain)
+
+
+def test_case_matrix_keeps_the_tail_masking_contract():
+    spec = _spec(tail_masking=False)
+    for name, lens, _ in decode_case_matrix(spec, {"partition_size": 48}, np.random.default_rng(1)):
+        assert all(n % 16 == 0 and n > 0 for n in lens), (name, lens)
+
+
+def test_check_output_refuses_nan_and_errors_above_the_bound():
+    rng = np.random.default_rng(2)
+    ref = rng.standard_normal((2, 4, 32))
+    lowp = ref + 1e-3 * rng.standard_normal(ref.shape)
+    assert check_output("ok", [1, 2], ref.astype(np.float16), ref, lowp, "fp16").passed
+    bad = ref.copy()
+    bad[1, 2, 3] = np.nan
+    r = check_output("nan", [1, 2], bad, ref, lowp, "fp16")
+    assert not r.passed and r.nan_count == 1 and r.first_failure["head"] == 2
+    off = ref.copy()
+    off[0, 1, 5] += 10 * np.max(np.abs(lowp - ref))
+    r = check_output("off", [1, 2], off, ref, lowp, "fp16")
+    assert not r.passed and (r.first_failure["sequence"], r.first_failure["dim"]) == (0, 5)
