@@ -1,0 +1,104 @@
+"""`kgen tune`, `kgen report` and `kgen build --tune` as real subprocesses on the CPU backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY = textwrap.dedent("""\
+    kgen: 1
+    name: tiny_cli_tune
+    kind: paged_decode
+    attention: {num_q_heads: 4, num_kv_heads: 2, head_dim: 32}
+    kv_cache: {block_size: 16, layout: separate, dtype: fp16}
+    dtype: {q: fp16}
+    tail_masking: true
+    targets: [sm_80]
+    tuning:
+      params: {threads: [32, 64], partition_size: [0, 32]}
+      constraints: ["threads >= 32 * group_size"]
+      buckets: {batch: [1, 2], context: [16, 48]}
+    """)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tune_cli")
+    (d / "tiny.yaml").write_text(TINY)
+    (d / "untunable.yaml").write_text(TINY.split("tuning:")[0])
+    return d
+
+
+def kgen(work: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), KGEN_CACHE_DIR=str(work / "cache"))
+    return subprocess.run([sys.executable, "-m", "kgen.cli", *args], capture_output=True, text=True,
+                          cwd=work, env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def tuned(work):
+    return kgen(work, "tune", "tiny.yaml", "--backend", "cpu", "--measure-s", "0.002", "--seed", "1")
+
+
+def test_tune_prints_the_table_and_saves(work, tuned):
+    assert tuned.returncode == 0, tuned.stderr
+    assert "cpu-wall" in tuned.stdout and "2 pruned before compiling" in tuned.stdout
+    saved = list((work / "cache" / "tuning" / "tiny_cli_tune").glob("*.json"))
+    assert len(saved) == 1
+    data = json.loads(saved[0].read_text())
+    assert len(data["measurements"]) == 8 and set(data["winners"]) == {"1x16", "1x48", "2x16", "2x48"}
+
+
+def test_report_renders_table_and_png(work, tuned):
+    assert tuned.returncode == 0, tuned.stderr
+    r = kgen(work, "report", "tiny.yaml", "--backend", "cpu", "--png", "plot.png")
+    assert r.returncode == 0, r.stderr
+    assert "1x48" in r.stdout and "*" in r.stdout
+    assert (work / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_build_tune_writes_results_into_the_manifest(work, tuned):
+    r = kgen(work, "build", "tiny.yaml", "--backend", "cpu", "--tune", "-o", "gen")
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((work / "gen" / "tiny_cli_tune" / "manifest.json").read_text())
+    assert manifest["tuning"]["winners"] and manifest["config"] == manifest["tuning"]["default_winner"]
+    code = ("from generated_probe.tiny_cli_tune import kernel; k = kernel.load('cpu'); print(type(k).__name__, "
+            "sorted(k.configs))")
+    (work / "gen").rename(work / "generated_probe")
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{work}", KGEN_CACHE_DIR=str(work / "cache"))
+    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert probe.returncode == 0, probe.stderr
+    assert "TunedKernel ['1x16', '1x48', '2x16', '2x48']" in probe.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("tune", "untunable.yaml", "--backend", "cpu"), "nothing to tune"),
+    (("tune", "tiny.yaml", "--backend", "cpu", "--buckets", "1,2"), "--buckets: expected BATCHES x CONTEXTS"),
+    (("tune", "tiny.yaml", "--backend", "cpu", "--executor", "ray"), "kgen[ray]"),
+    (("report", "tiny.yaml", "--results", "missing.json"), "cannot read tuning results"),
+])
+def test_bad_input_exits_2_with_a_message(work, args, message):
+    try:
+        import ray  # noqa: F401
+
+        if "ray" in args:
+            pytest.skip("Ray is installed")
+    except ImportError:
+        pass
+    r = kgen(work, *args)
+    assert r.returncode == 2 and message in r.stderr, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr
+
+
+def test_report_refuses_a_corrupt_results_file(work):
+    (work / "corrupt.json").write_text("{not json")
+    r = kgen(work, "report", "tiny.yaml", "--results", "corrupt.json")
+    assert r.returncode == 2 and "corrupt tuning results" in r.stderr
