@@ -73,10 +73,12 @@ def main() -> None:
         nblk = 8
         out = np.zeros(nblk * 256, np.float32)
         it = np.int32(a.iters)
-        t = _time(lambda: mod.launch(Launch("bench_sync", (nblk, 1, 1), (256, 1, 1), 0, [out, it])))
+        sync = Launch("bench_sync", (nblk, 1, 1), (256, 1, 1), 0, [out, it])
+        shfl = Launch("bench_shfl", (nblk, 1, 1), (256, 1, 1), 0, [out, it])
+        t = _time(lambda m=mod, ln=sync: m.launch(ln))
         sw = nblk * 256 * a.iters
         rows.append((f"__syncthreads, 256 thr, {label}", f"{sw / t / 1e6:.1f} M switches/s", f"{t * 1e3:.1f} ms"))
-        t = _time(lambda: mod.launch(Launch("bench_shfl", (nblk, 1, 1), (256, 1, 1), 0, [out, it])))
+        t = _time(lambda m=mod, ln=shfl: m.launch(ln))
         rows.append((f"__shfl_xor_sync, 256 thr, {label}", f"{sw / t / 1e6:.1f} M switches/s",
                      f"{sw / 32 / t / 1e6:.2f} M warp-shuffles/s"))
     mod = CpuModule(art)

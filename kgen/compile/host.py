@@ -17,6 +17,7 @@ Artifacts are cached (kgen.cache) under the key of everything that shapes the li
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 import shutil
@@ -79,6 +80,24 @@ def _compiler_version(path: str, mtime: float) -> str:
 
 def compiler_version(path: str) -> str:
     return _compiler_version(path, os.path.getmtime(path))
+
+
+_FORMAT_HEADERS = ("cuda_fp16.hpp", "cuda_bf16.hpp", "cuda_fp8.hpp", "vector_types.h")
+
+
+@functools.lru_cache(maxsize=8)
+def _cuda_headers_digest(inc: str, stamp: tuple[float, ...]) -> str:
+    h = hashlib.sha256()
+    for name in _FORMAT_HEADERS:
+        p = Path(inc) / name
+        h.update(p.read_bytes() if p.is_file() else b"-")
+    return h.hexdigest()
+
+
+def cuda_headers_digest(inc: Path) -> str:
+    """sha256 of the CUDA number-format headers the kernels compile against (content, not path)."""
+    stamp = tuple((inc / n).stat().st_mtime if (inc / n).is_file() else 0.0 for n in _FORMAT_HEADERS)
+    return _cuda_headers_digest(str(inc), stamp)
 
 
 def simt_headers() -> list[Path]:
@@ -177,6 +196,7 @@ def compile_host(
         *(p.name + "\0" + p.read_text() for p in headers),
         "\0".join(flags),
         version,
+        cuda_headers_digest(inc),
         f"sanitize={int(sanitize)}",
     )
     build_time = [0.0]

@@ -21,7 +21,9 @@
 #include <sanitizer/common_interface_defs.h>
 #endif
 
-#if !defined(__x86_64__)
+#if defined(__x86_64__) && !defined(KGEN_SIMT_UCONTEXT)
+#define KGEN_SIMT_ASM_SWITCH 1
+#else
 #include <ucontext.h>
 #endif
 #include <setjmp.h>
@@ -42,7 +44,7 @@ inline const char* op_name(int op) {
 
 struct Fiber {
   void* sp = nullptr;  // saved stack pointer (x86-64 switch)
-#if !defined(__x86_64__)
+#if !defined(KGEN_SIMT_ASM_SWITCH)
   ucontext_t uc;
 #endif
   uint3 tid;
@@ -87,7 +89,7 @@ struct Worker {
   unsigned bar_count = 0;
   unsigned n_exited = 0;
   void* main_sp = nullptr;
-#if !defined(__x86_64__)
+#if !defined(KGEN_SIMT_ASM_SWITCH)
   ucontext_t main_uc;
 #endif
   bool failed = false;
@@ -122,7 +124,7 @@ inline thread_local Worker* tls_w = nullptr;
 inline void* dynamic_smem_ptr() { return tls_w->dyn_smem; }
 
 // ---- context switch ---------------------------------------------------------
-#if defined(__x86_64__)
+#if defined(KGEN_SIMT_ASM_SWITCH)
 // Saves the callee-saved registers of the System V ABI on the current stack, stores
 // the stack pointer in *save_sp, loads new_sp and pops the other context's registers.
 __attribute__((naked, noinline)) static void kgen_switch_raw(void** /*save_sp*/, void* /*new_sp*/) {
@@ -159,7 +161,7 @@ __attribute__((noinline)) inline void switch_ctx(Worker* w, Fiber* from, Fiber* 
 #else
   (void)final_switch;
 #endif
-#if defined(__x86_64__)
+#if defined(KGEN_SIMT_ASM_SWITCH)
   kgen_switch_raw(from ? &from->sp : &w->main_sp, to ? to->sp : w->main_sp);
 #else
   swapcontext(from ? &from->uc : &w->main_uc, to ? &to->uc : &w->main_uc);
@@ -443,7 +445,7 @@ inline void init_fiber(Worker* w, Fiber* f, unsigned i) {
 #if defined(KGEN_SIMT_ASAN)
   __asan_unpoison_memory_region(f->stack_lo, f->stack_size);
 #endif
-#if defined(__x86_64__)
+#if defined(KGEN_SIMT_ASM_SWITCH)
   uintptr_t top = ((uintptr_t)(f->stack_lo + f->stack_size)) & ~(uintptr_t)15;
   uintptr_t* t = (uintptr_t*)top;
   t[-1] = 0;                           // keeps rsp % 16 == 8 at fiber_entry, as after a call

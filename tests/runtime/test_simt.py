@@ -529,7 +529,7 @@ def assert_same_floats(got: np.ndarray, exp: np.ndarray, what: str) -> None:
     assert (nan_g == nan_e).all(), f"{what}: NaN-ness differs at {np.flatnonzero(nan_g != nan_e)[:10]}"
     g, e = got[~nan_g], exp[~nan_e]
     same = (g == e) & (np.signbit(g) == np.signbit(e))
-    assert same.all(), f"{what}: first mismatches {[(x, y) for x, y in zip(g[~same][:5], e[~same][:5])]}"
+    assert same.all(), f"{what}: first mismatches {[(x, y) for x, y in zip(g[~same][:5], e[~same][:5], strict=True)]}"
 
 
 def test_fp16_all_encodings_both_directions(formats):
@@ -637,6 +637,14 @@ def test_torch_tensors_as_arrays(mod):
     y = torch.zeros(256, dtype=torch.float32)
     run(mod, "rev256", (1, 1, 1), (256, 1, 1), x, y)
     assert torch.equal(y, 2 * x)
+
+
+def test_portable_ucontext_fallback():
+    """The swapcontext fallback (used off x86-64), forced with -DKGEN_SIMT_UCONTEXT."""
+    src = SRC.split("// ---- shuffles:")[0]  # rev256 + sync_preds only: a small build
+    m = CpuModule.from_source(src, ["rev256", "sync_preds"], extra_flags=["-DKGEN_SIMT_UCONTEXT"])
+    test_barrier_reverse_through_shared_memory(m)
+    test_syncthreads_count_and_or(m)
 
 
 # ---------------------------------------------------------------- sanitizer
