@@ -19,6 +19,8 @@ def signatures(source: str) -> list[str]:
 
 
 def abi_text(spec) -> str:
+    if spec.kind in ("cache_write", "copy_blocks"):
+        return _cache_abi_text(spec)
     a, kv, d = spec.attention, spec.kv_cache, spec.dtype
     rendered = render(spec)
     lines = [
@@ -62,5 +64,17 @@ def abi_text(spec) -> str:
         "Launch (as kgen does it): grid (num_kv_heads, num_seqs, partitions), block (threads), dynamic smem "
         f"{spec.group_size * a.head_dim * 4} bytes; config {rendered.config}.",
     ]
+    header = "/*\n" + "\n".join((" * " + line).rstrip() for line in lines) + "\n */\n"
+    return header + "\n".join(sig + ";" for sig in signatures(rendered.source)) + "\n"
+
+
+def _cache_abi_text(spec) -> str:
+    """The cache kernels' contract: the argument table comes from their family module."""
+    from .families import cache_write, copy_blocks
+
+    family = cache_write if spec.kind == "cache_write" else copy_blocks
+    rendered = render(spec)
+    lines = [f"kgen ABI for spec '{spec.name}' (kind {spec.kind}, spec sha256 {spec.spec_hash()[:16]})", "",
+             *family.abi_lines(spec), f"Config {rendered.config}; details: docs/cache-kernels.md."]
     header = "/*\n" + "\n".join((" * " + line).rstrip() for line in lines) + "\n */\n"
     return header + "\n".join(sig + ";" for sig in signatures(rendered.source)) + "\n"

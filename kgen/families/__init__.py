@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from ..errors import UnsupportedError
 from .base import Family
+from .cache_write import CACHE_WRITE
+from .copy_blocks import COPY_BLOCKS
 from .paged_decode import PAGED_DECODE
 
-FAMILIES: dict[str, Family] = {PAGED_DECODE.kind: PAGED_DECODE}
+FAMILIES: dict[str, Family] = {PAGED_DECODE.kind: PAGED_DECODE, CACHE_WRITE.kind: CACHE_WRITE,
+                               COPY_BLOCKS.kind: COPY_BLOCKS}
 
 
 def family_for(spec) -> Family:

@@ -1,0 +1,271 @@
+"""The cache-write family: store new K/V rows into the paged pool at slot_mapping, quantizing
+to the cache dtype (rules: kgen/quantize.py), and, for per_token_head scales, writing each
+written row's scale into the scale pool. ABI: DESIGN.md §3 and docs/cache-kernels.md."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..arrays import ArrayArg, as_array_arg
+from ..dtypes import QUANTIZED, dtype
+from ..errors import ArgumentError
+from ..runtime.base import Launch
+from .base import Config, TunableParam
+from .paged_decode import SCALE_MODES, cache_shapes, scale_shape, vllm_x
+
+
+def cache_names(spec) -> tuple[str, ...]:
+    return ("kv_cache",) if spec.kv_cache.layout == "fused" else ("k_cache", "v_cache")
+
+
+def host_values(arg: ArrayArg) -> np.ndarray:
+    """The argument's values on the host (a copy only for device arrays)."""
+    if arg.device == "cpu":
+        return np.asarray(arg.native)
+    if type(arg.obj).__module__.split(".")[0] == "torch":
+        return arg.obj.detach().cpu().numpy()
+    return arg.obj.get()
+
+
+class CacheBinder:
+    """Argument access and checks shared by the cache_write and copy_blocks calls."""
+
+    def __init__(self, spec, call: dict[str, Any]):
+        self.spec = spec
+        self.call = dict(call)
+        self.device = "cpu"
+
+    def take(self, name: str, required: bool) -> ArrayArg | None:
+        obj = self.call.pop(name, None)
+        if obj is None:
+            if required:
+                raise ArgumentError(f"missing argument '{name}' (required by spec {self.spec.name})")
+            return None
+        return as_array_arg(name, obj)
+
+    def check(self, arg: ArrayArg, shape: tuple, dtype_name: str, contiguous: bool = False) -> None:
+        if arg.shape != tuple(shape):
+            raise ArgumentError(f"{arg.name}: expected shape {list(shape)}, got {list(arg.shape)}")
+        if arg.dtype != dtype_name:
+            raise ArgumentError(f"{arg.name}: expected dtype {dtype_name}, got {arg.dtype}")
+        if arg.device != self.device:
+            raise ArgumentError(f"{arg.name}: on {arg.device}, but the other arguments are on {self.device}")
+        if 0 in arg.shape:  # an empty array has no elements to lay out (numpy gives it zero strides)
+            return
+        if contiguous and not arg.is_c_contiguous():
+            raise ArgumentError(f"{arg.name}: must be C-contiguous (strides {list(arg.strides)})")
+        if arg.shape and arg.shape[-1] > 1 and arg.strides[-1] != 1:
+            raise ArgumentError(f"{arg.name}: the last dimension must be contiguous (stride {arg.strides[-1]})")
+
+    def refuse_other_layouts(self) -> None:
+        names = cache_names(self.spec)
+        for other in {"kv_cache", "k_cache", "v_cache"} - set(names):
+            if self.call.get(other) is not None:
+                raise ArgumentError(
+                    f"{other}: not an argument of layout '{self.spec.kv_cache.layout}' (pass {' and '.join(names)})")
+
+    def refuse_unknown(self) -> None:
+        if self.call:
+            raise ArgumentError(f"unknown argument(s): {', '.join(sorted(self.call))}")
+
+    def pointer(self, arg: ArrayArg | None):
+        if arg is None:
+            return None if self.device == "cpu" else np.uint64(0)
+        return self.raw(arg.native if self.device == "cpu" else arg.ptr)
+
+    def raw(self, native):
+        """CPU: a contiguous numpy array as is (the sanitizer's child process can ship it and copy
+        it back), other views as their address; CUDA: the device address."""
+        if self.device == "cpu":
+            if isinstance(native, np.ndarray):
+                return native if native.flags.c_contiguous else int(native.ctypes.data)
+            return int(native)
+        return np.uint64(native)
+
+
+def kv_strides(spec, caches: list[ArrayArg]) -> tuple[Any, Any, tuple, tuple]:
+    """(K base, V base, K strides, V strides): strides as (block, head, token, run) in elements."""
+    kv = spec.kv_cache
+    if kv.layout == "fused":
+        c = caches[0]
+        k_base, v_base = c.ptr, c.ptr + c.strides[1] * c.itemsize
+        k_str = v_str = (c.strides[0], *c.strides[2:])
+    else:
+        k_base, v_base = caches[0].native, caches[1].native
+        k_str, v_str = caches[0].strides, caches[1].strides
+    if kv.layout == "vllm":  # K [N, H, D/x, B, x]; V [N, H, D, B]
+        return k_base, v_base, (k_str[0], k_str[1], k_str[3], k_str[2]), (v_str[0], v_str[1], 1, v_str[2])
+    if kv.resolved_order == "NHD":  # [N, B, H, D]
+        return k_base, v_base, (k_str[0], k_str[2], k_str[1], 0), (v_str[0], v_str[2], v_str[1], 0)
+    return k_base, v_base, (k_str[0], k_str[1], k_str[2], 0), (v_str[0], v_str[1], v_str[2], 0)
+
+
+def scale_pool_strides(spec, s: ArrayArg) -> tuple[int, int, int]:
+    """A per_token_head scale pool's (block, head, token) strides."""
+    if spec.kv_cache.resolved_order == "NHD":  # [N, B, H]
+        return s.strides[0], s.strides[2], s.strides[1]
+    return s.strides[0], s.strides[1], s.strides[2]  # [N, H, B]
+
+
+class CacheWriteFamily:
+    kind = "cache_write"
+    template = "cache_write.cu.j2"
+    params = {"threads": TunableParam("threads", 128, "threads per thread block (one warp per K or V row)")}
+
+    def unsupported(self, spec) -> list[str]:
+        if spec.kv_cache.layout == "vllm" and spec.attention.head_dim % vllm_x(spec):
+            return [f"kv_cache.layout vllm packs K in runs of x = {vllm_x(spec)} elements, so head_dim must be a "
+                    f"multiple of {vllm_x(spec)} (got {spec.attention.head_dim})"]
+        return []
+
+    def check_config(self, spec, config: Config) -> list[str]:
+        t = config["threads"]
+        return [] if t % 32 == 0 and 32 <= t <= 1024 else [f"threads must be a multiple of 32 in 32..1024 (got {t})"]
+
+    def kernel_names(self, spec, config: Config) -> list[str]:
+        return [spec.name]
+
+    def template_context(self, spec, config: Config) -> dict[str, Any]:
+        vllm = spec.kv_cache.layout == "vllm"
+        return {
+            "kernel_name": spec.name,
+            "in_ctype": dtype(spec.dtype.q).ctype,
+            "kv_ctype": dtype(spec.kv_cache.dtype).ctype,
+            "scale_mode": SCALE_MODES[spec.kv_cache.scale],
+            "k_run": vllm_x(spec) if vllm else spec.attention.head_dim,
+            "v_run": 1 if vllm else spec.attention.head_dim,
+            "threads": config["threads"],
+        }
+
+    def plan(self, spec, config: Config, call: dict[str, Any], checked: bool = True):
+        """Check the call's arguments against the ABI; return (launches, None): the writes are in place."""
+        return _bind(CacheBinder(spec, call), config, checked)
+
+
+def _bind(b: CacheBinder, config: Config, checked: bool):
+    spec, a, kv = b.spec, b.spec.attention, b.spec.kv_cache
+    H, D, B = a.num_kv_heads, a.head_dim, kv.block_size
+    key = b.take("key", True)
+    b.device = key.device
+    if len(key.shape) != 3:
+        raise ArgumentError(f"key: expected shape [num_tokens, {H}, {D}], got {list(key.shape)}")
+    T = key.shape[0]
+    b.check(key, (T, H, D), spec.dtype.q)
+    value = b.take("value", True)
+    b.check(value, (T, H, D), spec.dtype.q)
+    sm = b.take("slot_mapping", True)
+    b.check(sm, (T,), "int32", contiguous=True)
+
+    b.refuse_other_layouts()
+    caches = [b.take(n, True) for n in cache_names(spec)]
+    N = caches[0].shape[0] if caches[0].shape else 0
+    for c, shape in zip(caches, cache_shapes(spec, N).values(), strict=True):
+        b.check(c, shape, kv.dtype)
+    k_base, v_base, ks, vs = kv_strides(spec, caches)
+
+    scales = [b.take("k_scale", False), b.take("v_scale", False)]
+    pool_strides = [(0, 0, 0), (0, 0, 0)]
+    if kv.dtype in QUANTIZED:
+        sshape = scale_shape(spec, N)
+        for i, s in enumerate(scales):
+            name = ("k_scale", "v_scale")[i]
+            if s is None:
+                what = "the scale pool this kernel writes" if kv.scale == "per_token_head" else "given by the caller"
+                raise ArgumentError(f"{name}: required for a {kv.dtype} cache with scale '{kv.scale}' "
+                                    f"(float32, shape {list(sshape)}; {what})")
+            if s.shape == (1,) and sshape == ():
+                s.shape, s.strides = (), ()
+            b.check(s, sshape, "fp32", contiguous=kv.scale != "per_token_head")
+            if kv.scale == "per_token_head":
+                pool_strides[i] = scale_pool_strides(spec, s)
+    else:
+        for s in scales:
+            if s is not None:
+                raise ArgumentError(f"{s.name}: a {kv.dtype} cache takes no scales (scale: none)")
+    b.refuse_unknown()
+
+    if checked:
+        _check_values(spec, sm, scales, N)
+    if T == 0:
+        return [], None
+    p = b.pointer
+    i64 = np.int64
+    warps = config["threads"] // 32
+    args = [
+        p(key), p(value), b.raw(k_base), b.raw(v_base), p(scales[0]), p(scales[1]), p(sm), i64(N * B),
+        i64(key.strides[0]), i64(key.strides[1]), i64(value.strides[0]), i64(value.strides[1]),
+        *(i64(x) for x in ks), *(i64(x) for x in vs), *(i64(x) for x in pool_strides[0]),
+        *(i64(x) for x in pool_strides[1]),
+    ]
+    grid = (T, -(-2 * H // warps), 1)
+    return [Launch(spec.name, grid, (config["threads"], 1, 1), 0, args)], None
+
+
+def _check_values(spec, sm: ArrayArg, scales: list[ArrayArg | None], num_blocks: int) -> None:
+    """Host checks of what the kernel trusts: slots in range and distinct, caller scales usable."""
+    slots = host_values(sm)
+    cap = num_blocks * spec.kv_cache.block_size
+    bad = np.nonzero((slots < -1) | (slots >= cap))[0]
+    if bad.size:
+        i = int(bad[0])
+        raise ArgumentError(f"slot_mapping[{i}] = {int(slots[i])}: not a slot of the pool (-1 to skip, or "
+                            f"0..{cap - 1} = num_blocks {num_blocks} × block_size {spec.kv_cache.block_size})")
+    used = slots[slots >= 0]
+    values, first, counts = np.unique(used, return_index=True, return_counts=True)
+    if (counts > 1).any():
+        dup = int(values[np.argmax(counts > 1)])
+        where = np.nonzero(slots == dup)[0][:2]
+        raise ArgumentError(f"slot_mapping[{int(where[0])}] and slot_mapping[{int(where[1])}] are both slot {dup}: "
+                            "two tokens cannot be written to one slot in one call")
+    if spec.kv_cache.scale in ("per_tensor", "per_head"):
+        for s in scales:
+            vals = np.atleast_1d(host_values(s))
+            wrong = np.nonzero(~(np.isfinite(vals) & (vals > 0)))[0]
+            if wrong.size:
+                j = int(wrong[0])
+                at = "" if spec.kv_cache.scale == "per_tensor" else f"[{j}]"
+                raise ArgumentError(f"{s.name}{at} = {float(vals[j])!r}: scales must be positive and finite "
+                                    "(stored = real / scale)")
+
+
+def abi_lines(spec) -> list[str]:
+    """The argument table of `kgen abi` for a cache_write spec."""
+    a, kv = spec.attention, spec.kv_cache
+    H, D = a.num_kv_heads, a.head_dim
+    lines = [
+        f"num_kv_heads {H}, head_dim {D}, block_size {kv.block_size}, cache {kv.dtype} ({kv.layout}"
+        + ("" if kv.layout == "vllm" else f", {kv.resolved_order}") + f"), inputs {spec.dtype.q}",
+        "",
+        "Arguments (shapes in elements; the caches are written in place, nothing is returned):",
+        f"  key, value    [num_tokens, {H}, {D}]  {spec.dtype.q}  (last dim contiguous)",
+        "  slot_mapping  [num_tokens]  int32, slot = block * block_size + offset; -1 = skip the token; "
+        "no slot twice",
+    ]
+    for name, shape in cache_shapes(spec).items():
+        lines.append(f"  {name:<13} [{', '.join(str(s) for s in shape)}]  {kv.dtype}  (last dim contiguous)")
+    if kv.layout == "vllm":
+        lines.append(f"                x = 16 bytes / element size = {vllm_x(spec)}")
+    sshape = scale_shape(spec)
+    if kv.scale in ("per_tensor", "per_head"):
+        lines.append(f"  k_scale, v_scale  [{', '.join(str(s) for s in sshape)}]  float32, read: "
+                     "stored = real / scale (positive, finite)")
+    elif kv.scale == "per_token_head":
+        lines.append(f"  k_scale, v_scale  [{', '.join(str(s) for s in sshape)}]  float32 pools, WRITTEN: for each "
+                     "written (slot, head), scale = max|x| / QMAX (1.0 if that is not > 0)")
+    lines += ["", "Conversion: " + _rule(kv.dtype), "",
+              "Launch (as kgen does it): grid (num_tokens, ceil(2 * num_kv_heads / warps)), one warp per K or V row."]
+    return lines
+
+
+def _rule(name: str) -> str:
+    if name == "int8":
+        return "int8 = rint_half_even(clamp(x / scale, -127, 127)) (NaN -> 0); QMAX 127"
+    if name.startswith("fp8"):
+        qmax = 448 if name == "fp8_e4m3" else 57344
+        return f"{name} = round-nearest-even(x / scale) saturated to ±{qmax} (__NV_SATFINITE); QMAX {qmax}"
+    return f"{name} = round-nearest-even(x) (same dtype: copied)"
+
+
+CACHE_WRITE = CacheWriteFamily()

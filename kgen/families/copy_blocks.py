@@ -1,0 +1,169 @@
+"""The copy-blocks family: copy whole blocks src -> dst (copy-on-write, compaction) in every pool
+array of the spec (K and V, or the fused pool; per_token_head scale pools too), for one
+layer or for a list of layers in one launch. ABI: DESIGN.md §3 and docs/cache-kernels.md.
+
+Rules of a call (checked on the host, ArgumentError otherwise): ids in 0..num_blocks-1; no
+dst twice; no block both a src and a dst (the copies run in parallel, so a chain like
+1->2, 2->3 would have no defined order). A src may appear several times (forking a block).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..arrays import ArrayArg, as_array_arg
+from ..errors import ArgumentError
+from ..runtime.base import Launch
+from .base import Config, TunableParam
+from .cache_write import CacheBinder, cache_names, host_values
+from .paged_decode import cache_shapes, scale_shape
+
+
+class CopyBlocksFamily:
+    kind = "copy_blocks"
+    template = "copy_blocks.cu.j2"
+    params = {"threads": TunableParam("threads", 128, "threads per thread block (one block per pair and pool)")}
+
+    def unsupported(self, spec) -> list[str]:
+        return []
+
+    def check_config(self, spec, config: Config) -> list[str]:
+        t = config["threads"]
+        return [] if t % 32 == 0 and 32 <= t <= 1024 else [f"threads must be a multiple of 32 in 32..1024 (got {t})"]
+
+    def kernel_names(self, spec, config: Config) -> list[str]:
+        return [spec.name]
+
+    def template_context(self, spec, config: Config) -> dict[str, Any]:
+        return {"kernel_name": spec.name, "threads": config["threads"]}
+
+    def plan(self, spec, config: Config, call: dict[str, Any], checked: bool = True):
+        """Check the call's arguments; return (launches, None): the copies are in place."""
+        return _bind(CacheBinder(spec, call), config, checked)
+
+
+def _layers(b: CacheBinder, name: str, required: bool) -> list[ArrayArg] | None:
+    """One array, or a list/tuple of arrays (one per layer), as ArrayArgs named name[i]."""
+    obj = b.call.pop(name, None)
+    if obj is None:
+        if required:
+            raise ArgumentError(f"missing argument '{name}' (required by spec {b.spec.name})")
+        return None
+    if isinstance(obj, list | tuple):
+        if not obj:
+            raise ArgumentError(f"{name}: an empty list of layers")
+        return [as_array_arg(f"{name}[{i}]", x) for i, x in enumerate(obj)]
+    return [as_array_arg(name, obj)]
+
+
+def _plane(arg: ArrayArg) -> tuple[int, int, int]:
+    """(base address, block stride in bytes, block bytes); a block's elements must be contiguous."""
+    inner = ArrayArg(arg.name, arg.obj, arg.shape[1:], arg.strides[1:], arg.dtype, arg.device, arg.ptr, None)
+    if not inner.is_c_contiguous():
+        raise ArgumentError(f"{arg.name}: each block must be contiguous (strides {list(arg.strides)}; only the "
+                            "block stride may be padded)")
+    return arg.ptr, arg.strides[0] * arg.itemsize, math.prod(arg.shape[1:]) * arg.itemsize
+
+
+def _bind(b: CacheBinder, config: Config, checked: bool):
+    spec, kv = b.spec, b.spec.kv_cache
+    pairs = b.take("pairs", True)
+    b.device = pairs.device
+    if len(pairs.shape) != 2 or pairs.shape[1] != 2:
+        raise ArgumentError(f"pairs: expected shape [n, 2] (src, dst), got {list(pairs.shape)}")
+    b.check(pairs, pairs.shape, "int32", contiguous=True)
+
+    b.refuse_other_layouts()
+    groups = {n: _layers(b, n, True) for n in cache_names(spec)}
+    first = groups[cache_names(spec)[0]][0]
+    N = first.shape[0] if first.shape else 0
+    expected = cache_shapes(spec, N)
+    for name in ("k_scale", "v_scale"):
+        given = _layers(b, name, kv.scale == "per_token_head")
+        if given is None:
+            continue
+        if kv.scale != "per_token_head":
+            raise ArgumentError(f"{name}: only per_token_head scale pools are per block; a cache with scale "
+                                f"'{kv.scale}' takes no scales in copy_blocks")
+        groups[name] = given
+        expected[name] = scale_shape(spec, N)
+    b.refuse_unknown()
+
+    num_layers = len(next(iter(groups.values())))
+    planes = []
+    for name, arrays in groups.items():
+        if len(arrays) != num_layers:
+            raise ArgumentError(f"{name}: {len(arrays)} layer(s), but {cache_names(spec)[0]} has {num_layers}")
+        for arr in arrays:
+            b.check(arr, expected[name], "fp32" if name.endswith("scale") else kv.dtype)
+            planes.append(_plane(arr))
+
+    if checked:
+        _check_pairs(host_values(pairs), N)
+    n = pairs.shape[0]
+    if n == 0:
+        return [], None
+    table = _device_table(pairs, np.asarray(planes, dtype=np.int64))
+    launch = Launch(spec.name, (n, len(planes), 1), (config["threads"], 1, 1), 0, [table, b.pointer(pairs)])
+    return [launch], None
+
+
+def _check_pairs(pairs: np.ndarray, num_blocks: int) -> None:
+    bad = np.argwhere((pairs < 0) | (pairs >= num_blocks))
+    if bad.size:
+        i, j = (int(x) for x in bad[0])
+        raise ArgumentError(f"pairs[{i}, {j}] = {int(pairs[i, j])}: not a block of the pool (0..{num_blocks - 1})")
+    dst = pairs[:, 1]
+    values, counts = np.unique(dst, return_counts=True)
+    if (counts > 1).any():
+        block = int(values[np.argmax(counts > 1)])
+        i, j = (int(x) for x in np.nonzero(dst == block)[0][:2])
+        raise ArgumentError(f"pairs[{i}] and pairs[{j}] both copy into block {block}: a dst may appear once per call")
+    both = np.intersect1d(pairs[:, 0], dst)
+    if both.size:
+        block = int(both[0])
+        i, j = int(np.nonzero(pairs[:, 0] == block)[0][0]), int(np.nonzero(dst == block)[0][0])
+        raise ArgumentError(f"block {block} is the src of pairs[{i}] and the dst of pairs[{j}]: a block may not be "
+                            "read and written in one call (split the copies into two calls)")
+
+
+def _device_table(like: ArrayArg, table: np.ndarray):
+    """The plane table where the kernel can read it: numpy on the CPU, a torch/CuPy array on the GPU."""
+    if like.device == "cpu":
+        return table
+    if type(like.obj).__module__.split(".")[0] == "torch":
+        import torch
+
+        return torch.from_numpy(table).to(like.obj.device)
+    import cupy
+
+    return cupy.asarray(table)
+
+
+def abi_lines(spec) -> list[str]:
+    """The argument table of `kgen abi` for a copy_blocks spec."""
+    kv = spec.kv_cache
+    lines = [
+        f"block_size {kv.block_size}, cache {kv.dtype} ({kv.layout}"
+        + ("" if kv.layout == "vllm" else f", {kv.resolved_order}") + f"), scale {kv.scale}",
+        "",
+        "Arguments (each pool argument is one array or a list of arrays, one per layer, all the same shape;",
+        "every layer is copied in one launch; copies are in place, nothing is returned):",
+        "  pairs         [n, 2]  int32 (src, dst) block ids in 0..num_blocks-1; no dst twice; no block both a src "
+        "and a dst",
+    ]
+    for name, shape in cache_shapes(spec).items():
+        lines.append(f"  {name:<13} [{', '.join(str(s) for s in shape)}]  {kv.dtype}  (each block contiguous)")
+    if kv.scale == "per_token_head":
+        shape = ", ".join(str(s) for s in scale_shape(spec))
+        lines.append(f"  k_scale, v_scale  [{shape}]  float32 scale pools (required: copied with the blocks)")
+    lines += ["", "Kernel arguments: planes [num_planes, 3] int64 {base address, block stride bytes, block bytes}, "
+              "one per (pool array, layer); pairs.",
+              "Launch (as kgen does it): grid (n, num_planes), 16-byte copies when aligned."]
+    return lines
+
+
+COPY_BLOCKS = CopyBlocksFamily()

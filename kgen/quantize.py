@@ -1,0 +1,67 @@
+"""The exact numpy model of how kgen's cache kernels store values (DESIGN.md §3: real = stored * scale).
+
+Every rule here mirrors one line of templates/common/cache_write.cuh; the verifier
+compares the kernel against these functions bit for bit, so a change on one side
+must be made on the other.
+
+- Float caches (fp16, bf16, fp32): the input is widened to fp32 (exact) and rounded to
+  the cache type, round-to-nearest-even (same type: copied as is).
+- fp8 caches: stored = fp8(x / scale), the division in fp32 (IEEE, round to nearest),
+  then one round-to-nearest-even to fp8 saturating to the finite range
+  (__nv_cvt_float_to_fp8(., __NV_SATFINITE, .)): |x| beyond the largest finite value
+  (448 for e4m3, 57344 for e5m2), infinities included, store ±that value; NaN stays NaN.
+- int8 caches: stored = rint(clamp(x / scale, -127, 127)), round-half-to-even
+  (__float2int_rn), a symmetric range (-128 is never written), NaN stores 0.
+- per_token_head: the kernel also writes the scale of each written (slot, head):
+  scale = fp32(max_d |x[d]|) / QMAX (fp32 division), QMAX = 448, 57344 or 127;
+  a scale that is not > 0 (an all-zero row, or one so small the division underflows) is
+  replaced by 1.0, so the division never produces 0/0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .dtypes import QUANTIZED, dtype
+
+# The largest magnitude a quantized cache stores (per_token_head scales map max|x| onto it).
+QMAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "int8": 127.0}
+
+
+def to_cache_dtype(x: np.ndarray, name: str) -> np.ndarray:
+    """Convert fp32 values (already divided by their scale) to the cache dtype `name`."""
+    x = np.asarray(x, dtype=np.float32)
+    if name == "int8":
+        clamped = np.clip(np.where(np.isnan(x), np.float32(0), x), -127, 127)
+        return np.rint(clamped).astype(np.int8)  # numpy's rint rounds half to even
+    if name in ("fp8_e4m3", "fp8_e5m2"):
+        limit = np.float32(QMAX[name])
+        return np.clip(x, -limit, limit).astype(dtype(name).numpy)  # clip keeps NaN
+    return x.astype(dtype(name).numpy)
+
+
+def per_token_head_scale(rows: np.ndarray, name: str) -> np.ndarray:
+    """Scales for rows [..., head_dim] (fp32): max|x| / QMAX, 1.0 where that is not > 0."""
+    rows = np.asarray(rows, dtype=np.float32)
+    # fmax ignores NaN as fmaxf does; the kernel's running max starts at 0
+    amax = np.fmax.reduce(np.abs(rows), axis=-1, initial=np.float32(0))
+    scale = (amax / np.float32(QMAX[name])).astype(np.float32)
+    return np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
+
+
+def quantize(x: np.ndarray, scale: np.ndarray | float | None, name: str) -> np.ndarray:
+    """Stored values for inputs `x` (any float dtype) with `scale` broadcast against x (None: float cache)."""
+    src = np.asarray(x)
+    if name not in QUANTIZED:
+        if src.dtype == dtype(name).numpy:
+            return src.copy()
+        return to_cache_dtype(src.astype(np.float32), name)
+    if scale is None:
+        raise ValueError(f"a {name} cache needs a scale")
+    return to_cache_dtype(src.astype(np.float32) / np.asarray(scale, dtype=np.float32), name)
+
+
+def dequantize(stored: np.ndarray, scale: np.ndarray | float | None) -> np.ndarray:
+    """real = stored * scale, in fp32 (scale None: the float cache's own values)."""
+    real = np.asarray(stored).astype(np.float32)
+    return real if scale is None else real * np.asarray(scale, dtype=np.float32)
