@@ -172,14 +172,27 @@ class Pool {
   unsigned long long gen_ = 0;
 };
 
-inline Pool& pool() {
-  static Pool* p = new Pool();  // never destroyed: its detached threads outlive static destructors
-  return *p;
+// Per process: a fork()ed child (multiprocessing) has none of the parent's helper threads,
+// so it starts a fresh pool and launch mutex (the parent's are leaked in the child).
+struct ProcessState {
+  pid_t pid;
+  Pool* pool;
+  std::mutex* launch_m;
+};
+inline ProcessState& process_state() {
+  static ProcessState st{0, nullptr, nullptr};
+  static std::mutex guard;  // held only for this check
+  std::lock_guard<std::mutex> lk(guard);
+  pid_t now = getpid();
+  if (st.pid != now) {
+    st.pool = new Pool();        // never destroyed: detached threads outlive static destructors
+    st.launch_m = new std::mutex();
+    st.pid = now;
+  }
+  return st;
 }
-inline std::mutex& launch_mutex() {
-  static std::mutex* m = new std::mutex();
-  return *m;
-}
+inline Pool& pool() { return *process_state().pool; }
+inline std::mutex& launch_mutex() { return *process_state().launch_m; }
 
 inline int write_err(char* err, size_t errlen, const std::string& msg) {
   if (err && errlen) {

@@ -639,6 +639,33 @@ def test_torch_tensors_as_arrays(mod):
     assert torch.equal(y, 2 * x)
 
 
+_FORK_MOD: list[CpuModule] = []
+
+
+def _fork_child(mod=None):
+    mod = mod or _FORK_MOD[0]  # in the child: inherited through fork, not pickled
+    x = np.arange(4 * 256, dtype=np.float32)
+    y = np.zeros_like(x)
+    run(mod, "rev256", (4, 1, 1), (256, 1, 1), x, y)
+    return bool((y == 2 * x).all())
+
+
+def test_launch_in_forked_child(mod):
+    """A fork()ed child has none of the parent's pool threads: it must start its own, not hang."""
+    import multiprocessing as mp
+
+    mod.workers = 2
+    try:
+        assert _fork_child(mod)  # the parent's pool now has a helper thread
+        _FORK_MOD[:] = [mod]
+        ctx = mp.get_context("fork")
+        with ctx.Pool(1) as pool:
+            assert pool.apply_async(_fork_child).get(timeout=60)
+    finally:
+        mod.workers = 0
+        _FORK_MOD.clear()
+
+
 def test_portable_ucontext_fallback():
     """The swapcontext fallback (used off x86-64), forced with -DKGEN_SIMT_UCONTEXT."""
     src = SRC.split("// ---- shuffles:")[0]  # rev256 + sync_preds only: a small build
