@@ -1,0 +1,195 @@
+"""The paged-decode family on the CPU backend: the attention features each verified,
+split-KV with the LSE return, the tail_masking contract, and every refused argument
+(the message names the argument and what would be accepted)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kgen
+from kgen.cases import make_decode_case
+from kgen.reference import attention_decode
+
+BASE = {
+    "kgen": 1, "name": "fam_decode", "kind": "paged_decode",
+    "attention": {"num_q_heads": 6, "num_kv_heads": 2, "head_dim": 64},
+    "kv_cache": {"block_size": 16, "layout": "separate", "order": "NHD", "dtype": "fp16"},
+    "dtype": {"q": "fp16"}, "tail_masking": True, "targets": ["sm_90"],
+}
+
+
+def _spec(**overrides):
+    return kgen.spec_from_dict(BASE).with_overrides(**overrides)
+
+
+def _build(config=None, verify=False, **overrides):
+    return kgen.build(_spec(**overrides), backend="cpu", config=config, archs=[], verify=verify, seed=77)
+
+
+@pytest.mark.parametrize("overrides,config", [
+    ({"attention.sliding_window": 40}, None),
+    ({"attention.sliding_window": 40}, {"partition_size": 32}),  # the window starts mid-partition
+    ({"attention.logits_soft_cap": 3.0, "attention.softmax_scale": 0.3}, None),
+    ({"attention.alibi": True}, None),
+    ({"attention.alibi": True, "attention.logits_soft_cap": 8.0, "attention.sliding_window": 100,
+      "kv_cache.dtype": "int8", "kv_cache.scale": "per_token_head", "kv_cache.layout": "vllm", "kv_cache.order": None},
+     {"partition_size": 64}),
+    ({"tail_masking": False}, None),
+    ({"tail_masking": False, "attention.sliding_window": 20}, {"partition_size": 48}),
+], ids=["window", "window-split", "softcap", "alibi", "all-int8-vllm-split", "no-tail-mask", "no-tail-mask-window-split"])
+def test_feature_verifies(overrides, config):
+    kernel = _build(config, verify=True, **overrides)
+    assert kernel.report.passed, kernel.report.summary()
+    names = {c.name for c in kernel.report.cases}
+    if config:
+        assert {"len_P-1", "len_P", "len_P+1", "len_2P+1"} <= {n.removesuffix("(rounded)") for n in names}
+
+
+@pytest.mark.parametrize("partition_size", [0, 32])
+def test_return_lse_matches_the_reference(partition_size):
+    kernel = _build({"partition_size": partition_size})
+    spec = kernel.spec
+    args = make_decode_case(spec, [1, 31, 32, 33, 97], np.random.default_rng(8))
+    plain = kernel(**args)
+    assert isinstance(plain, np.ndarray)
+    out, lse = kernel(**args, return_lse=True)
+    ref, ref_lse = attention_decode(spec, args["q"], args)
+    assert lse.shape == (5, 6) and lse.dtype == np.float32
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out.astype(np.float64), ref, atol=5e-3)
+
+
+def test_tail_masking_false_refuses_a_partial_last_block():
+    kernel = _build(tail_masking=False)
+    args = make_decode_case(kernel.spec, [32, 16], np.random.default_rng(1))
+    kernel(**args)
+    args["seq_lens"] = np.asarray([32, 17], dtype=np.int32)
+    with pytest.raises(kgen.ArgumentError, match=r"seq_lens\[1\] = 17 is not a multiple of block_size 16.*tail_masking: false"):
+        kernel(**args)
+
+
+def test_fp8_needs_sm89_in_the_spec():
+    text = """
+kgen: 1
+name: fp8_old
+kind: paged_decode
+attention: {num_q_heads: 8, num_kv_heads: 2, head_dim: 64}
+kv_cache: {block_size: 16, layout: separate, dtype: fp8_e4m3, scale: per_head}
+dtype: {q: fp16}
+tail_masking: true
+targets: [sm_80, sm_90]
+"""
+    with pytest.raises(kgen.SpecError, match=r"specs/x.yaml:6: kv_cache.dtype: fp8_e4m3 needs every target to be sm_89"):
+        kgen.parse_spec(text, "specs/x.yaml")
+
+
+# ---------------------------------------------------------------- refused arguments
+
+@pytest.fixture(scope="module")
+def fp16_kernel():
+    return _build()
+
+
+@pytest.fixture(scope="module")
+def int8_kernel():
+    return _build(**{"kv_cache.dtype": "int8", "kv_cache.scale": "per_head", "attention.alibi": True})
+
+
+def _args(kernel, lens=(20, 5)):
+    return make_decode_case(kernel.spec, list(lens), np.random.default_rng(3))
+
+
+def _refused(kernel, args, pattern):
+    with pytest.raises(kgen.ArgumentError, match=pattern):
+        kernel(**args)
+
+
+def test_scales_missing_for_a_quantized_cache(int8_kernel):
+    args = _args(int8_kernel)
+    del args["v_scale"]
+    _refused(int8_kernel, args, r"v_scale: required for a int8 cache with scale 'per_head' \(float32, shape \[2\]\)")
+
+
+def test_scales_given_for_a_float_cache(fp16_kernel):
+    args = _args(fp16_kernel)
+    args["k_scale"] = np.ones(2, np.float32)
+    _refused(fp16_kernel, args, r"k_scale: a fp16 cache takes no scales")
+
+
+@pytest.mark.parametrize("bad", [np.ones(3, np.float32), np.ones((2, 1), np.float32), np.ones(2, np.float64)])
+def test_scale_of_wrong_shape_or_dtype(int8_kernel, bad):
+    args = _args(int8_kernel)
+    args["k_scale"] = bad
+    _refused(int8_kernel, args, r"k_scale: expected (shape \[2\]|dtype fp32)")
+
+
+@pytest.mark.parametrize("name,change,pattern", [
+    ("q", lambda a: a.astype(np.float32), r"q: expected dtype fp16, got fp32"),
+    ("q", lambda a: a[:, :4], r"q: expected shape \[2, 6, 64\]"),
+    ("q", lambda a: a[None], r"q: expected shape \[num_seqs, 6, 64\]"),
+    ("q", lambda a: a[..., ::-1], r"q: the last dimension must be contiguous"),
+    ("k_cache", lambda a: a.astype(np.float32), r"k_cache: expected dtype fp16"),
+    ("v_cache", lambda a: a[:, :, :1], r"v_cache: expected shape"),
+    ("block_tables", lambda a: a.astype(np.int64), r"block_tables: expected dtype int32"),
+    ("block_tables", lambda a: np.asfortranarray(np.concatenate([a, a], 1)[:, ::2]), r"block_tables: must be C-contiguous"),
+    ("seq_lens", lambda a: a[:1], r"seq_lens: expected shape \[2\]"),
+    ("out", lambda a: a.astype(np.float32), r"out: expected dtype fp16"),
+    ("q", lambda a: a.tolist(), r"q: expected a numpy array, a torch tensor or a CuPy array, got list"),
+])
+def test_wrong_argument_is_named(fp16_kernel, name, change, pattern):
+    args = _args(fp16_kernel)
+    args[name] = change(args[name])
+    _refused(fp16_kernel, args, pattern)
+
+
+def test_missing_unknown_and_foreign_arguments(fp16_kernel, int8_kernel):
+    args = _args(fp16_kernel)
+    del args["block_tables"]
+    _refused(fp16_kernel, args, r"missing argument 'block_tables'")
+    args = _args(fp16_kernel)
+    _refused(fp16_kernel, args | {"kv_cache": args["k_cache"]}, r"kv_cache: not an argument of layout 'separate'")
+    _refused(fp16_kernel, args | {"window": 3}, r"unknown argument\(s\): window")
+    _refused(fp16_kernel, args | {"alibi_slopes": np.ones(6, np.float32)}, r"alibi_slopes: given, but the spec has alibi: false")
+    args = _args(int8_kernel)
+    del args["alibi_slopes"]
+    _refused(int8_kernel, args, r"alibi_slopes: required \(spec has alibi: true\), float32 shape \[6\]")
+
+
+def test_pool_strides_must_keep_vector_alignment(fp16_kernel):
+    args = _args(fp16_kernel)
+    k = args["k_cache"]
+    big = np.zeros(k.shape[:-1] + (k.shape[-1] + 4,), k.dtype)  # rows 68 elements apart: not 8-aligned
+    big[..., :64] = k
+    args["k_cache"] = big[..., :64]
+    _refused(fp16_kernel, args, r"k_cache: strides \[.*\] must be multiples of 8 elements \(16 bytes\)")
+    args = _args(fp16_kernel)
+    flat = np.zeros(args["v_cache"].size + 1, np.float16)
+    shifted = flat[1:].reshape(args["v_cache"].shape)  # 2 bytes past an aligned address
+    shifted[...] = args["v_cache"]
+    args["v_cache"] = shifted
+    _refused(fp16_kernel, args, r"v_cache: data pointer must be 16-byte aligned")
+
+
+def test_padded_pool_with_aligned_strides_is_accepted(fp16_kernel):
+    args = make_decode_case(fp16_kernel.spec, [20, 5], np.random.default_rng(4), padded=True)
+    assert not args["k_cache"].flags.c_contiguous
+    ref, _ = attention_decode(fp16_kernel.spec, args["q"], args)
+    np.testing.assert_allclose(fp16_kernel(**args).astype(np.float64), ref, atol=5e-3)
+
+
+def test_block_table_entry_outside_the_pool(fp16_kernel):
+    args = _args(fp16_kernel)
+    n = args["k_cache"].shape[0]
+    args["block_tables"][0, 1] = n
+    _refused(fp16_kernel, args, rf"block_tables\[0, 1\] = {n}: not a block of the pool \(0..{n - 1}\)")
+    args["block_tables"][0, 1] = -1
+    _refused(fp16_kernel, args, r"block_tables\[0, 1\] = -1")
+
+
+@pytest.mark.parametrize("length", [0, 1000])
+def test_seq_len_outside_the_table_capacity(fp16_kernel, length):
+    args = _args(fp16_kernel)
+    cap = args["block_tables"].shape[1] * 16
+    args["seq_lens"][1] = length
+    _refused(fp16_kernel, args, rf"seq_lens\[1\] = {length}: must be in 1..{cap}")
