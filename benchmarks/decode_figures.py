@@ -1,0 +1,70 @@
+"""Figures for the paged-decode example specs: ptxas registers/spills on sm_90 and the
+KV bytes each decoded token reads.
+
+KV bytes per token = num_kv_heads x (K + V row bytes) + the scale bytes that belong to the
+token (per_token_head: one float32 each for K and V per KV head; per_tensor/per_head
+scales are a few bytes per launch, shown as 0). The figure is computed from the spec and
+cross-checked against the nbytes of ABI-shaped arrays that kgen.cases builds.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/decode_figures.py [specs/decode_*.yaml ...]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import kgen
+from kgen.cases import make_decode_case
+from kgen.dtypes import dtype
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def kv_bytes_per_token(spec) -> int:
+    a, kv = spec.attention, spec.kv_cache
+    row = 2 * a.head_dim * dtype(kv.dtype).itemsize
+    scale = 2 * 4 if kv.scale == "per_token_head" else 0
+    return a.num_kv_heads * (row + scale)
+
+
+def kv_bytes_from_arrays(spec) -> int:
+    """Bytes per token slot of the arrays a call actually passes (pool + per-token scales)."""
+    args = make_decode_case(spec, [spec.kv_cache.block_size], np.random.default_rng(0))
+    slots = None
+    total = 0
+    for name in ("k_cache", "v_cache", "kv_cache"):
+        if name in args:
+            slots = args[name].shape[0] * spec.kv_cache.block_size
+            total += args[name].nbytes
+    if spec.kv_cache.scale == "per_token_head":
+        total += args["k_scale"].nbytes + args["v_scale"].nbytes
+    return total // slots
+
+
+def main(paths: list[str]) -> int:
+    paths = paths or sorted(str(p) for p in (ROOT / "specs").glob("*.yaml"))
+    rows = []
+    for p in paths:
+        spec = kgen.load_spec(p)
+        if spec.kind != "paged_decode":
+            continue
+        kernel = kgen.build(spec, backend="cpu", archs=["sm_90"], verify=False)
+        res = kernel.resources["sm_90"][spec.name]
+        per_tok = kv_bytes_per_token(spec)
+        assert per_tok == kv_bytes_from_arrays(spec), spec.name
+        per_head_fp16 = 2 * 2 * spec.attention.head_dim * spec.attention.num_kv_heads
+        rows.append((spec.name, spec.kv_cache.dtype, spec.kv_cache.scale, kernel.config["partition_size"],
+                     res["registers"], res["spill_stores"] + res["spill_loads"], per_tok, per_tok / per_head_fp16))
+    head = ("spec", "kv dtype", "scale", "P", "regs sm_90", "spills (st+ld)", "KV B/token", "vs fp16")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]} | {r[7]:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
