@@ -193,3 +193,19 @@ def test_seq_len_outside_the_table_capacity(fp16_kernel, length):
     cap = args["block_tables"].shape[1] * 16
     args["seq_lens"][1] = length
     _refused(fp16_kernel, args, rf"seq_lens\[1\] = {length}: must be in 1..{cap}")
+
+
+@pytest.mark.parametrize("bad,pattern", [
+    (np.ones(5, np.float32), r"alibi_slopes: expected shape \[6\], got \[5\]"),
+    (np.ones(6, np.float16), r"alibi_slopes: expected dtype fp32, got fp16"),
+    (np.ones(12, np.float32)[::2], r"alibi_slopes: must be C-contiguous"),
+])
+def test_alibi_slopes_of_wrong_shape_dtype_or_layout(int8_kernel, bad, pattern):
+    _refused(int8_kernel, _args(int8_kernel) | {"alibi_slopes": bad}, pattern)
+
+
+def test_per_token_scale_of_wrong_shape():
+    kernel = _build(**{"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_token_head"})
+    args = _args(kernel)
+    args["v_scale"] = args["v_scale"].transpose(0, 2, 1)  # HND order given to an NHD cache
+    _refused(kernel, args, r"v_scale: expected shape \[\d+, 16, 2\]")
