@@ -18,7 +18,8 @@ from ..arrays import ArrayArg, as_array_arg
 from ..errors import ArgumentError
 from ..runtime.base import Launch
 from .base import Config, TunableParam
-from .cache_write import CacheBinder, cache_names, host_values
+from .binding import CallBinder as CacheBinder
+from .binding import cache_names, host_values
 from .paged_decode import cache_shapes, scale_shape
 
 

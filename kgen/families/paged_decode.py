@@ -13,6 +13,7 @@ from ..dtypes import QUANTIZED, dtype
 from ..errors import ArgumentError
 from ..runtime.base import Launch
 from .base import Config, TunableParam
+from .binding import CallBinder, cache_names, host_values
 
 SCALE_MODES = {"none": 0, "per_tensor": 1, "per_head": 2, "per_token_head": 3}
 MERGE_THREADS = 128
@@ -132,33 +133,8 @@ def _c_float(x: float) -> str:
     return f"{float(x)!r}f"
 
 
-class _Binder:
+class _Binder(CallBinder):
     """Checks one call's arguments (names, shapes, dtypes, devices, strides, values) and plans its launches."""
-
-    def __init__(self, spec, call: dict[str, Any]):
-        self.spec = spec
-        self.call = dict(call)
-
-    # -- argument access
-    def _take(self, name: str, required: bool) -> ArrayArg | None:
-        obj = self.call.pop(name, None)
-        if obj is None:
-            if required:
-                raise ArgumentError(f"missing argument '{name}' (required by spec {self.spec.name})")
-            return None
-        return as_array_arg(name, obj)
-
-    def _check(self, arg: ArrayArg, shape: tuple, dtype_name: str, contiguous: bool = False):
-        if arg.shape != tuple(shape):
-            raise ArgumentError(f"{arg.name}: expected shape {list(shape)}, got {list(arg.shape)}")
-        if arg.dtype != dtype_name:
-            raise ArgumentError(f"{arg.name}: expected dtype {dtype_name}, got {arg.dtype}")
-        if arg.device != self.device:
-            raise ArgumentError(f"{arg.name}: on {arg.device}, but q is on {self.device}")
-        if contiguous and not arg.is_c_contiguous():
-            raise ArgumentError(f"{arg.name}: must be C-contiguous (strides {list(arg.strides)})")
-        if not contiguous and arg.shape and arg.shape[-1] > 1 and arg.strides[-1] != 1:
-            raise ArgumentError(f"{arg.name}: the last dimension must be contiguous (stride {arg.strides[-1]})")
 
     def _aligned(self, arg: ArrayArg, vec: int, strides: tuple[int, ...]):
         """Vector loads need the pointer and every stride they step by to stay 16-byte aligned."""
@@ -175,24 +151,20 @@ class _Binder:
     def bind(self, config: Config, checked: bool):
         spec, a, kv = self.spec, self.spec.attention, self.spec.kv_cache
         G, D, B, Hq, Hkv = spec.group_size, a.head_dim, kv.block_size, a.num_q_heads, a.num_kv_heads
-        q = self._take("q", True)
+        q = self.take("q", True)
         self.device = q.device
         if len(q.shape) != 3:
             raise ArgumentError(f"q: expected shape [num_seqs, {Hq}, {D}], got {list(q.shape)}")
         S = q.shape[0]
-        self._check(q, (S, Hq, D), spec.dtype.q)
+        self.check(q, (S, Hq, D), spec.dtype.q)
 
         # caches
-        names = ("kv_cache",) if kv.layout == "fused" else ("k_cache", "v_cache")
-        for other in {"kv_cache", "k_cache", "v_cache"} - set(names):
-            if self.call.get(other) is not None:
-                raise ArgumentError(
-                    f"{other}: not an argument of layout '{kv.layout}' (pass {' and '.join(names)})"
-                )
-        caches = [self._take(n, True) for n in names]
+        names = cache_names(spec)
+        self.refuse_other_layouts()
+        caches = [self.take(n, True) for n in names]
         N = caches[0].shape[0] if caches[0].shape else 0
         for c, shape in zip(caches, cache_shapes(spec, N).values(), strict=True):
-            self._check(c, shape, kv.dtype)
+            self.check(c, shape, kv.dtype)
         vec = vector_width(spec)
         if kv.layout == "fused":
             kvc = caches[0]
@@ -220,18 +192,18 @@ class _Binder:
             for c in caches:
                 self._aligned(c, vec, (ksb, ksh, kst, vsb, vsh, vst, k_off, v_off))
 
-        bt = self._take("block_tables", True)
+        bt = self.take("block_tables", True)
         if len(bt.shape) != 2:
             raise ArgumentError(f"block_tables: expected shape [{S}, max_blocks_per_seq], got {list(bt.shape)}")
         M = bt.shape[1]
-        self._check(bt, (S, M), "int32", contiguous=True)
-        sl = self._take("seq_lens", True)
-        self._check(sl, (S,), "int32", contiguous=True)
+        self.check(bt, (S, M), "int32", contiguous=True)
+        sl = self.take("seq_lens", True)
+        self.check(sl, (S,), "int32", contiguous=True)
 
         # scales
         quant = kv.dtype in QUANTIZED
-        ks = self._take("k_scale", False)
-        vs = self._take("v_scale", False)
+        ks = self.take("k_scale", False)
+        vs = self.take("v_scale", False)
         sshape = scale_shape(spec, N)
         scale_strides = [(0, 0, 0), (0, 0, 0)]
         if quant:
@@ -244,7 +216,7 @@ class _Binder:
                     )
                 if s.shape == (1,) and sshape == ():
                     s.shape, s.strides = (), ()
-                self._check(s, sshape, "fp32", contiguous=kv.scale != "per_token_head")
+                self.check(s, sshape, "fp32", contiguous=kv.scale != "per_token_head")
                 if kv.scale == "per_token_head":
                     if kv.resolved_order == "NHD":
                         scale_strides[i] = (s.strides[0], s.strides[2], s.strides[1])
@@ -255,23 +227,22 @@ class _Binder:
                 if s is not None:
                     raise ArgumentError(f"{s.name}: a {kv.dtype} cache takes no scales (scale: none)")
 
-        alibi = self._take("alibi_slopes", False)
+        alibi = self.take("alibi_slopes", False)
         if a.alibi:
             if alibi is None:
                 raise ArgumentError(f"alibi_slopes: required (spec has alibi: true), float32 shape [{Hq}]")
-            self._check(alibi, (Hq,), "fp32", contiguous=True)
+            self.check(alibi, (Hq,), "fp32", contiguous=True)
         elif alibi is not None:
             raise ArgumentError("alibi_slopes: given, but the spec has alibi: false")
 
-        out = self._take("out", False)
+        out = self.take("out", False)
         out_dtype = spec.dtype.resolved_out
         if out is None:
             out = as_array_arg("out", empty_like_library(q, (S, Hq, D), out_dtype))
-        self._check(out, (S, Hq, D), out_dtype)
+        self.check(out, (S, Hq, D), out_dtype)
         return_lse = bool(self.call.pop("return_lse", False))
         lse = as_array_arg("lse", empty_like_library(q, (S, Hq), "fp32")) if return_lse else None
-        if self.call:
-            raise ArgumentError(f"unknown argument(s): {', '.join(sorted(self.call))}")
+        self.refuse_unknown()
 
         if checked:
             self._check_values(bt, sl, N, M)
@@ -283,10 +254,10 @@ class _Binder:
             part_o = as_array_arg("part_o", empty_like_library(q, (S, Hq, max_parts, D), "fp32"))
             part_ml = as_array_arg("part_ml", empty_like_library(q, (S, Hq, max_parts, 2), "fp32"))
 
-        ptr = self._pointer
+        ptr = self.pointer
         i32, i64 = np.int32, np.int64
         args = [
-            ptr(out), ptr(q), self._raw(k_ptr_arg), self._raw(v_ptr_arg), ptr(bt), ptr(sl),
+            ptr(out), ptr(q), self.raw(k_ptr_arg), self.raw(v_ptr_arg), ptr(bt), ptr(sl),
             ptr(ks), ptr(vs), ptr(alibi), ptr(part_o), ptr(part_ml), ptr(lse),
             i32(M), i32(max_parts),
             i64(q.strides[0]), i64(q.strides[1]), i64(out.strides[0]), i64(out.strides[1]),
@@ -303,25 +274,11 @@ class _Binder:
         result = (out.obj, lse.obj) if lse is not None else out.obj
         return launches, result
 
-    def _pointer(self, arg: ArrayArg | None):
-        if arg is None:
-            return None if self.device == "cpu" else np.uint64(0)
-        return self._raw(arg.native if self.device == "cpu" else arg.ptr)
-
-    def _raw(self, native):
-        """CPU: a contiguous numpy array as is (the sanitizer's child process can ship it), other
-        views as their address (the caller keeps the base alive); CUDA: the device address."""
-        if self.device == "cpu":
-            if isinstance(native, np.ndarray):
-                return native if native.flags.c_contiguous else int(native.ctypes.data)
-            return int(native)
-        return np.uint64(native)
-
     def _check_values(self, bt: ArrayArg, sl: ArrayArg, num_blocks: int, max_blocks: int):
         """Host-side checks of the values the kernel trusts (the checked path)."""
         spec, B = self.spec, self.spec.kv_cache.block_size
-        lens = _to_host(sl)
-        table = _to_host(bt)
+        lens = host_values(sl)
+        table = host_values(bt)
         cap = max_blocks * B
         bad = np.nonzero((lens < 1) | (lens > cap))[0]
         if bad.size:
@@ -354,15 +311,6 @@ class _Binder:
 def _view(kvc: ArrayArg, which: int) -> int:
     """Address of the K (0) or V (1) half of a fused cache."""
     return kvc.ptr + which * kvc.strides[1] * kvc.itemsize
-
-
-def _to_host(arg: ArrayArg) -> np.ndarray:
-    if arg.device == "cpu":
-        return np.asarray(arg.native)
-    module = type(arg.obj).__module__.split(".")[0]
-    if module == "torch":
-        return arg.obj.detach().cpu().numpy()
-    return arg.obj.get()
 
 
 PAGED_DECODE = PagedDecodeFamily()
