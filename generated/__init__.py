@@ -1,0 +1,1 @@
+"""Kernels written by `kgen build`: `from generated.<name> import kernel`."""
