@@ -109,3 +109,39 @@ def empty_like_library(ref: ArrayArg, shape: tuple[int, ...], dtype_name: str, f
     if fill is not None:
         a.fill(fill)
     return a
+
+
+# Same-width integer types, to move dtypes that one library lacks (numpy: bf16/fp8 only via
+# ml_dtypes) as raw bits; the bits are then viewed as the real dtype on the other side.
+_NP_BITS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+_TORCH_BITS = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def to_backend(arr: np.ndarray, backend: str):
+    """A host numpy array for `backend`: itself on the CPU, a torch CUDA tensor (bit-exact, any kgen dtype) on CUDA."""
+    if backend == "cpu":
+        return arr
+    import torch
+
+    d = BY_NUMPY[arr.dtype]
+    raw = torch.from_numpy(np.ascontiguousarray(arr).view(_NP_BITS[d.itemsize]))
+    return raw.cuda().view(getattr(torch, d.torch_name))
+
+
+def to_numpy(x) -> np.ndarray:
+    """The host numpy copy/view of a kernel result (numpy, torch or CuPy), bf16/fp8 included."""
+    if isinstance(x, np.ndarray):
+        return x
+    module = type(x).__module__.split(".")[0]
+    if module == "torch":
+        import torch
+
+        d = BY_TORCH[str(x.dtype).removeprefix("torch.")]
+        raw = x.detach().cpu().contiguous().view(getattr(torch, _TORCH_BITS[d.itemsize]))
+        return raw.numpy().view(d.numpy)
+    return x.get()  # CuPy
+
+
+def args_to_backend(args: dict, backend: str) -> dict:
+    """Every array of a call's keyword arguments moved with to_backend."""
+    return {key: to_backend(value, backend) for key, value in args.items()}

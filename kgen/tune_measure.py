@@ -109,10 +109,11 @@ class _CudaTimer:
 
 def run_task(task: dict) -> dict:
     """Measure one (config, bucket); never raises for a bad config (status + reason instead)."""
+    from .arrays import args_to_backend, to_numpy
     from .cases import make_decode_case
     from .reference import attention_decode
     from .spec import spec_from_dict
-    from .verify import _to_device, _to_host, check_output
+    from .verify import check_output
 
     spec = spec_from_dict(task["spec"], filename="<tuning task>")
     backend = task["backend"]
@@ -126,7 +127,7 @@ def run_task(task: dict) -> dict:
     rng = np.random.default_rng(task["seed"])
     lens = [task["context"]] * task["batch"]
     host_sets = [make_decode_case(spec, lens, rng) for _ in range(ROTATE)]
-    sets = [_to_device(a, backend) for a in host_sets]
+    sets = [args_to_backend(a, backend) for a in host_sets]
     timer = _CudaTimer() if backend == "cuda" else _WallTimer()
     times: list[float] = []
     try:
@@ -144,7 +145,7 @@ def run_task(task: dict) -> dict:
     ref, _ = attention_decode(spec, args["q"], args)
     round_to = None if spec.dtype.q == "fp32" else args["q"].dtype
     lowp, _ = attention_decode(spec, args["q"], args, dtype=np.float32, round_to=round_to)
-    check = check_output("tuning", lens, _to_host(sets[last]["out"]), ref, lowp.astype(np.float64),
+    check = check_output("tuning", lens, to_numpy(sets[last]["out"]), ref, lowp.astype(np.float64),
                          spec.dtype.resolved_out)
     if not check.passed:
         return failed(task, "wrong", f"output does not match the reference: error {check.max_error:.3g} > "

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 import ml_dtypes
 import numpy as np
 
+from .arrays import args_to_backend, to_numpy
 from .cases import make_decode_case
 from .dtypes import dtype
 from .reference import attention_decode
@@ -103,37 +104,6 @@ def decode_case_matrix(spec, config: dict, rng: np.random.Generator) -> list[tup
     return cases
 
 
-def _to_device(args: dict, backend: str) -> dict:
-    """Inputs for the backend: numpy as is on the CPU; torch CUDA tensors (which have bf16/fp8) on CUDA."""
-    if backend == "cpu":
-        return args
-    import torch
-
-    from .dtypes import BY_NUMPY
-
-    out = {}
-    for key, v in args.items():
-        d = BY_NUMPY[v.dtype]
-        if d.name in ("bf16", "fp8_e4m3", "fp8_e5m2"):  # numpy has no such dtypes: move the raw bits
-            raw = torch.from_numpy(np.ascontiguousarray(v).view(np.int16 if d.itemsize == 2 else np.uint8))
-            out[key] = raw.cuda().view(getattr(torch, d.torch_name))
-        else:
-            out[key] = torch.from_numpy(np.ascontiguousarray(v)).cuda()
-    return out
-
-
-def _to_host(x) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        return x
-    t = x.detach().cpu()
-    if str(t.dtype) in ("torch.bfloat16",):
-        import ml_dtypes
-        import torch
-
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
-
-
 def check_output(name: str, seq_lens: list[int], out: np.ndarray, ref: np.ndarray, lowp: np.ndarray,
                  out_dtype: str) -> CaseResult:
     got = np.asarray(out).astype(np.float64)
@@ -178,13 +148,13 @@ def verify(kernel, seed: int | None = None, cases: list[str] | None = None) -> V
         ref, ref_lse = attention_decode(spec, args["q"], args)
         lowp, lowp_lse = attention_decode(spec, args["q"], args, dtype=np.float32, round_to=round_to)
         want_lse = name == "mixed_batch"
-        dev_args = _to_device(args, kernel.backend)
+        dev_args = args_to_backend(args, kernel.backend)
         result = kernel(**dev_args, return_lse=True) if want_lse else kernel(**dev_args)
         out = result[0] if want_lse else result
-        case = check_output(name, lens, _to_host(out), ref, lowp.astype(np.float64), spec.dtype.resolved_out)
+        case = check_output(name, lens, to_numpy(out), ref, lowp.astype(np.float64), spec.dtype.resolved_out)
         report.cases.append(case)
         if want_lse:
-            lse = _to_host(result[1]).astype(np.float64)
+            lse = to_numpy(result[1]).astype(np.float64)
             lerr = np.abs(lse - ref_lse)
             lbound = K_FACTOR * float(np.max(np.abs(lowp_lse - ref_lse))) + float(
                 np.max(np.abs(ref_lse))) * 64 * EPS_FP32

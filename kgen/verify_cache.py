@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .dtypes import BY_NUMPY, QUANTIZED, dtype
+from .arrays import args_to_backend, to_numpy
+from .dtypes import QUANTIZED, dtype
 from .families.paged_decode import cache_shapes, scale_shape
 from .quantize import QMAX, per_token_head_scale, quantize
 from .verify import CaseResult, VerificationReport
@@ -70,28 +71,6 @@ def _scale_layout(spec, s: np.ndarray) -> np.ndarray:
 
 
 # ---- moving arguments to the kernel's device and back ---------------------------------------
-def _to_device(args: dict, backend: str) -> dict:
-    if backend == "cpu":
-        return args
-    import torch
-
-    out = {}
-    for key, v in args.items():
-        d = BY_NUMPY[v.dtype]
-        raw = torch.from_numpy(_bits(v).view({1: np.uint8, 2: np.int16, 4: np.int32}[d.itemsize]))
-        out[key] = raw.cuda().view(getattr(torch, d.torch_name))
-    return out
-
-
-def _to_host(x, like: np.ndarray) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        return x
-    import torch
-
-    raw = x.detach().cpu().view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[like.dtype.itemsize])
-    return raw.numpy().view(like.dtype).reshape(like.shape)
-
-
 # ---- comparing ------------------------------------------------------------------------------
 def _compare(name: str, count: list[int], arrays: list[tuple[str, np.ndarray, np.ndarray, Callable]]) -> CaseResult:
     """arrays: (label, got, expected, describe(index) -> (note, first_failure)); all must match bitwise."""
@@ -252,9 +231,9 @@ def verify_cache_write(kernel, rng: np.random.Generator, report: VerificationRep
             pools["k_scale"], pools["v_scale"] = _scale_layout(spec, sk0), _scale_layout(spec, sv0)
         args = {**inputs, **pools}
         if kernel.backend != "cpu":
-            args = _to_device({k: np.ascontiguousarray(x) for k, x in args.items()}, kernel.backend)
+            args = args_to_backend({k: np.ascontiguousarray(x) for k, x in args.items()}, kernel.backend)
         kernel(**args)
-        got = {name: _to_host(args[name], pools[name]) for name in pools}
+        got = {name: to_numpy(args[name]) for name in pools}
         gk, gv = from_layout(spec, got)
         slots = inputs["slot_mapping"]
         arrays = [("K", gk, exp[0], _describe_write(spec, slots, "K")),
@@ -290,14 +269,14 @@ def verify_copy_blocks(kernel, rng: np.random.Generator, report: VerificationRep
         for ps in expected.values():
             for p in ps:
                 p[pairs[:, 1]] = p[pairs[:, 0]]
-        dev = {n: [_to_device({"a": p}, kernel.backend)["a"] for p in ps] for n, ps in pools.items()}
+        dev = {n: [args_to_backend({"a": p}, kernel.backend)["a"] for p in ps] for n, ps in pools.items()}
         args = {n: (ps if layers else ps[0]) for n, ps in dev.items()}
-        kernel(**args, pairs=_to_device({"p": pairs}, kernel.backend)["p"])
+        kernel(**args, pairs=args_to_backend({"p": pairs}, kernel.backend)["p"])
         arrays = []
         for n, ps in dev.items():
             for i, p in enumerate(ps):
                 label = f"{n}[layer {i}]" if layers else n
-                arrays.append((label, _to_host(p, pools[n][i]), expected[n][i], _describe_copy(pairs, label)))
+                arrays.append((label, to_numpy(p), expected[n][i], _describe_copy(pairs, label)))
         report.cases.append(_compare(kind, [len(pairs)], arrays))
 
 

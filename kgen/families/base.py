@@ -33,6 +33,13 @@ class Family(Protocol):
     def plan(self, spec, config: Config, call: dict[str, Any], alloc) -> tuple[list[Launch], Any]: ...
 
 
+def threads_problems(threads: int) -> list[str]:
+    """The thread-block size rule every family shares (whole warps, at most 1024 threads)."""
+    if threads % 32 or not 32 <= threads <= 1024:
+        return [f"threads must be a multiple of 32 in 32..1024 (got {threads})"]
+    return []
+
+
 def resolve_config(family: Family, spec, config: Config | None) -> Config:
     """Fill defaults (family's, then the spec's tuning.defaults), refuse unknown parameters."""
     resolved = {name: p.default for name, p in family.params.items()}

@@ -12,7 +12,7 @@ from ..arrays import ArrayArg
 from ..dtypes import QUANTIZED, dtype
 from ..errors import ArgumentError
 from ..runtime.base import Launch
-from .base import Config, TunableParam
+from .base import Config, TunableParam, threads_problems
 from .binding import CallBinder as CacheBinder
 from .binding import cache_names, host_values
 from .paged_decode import SCALE_MODES, cache_shapes, scale_shape, vllm_x
@@ -54,8 +54,7 @@ class CacheWriteFamily:
         return []
 
     def check_config(self, spec, config: Config) -> list[str]:
-        t = config["threads"]
-        return [] if t % 32 == 0 and 32 <= t <= 1024 else [f"threads must be a multiple of 32 in 32..1024 (got {t})"]
+        return threads_problems(config["threads"])
 
     def kernel_names(self, spec, config: Config) -> list[str]:
         return [spec.name]

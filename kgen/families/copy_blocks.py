@@ -17,7 +17,7 @@ import numpy as np
 from ..arrays import ArrayArg, as_array_arg
 from ..errors import ArgumentError
 from ..runtime.base import Launch
-from .base import Config, TunableParam
+from .base import Config, TunableParam, threads_problems
 from .binding import CallBinder as CacheBinder
 from .binding import cache_names, host_values
 from .paged_decode import cache_shapes, scale_shape
@@ -32,8 +32,7 @@ class CopyBlocksFamily:
         return []
 
     def check_config(self, spec, config: Config) -> list[str]:
-        t = config["threads"]
-        return [] if t % 32 == 0 and 32 <= t <= 1024 else [f"threads must be a multiple of 32 in 32..1024 (got {t})"]
+        return threads_problems(config["threads"])
 
     def kernel_names(self, spec, config: Config) -> list[str]:
         return [spec.name]

@@ -12,7 +12,7 @@ from ..arrays import ArrayArg, as_array_arg, empty_like_library
 from ..dtypes import QUANTIZED, dtype
 from ..errors import ArgumentError
 from ..runtime.base import Launch
-from .base import Config, TunableParam
+from .base import Config, TunableParam, threads_problems
 from .binding import CallBinder, cache_names, host_values
 
 SCALE_MODES = {"none": 0, "per_tensor": 1, "per_head": 2, "per_token_head": 3}
@@ -80,10 +80,7 @@ class PagedDecodeFamily:
         return problems
 
     def check_config(self, spec, config: Config) -> list[str]:
-        problems = []
-        t = config["threads"]
-        if t % 32 or not 32 <= t <= 1024:
-            problems.append(f"threads must be a multiple of 32 in 32..1024 (got {t})")
+        problems = threads_problems(config["threads"])
         p = config["partition_size"]
         if p < 0 or (p and p % spec.kv_cache.block_size):
             problems.append(

@@ -7,12 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kgen.arrays import as_array_arg
+from kgen.arrays import args_to_backend, as_array_arg, to_numpy
 from kgen.build import build
 from kgen.cases import make_decode_case
 from kgen.errors import ArgumentError
 from kgen.spec import load_spec
-from kgen.verify import _to_device, _to_host
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.gpu
@@ -35,7 +34,7 @@ def test_cpu_and_gpu_agree_on_identical_inputs(spec):
     gpu = build(spec, backend="cuda", verify=False)
     args = make_decode_case(spec, [1, 17, 300, 1000], np.random.default_rng(0))
     out_cpu = cpu(**args).astype(np.float64)
-    out_gpu = _to_host(gpu(**_to_device(args, "cuda"))).astype(np.float64)
+    out_gpu = to_numpy(gpu(**args_to_backend(args, "cuda"))).astype(np.float64)
     tol = 4 * float(np.abs(out_cpu).max()) * 2.0 ** -10  # a few fp16/bf16 ulps at the output's scale
     assert np.isfinite(out_gpu).all()
     assert float(np.abs(out_cpu - out_gpu).max()) <= tol
@@ -43,7 +42,7 @@ def test_cpu_and_gpu_agree_on_identical_inputs(spec):
 
 def test_host_arrays_are_refused_on_cuda(spec):
     gpu = build(spec, backend="cuda", verify=False)
-    args = _to_device(make_decode_case(spec, [5], np.random.default_rng(1)), "cuda")
+    args = args_to_backend(make_decode_case(spec, [5], np.random.default_rng(1)), "cuda")
     args["seq_lens"] = args["seq_lens"].cpu()
     with pytest.raises(ArgumentError, match="seq_lens"):
         gpu(**args)
