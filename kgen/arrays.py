@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import BY_NUMPY, BY_TORCH
+from .dtypes import BY_NAME, BY_NUMPY, BY_TORCH
 from .errors import ArgumentError
 
 
@@ -29,8 +29,6 @@ class ArrayArg:
 
     @property
     def itemsize(self) -> int:
-        from .dtypes import BY_NAME
-
         return BY_NAME[self.dtype].itemsize if self.dtype in BY_NAME else 0
 
     def is_c_contiguous(self) -> bool:
@@ -87,9 +85,7 @@ def as_array_arg(name: str, obj: Any) -> ArrayArg:
 
 def empty_like_library(ref: ArrayArg, shape: tuple[int, ...], dtype_name: str, fill: float | None = None):
     """A new C-contiguous array in the same library and device as `ref` (numpy, torch or CuPy)."""
-    from .dtypes import dtype as kdtype
-
-    d = kdtype(dtype_name)
+    d = BY_NAME[dtype_name]
     module = type(ref.obj).__module__.split(".")[0]
     if module == "torch":
         import torch

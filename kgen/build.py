@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from . import settings
@@ -46,22 +50,15 @@ def load_module(backend: str, rendered: Rendered, cubins: dict[str, Any] | None 
 
         artifact = compile_host(rendered.source, rendered.kernel_names, sanitize=sanitize)
         return CpuModule(artifact)
-    from .compile.nvrtc import compile_cubin as _compile
     from .runtime.cuda import CudaModule, device_arch
 
     arch = device_arch()
-    art = (cubins or {}).get(arch) or _compile(rendered.source, arch, cache=cache)
-    cache = cache or ArtifactCache()
-    path = _cubin_path(cache, art)
-    return CudaModule(path, rendered.kernel_names)
+    art = (cubins or {}).get(arch) or compile_cubin(rendered.source, arch, cache=cache)
+    return CudaModule(_cubin_path(cache or ArtifactCache(), art), rendered.kernel_names)
 
 
-def _cubin_path(cache: ArtifactCache, art) -> Any:
-    import hashlib
-    import os
-    import tempfile
-    from pathlib import Path
-
+def _cubin_path(cache: ArtifactCache, art) -> Path:
+    """A file holding the cubin (CuPy loads modules from paths), named by its hash."""
     digest = hashlib.sha256(art.cubin).hexdigest()
     path = Path(cache.root) / "loaded" / f"{digest}.cubin"
     if not path.exists():

@@ -292,17 +292,19 @@ class _Binder(CallBinder):
                     f"seq_lens[{i}] = {int(lens[i])} is not a multiple of block_size {B}: the spec has "
                     f"tail_masking: false, a promise that every length is"
                 )
+        # Only the entries the kernel reads: from the window's first block to ceil(seq_len / B).
+        n = lens.astype(np.int64)
         window = spec.attention.sliding_window or 0
-        for i, n in enumerate(lens.tolist()):
-            first = (max(0, n - window) // B) if window else 0
-            used = table[i, first : -(-n // B)]
-            wrong = np.nonzero((used < 0) | (used >= num_blocks))[0]
-            if wrong.size:
-                j = first + int(wrong[0])
-                raise ArgumentError(
-                    f"block_tables[{i}, {j}] = {int(table[i, j])}: not a block of the pool "
-                    f"(0..{num_blocks - 1}); sequence {i} has {n} tokens"
-                )
+        first = np.maximum(0, n - window) // B if window else np.zeros_like(n)
+        cols = np.arange(table.shape[1])
+        used = (cols >= first[:, None]) & (cols < (-(-n // B))[:, None])
+        wrong = np.argwhere(used & ((table < 0) | (table >= num_blocks)))
+        if wrong.size:
+            i, j = (int(x) for x in wrong[0])
+            raise ArgumentError(
+                f"block_tables[{i}, {j}] = {int(table[i, j])}: not a block of the pool "
+                f"(0..{num_blocks - 1}); sequence {i} has {int(n[i])} tokens"
+            )
 
 
 def _view(kvc: ArrayArg, which: int) -> int:
