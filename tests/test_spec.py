@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 
 from kgen.errors import SpecError
 from kgen.spec import (
-    C_KEYWORDS,
     Spec,
     json_schema,
     load_spec,
     parse_spec,
     spec_from_dict,
 )
+from kgen.spec_checks import C_KEYWORDS
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = [ROOT / "specs" / "llama3_8b_decode.yaml", ROOT / "specs" / "bf16_decode_b32.yaml"]
