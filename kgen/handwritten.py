@@ -13,7 +13,7 @@ from .build import compile_cubins, load_module, select_backend
 from .compile.nvrtc import resources_as_dict
 from .errors import KgenUserError
 from .families import family_for
-from .families.base import resolve_config
+from .families.base import Config, resolve_config
 from .kernel import Kernel
 from .render import Rendered
 
@@ -23,17 +23,27 @@ def build_from_source(spec, path: Path, backend: str = "auto") -> Kernel:
         source = Path(path).read_text()
     except OSError as e:
         raise KgenUserError(f"{path}: cannot read the kernel source ({e.strerror})") from None
+    return kernel_from_source(spec, source, backend=backend, origin=str(path))
+
+
+def kernel_from_source(spec, source: str, backend: str = "auto", config: Config | None = None,
+                       archs: list[str] | None = None, origin: str = "<source>") -> Kernel:
+    """A Kernel over `source` with the spec's ABI. Without `config`, the single-pass launch
+    (partition_size 0) that a hand-written kernel implements; cubins for `archs` (default:
+    the spec's targets) give its resources."""
     family = family_for(spec)
-    config = resolve_config(family, spec, {"partition_size": 0} if "partition_size" in family.params else None)
+    if config is None:
+        config = {"partition_size": 0} if "partition_size" in family.params else {}
+    config = resolve_config(family, spec, config)
     names = family.kernel_names(spec, config)
     missing = [n for n in names if f"{n}(" not in source.replace(" (", "(")]
     if missing:
         raise KgenUserError(
-            f"{path}: defines no kernel named {', '.join(missing)}; it must declare "
+            f"{origin}: defines no kernel named {', '.join(missing)}; it must declare "
             f'extern "C" __global__ void {names[0]}(...) with the signature of `kgen abi {spec.source_path or spec.name}`'
         )
     rendered = Rendered(source, names, config, spec.kind)
-    cubins = compile_cubins(spec, rendered)
+    cubins = compile_cubins(spec, rendered, archs)
     module = load_module(select_backend(backend), rendered, cubins)
     return Kernel(spec, source, config, module, names,
                   resources={arch: resources_as_dict(a.resources) for arch, a in cubins.items()},

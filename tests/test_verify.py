@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 
 import kgen
-from kgen.compile.host import compile_host
+from kgen.handwritten import kernel_from_source
 from kgen.kernel import Kernel
 from kgen.render import render
-from kgen.runtime.cpu import CpuModule
 from kgen.verify import check_output, decode_case_matrix, verify
 
 BASE = {
@@ -34,8 +33,7 @@ def _kernel(spec, config=None, old: str | None = None, new: str = "") -> Kernel:
     if old is not None:
         assert src.count(old) == 1, f"mutation target not found exactly once: {old!r}"
         src = src.replace(old, new)
-    module = CpuModule(compile_host(src, r.kernel_names))
-    return Kernel(spec, src, r.config, module, r.kernel_names)
+    return kernel_from_source(spec, src, backend="cpu", config=r.config, archs=[])
 
 
 # (id, spec overrides, config, source fragment, replacement, cases that must fail, cases that must pass)

@@ -9,12 +9,10 @@ import numpy as np
 import pytest
 
 import kgen
-from kgen.compile.host import compile_host
 from kgen.errors import ArgumentError
-from kgen.kernel import Kernel
+from kgen.handwritten import kernel_from_source
 from kgen.quantize import QMAX, quantize, to_cache_dtype
 from kgen.render import render
-from kgen.runtime.cpu import CpuModule
 from kgen.verify_cache import verify_cache_kernel
 
 SPEC = "specs/cache_write_fp8_e4m3.yaml"
@@ -163,8 +161,7 @@ def test_verifier_rejects_mutant(combo, old, new, case):
     rendered = render(spec)
     assert rendered.source.count(old) == 1, old
     broken = rendered.source.replace(old, new)
-    module = CpuModule(compile_host(broken, rendered.kernel_names))
-    kern = Kernel(spec, broken, rendered.config, module, rendered.kernel_names)
+    kern = kernel_from_source(spec, broken, backend="cpu", config=rendered.config, archs=[])
     report = verify_cache_kernel(kern, seed=99)
     assert not report.passed
     failed = {c.name: c for c in report.failed_cases}
