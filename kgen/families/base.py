@@ -40,6 +40,16 @@ def threads_problems(threads: int) -> list[str]:
     return []
 
 
+class SingleKernelFamily:
+    """A family with one kernel per spec whose only tunable is `threads`."""
+
+    def check_config(self, spec, config: Config) -> list[str]:
+        return threads_problems(config["threads"])
+
+    def kernel_names(self, spec, config: Config) -> list[str]:
+        return [spec.name]
+
+
 def resolve_config(family: Family, spec, config: Config | None) -> Config:
     """Fill defaults (family's, then the spec's tuning.defaults), refuse unknown parameters."""
     resolved = {name: p.default for name, p in family.params.items()}

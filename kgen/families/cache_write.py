@@ -12,10 +12,10 @@ from ..arrays import ArrayArg
 from ..dtypes import QUANTIZED, dtype
 from ..errors import ArgumentError
 from ..runtime.base import Launch
-from .base import Config, TunableParam, threads_problems
+from .base import Config, SingleKernelFamily, TunableParam
 from .binding import CallBinder as CacheBinder
 from .binding import cache_names, host_values
-from .paged_decode import SCALE_MODES, cache_shapes, scale_shape, vllm_x
+from .paged_decode import SCALE_MODES, cache_shapes, layout_problems, scale_shape, vllm_x
 
 
 def kv_strides(spec, caches: list[ArrayArg]) -> tuple[Any, Any, tuple, tuple]:
@@ -42,22 +42,13 @@ def scale_pool_strides(spec, s: ArrayArg) -> tuple[int, int, int]:
     return s.strides[0], s.strides[1], s.strides[2]  # [N, H, B]
 
 
-class CacheWriteFamily:
+class CacheWriteFamily(SingleKernelFamily):
     kind = "cache_write"
     template = "cache_write.cu.j2"
     params = {"threads": TunableParam("threads", 128, "threads per thread block (one warp per K or V row)")}
 
     def unsupported(self, spec) -> list[str]:
-        if spec.kv_cache.layout == "vllm" and spec.attention.head_dim % vllm_x(spec):
-            return [f"kv_cache.layout vllm packs K in runs of x = {vllm_x(spec)} elements, so head_dim must be a "
-                    f"multiple of {vllm_x(spec)} (got {spec.attention.head_dim})"]
-        return []
-
-    def check_config(self, spec, config: Config) -> list[str]:
-        return threads_problems(config["threads"])
-
-    def kernel_names(self, spec, config: Config) -> list[str]:
-        return [spec.name]
+        return layout_problems(spec)
 
     def template_context(self, spec, config: Config) -> dict[str, Any]:
         vllm = spec.kv_cache.layout == "vllm"

@@ -17,25 +17,19 @@ import numpy as np
 from ..arrays import ArrayArg, as_array_arg
 from ..errors import ArgumentError
 from ..runtime.base import Launch
-from .base import Config, TunableParam, threads_problems
+from .base import Config, SingleKernelFamily, TunableParam
 from .binding import CallBinder as CacheBinder
 from .binding import cache_names, host_values
 from .paged_decode import cache_shapes, scale_shape
 
 
-class CopyBlocksFamily:
+class CopyBlocksFamily(SingleKernelFamily):
     kind = "copy_blocks"
     template = "copy_blocks.cu.j2"
     params = {"threads": TunableParam("threads", 128, "threads per thread block (one block per pair and pool)")}
 
     def unsupported(self, spec) -> list[str]:
         return []
-
-    def check_config(self, spec, config: Config) -> list[str]:
-        return threads_problems(config["threads"])
-
-    def kernel_names(self, spec, config: Config) -> list[str]:
-        return [spec.name]
 
     def template_context(self, spec, config: Config) -> dict[str, Any]:
         return {"kernel_name": spec.name, "threads": config["threads"]}

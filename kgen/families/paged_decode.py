@@ -33,6 +33,14 @@ def vllm_x(spec) -> int:
     return 16 // dtype(spec.kv_cache.dtype).itemsize
 
 
+def layout_problems(spec) -> list[str]:
+    """Why the spec's cache layout cannot hold its head_dim (vLLM packs K in runs of x)."""
+    if spec.kv_cache.layout == "vllm" and spec.attention.head_dim % vllm_x(spec):
+        return [f"kv_cache.layout vllm packs K in runs of x = {vllm_x(spec)} elements, so head_dim must be a "
+                f"multiple of {vllm_x(spec)} (got {spec.attention.head_dim})"]
+    return []
+
+
 def cache_shapes(spec, num_blocks: str | int = "num_blocks") -> dict[str, tuple]:
     """The cache array shapes of the ABI (symbolic or concrete num_blocks)."""
     a, kv = spec.attention, spec.kv_cache
@@ -71,13 +79,7 @@ class PagedDecodeFamily:
 
     # ---- generation -------------------------------------------------------------------
     def unsupported(self, spec) -> list[str]:
-        problems = []
-        if spec.kv_cache.layout == "vllm" and spec.attention.head_dim % vllm_x(spec):
-            problems.append(
-                f"kv_cache.layout vllm packs K in runs of x = {vllm_x(spec)} elements, so head_dim must be a "
-                f"multiple of {vllm_x(spec)} (got {spec.attention.head_dim})"
-            )
-        return problems
+        return layout_problems(spec)
 
     def check_config(self, spec, config: Config) -> list[str]:
         problems = threads_problems(config["threads"])
