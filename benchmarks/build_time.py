@@ -29,7 +29,7 @@ from kgen.build import compile_cubins  # noqa: E402
 from kgen.cache import ArtifactCache  # noqa: E402
 from kgen.compile.cuda_headers import cuda_include_dir  # noqa: E402
 from kgen.render import render  # noqa: E402
-from kgen.spec import load_spec  # noqa: E402
+from kgen.spec.models import load_spec  # noqa: E402
 
 SPEC = ROOT / "specs" / "llama3_8b_decode.yaml"
 
@@ -84,7 +84,7 @@ def main() -> None:
     imp = "import time; t=time.perf_counter(); from generated.llama3_8b_decode import kernel; " \
           "print(time.perf_counter()-t)"
     first = ("import time; t=time.perf_counter(); from generated.llama3_8b_decode import kernel; "
-             "import numpy as np; from kgen.cases import make_decode_case; "
+             "import numpy as np; from kgen.families.decode_cases import make_decode_case; "
              "a=make_decode_case(kernel.spec,[17],np.random.default_rng(0)); kernel(**a); "
              "print(time.perf_counter()-t)")
     import_t = [float(subprocess.run([sys.executable, "-c", imp], env=env, cwd=gen, capture_output=True,

@@ -4,7 +4,7 @@ KV bytes each decoded token reads.
 KV bytes per token = num_kv_heads x (K + V row bytes) + the scale bytes that belong to the
 token (per_token_head: one float32 each for K and V per KV head; per_tensor/per_head
 scales are a few bytes per launch, shown as 0). The figure is computed from the spec and
-cross-checked against the nbytes of ABI-shaped arrays that kgen.cases builds.
+cross-checked against the nbytes of ABI-shaped arrays that kgen.families.decode_cases builds.
 
     PYTHONPATH=. .venv/bin/python benchmarks/decode_figures.py [specs/decode_*.yaml ...]
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 import kgen
-from kgen.cases import make_decode_case
 from kgen.dtypes import dtype
+from kgen.families.decode_cases import make_decode_case
 
 ROOT = Path(__file__).resolve().parents[1]
 

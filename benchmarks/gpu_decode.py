@@ -28,10 +28,10 @@ from decode_figures import kv_bytes_per_token  # noqa: E402
 
 from kgen.arrays import args_to_backend, to_numpy  # noqa: E402
 from kgen.build import build  # noqa: E402
-from kgen.cases import make_decode_case  # noqa: E402
+from kgen.families.decode_cases import make_decode_case  # noqa: E402
 from kgen.runtime.cuda import gpu_available  # noqa: E402
-from kgen.spec import load_spec  # noqa: E402
-from kgen.tune_measure import _CudaTimer  # noqa: E402  (the tuner's event timer with L2 flush)
+from kgen.spec.models import load_spec  # noqa: E402
+from kgen.tune.measure import _CudaTimer  # noqa: E402  (the tuner's event timer with L2 flush)
 
 BATCH, CONTEXT = 64, 4096
 

@@ -14,7 +14,7 @@ import math
 import tempfile
 
 import kgen
-from kgen.tune import tune_spec
+from kgen.tune.runner import tune_spec
 
 
 def main() -> None:

@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kgen.build import build  # noqa: E402
-from kgen.spec import load_spec  # noqa: E402
-from kgen.verify import verify  # noqa: E402
+from kgen.spec.models import load_spec  # noqa: E402
+from kgen.verify.runner import verify  # noqa: E402
 
 
 def main() -> None:

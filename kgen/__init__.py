@@ -7,8 +7,8 @@
 
 # Imported eagerly on purpose: `build` and `verify` share their names with submodules, and a
 # lazy (PEP 562) export would be shadowed by the submodule once anything imports it.
-from .build import build
-from .errors import (
+from kgen.build import build
+from kgen.errors import (
     ArgumentError,
     CompileError,
     KernelRuntimeError,
@@ -18,10 +18,11 @@ from .errors import (
     ToolchainError,
     UnsupportedError,
 )
-from .kernel import Kernel
-from .spec import Spec, json_schema, load_spec, parse_spec, spec_from_dict
-from .verify import CaseResult, VerificationReport, verify
-from .version import __version__
+from kgen.kernel import Kernel
+from kgen.spec.models import Spec, json_schema, load_spec, parse_spec, spec_from_dict
+from kgen.verify.report import CaseResult, VerificationReport
+from kgen.verify.runner import verify
+from kgen.version import __version__
 
 __all__ = [
     "ArgumentError", "CaseResult", "CompileError", "Kernel", "KernelRuntimeError", "KgenError", "KgenUserError",

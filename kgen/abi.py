@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from .families.paged_decode import cache_shapes, scale_shape, vector_width, vllm_x
-from .render import render
+from kgen.families.paged_decode import cache_shapes, scale_shape, vector_width, vllm_x
+from kgen.render import render
 
 
 def _shape(shape) -> str:
@@ -70,7 +70,7 @@ def abi_text(spec) -> str:
 
 def _cache_abi_text(spec) -> str:
     """The cache kernels' contract: the argument table comes from their family module."""
-    from .families import cache_write, copy_blocks
+    from kgen.families import cache_write, copy_blocks
 
     family = cache_write if spec.kind == "cache_write" else copy_blocks
     rendered = render(spec)

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import BY_NAME, BY_NUMPY, BY_TORCH
-from .errors import ArgumentError
+from kgen.dtypes import BY_NAME, BY_NUMPY, BY_TORCH
+from kgen.errors import ArgumentError
 
 
 @dataclass

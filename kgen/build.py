@@ -8,13 +8,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import settings
-from .cache import ArtifactCache
-from .compile.nvrtc import compile_cubin, resources_as_dict
-from .errors import KgenUserError
-from .families.base import Config
-from .kernel import Kernel
-from .render import Rendered, render
+from kgen import settings
+from kgen.cache import ArtifactCache
+from kgen.compile.nvrtc import compile_cubin, resources_as_dict
+from kgen.errors import KgenUserError
+from kgen.families.base import Config
+from kgen.kernel import Kernel
+from kgen.render import Rendered, render
 
 BACKENDS = ("auto", "cuda", "cpu")
 
@@ -27,7 +27,7 @@ def select_backend(backend: str) -> str:
         forced = settings.KGEN_BACKEND.get()
         if forced in ("cuda", "cpu"):
             return forced
-        from .runtime.cuda import gpu_available
+        from kgen.runtime.cuda import gpu_available
 
         return "cuda" if gpu_available() else "cpu"
     return backend
@@ -45,12 +45,12 @@ def load_module(backend: str, rendered: Rendered, cubins: dict[str, Any] | None 
                 sanitize: bool = False, cache: ArtifactCache | None = None):
     """A runnable module for `backend` from the rendered source (CPU) or a cubin for this GPU (CUDA)."""
     if backend == "cpu":
-        from .compile.host import compile_host
-        from .runtime.cpu import CpuModule
+        from kgen.compile.host import compile_host
+        from kgen.runtime.cpu import CpuModule
 
         artifact = compile_host(rendered.source, rendered.kernel_names, sanitize=sanitize)
         return CpuModule(artifact)
-    from .runtime.cuda import CudaModule, device_arch
+    from kgen.runtime.cuda import CudaModule, device_arch
 
     arch = device_arch()
     art = (cubins or {}).get(arch) or compile_cubin(rendered.source, arch, cache=cache)
@@ -82,7 +82,7 @@ def build(spec, backend: str = "auto", verify: bool = True, config: Config | Non
                     resources={arch: resources_as_dict(a.resources) for arch, a in cubins.items()},
                     artifacts={"cubins": cubins})
     if verify:
-        from .verify import verify as run_verify
+        from kgen.verify.runner import verify as run_verify
 
         kernel.report = run_verify(kernel, seed=seed)
     return kernel

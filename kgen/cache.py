@@ -23,8 +23,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from . import settings
-from .version import __version__
+from kgen import settings
+from kgen.version import __version__
 
 ENTRY_INDEX = "entry.json"
 LOCK_TIMEOUT_S = 600

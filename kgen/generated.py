@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .version import __version__
+from kgen.version import __version__
 
 MANIFEST = "manifest.json"
 SOURCE = "kernel.cu"
@@ -41,7 +41,7 @@ def _sha256(data: bytes | str) -> str:
 
 
 def manifest_for(kernel, spec_file: str | None = None, tuning: dict | None = None) -> dict[str, Any]:
-    from .compile.nvrtc import nvrtc_version
+    from kgen.compile.nvrtc import nvrtc_version
 
     cubins = kernel.artifacts.get("cubins", {})
     return {
@@ -101,44 +101,44 @@ class GeneratedKernel:
         self.manifest = json.loads((self.directory / MANIFEST).read_text())
         self.source = (self.directory / SOURCE).read_text()
         if _sha256(self.source) != self.manifest["source_sha256"]:
-            from .errors import KgenError
+            from kgen.errors import KgenError
 
             raise KgenError(f"{self.directory / SOURCE}: source does not match its manifest; re-run kgen build")
         self._kernel = None
 
     @property
     def spec(self):
-        from .spec import spec_from_dict
+        from kgen.spec.models import spec_from_dict
 
         return spec_from_dict(self.manifest["spec"], filename=str(self.directory / MANIFEST))
 
     def load(self, backend: str = "auto"):
         """Build the runnable kernel (no re-verification: the manifest holds the build's report)."""
-        from .build import select_backend
-        from .kernel import Kernel
-        from .render import Rendered
+        from kgen.build import select_backend
+        from kgen.kernel import Kernel
+        from kgen.render import Rendered
 
         chosen = select_backend(backend)
         spec = self.spec
         rendered = Rendered(self.source, self.manifest["kernel_names"], self.manifest["config"], spec.kind)
         if chosen == "cuda":
-            from .runtime.cuda import CudaModule, device_arch
+            from kgen.runtime.cuda import CudaModule, device_arch
 
             entry = self.manifest["cubins"].get(device_arch())
             if entry is not None:
                 module = CudaModule(self.directory / entry["file"], rendered.kernel_names)
             else:  # arch differs from the build's targets: compile the shipped source for this GPU
-                from .build import load_module
+                from kgen.build import load_module
 
                 module = load_module("cuda", rendered)
         else:
-            from .build import load_module
+            from kgen.build import load_module
 
             module = load_module("cpu", rendered)
         resources = {arch: c["resources"] for arch, c in self.manifest["cubins"].items()}
         self._kernel = Kernel(spec, self.source, rendered.config, module, rendered.kernel_names, resources)
         # Tuning hook (kgen/tuned.py): per-bucket tuned configs when the manifest's results fit this device.
-        from .tuned import tuned_from_manifest
+        from kgen.tune.tuned import tuned_from_manifest
 
         self._kernel = tuned_from_manifest(self._kernel, self.manifest.get("tuning"), chosen)
         return self._kernel

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .families import family_for
-from .families.base import Config
-from .runtime.base import Module
+from kgen.families.base import Config
+from kgen.families.registry import family_for
+from kgen.runtime.base import Module
 
 
 class Kernel:

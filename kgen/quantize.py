@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dtypes import QUANTIZED, dtype
+from kgen.dtypes import QUANTIZED, dtype
 
 # The largest magnitude a quantized cache stores (per_token_head scales map max|x| onto it).
 QMAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "int8": 127.0}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dtypes import QUANTIZED
+from kgen.dtypes import QUANTIZED
 
 
 def canonical_cache(spec, k_cache=None, v_cache=None, kv_cache=None) -> tuple[np.ndarray, np.ndarray]:

@@ -15,11 +15,11 @@ from functools import lru_cache
 
 import jinja2
 
-from .errors import KgenUserError
-from .families import family_for
-from .families.base import Config, resolve_config
-from .paths import templates_dir
-from .version import __version__
+from kgen.errors import KgenUserError
+from kgen.families.base import Config, resolve_config
+from kgen.families.registry import family_for
+from kgen.paths import templates_dir
+from kgen.version import __version__
 
 
 @dataclass(frozen=True)

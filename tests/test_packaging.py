@@ -35,7 +35,7 @@ def test_wheel_contains_every_template(wheel):
 def test_wheel_declares_console_script_and_deps(wheel):
     z = zipfile.ZipFile(wheel)
     entry = next(n for n in z.namelist() if n.endswith("entry_points.txt"))
-    assert "kgen = kgen.cli:main" in z.read(entry).decode()
+    assert "kgen = kgen.cli.main:main" in z.read(entry).decode()
     meta = z.read(next(n for n in z.namelist() if n.endswith("METADATA"))).decode()
     for dep in ("cupy-cuda13x", "nvidia-cuda-nvrtc", "cuda-pathfinder", "jinja2", "pydantic"):
         assert dep in meta, dep

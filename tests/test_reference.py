@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import kgen
-from kgen.cases import make_decode_case
+from kgen.families.decode_cases import make_decode_case
 from kgen.reference import attention_decode, decode_inputs_real
 
 BASE = {

@@ -10,7 +10,7 @@ import pytest
 
 from kgen.errors import KgenUserError, UnsupportedError
 from kgen.render import _environment, render
-from kgen.spec import load_spec
+from kgen.spec.models import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from .. import settings
-from ..errors import ToolchainError
+from kgen import settings
+from kgen.errors import ToolchainError
 
 
 @functools.lru_cache(maxsize=4)

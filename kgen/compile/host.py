@@ -27,11 +27,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import settings
-from ..cache import ArtifactCache, content_key
-from ..errors import CompileError, ToolchainError
-from ..paths import simt_dir
-from .cuda_headers import cuda_include_dir
+from kgen import settings
+from kgen.cache import ArtifactCache, content_key
+from kgen.compile.cuda_headers import cuda_include_dir
+from kgen.errors import CompileError, ToolchainError
+from kgen.paths import simt_dir
 
 NAMESPACE = "host"
 SOURCE_NAME = "kernel.cu"

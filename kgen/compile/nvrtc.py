@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ..cache import ArtifactCache, content_key
-from ..errors import CompileError, ToolchainError
-from .cuda_headers import cuda_include_dir
+from kgen.cache import ArtifactCache, content_key
+from kgen.compile.cuda_headers import cuda_include_dir
+from kgen.errors import CompileError, ToolchainError
 
 # No --use_fast_math: it flushes denormals and approximates division, which the CPU backend would
 # not reproduce; the kernels ask for fast intrinsics (__expf) explicitly where they want them.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..runtime.base import Launch
+from kgen.runtime.base import Launch
 
 Config = dict[str, int]
 
@@ -58,7 +58,7 @@ def resolve_config(family: Family, spec, config: Config | None) -> Config:
         resolved.update({k: v for k, v in tuning.defaults.items() if k in resolved})
     for key, value in (config or {}).items():
         if key not in family.params:
-            from ..errors import KgenUserError
+            from kgen.errors import KgenUserError
 
             raise KgenUserError(
                 f"{spec.name}: tuning parameter '{key}' is not known to the {family.kind} template "

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import ArrayArg, as_array_arg
-from ..errors import ArgumentError
+from kgen.arrays import ArrayArg, as_array_arg
+from kgen.errors import ArgumentError
 
 
 def cache_names(spec) -> tuple[str, ...]:

@@ -8,14 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import ArrayArg
-from ..dtypes import QUANTIZED, dtype
-from ..errors import ArgumentError
-from ..runtime.base import Launch
-from .base import Config, SingleKernelFamily, TunableParam
-from .binding import CallBinder as CacheBinder
-from .binding import cache_names, host_values
-from .paged_decode import SCALE_MODES, cache_shapes, layout_problems, scale_shape, vllm_x
+from kgen.arrays import ArrayArg
+from kgen.dtypes import QUANTIZED, dtype
+from kgen.errors import ArgumentError
+from kgen.families.base import Config, SingleKernelFamily, TunableParam
+from kgen.families.binding import CallBinder as CacheBinder
+from kgen.families.binding import cache_names, host_values
+from kgen.families.paged_decode import SCALE_MODES, cache_shapes, layout_problems, scale_shape, vllm_x
+from kgen.runtime.base import Launch
 
 
 def kv_strides(spec, caches: list[ArrayArg]) -> tuple[Any, Any, tuple, tuple]:

@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import ArrayArg, as_array_arg
-from ..errors import ArgumentError
-from ..runtime.base import Launch
-from .base import Config, SingleKernelFamily, TunableParam
-from .binding import CallBinder as CacheBinder
-from .binding import cache_names, host_values
-from .paged_decode import cache_shapes, scale_shape
+from kgen.arrays import ArrayArg, as_array_arg
+from kgen.errors import ArgumentError
+from kgen.families.base import Config, SingleKernelFamily, TunableParam
+from kgen.families.binding import CallBinder as CacheBinder
+from kgen.families.binding import cache_names, host_values
+from kgen.families.paged_decode import cache_shapes, scale_shape
+from kgen.runtime.base import Launch
 
 
 class CopyBlocksFamily(SingleKernelFamily):

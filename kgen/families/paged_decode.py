@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import ArrayArg, as_array_arg, empty_like_library
-from ..dtypes import QUANTIZED, dtype
-from ..errors import ArgumentError
-from ..runtime.base import Launch
-from .base import Config, TunableParam, threads_problems
-from .binding import CallBinder, cache_names, host_values
+from kgen.arrays import ArrayArg, as_array_arg, empty_like_library
+from kgen.dtypes import QUANTIZED, dtype
+from kgen.errors import ArgumentError
+from kgen.families.base import Config, TunableParam, threads_problems
+from kgen.families.binding import CallBinder, cache_names, host_values
+from kgen.runtime.base import Launch
 
 SCALE_MODES = {"none": 0, "per_tensor": 1, "per_head": 2, "per_token_head": 3}
 MERGE_THREADS = 128

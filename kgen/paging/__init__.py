@@ -1,7 +1,7 @@
 """Host-side paged KV-cache management: builds the block tables kgen's kernels read.
 See docs/paging.md."""
 
-from .errors import (
+from kgen.paging.errors import (
     AlreadyResident,
     CopiesPending,
     DuplicateSequence,
@@ -12,9 +12,9 @@ from .errors import (
     SwapSpaceExhausted,
     UnknownSequence,
 )
-from .manager import KVCacheManager
-from .preempt import Preemption, preempt
-from .tables import PAD
+from kgen.paging.manager import KVCacheManager
+from kgen.paging.preempt import Preemption, preempt
+from kgen.paging.tables import PAD
 
 __all__ = [
     "PAD",

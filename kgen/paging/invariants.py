@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .prefix_cache import chain_hashes
-from .tables import PAD
+from kgen.paging.prefix_cache import chain_hashes
+from kgen.paging.tables import PAD
 
 if TYPE_CHECKING:
-    from .manager import KVCacheManager
+    from kgen.paging.manager import KVCacheManager
 
 
 def _fail(msg: str) -> None:

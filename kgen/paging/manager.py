@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import validate
-from .errors import (
+from kgen.paging import validate
+from kgen.paging.errors import (
     AlreadyResident,
     CopiesPending,
     DuplicateSequence,
@@ -23,9 +23,9 @@ from .errors import (
     SwapSpaceExhausted,
     UnknownSequence,
 )
-from .pool import BlockPool
-from .prefix_cache import PrefixCache, chain_hashes, chain_root
-from .tables import BatchView, SlotStore
+from kgen.paging.pool import BlockPool
+from kgen.paging.prefix_cache import PrefixCache, chain_hashes, chain_root
+from kgen.paging.tables import BatchView, SlotStore
 
 _COUNTERS = (
     "blocks_allocated", "blocks_freed", "cow_copies", "evictions", "prefix_queried_blocks",
@@ -501,6 +501,6 @@ class KVCacheManager:
     def check_invariants(self, deep: bool = True) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent (tests, debugging).
         deep also recomputes every content hash from the tokens."""
-        from .invariants import check
+        from kgen.paging.invariants import check
 
         check(self, deep)

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .errors import PagingError
-from .manager import KVCacheManager
+from kgen.paging.errors import PagingError
+from kgen.paging.manager import KVCacheManager
 
 
 @dataclass

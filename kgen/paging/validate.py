@@ -7,7 +7,7 @@ import operator
 
 import numpy as np
 
-from .errors import InvalidTokens
+from kgen.paging.errors import InvalidTokens
 
 _INT32_MAX = np.iinfo(np.int32).max
 

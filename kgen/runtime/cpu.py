@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from ..compile.host import HostArtifact, compile_host, compiler
-from ..errors import ArgumentError, KernelRuntimeError
-from .base import Launch
+from kgen.compile.host import HostArtifact, compile_host, compiler
+from kgen.errors import ArgumentError, KernelRuntimeError
+from kgen.runtime.base import Launch
 
 ERR_LEN = 4096
 _SCALAR_CTYPES = {
@@ -227,7 +227,7 @@ def asan_runtime() -> str:
     out = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True, text=True, check=False)
     path = out.stdout.strip()
     if out.returncode != 0 or not os.path.isabs(path) or not os.path.exists(path):
-        from ..errors import ToolchainError
+        from kgen.errors import ToolchainError
 
         raise ToolchainError(f"{cxx} has no AddressSanitizer runtime (libasan.so); install it or use sanitize=False")
     return os.path.realpath(path)

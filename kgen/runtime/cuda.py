@@ -5,8 +5,8 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from ..errors import KernelRuntimeError, ToolchainError
-from .base import Launch
+from kgen.errors import KernelRuntimeError, ToolchainError
+from kgen.runtime.base import Launch
 
 STATIC_SMEM_LIMIT = 48 * 1024
 

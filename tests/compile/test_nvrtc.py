@@ -10,7 +10,7 @@ from kgen.cache import ArtifactCache
 from kgen.compile.nvrtc import compile_cubin, format_compile_error, parse_ptxas_report
 from kgen.errors import CompileError
 from kgen.render import render
-from kgen.spec import load_spec
+from kgen.spec.models import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 

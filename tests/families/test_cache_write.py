@@ -1,5 +1,5 @@
 """cache_write: bit-exact stores for every cache dtype, layout and scale mode (run on the CPU
-backend and judged by kgen.verify_cache against kgen.quantize), argument checks, and
+backend and judged by kgen.verify.bitexact against kgen.quantize), argument checks, and
 mutants of the rendered source that the verifier must reject."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 
 import kgen
 from kgen.errors import ArgumentError
-from kgen.handwritten import kernel_from_source
 from kgen.quantize import QMAX, quantize, to_cache_dtype
 from kgen.render import render
-from kgen.verify_cache import verify_cache_kernel
+from kgen.verify.bitexact import verify_cache_kernel
+from kgen.verify.handwritten import kernel_from_source
 
 SPEC = "specs/cache_write_fp8_e4m3.yaml"
 

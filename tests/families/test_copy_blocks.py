@@ -1,5 +1,5 @@
 """copy_blocks: byte-exact block copies over every pool array and layer in one launch (CPU
-backend, judged by kgen.verify_cache against numpy), the pair rules, argument checks, and
+backend, judged by kgen.verify.bitexact against numpy), the pair rules, argument checks, and
 mutants of the rendered source that the verifier must reject."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 
 import kgen
 from kgen.errors import ArgumentError
-from kgen.handwritten import kernel_from_source
 from kgen.render import render
-from kgen.verify_cache import verify_cache_kernel
+from kgen.verify.bitexact import verify_cache_kernel
+from kgen.verify.handwritten import kernel_from_source
 
 SPEC = "specs/copy_blocks_fp16.yaml"
 

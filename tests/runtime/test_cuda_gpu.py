@@ -9,9 +9,9 @@ import pytest
 
 from kgen.arrays import args_to_backend, as_array_arg, to_numpy
 from kgen.build import build
-from kgen.cases import make_decode_case
 from kgen.errors import ArgumentError
-from kgen.spec import load_spec
+from kgen.families.decode_cases import make_decode_case
+from kgen.spec.models import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.gpu

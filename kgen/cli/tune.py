@@ -3,38 +3,20 @@ tuning table and a PNG plot of time per config per bucket (the chosen config hig
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from pathlib import Path
 
 import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-from .errors import KgenUserError
-
-
-def _guard(fn):
-    """kgen.cli's error-to-exit-code mapping, imported late: kgen.cli registers these commands."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        from .cli import _guard as guard
-
-        return guard(fn)(*args, **kwargs)
-
-    return wrapper
-
-
-def _consoles():
-    from .cli import err, out
-
-    return out, err
-
-
-def load_specs(paths):
-    from .cli import load_specs as load
-
-    return load(paths)
+from kgen.build import select_backend
+from kgen.cli.common import err, guard, load_specs, out
+from kgen.errors import KgenUserError
+from kgen.tune.ray_executor import require_ray
+from kgen.tune.runner import DEFAULT_BUDGET_S, device_info, read_results, results_path, tune_spec
+from kgen.tune.search import parse_buckets
 
 
 def _fmt(seconds: float) -> str:
@@ -59,21 +41,13 @@ def _ckey(config: dict) -> str:
               help="where measurements run (ray: one task per GPU on an existing Ray cluster)")
 @click.option("--seed", type=int, default=None)
 @click.option("--json", "as_json", is_flag=True, help="print the results as JSON")
-@_guard
+@guard
 def tune(spec, backend, buckets, budget_s, measure_s, strategy, executor, seed, as_json):
     """Time every config of SPEC's tuning space over shape buckets; save the results."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from .tune import DEFAULT_BUDGET_S, results_path, tune_spec
-    from .tune_search import parse_buckets
-
     (loaded,) = load_specs((spec,))
     parsed = parse_buckets(buckets) if buckets else None
     if executor == "ray":
-        from .tune_ray import require_ray
-
         require_ray()
-    out, err = _consoles()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True) as progress:
         bar = progress.add_task(f"{loaded.name}: configs x buckets", total=None)
@@ -89,15 +63,10 @@ def tune(spec, backend, buckets, budget_s, measure_s, strategy, executor, seed, 
         click.echo(json.dumps(results, indent=1, sort_keys=True))
         return
     print_table(results)
-    from .tune import device_info
-
     out.print(f"saved {results_path(loaded, device_info(results['device']['backend']))}", markup=False)
 
 
 def print_table(results: dict) -> None:
-    from rich.table import Table
-
-    out, _ = _consoles()
     buckets = [f"{b}x{c}" for b in results["buckets"]["batch"] for c in results["buckets"]["context"]]
     dev = results["device"]
     title = (f"{results['spec_name']} on {dev.get('name')} ({results['clock']}; {results['strategy']}, "
@@ -173,13 +142,9 @@ def plot(results: dict, path: Path) -> Path:
 @click.option("--results", "results_file", type=click.Path(), default=None,
               help="a results JSON or a generated manifest.json (default: this device's saved results)")
 @click.option("--png", "png", type=click.Path(), default=None, help="plot path (default: <name>.tuning.png)")
-@_guard
+@guard
 def report(spec, backend, results_file, png):
     """Render SPEC's tuning table and a PNG plot (time per config per bucket)."""
-    from .build import select_backend
-    from .tune import device_info, read_results, results_path
-
-    out, err = _consoles()
     (loaded,) = load_specs((spec,))
     path = Path(results_file) if results_file else results_path(loaded, device_info(select_backend(backend)))
     if not results_file and not path.exists():

@@ -29,7 +29,7 @@ class TunedKernel:
     """Call like a Kernel; `select(batch, context)` tells which config a call would use."""
 
     def __init__(self, spec, results: dict, backend: str = "auto", verify: bool = True, base=None):
-        from .build import build
+        from kgen.build import build
 
         self.spec = spec
         self.results = results
@@ -48,7 +48,7 @@ class TunedKernel:
                 # Verified again here: tuning checked each winner's output, but this build is new.
                 kernel = build(spec, backend=backend, verify=verify, config=config)
                 if kernel.report is not None and not kernel.report.passed:
-                    from .errors import KernelRuntimeError
+                    from kgen.errors import KernelRuntimeError
 
                     raise KernelRuntimeError(f"tuned config {config} failed verification: {kernel.report.summary()}")
                 self.variants[key] = kernel
@@ -84,8 +84,8 @@ def _key(config: dict) -> str:
 def build_tuned(spec, backend: str = "auto", results: dict | None = None, verify: bool = True):
     """The spec's kernel using this device's tuning results; without usable results, the
     untuned defaults (a TuningWarning says why)."""
-    from .build import build, select_backend
-    from .tune import load_results
+    from kgen.build import build, select_backend
+    from kgen.tune.runner import load_results
 
     backend = select_backend(backend)
     if results is None:
@@ -101,9 +101,9 @@ def tuned_from_manifest(base, tuning: dict | None, backend: str):
     `base` for the configs it covers. A mismatch warns and builds the untuned defaults."""
     if not tuning:
         return base
-    from .build import build
-    from .errors import KgenUserError
-    from .tune import TuningWarning, check_results, device_info, mismatches
+    from kgen.build import build
+    from kgen.errors import KgenUserError
+    from kgen.tune.runner import TuningWarning, check_results, device_info, mismatches
 
     try:
         results = check_results(tuning, "manifest.json")
@@ -117,11 +117,11 @@ def tuned_from_manifest(base, tuning: dict | None, backend: str):
     defaults = build(base.spec, backend=backend, verify=False, config=None)
     if defaults.config == base.config:
         return base
-    from .verify import verify as run_verify
+    from kgen.verify.runner import verify as run_verify
 
     defaults.report = run_verify(defaults)
     if not defaults.report.passed:
-        from .errors import KernelRuntimeError
+        from kgen.errors import KernelRuntimeError
 
         raise KernelRuntimeError(f"untuned default config failed verification: {defaults.report.summary()}")
     return defaults

@@ -10,12 +10,13 @@ import warnings
 import numpy as np
 import pytest
 
-from kgen import tune_measure
-from kgen.cases import make_decode_case
 from kgen.errors import KernelRuntimeError, KgenUserError
+from kgen.families.decode_cases import make_decode_case
 from kgen.reference import attention_decode
-from kgen.spec import spec_from_dict
-from kgen.tune import (
+from kgen.spec.models import spec_from_dict
+from kgen.tune import measure as tune_measure
+from kgen.tune.measure import make_task, run_task
+from kgen.tune.runner import (
     TuningWarning,
     device_info,
     load_results,
@@ -24,9 +25,8 @@ from kgen.tune import (
     save_results,
     tune_spec,
 )
-from kgen.tune_measure import make_task, run_task
-from kgen.tuned import TunedKernel, _nearest, tuned_from_manifest
-from kgen.verify import check_output
+from kgen.tune.tuned import TunedKernel, _nearest, tuned_from_manifest
+from kgen.verify.bounds import check_output
 
 TUNING = {"params": {"threads": [32, 64, 2048], "partition_size": [0, 32]},
           "constraints": ["threads >= 32 * group_size"], "defaults": {"threads": 64, "partition_size": 0},

@@ -32,7 +32,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .errors import KgenUserError
+from kgen.errors import KgenUserError
 
 Bucket = tuple[int, int]  # (batch, context)
 ConfigKey = tuple[tuple[str, int], ...]
@@ -82,8 +82,8 @@ def expand_space(spec) -> Space:
     """Every combination of the spec's tuning parameters, pruned by its constraints and the
     family's checks. Errors: no tuning section, an empty space, an unknown parameter, or
     constraints that leave nothing to try."""
-    from .families import family_for
-    from .families.base import resolve_config
+    from kgen.families.base import resolve_config
+    from kgen.families.registry import family_for
 
     tuning = spec.tuning
     if tuning is None or not tuning.params:

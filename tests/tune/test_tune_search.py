@@ -9,8 +9,8 @@ import random
 import pytest
 
 from kgen.errors import KgenUserError
-from kgen.spec import load_spec, spec_from_dict
-from kgen.tune_search import (
+from kgen.spec.models import load_spec, spec_from_dict
+from kgen.tune.search import (
     _neighbours,
     config_key,
     eval_constraint,

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import KernelRuntimeError, KgenUserError
-from .tune_measure import make_task, run_task
-from .tune_search import config_key, expand_space, resolve_buckets, search, winners
-from .version import __version__
+from kgen.errors import KernelRuntimeError, KgenUserError
+from kgen.tune.measure import make_task, run_task
+from kgen.tune.search import config_key, expand_space, resolve_buckets, search, winners
+from kgen.version import __version__
 
 FORMAT = 1
 MEASURE_S = {"cpu": 0.05, "cuda": 0.2}  # timing budget per (config, bucket)
@@ -58,7 +58,7 @@ def _cpu_model() -> str:
 
 def device_info(backend: str) -> dict:
     """What a timing depends on besides the spec: the device, its driver, the compilers."""
-    from .compile.nvrtc import nvrtc_version
+    from kgen.compile.nvrtc import nvrtc_version
 
     info: dict = {"backend": backend}
     try:
@@ -73,7 +73,7 @@ def device_info(backend: str) -> dict:
         info |= {"name": props["name"].decode(), "compute_capability": "sm_" + dev.compute_capability,
                  "driver": str(cupy.cuda.runtime.driverGetVersion())}
     else:
-        from .compile.host import compiler, compiler_version
+        from kgen.compile.host import compiler, compiler_version
 
         info |= {"name": _cpu_model(), "machine": platform.machine(), "cpus": os.cpu_count(),
                  "compiler": compiler_version(compiler()).splitlines()[0]}
@@ -86,7 +86,7 @@ def device_slug(info: dict) -> str:
 
 
 def results_path(spec, info: dict, root: Path | None = None) -> Path:
-    from . import settings
+    from kgen import settings
 
     return Path(root or settings.cache_dir()) / "tuning" / spec.name / f"{device_slug(info)}.json"
 
@@ -97,7 +97,7 @@ def _executor(name: str):
     if name == "local":
         return lambda tasks: [run_task(t) for t in tasks]
     if name == "ray":
-        from .tune_ray import ray_map
+        from kgen.tune.ray_executor import ray_map
 
         return ray_map
     raise KgenUserError(f"executor must be local or ray (got {name!r})")
@@ -113,7 +113,7 @@ def tune_spec(spec, backend: str = "auto", buckets: dict | None = None, budget_s
     every config on every bucket does not fit, the search is a hill climb (kgen/tune_search.py).
     `executor` is "local", "ray" or a callable mapping a list of task dicts to result dicts.
     `progress(event, state)` is called after each batch of measurements."""
-    from .build import select_backend
+    from kgen.build import select_backend
 
     backend = select_backend(backend)
     space = expand_space(spec)
@@ -250,7 +250,7 @@ def mismatches(results: dict, spec, info: dict) -> list[str]:
 
 def load_results(spec, backend: str = "auto", root: Path | None = None) -> dict | None:
     """This device's results for `spec`, or None with a TuningWarning saying why they are not used."""
-    from .build import select_backend
+    from kgen.build import select_backend
 
     info = device_info(select_backend(backend))
     path = results_path(spec, info, root)

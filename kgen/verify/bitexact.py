@@ -15,11 +15,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .arrays import args_to_backend, to_numpy
-from .dtypes import QUANTIZED, dtype
-from .families.paged_decode import cache_shapes, scale_shape
-from .quantize import QMAX, per_token_head_scale, quantize
-from .verify import CaseResult, VerificationReport
+from kgen.arrays import args_to_backend, to_numpy
+from kgen.dtypes import QUANTIZED, dtype
+from kgen.families.paged_decode import cache_shapes, scale_shape
+from kgen.quantize import QMAX, per_token_head_scale, quantize
+from kgen.verify.report import CaseResult, VerificationReport
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 

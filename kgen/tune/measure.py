@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CompileError, KgenError, KgenUserError
+from kgen.errors import CompileError, KgenError, KgenUserError
 
 REGISTERS_PER_BLOCK = 65536
 DEFAULT_SMEM_LIMIT = 48 * 1024  # without the opt-in attribute
@@ -46,7 +46,7 @@ def failed(task: dict, status: str, reason: str) -> dict:
 
 def resource_problems(kernel) -> list[str]:
     """Reasons the config cannot launch on one of the spec's target archs (ptxas figures)."""
-    from .families import family_for
+    from kgen.families.registry import family_for
 
     threads = kernel.config.get("threads", 0)
     smem = family_for(kernel.spec).smem_bytes(kernel.spec) if kernel.spec.kind == "paged_decode" else 0
@@ -62,7 +62,7 @@ def resource_problems(kernel) -> list[str]:
 
 
 def _kernel(spec, config: dict, backend: str):
-    from .build import build
+    from kgen.build import build
 
     key = (spec.spec_hash(), json.dumps(config, sort_keys=True), backend)
     if key in _KERNELS:
@@ -109,11 +109,11 @@ class _CudaTimer:
 
 def run_task(task: dict) -> dict:
     """Measure one (config, bucket); never raises for a bad config (status + reason instead)."""
-    from .arrays import args_to_backend, to_numpy
-    from .cases import make_decode_case
-    from .reference import attention_decode
-    from .spec import spec_from_dict
-    from .verify import check_output
+    from kgen.arrays import args_to_backend, to_numpy
+    from kgen.families.decode_cases import make_decode_case
+    from kgen.reference import attention_decode
+    from kgen.spec.models import spec_from_dict
+    from kgen.verify.bounds import check_output
 
     spec = spec_from_dict(task["spec"], filename="<tuning task>")
     backend = task["backend"]

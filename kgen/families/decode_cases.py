@@ -11,8 +11,8 @@ import math
 import ml_dtypes
 import numpy as np
 
-from .dtypes import QUANTIZED, dtype
-from .families.paged_decode import cache_shapes
+from kgen.dtypes import QUANTIZED, dtype
+from kgen.families.paged_decode import cache_shapes
 
 POOL_FACTOR = 3  # pool blocks per block in use
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import kgen
-from kgen.cases import make_decode_case
+from kgen.families.decode_cases import make_decode_case
 from kgen.reference import attention_decode
 
 BASE = {

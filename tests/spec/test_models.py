@@ -14,16 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kgen.errors import SpecError
-from kgen.spec import (
+from kgen.spec.checks import C_KEYWORDS
+from kgen.spec.models import (
     Spec,
     json_schema,
     load_spec,
     parse_spec,
     spec_from_dict,
 )
-from kgen.spec_checks import C_KEYWORDS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = [ROOT / "specs" / "llama3_8b_decode.yaml", ROOT / "specs" / "bf16_decode_b32.yaml"]
 
 # A valid spec; the cases below replace numbered lines, so expected line numbers are easy to read.

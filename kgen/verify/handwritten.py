@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .build import compile_cubins, load_module, select_backend
-from .compile.nvrtc import resources_as_dict
-from .errors import KgenUserError
-from .families import family_for
-from .families.base import Config, resolve_config
-from .kernel import Kernel
-from .render import Rendered
+from kgen.build import compile_cubins, load_module, select_backend
+from kgen.compile.nvrtc import resources_as_dict
+from kgen.errors import KgenUserError
+from kgen.families.base import Config, resolve_config
+from kgen.families.registry import family_for
+from kgen.kernel import Kernel
+from kgen.render import Rendered
 
 
 def build_from_source(spec, path: Path, backend: str = "auto") -> Kernel:

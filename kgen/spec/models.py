@@ -28,8 +28,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from .errors import SpecError
-from .spec_checks import (
+from kgen.errors import SpecError
+from kgen.spec.checks import (
     _EXPR_ALLOWED,
     _NAME_RE,
     _SCALAR_ALLOWED,
@@ -51,7 +51,7 @@ from .spec_checks import (
     c_name_problem,
     constraint_names,
 )
-from .spec_yaml import Loc, YamlDoc, YamlFileError, read_yaml
+from kgen.spec.yaml_source import Loc, YamlDoc, YamlFileError, read_yaml
 
 Kind = Literal["paged_decode", "paged_prefill", "cache_write", "copy_blocks"]
 Layout = Literal["separate", "fused", "vllm"]

@@ -9,7 +9,7 @@ cluster when RAY_ADDRESS is set (Ray's own convention), else starts a local inst
 
 from __future__ import annotations
 
-from .errors import KgenUserError
+from kgen.errors import KgenUserError
 
 
 def require_ray():
@@ -24,7 +24,7 @@ def require_ray():
 def ray_map(tasks: list[dict]) -> list[dict]:
     """Run `run_task` on every task through Ray; results in task order."""
     ray = require_ray()
-    from .tune_measure import run_task
+    from kgen.tune.measure import run_task
 
     if not ray.is_initialized():
         ray.init(ignore_reinit_error=True, log_to_driver=False)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LLAMA = ROOT / "specs" / "llama3_8b_decode.yaml"
 
 GOOD = textwrap.dedent("""\
@@ -129,7 +129,7 @@ def test_generated_module_imports_and_runs_in_fresh_process(built):
     code = textwrap.dedent("""
         import numpy as np
         from generated.tiny_decode import kernel
-        from kgen.cases import make_decode_case
+        from kgen.families.decode_cases import make_decode_case
         from kgen.reference import attention_decode
         spec = kernel.spec
         args = make_decode_case(spec, [1, 9, 17], np.random.default_rng(3))

@@ -1,78 +1,18 @@
-"""Verify a built kernel against the contiguous float64 reference (DESIGN.md §6).
-
-A case passes when  max|out - ref| <= K * max|out_lp - ref| + floor,  where out_lp is
-the same attention computed in the kernel's input precision (inputs and every
-intermediate rounded to the q dtype, as the FlashAttention tests do), K = 2, and
-floor = max|ref| * (64 * eps(fp32) + eps(out dtype)): the kernels accumulate in fp32
-(with fast exp on the GPU) and round once to the output dtype. NaN never passes, and
-the output is pre-filled with NaN so an unwritten element fails too.
-"""
+"""Run a kernel's case matrix against the contiguous float64 reference (docs/verification.md)."""
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
 
-import ml_dtypes
 import numpy as np
 
-from .arrays import args_to_backend, to_numpy
-from .cases import make_decode_case
-from .dtypes import dtype
-from .reference import attention_decode
-
-K_FACTOR = 2.0
-EPS_FP32 = float(np.finfo(np.float32).eps)
-
-
-@dataclass
-class CaseResult:
-    name: str
-    seq_lens: list[int]
-    max_error: float
-    bound: float
-    lowp_error: float
-    passed: bool
-    nan_count: int = 0
-    first_failure: dict | None = None  # {"sequence", "head", "dim", "got", "expected"}
-    note: str = ""
-
-
-@dataclass
-class VerificationReport:
-    spec_name: str
-    backend: str
-    seed: int
-    config: dict
-    cases: list[CaseResult] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.cases) and all(c.passed for c in self.cases)
-
-    @property
-    def failed_cases(self) -> list[CaseResult]:
-        return [c for c in self.cases if not c.passed]
-
-    def summary(self) -> str:
-        n, bad = len(self.cases), self.failed_cases
-        if not bad:
-            worst = max(self.cases, key=lambda c: c.max_error / c.bound if c.bound else 0)
-            return (f"{self.spec_name}: verified {n}/{n} cases on {self.backend} (seed {self.seed}; "
-                    f"worst error {worst.max_error:.3g} vs bound {worst.bound:.3g} in '{worst.name}')")
-        first = bad[0]
-        where = first.first_failure or {}
-        return (f"{self.spec_name}: FAILED {len(bad)}/{n} cases on {self.backend} (seed {self.seed}); first: "
-                f"'{first.name}' error {first.max_error:.3g} > bound {first.bound:.3g}"
-                + (f" at sequence {where.get('sequence')}, head {where.get('head')}, dim {where.get('dim')}"
-                   if where else "") + (f" ({first.note})" if first.note else ""))
-
-    def to_dict(self) -> dict:
-        return {"spec": self.spec_name, "backend": self.backend, "seed": self.seed, "config": self.config,
-                "passed": self.passed, "seconds": round(self.seconds, 3),
-                "cases": [asdict(c) for c in self.cases]}
+from kgen.arrays import args_to_backend, to_numpy
+from kgen.dtypes import dtype
+from kgen.families.decode_cases import make_decode_case
+from kgen.reference import attention_decode
+from kgen.verify.bounds import EPS_FP32, K_FACTOR, check_output
+from kgen.verify.report import CaseResult, VerificationReport
 
 
 def decode_case_matrix(spec, config: dict, rng: np.random.Generator) -> list[tuple[str, list[int], bool]]:
@@ -104,35 +44,14 @@ def decode_case_matrix(spec, config: dict, rng: np.random.Generator) -> list[tup
     return cases
 
 
-def check_output(name: str, seq_lens: list[int], out: np.ndarray, ref: np.ndarray, lowp: np.ndarray,
-                 out_dtype: str) -> CaseResult:
-    got = np.asarray(out).astype(np.float64)
-    err = np.abs(got - ref)
-    nan = ~np.isfinite(got)
-    lowp_err = float(np.max(np.abs(lowp - ref)))
-    ref_mag = float(np.max(np.abs(ref))) if ref.size else 0.0
-    floor = max(ref_mag, 1e-30) * (64 * EPS_FP32 + float(ml_dtypes.finfo(dtype(out_dtype).numpy).eps))
-    bound = K_FACTOR * lowp_err + floor
-    bad = nan | (err > bound)
-    max_err = float("nan") if nan.any() else float(err.max())
-    result = CaseResult(name, list(seq_lens), max_err, bound, lowp_err, not bad.any(), int(nan.sum()))
-    if bad.any():
-        s, h, d = (int(i) for i in np.argwhere(bad)[0])
-        result.first_failure = {"sequence": s, "head": h, "dim": d, "got": float(got[s, h, d]),
-                                "expected": float(ref[s, h, d])}
-        if nan.any():
-            result.note = f"{int(nan.sum())} NaN/unwritten output elements"
-    return result
-
-
 def verify(kernel, seed: int | None = None, cases: list[str] | None = None) -> VerificationReport:
     """Run the case matrix on `kernel` with fresh random inputs (the seed is recorded)."""
     spec = kernel.spec
     if spec.kind in ("cache_write", "copy_blocks"):
-        from .verify_cache import verify_cache_kernel
+        from kgen.verify.bitexact import verify_cache_kernel
         return verify_cache_kernel(kernel, seed=seed)
     if spec.kind != "paged_decode":
-        from .errors import UnsupportedError
+        from kgen.errors import UnsupportedError
 
         raise UnsupportedError(f"{spec.name}: no verifier for kind '{spec.kind}' yet")
     seed = int(seed if seed is not None else np.random.SeedSequence().entropy % (2**63))

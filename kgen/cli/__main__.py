@@ -1,0 +1,3 @@
+from kgen.cli.main import main
+
+main(prog_name="kgen")

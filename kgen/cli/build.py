@@ -1,0 +1,58 @@
+"""`kgen build`: render, compile, verify and write generated/<name>/ for each spec."""
+
+from __future__ import annotations
+
+import click
+from rich.markup import escape
+from rich.progress import Progress
+
+from kgen.build import build as build_kernel
+from kgen.cli.common import Failed, check_archs, err, guard, load_specs, out
+from kgen.errors import CompileError
+from kgen.generated import write_generated
+from kgen.tune.runner import tune_spec
+
+
+@click.command()
+@click.argument("specs", nargs=-1, required=True)
+@click.option("-o", "--output", default="generated", show_default=True, help="directory for generated/<name>/")
+@click.option("--arch", "archs", multiple=True, help="CUDA arch(s) to compile for (default: the spec's targets)")
+@click.option("--backend", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@click.option("--tune", is_flag=True, help="autotune the spec's tuning space before writing")
+@click.option("--seed", type=int, default=None, help="verification seed (default: fresh)")
+@guard
+def build(specs, output, archs, backend, tune, seed):
+    """Build, verify and write generated/<name>/ for each SPEC."""
+    loaded = load_specs(specs)
+    check_archs(archs)
+    failed = []
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task("building", total=len(loaded))
+        for spec in loaded:
+            progress.update(task, description=f"{spec.name}: render, compile, verify")
+            tuning = None
+            config = None
+            if tune:
+                tuning = tune_spec(spec, backend=backend)
+                config = tuning.get("default_winner")
+            try:
+                kernel = build_kernel(spec, backend=backend, verify=True, config=config,
+                                      archs=list(archs) or None, seed=seed)
+            except CompileError as e:
+                err.print(str(e), markup=False)
+                failed.append(spec.name)
+                progress.advance(task)
+                continue
+            line = kernel.report.summary()
+            regs = ", ".join(f"{arch}: {max(r['registers'] for r in res.values())} regs "
+                             f"{max(r['spill_stores'] for r in res.values())} spills"
+                             for arch, res in kernel.resources.items())
+            if kernel.report.passed:
+                path = write_generated(kernel, output, spec_file=str(spec.source_path), tuning=tuning)
+                out.print(f"[green]ok[/green]   {escape(line)} {escape(f'[{regs}]')} -> {escape(str(path))}")
+            else:
+                out.print(f"[red]FAIL[/red] {escape(line)} (nothing written)")
+                failed.append(spec.name)
+            progress.advance(task)
+    if failed:
+        raise Failed(f"{len(failed)} kernel(s) failed: {', '.join(failed)}")

@@ -1,0 +1,46 @@
+"""Commands that look at a spec without running a kernel: validate, show, abi, schema."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from kgen.abi import abi_text
+from kgen.cli.common import guard, load_specs, out, parse_config
+from kgen.render import render
+from kgen.spec.models import json_schema
+
+
+@click.command()
+@click.argument("specs", nargs=-1, required=True)
+@guard
+def validate(specs):
+    """Schema and semantic checks only; nothing is compiled."""
+    for spec in load_specs(specs):
+        out.print(f"ok   {spec.source_path}: {spec.name} ({spec.kind})")
+
+
+@click.command()
+@click.argument("spec")
+@click.option("--config", "config_items", multiple=True, metavar="NAME=VALUE", help="tuning parameter value")
+@guard
+def show(spec, config_items):
+    """Print the rendered CUDA source."""
+    (loaded,) = load_specs((spec,))
+    click.echo(render(loaded, parse_config(config_items)).source, nl=False)
+
+
+@click.command()
+@click.argument("spec")
+@guard
+def abi(spec):
+    """Print the kernel contract for a hand-written kernel."""
+    (loaded,) = load_specs((spec,))
+    click.echo(abi_text(loaded), nl=False)
+
+
+@click.command()
+def schema():
+    """Print the JSON Schema of spec files."""
+    click.echo(json.dumps(json_schema(), indent=2))
