@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from kgen.arrays import ArrayArg, as_array_arg
+from kgen.arrays import ArrayArg, as_array_arg, refuse_aliasing
 from kgen.errors import ArgumentError
 
 
@@ -60,6 +60,10 @@ class CallBinder:
             if self.call.get(other) is not None:
                 raise ArgumentError(
                     f"{other}: not an argument of layout '{self.spec.kv_cache.layout}' (pass {' and '.join(names)})")
+
+    def refuse_aliasing(self, written: list[ArrayArg | None], read: list[ArrayArg | None]) -> None:
+        """Where outputs are bound: no array the kernel writes may overlap one it reads."""
+        refuse_aliasing(written, read)
 
     def refuse_unknown(self) -> None:
         if self.call:

@@ -97,7 +97,7 @@ def _bind(b: CacheBinder, config: Config, checked: bool):
             if s is None:
                 what = "the scale pool this kernel writes" if kv.scale == "per_token_head" else "given by the caller"
                 raise ArgumentError(f"{name}: required for a {kv.dtype} cache with scale '{kv.scale}' "
-                                    f"(float32, shape {list(sshape)}; {what})")
+                                    f"(fp32, shape {list(sshape)}; {what})")
             if s.shape == (1,) and sshape == ():
                 s.shape, s.strides = (), ()
             b.check(s, sshape, "fp32", contiguous=kv.scale != "per_token_head")
@@ -108,6 +108,8 @@ def _bind(b: CacheBinder, config: Config, checked: bool):
             if s is not None:
                 raise ArgumentError(f"{s.name}: a {kv.dtype} cache takes no scales (scale: none)")
     b.refuse_unknown()
+    pools = kv.scale == "per_token_head"  # then the scales are pools this kernel writes, like the caches
+    b.refuse_aliasing([*caches, *(scales if pools else [])], [key, value, sm, *([] if pools else scales)])
 
     if checked:
         _check_values(spec, sm, scales, N)

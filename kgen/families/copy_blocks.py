@@ -94,6 +94,7 @@ def _bind(b: CacheBinder, config: Config, checked: bool):
         for arr in arrays:
             b.check(arr, expected[name], "fp32" if name.endswith("scale") else kv.dtype)
             planes.append(_plane(arr))
+    b.refuse_aliasing([arr for arrays in groups.values() for arr in arrays], [pairs])
 
     if checked:
         _check_pairs(host_values(pairs), N)

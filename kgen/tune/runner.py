@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from kgen.errors import KernelRuntimeError, KgenUserError
+from kgen.runtime.cuda import require_gpu
 from kgen.tune.measure import make_task, run_task
 from kgen.tune.search import config_key, expand_space, resolve_buckets, search, winners
 from kgen.version import __version__
@@ -66,6 +67,7 @@ def device_info(backend: str) -> dict:
     except Exception as e:  # noqa: BLE001 - the record says why it is missing
         info["nvrtc"] = f"unavailable ({type(e).__name__})"
     if backend == "cuda":
+        require_gpu()
         import cupy
 
         dev = cupy.cuda.Device()
