@@ -14,6 +14,7 @@ import numpy as np
 
 from kgen.dtypes import BY_NAME, BY_NUMPY, BY_TORCH
 from kgen.errors import ArgumentError
+from kgen.optional import module_of
 
 
 @dataclass
@@ -65,7 +66,7 @@ def as_array_arg(name: str, obj: Any) -> ArrayArg:
     """Describe one array argument; refuse anything that is not an array."""
     if isinstance(obj, np.ndarray):
         return _from_numpy(name, obj, obj)
-    module = type(obj).__module__.split(".")[0]
+    module = module_of(obj)
     if module == "torch":
         if obj.device.type == "cpu":
             return _from_numpy(name, _torch_cpu_as_numpy(obj.detach()), obj)
@@ -86,7 +87,7 @@ def as_array_arg(name: str, obj: Any) -> ArrayArg:
 def empty_like_library(ref: ArrayArg, shape: tuple[int, ...], dtype_name: str, fill: float | None = None):
     """A new C-contiguous array in the same library and device as `ref` (numpy, torch or CuPy)."""
     d = BY_NAME[dtype_name]
-    module = type(ref.obj).__module__.split(".")[0]
+    module = module_of(ref.obj)
     if module == "torch":
         import torch
 
@@ -128,7 +129,7 @@ def to_numpy(x) -> np.ndarray:
     """The host numpy copy/view of a kernel result (numpy, torch or CuPy), bf16/fp8 included."""
     if isinstance(x, np.ndarray):
         return x
-    module = type(x).__module__.split(".")[0]
+    module = module_of(x)
     if module == "torch":
         import torch
 

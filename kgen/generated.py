@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from kgen.fileio import make_temp_dir, remove_path, replace_dir
 from kgen.version import __version__
 
 MANIFEST = "manifest.json"
@@ -72,7 +70,7 @@ def write_generated(kernel, out_root: Path | str, spec_file: str | None = None,
     if not init.exists():
         init.write_text(_PACKAGE_INIT)
     final = out_root / kernel.spec.name
-    tmp = Path(tempfile.mkdtemp(prefix=f".{kernel.spec.name}-", dir=out_root))
+    tmp = make_temp_dir(out_root, f".{kernel.spec.name}-")
     try:
         (tmp / SOURCE).write_text(kernel.source)
         for arch, art in kernel.artifacts.get("cubins", {}).items():
@@ -80,16 +78,9 @@ def write_generated(kernel, out_root: Path | str, spec_file: str | None = None,
         manifest = manifest_for(kernel, spec_file, tuning)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
         (tmp / "__init__.py").write_text(_INIT.format(name=kernel.spec.name, spec_hash=manifest["spec_hash"]))
-        old = None
-        if final.exists():
-            old = out_root / f".{kernel.spec.name}-old-{os.getpid()}"
-            os.replace(final, old)
-        os.replace(tmp, final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        replace_dir(tmp, final)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        remove_path(tmp)
     return final
 
 
@@ -120,7 +111,7 @@ class GeneratedKernel:
 
         chosen = select_backend(backend)
         spec = self.spec
-        rendered = Rendered(self.source, self.manifest["kernel_names"], self.manifest["config"], spec.kind)
+        rendered = Rendered(self.source, self.manifest["kernel_names"], self.manifest["config"])
         if chosen == "cuda":
             from kgen.runtime.cuda import CudaModule, device_arch
 
