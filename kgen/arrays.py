@@ -17,6 +17,7 @@ import numpy as np
 
 from kgen.dtypes import BY_NAME, BY_TORCH, dtype_label
 from kgen.errors import ArgumentError, ToolchainError
+from kgen.optional import module_of
 from kgen.runtime.cuda import cupy_module
 
 
@@ -44,10 +45,6 @@ class ArrayArg:
                 return False
             expected *= dim
         return True
-
-
-def _library(obj: Any) -> str:
-    return type(obj).__module__.split(".")[0]
 
 
 def _torch():
@@ -89,7 +86,7 @@ def as_array_arg(name: str, obj: Any) -> ArrayArg:
     """Describe one array argument; refuse anything that is not an array."""
     if isinstance(obj, np.ndarray):
         return _from_numpy(name, obj, obj)
-    library = _library(obj)
+    library = module_of(obj)
     if library == "torch":
         t = obj.detach()
         if t.device.type == "cpu":
@@ -161,10 +158,10 @@ def refuse_aliasing(written: Iterable[ArrayArg | None], read: Iterable[ArrayArg 
                 )
 
 
-def empty_like_library(ref: ArrayArg, shape: tuple[int, ...], dtype_name: str):
+def empty_likemodule_of(ref: ArrayArg, shape: tuple[int, ...], dtype_name: str):
     """A new C-contiguous array in the same library and on the same device as `ref` (numpy, torch or CuPy)."""
     d = BY_NAME[dtype_name]
-    library = _library(ref.obj)
+    library = module_of(ref.obj)
     if library == "torch":
         torch = _torch()
         return torch.empty(shape, dtype=getattr(torch, d.torch_name), device=ref.obj.device)
@@ -190,7 +187,7 @@ def to_numpy(x) -> np.ndarray:
     """The host numpy copy/view of a kernel result (numpy, torch or CuPy), bf16/fp8 included."""
     if isinstance(x, np.ndarray):
         return x
-    if _library(x) == "torch":
+    if module_of(x) == "torch":
         t = x.detach()
         d = BY_TORCH.get(str(t.dtype).removeprefix("torch."))
         raw = t.view(getattr(_torch(), _TORCH_BITS[d.itemsize])) if d is not None else t

@@ -19,8 +19,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from typing import Any
 from kgen.build import load_module, select_backend
 from kgen.compile.nvrtc import nvrtc_version
 from kgen.errors import KgenError, KgenUserError
+from kgen.fileio import make_temp_dir, remove_path
 from kgen.kernel import Kernel
 from kgen.render import Rendered
 from kgen.runtime.cuda import CudaModule, device_arch
@@ -171,8 +170,7 @@ def write_generated(kernel, out_root: Path | str, spec_file: str | None = None,
         raise KgenUserError(f"output directory {out_root}: cannot create it ({e.strerror})") from e
     tmp = None
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out_root))
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; the user's folders get the user's mode
+        tmp = make_temp_dir(out_root, f".{name}-")  # the user's umask, not mkdtemp's 0700
         files = {SOURCE: kernel.source.encode(),
                  INIT: _INIT.format(name=name, spec_hash=kernel.spec.spec_hash()).encode(),
                  **{_cubin_file(arch): a.cubin for arch, a in kernel.artifacts.get("cubins", {}).items()}}
@@ -187,14 +185,8 @@ def write_generated(kernel, out_root: Path | str, spec_file: str | None = None,
         raise KgenUserError(f"{final}: cannot write the generated package ({e.strerror or e})") from e
     finally:
         if tmp is not None and os.path.lexists(tmp):
-            _remove(tmp)
+            remove_path(tmp)
     return final
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)  # reading the umask means setting it: put it straight back
-    os.umask(mask)
-    return mask
 
 
 def _write_package_init(out_root: Path) -> None:
@@ -212,7 +204,7 @@ def _replace(new: Path, final: Path) -> None:
     if not os.path.lexists(final):
         os.rename(new, final)
     elif _exchange(new, final):
-        _remove(new)  # it now holds the previous output
+        remove_path(new)  # it now holds the previous output
     else:
         _replace_by_renames(new, final)
 
@@ -239,14 +231,7 @@ def _replace_by_renames(new: Path, final: Path) -> None:
     except OSError:
         os.rename(aside, final)
         raise
-    _remove(aside)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
+    remove_path(aside)
 
 
 class GeneratedKernel:
@@ -268,7 +253,7 @@ class GeneratedKernel:
         """Build the runnable kernel (no re-verification: the manifest holds the build's report)."""
         chosen = select_backend(backend)
         spec = self.spec
-        rendered = Rendered(self.source, self.manifest["kernel_names"], self.manifest["config"], spec.kind)
+        rendered = Rendered(self.source, self.manifest["kernel_names"], self.manifest["config"])
         entry = self.manifest["cubins"].get(device_arch()) if chosen == "cuda" else None
         if entry is not None:
             module = CudaModule(self.directory / entry["file"], rendered.kernel_names)

@@ -1,4 +1,4 @@
-"""The exact numpy model of how kgen's cache kernels store values (DESIGN.md §3: real = stored * scale).
+"""The exact numpy model of how kgen's cache kernels store values (docs/abi.md: real = stored * scale).
 
 Every rule here mirrors one line of templates/common/cache_write.cuh; the verifier
 compares the kernel against these functions bit for bit, so a change on one side
@@ -60,8 +60,3 @@ def quantize(x: np.ndarray, scale: np.ndarray | float | None, name: str) -> np.n
         raise ValueError(f"a {name} cache needs a scale")
     return to_cache_dtype(src.astype(np.float32) / np.asarray(scale, dtype=np.float32), name)
 
-
-def dequantize(stored: np.ndarray, scale: np.ndarray | float | None) -> np.ndarray:
-    """real = stored * scale, in fp32 (scale None: the float cache's own values)."""
-    real = np.asarray(stored).astype(np.float32)
-    return real if scale is None else real * np.asarray(scale, dtype=np.float32)

@@ -11,7 +11,6 @@ Cubins are cached by content (see kgen/cache.py).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass
@@ -21,7 +20,7 @@ from pathlib import Path
 from cuda.pathfinder import load_nvidia_dynamic_lib
 
 from kgen.cache import ArtifactCache, content_key
-from kgen.compile.cuda_headers import cuda_include_dir
+from kgen.compile.cuda_headers import cuda_include_dir, headers_fingerprint
 from kgen.errors import CompileError, ToolchainError
 
 # No --use_fast_math: it flushes denormals and approximates division, which the CPU backend would
@@ -127,16 +126,6 @@ def nvrtc_version() -> str:
     return f"{major.value}.{minor.value}"
 
 
-@lru_cache(maxsize=4)
-def _headers_fingerprint(include: str) -> str:
-    h = hashlib.sha256()
-    for name in ("cuda_fp16.hpp", "cuda_bf16.hpp", "cuda_fp8.hpp", "cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h"):
-        path = Path(include) / name
-        if path.exists():
-            h.update(path.read_bytes())
-    return h.hexdigest()
-
-
 _ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
@@ -174,9 +163,9 @@ def format_compile_error(source: str, log: str, origin: str, context: int = 2) -
 def compile_cubin(source: str, arch: str, *, origin: str = "<source>", name: str = "kernel.cu",
                   cache: ArtifactCache | None = None) -> CubinArtifact:
     """Compile `source` for `arch` (e.g. "sm_90"); cached by content."""
-    include = str(cuda_include_dir())
+    include = cuda_include_dir()
     options = (f"-arch={arch}", *BASE_OPTIONS)
-    key = content_key("nvrtc", source, json.dumps(options), nvrtc_version(), _headers_fingerprint(include))
+    key = content_key("nvrtc", source, json.dumps(options), nvrtc_version(), headers_fingerprint(include))
     cache = cache or ArtifactCache()
 
     def build(tmp: Path) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 
 from kgen.arrays import ArrayArg, as_array_arg, refuse_aliasing
 from kgen.errors import ArgumentError
+from kgen.optional import is_torch_tensor
 
 
 def cache_names(spec) -> tuple[str, ...]:
@@ -19,7 +20,7 @@ def host_values(arg: ArrayArg) -> np.ndarray:
     """The argument's values on the host (a copy only for device arrays)."""
     if arg.device == "cpu":
         return np.asarray(arg.native)
-    if type(arg.obj).__module__.split(".")[0] == "torch":
+    if is_torch_tensor(arg.obj):
         return arg.obj.detach().cpu().numpy()
     return arg.obj.get()
 

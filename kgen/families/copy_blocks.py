@@ -20,6 +20,7 @@ from kgen.families.base import Config, SingleKernelFamily, TunableParam
 from kgen.families.binding import CallBinder as CacheBinder
 from kgen.families.binding import cache_names, host_values
 from kgen.families.paged_decode import cache_shapes, scale_shape
+from kgen.optional import is_torch_tensor
 from kgen.runtime.base import Launch
 
 
@@ -129,7 +130,7 @@ def _device_table(like: ArrayArg, table: np.ndarray):
     """The plane table where the kernel can read it: numpy on the CPU, a torch/CuPy array on the GPU."""
     if like.device == "cpu":
         return table
-    if type(like.obj).__module__.split(".")[0] == "torch":
+    if is_torch_tensor(like.obj):
         import torch
 
         return torch.from_numpy(table).to(like.obj.device)

@@ -19,6 +19,7 @@ from kgen.arrays import args_to_backend, to_numpy
 from kgen.dtypes import QUANTIZED, dtype
 from kgen.families.paged_decode import cache_shapes, scale_shape
 from kgen.quantize import QMAX, per_token_head_scale, quantize
+from kgen.seeds import fresh_seed
 from kgen.verify.report import CaseResult, VerificationReport
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -291,7 +292,7 @@ def _describe_copy(pairs: np.ndarray, label: str):
 
 def verify_cache_kernel(kernel, seed: int | None = None) -> VerificationReport:
     """Run the cache kernel's case matrix with fresh random pools (the seed is recorded)."""
-    seed = int(seed if seed is not None else np.random.SeedSequence().entropy % (2**63))
+    seed = int(seed if seed is not None else fresh_seed())
     rng = np.random.default_rng(seed)
     report = VerificationReport(kernel.spec.name, kernel.backend, seed, dict(kernel.config))
     start = time.perf_counter()

@@ -11,6 +11,7 @@ from kgen.arrays import args_to_backend, to_numpy
 from kgen.dtypes import dtype
 from kgen.families.decode_cases import make_decode_case
 from kgen.reference import attention_decode
+from kgen.seeds import fresh_seed
 from kgen.verify.bounds import EPS_FP32, K_FACTOR, check_output
 from kgen.verify.report import CaseResult, VerificationReport
 
@@ -54,7 +55,7 @@ def verify(kernel, seed: int | None = None, cases: list[str] | None = None) -> V
         from kgen.errors import UnsupportedError
 
         raise UnsupportedError(f"{spec.name}: no verifier for kind '{spec.kind}' yet")
-    seed = int(seed if seed is not None else np.random.SeedSequence().entropy % (2**63))
+    seed = int(seed if seed is not None else fresh_seed())
     rng = np.random.default_rng(seed)
     report = VerificationReport(spec.name, kernel.backend, seed, dict(kernel.config))
     start = time.perf_counter()
