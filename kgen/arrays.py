@@ -158,7 +158,7 @@ def refuse_aliasing(written: Iterable[ArrayArg | None], read: Iterable[ArrayArg 
                 )
 
 
-def empty_likemodule_of(ref: ArrayArg, shape: tuple[int, ...], dtype_name: str):
+def empty_like_library(ref: ArrayArg, shape: tuple[int, ...], dtype_name: str):
     """A new C-contiguous array in the same library and on the same device as `ref` (numpy, torch or CuPy)."""
     d = BY_NAME[dtype_name]
     library = module_of(ref.obj)
