@@ -31,7 +31,7 @@ def test_example_spec_builds_verifies_and_does_not_spill(path):
     assert kernel.report.passed, kernel.report.summary()
     for name, res in kernel.resources["sm_90"].items():
         assert res["spill_stores"] == 0 and res["spill_loads"] == 0, (name, res)
-        assert res["registers"] <= 255
+        assert res["registers"] > 0, (name, res)  # ptxas's figure was read (past 255 it spills)
 
 
 def test_split_kv_example_splits_by_default():

@@ -15,7 +15,8 @@ from kgen.build import select_backend
 from kgen.cli.common import SEED, err, guard, load_specs, out
 from kgen.errors import KgenUserError
 from kgen.tune.ray_executor import require_ray
-from kgen.tune.runner import DEFAULT_BUDGET_S, device_info, read_results, results_path, tune_spec
+from kgen.tune.results import device_info, read_results, results_path
+from kgen.tune.runner import DEFAULT_BUDGET_S, tune_spec
 from kgen.tune.search import parse_buckets
 
 

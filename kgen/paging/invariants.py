@@ -1,25 +1,22 @@
 """Consistency checks of a KVCacheManager's bookkeeping, O(pool + table entries).
-Used by the tests after every operation; cheap enough for debugging in an engine."""
+Used by the tests after every operation; cheap enough for debugging in an engine.
+It reads the manager's fields but never imports kgen.paging.manager (the manager calls it)."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kgen.paging.prefix_cache import chain_hashes
 from kgen.paging.tables import PAD
 
-if TYPE_CHECKING:
-    from kgen.paging.manager import KVCacheManager
-
 
 def _fail(msg: str) -> None:
     raise AssertionError(msg)
 
 
-def check(m: KVCacheManager, deep: bool = True) -> None:
-    """deep also recomputes every sequence's content hashes from its tokens."""
+def check(m, deep: bool = True) -> None:
+    """Raise AssertionError if the bookkeeping of `m` (a KVCacheManager) is inconsistent;
+    deep also recomputes every sequence's content hashes from its tokens."""
     B, st, cache = m.block_size, m._store, m._cache
     held: dict[bool, list[np.ndarray]] = {False: [], True: []}
     for sid, s in m._seqs.items():

@@ -1,7 +1,7 @@
 """KVCacheManager: the host-side owner of the paged KV pool.
 
 It decides which physical block holds which token of which sequence and hands kernels
-the int32 block tables and seq_lens of DESIGN §3. It never touches KV data: block copies
+the int32 block tables and seq_lens of the kernel ABI (docs/abi.md). It never touches KV data: block copies
 it needs (copy-on-write, swapping) are returned as (src, dst) pairs for the device.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kgen.paging import validate
+import kgen.paging.validate as validate
 from kgen.paging.errors import (
     AlreadyResident,
     CopiesPending,
@@ -23,6 +23,7 @@ from kgen.paging.errors import (
     SwapSpaceExhausted,
     UnknownSequence,
 )
+from kgen.paging.invariants import check as check_bookkeeping
 from kgen.paging.pool import BlockPool
 from kgen.paging.prefix_cache import PrefixCache, chain_hashes, chain_root
 from kgen.paging.tables import BatchView, SlotStore
@@ -501,6 +502,4 @@ class KVCacheManager:
     def check_invariants(self, deep: bool = True) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent (tests, debugging).
         deep also recomputes every content hash from the tokens."""
-        from kgen.paging.invariants import check
-
-        check(self, deep)
+        check_bookkeeping(self, deep)

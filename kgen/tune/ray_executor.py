@@ -1,6 +1,6 @@
 """Optional executor: run tuning measurements as Ray tasks (`pip install 'kgen[ray]'`).
 
-Each (spec, config, bucket) measurement is one task over plain data (kgen/tune_measure.py),
+Each (spec, config, bucket) measurement is one task over plain data (kgen/tune/measure.py),
 so Ray only schedules: one task per GPU on the CUDA backend (num_gpus=1, so two timings
 never share a device), one per CPU otherwise. Results come back as the same dicts the
 local executor produces and are merged into the same JSON. kgen connects to a running
@@ -9,18 +9,22 @@ cluster when RAY_ADDRESS is set (Ray's own convention), else starts a local inst
 
 from __future__ import annotations
 
-from kgen.optional import require
+from kgen.errors import KgenUserError
+from kgen.tune.measure import run_task
 
 
 def require_ray():
-    return require("ray", "the ray executor", "pip install 'kgen[ray]' (or use --executor local)")
+    try:
+        import ray
+    except ImportError:
+        raise KgenUserError("the ray executor needs Ray, which is not installed: "
+                            "pip install 'kgen[ray]' (or use --executor local)") from None
+    return ray
 
 
 def ray_map(tasks: list[dict]) -> list[dict]:
     """Run `run_task` on every task through Ray; results in task order."""
     ray = require_ray()
-    from kgen.tune.measure import run_task
-
     if not ray.is_initialized():
         ray.init(ignore_reinit_error=True, log_to_driver=False)
     gpu = bool(tasks) and tasks[0]["backend"] == "cuda"

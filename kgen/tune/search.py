@@ -33,6 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kgen.errors import KgenUserError
+from kgen.families.base import resolve_config
+from kgen.families.registry import family_for
 
 Bucket = tuple[int, int]  # (batch, context)
 ConfigKey = tuple[tuple[str, int], ...]
@@ -82,9 +84,6 @@ def expand_space(spec) -> Space:
     """Every combination of the spec's tuning parameters, pruned by its constraints and the
     family's checks. Errors: no tuning section, an empty space, an unknown parameter, or
     constraints that leave nothing to try."""
-    from kgen.families.base import resolve_config
-    from kgen.families.registry import family_for
-
     tuning = spec.tuning
     if tuning is None or not tuning.params:
         raise KgenUserError(f"{spec.name}: nothing to tune: the spec has no tuning.params "

@@ -13,6 +13,11 @@ import math
 import warnings
 from typing import Any
 
+from kgen.build import build, select_backend
+from kgen.errors import KernelRuntimeError, KgenUserError
+from kgen.tune.results import TuningWarning, check_results, device_info, load_results, mismatches
+from kgen.verify.runner import verify as run_verify
+
 
 def _nearest(axis: list[int], value: int) -> int:
     """The axis value closest to `value` in log space (ties go to the smaller one)."""
@@ -29,8 +34,6 @@ class TunedKernel:
     """Call like a Kernel; `select(batch, context)` tells which config a call would use."""
 
     def __init__(self, spec, results: dict, backend: str = "auto", verify: bool = True, base=None):
-        from kgen.build import build
-
         self.spec = spec
         self.results = results
         self.batch_axis = sorted(results["buckets"]["batch"])
@@ -48,8 +51,6 @@ class TunedKernel:
                 # Verified again here: tuning checked each winner's output, but this build is new.
                 kernel = build(spec, backend=backend, verify=verify, config=config)
                 if kernel.report is not None and not kernel.report.passed:
-                    from kgen.errors import KernelRuntimeError
-
                     raise KernelRuntimeError(f"tuned config {config} failed verification: {kernel.report.summary()}")
                 self.variants[key] = kernel
             self._table[(b, c)] = key
@@ -84,9 +85,6 @@ def _key(config: dict) -> str:
 def build_tuned(spec, backend: str = "auto", results: dict | None = None, verify: bool = True):
     """The spec's kernel using this device's tuning results; without usable results, the
     untuned defaults (a TuningWarning says why)."""
-    from kgen.build import build, select_backend
-    from kgen.tune.runner import load_results
-
     backend = select_backend(backend)
     if results is None:
         results = load_results(spec, backend)
@@ -101,10 +99,6 @@ def tuned_from_manifest(base, tuning: dict | None, backend: str):
     `base` for the configs it covers. A mismatch warns and builds the untuned defaults."""
     if not tuning:
         return base
-    from kgen.build import build
-    from kgen.errors import KgenUserError
-    from kgen.tune.runner import TuningWarning, check_results, device_info, mismatches
-
     try:
         results = check_results(tuning, "manifest.json")
         problems = mismatches(results, base.spec, device_info(backend))
@@ -117,11 +111,7 @@ def tuned_from_manifest(base, tuning: dict | None, backend: str):
     defaults = build(base.spec, backend=backend, verify=False, config=None)
     if defaults.config == base.config:
         return base
-    from kgen.verify.runner import verify as run_verify
-
     defaults.report = run_verify(defaults)
     if not defaults.report.passed:
-        from kgen.errors import KernelRuntimeError
-
         raise KernelRuntimeError(f"untuned default config failed verification: {defaults.report.summary()}")
     return defaults

@@ -11,9 +11,14 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
+from conftest import ROOT, reference_check, run_kgen, run_python
+from conftest import write_spec as write
 
-ROOT = Path(__file__).resolve().parents[2]
+import kgen
+from kgen.families.decode_cases import make_decode_case
+
 LLAMA = ROOT / "specs" / "llama3_8b_decode.yaml"
 
 GOOD = textwrap.dedent("""\
@@ -34,18 +39,6 @@ GOOD = textwrap.dedent("""\
     tail_masking: true
     targets: [sm_90]
     """)
-
-
-def run_kgen(*args: str, cwd: Path | None = None, umask: int = -1) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "kgen.cli", *args], capture_output=True, text=True,
-                          cwd=cwd or ROOT, env=env, timeout=600, umask=umask)
-
-
-def write(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(text)
-    return path
 
 
 # (description, spec text, expected line, expected words in the message)
@@ -127,22 +120,20 @@ def test_build_writes_generated_package(built):
 
 
 def test_generated_module_imports_and_runs_in_fresh_process(built):
-    tmp, _, _ = built
+    tmp, spec_path, _ = built
     code = textwrap.dedent("""
         import numpy as np
         from generated.tiny_decode import kernel
         from kgen.families.decode_cases import make_decode_case
-        from kgen.reference import attention_decode
-        spec = kernel.spec
-        args = make_decode_case(spec, [1, 9, 17], np.random.default_rng(3))
-        out = kernel(**args)
-        ref, _ = attention_decode(spec, args["q"], args)
-        print(float(np.abs(out.astype(np.float64) - ref).max()))
+        args = make_decode_case(kernel.spec, [1, 9, 17], np.random.default_rng(3))
+        np.save("out.npy", kernel(**args))
     """)
-    env = dict(os.environ, PYTHONPATH=f"{tmp}{os.pathsep}{ROOT}")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp, env=env, timeout=600)
+    r = run_python(code, tmp, path=(tmp,))
     assert r.returncode == 0, r.stderr
-    assert float(r.stdout.strip()) < 5e-3
+    spec = kgen.load_spec(spec_path)
+    args = make_decode_case(spec, [1, 9, 17], np.random.default_rng(3))  # the child's inputs, same seed
+    check = reference_check(spec, args, np.load(tmp / "out.npy"))
+    assert check.passed, (check.max_error, check.bound)
 
 
 def test_rebuild_replaces_atomically(built):

@@ -3,44 +3,30 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
+from conftest import TINY_DECODE, run_kgen, run_python, write_spec
 
-ROOT = Path(__file__).resolve().parents[2]
-
-TINY = textwrap.dedent("""\
-    kgen: 1
-    name: tiny_cli_tune
-    kind: paged_decode
-    attention: {num_q_heads: 4, num_kv_heads: 2, head_dim: 32}
-    kv_cache: {block_size: 16, layout: separate, dtype: fp16}
-    dtype: {q: fp16}
-    tail_masking: true
-    targets: [sm_80]
-    tuning:
-      params: {threads: [32, 64], partition_size: [0, 32]}
-      constraints: ["threads >= 32 * group_size"]
-      buckets: {batch: [1, 2], context: [16, 48]}
-    """)
+TUNING = {"params": {"threads": [32, 64], "partition_size": [0, 32]},
+          "constraints": ["threads >= 32 * group_size"], "buckets": {"batch": [1, 2], "context": [16, 48]}}
 
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
     d = tmp_path_factory.mktemp("tune_cli")
-    (d / "tiny.yaml").write_text(TINY)
-    (d / "untunable.yaml").write_text(TINY.split("tuning:")[0])
+    write_spec(d, yaml.safe_dump({**TINY_DECODE, "name": "tiny_cli_tune", "tuning": TUNING}), "tiny.yaml")
+    write_spec(d, yaml.safe_dump({**TINY_DECODE, "name": "tiny_cli_tune"}), "untunable.yaml")
+    no_ray = d / "no_ray"  # shadows an installed Ray: a machine without the extra
+    no_ray.mkdir()
+    (no_ray / "ray.py").write_text('raise ImportError("No module named \'ray\'")\n')
     return d
 
 
-def kgen(work: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), KGEN_CACHE_DIR=str(work / "cache"))
-    return subprocess.run([sys.executable, "-m", "kgen.cli", *args], capture_output=True, text=True,
-                          cwd=work, env=env, timeout=600)
+def kgen(work: Path, *args: str, path: tuple[Path, ...] = ()):
+    """The CLI in `work`, with the tuning results in a cache of this module's own."""
+    return run_kgen(*args, cwd=work, path=path, env={"KGEN_CACHE_DIR": str(work / "cache")})
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +59,7 @@ def test_build_tune_writes_results_into_the_manifest(work, tuned):
     code = ("from generated_probe.tiny_cli_tune import kernel; k = kernel.load('cpu'); print(type(k).__name__, "
             "sorted(k.configs))")
     (work / "gen").rename(work / "generated_probe")
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{work}", KGEN_CACHE_DIR=str(work / "cache"))
-    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    probe = run_python(code, work, path=(work,), env={"KGEN_CACHE_DIR": str(work / "cache")})
     assert probe.returncode == 0, probe.stderr
     assert "TunedKernel ['1x16', '1x48', '2x16', '2x48']" in probe.stdout
 
@@ -86,14 +71,7 @@ def test_build_tune_writes_results_into_the_manifest(work, tuned):
     (("report", "tiny.yaml", "--results", "missing.json"), "cannot read tuning results"),
 ])
 def test_bad_input_exits_2_with_a_message(work, args, message):
-    try:
-        import ray  # noqa: F401
-
-        if "ray" in args:
-            pytest.skip("Ray is installed")
-    except ImportError:
-        pass
-    r = kgen(work, *args)
+    r = kgen(work, *args, path=(work / "no_ray",))
     assert r.returncode == 2 and message in r.stderr, (r.returncode, r.stderr)
     assert "Traceback" not in r.stderr
 

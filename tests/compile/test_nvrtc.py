@@ -29,7 +29,7 @@ def test_compiles_each_arch_with_resources(tmp_path, llama_source, arch):
     art = compile_cubin(llama_source, arch, cache=ArtifactCache(tmp_path))
     assert art.cubin[:4] == b"\x7fELF"
     res = art.resources["llama3_8b_decode"]
-    assert 0 < res.registers <= 255
+    assert res.registers > 0 and f"Used {res.registers} registers" in art.log  # ptxas's own figure
     assert res.spill_stores == 0 and res.spill_loads == 0
     assert f"for '{arch}'" in art.log
     assert not art.cache_hit

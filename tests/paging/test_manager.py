@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import fingerprint
 
 from kgen.errors import KgenUserError
 from kgen.paging import (
@@ -226,31 +227,31 @@ def test_swap_in_reuses_blocks_still_in_the_prefix_cache():
 # ---- exhaustion and preemption ------------------------------------------------------------
 
 
-def test_pool_exhaustion_reports_numbers_and_changes_nothing(fp):
+def test_pool_exhaustion_reports_numbers_and_changes_nothing():
     m = KVCacheManager(num_blocks=4, block_size=4, enable_prefix_caching=True)
     m.add_sequence(1, range(8))
     m.free(1)  # 2 cached
     m.add_sequence(2, range(100, 104))
-    before = fp(m)
+    before = fingerprint(m)
     with pytest.raises(PoolExhausted) as e:
         m.add_sequence(3, range(200, 217))
     assert (e.value.needed, e.value.free, e.value.evictable) == (5, 1, 2)
     assert "needed 5 blocks" in str(e.value)
-    assert fp(m) == before
+    assert fingerprint(m) == before
 
 
-def test_batched_append_is_all_or_nothing(fp):
+def test_batched_append_is_all_or_nothing():
     m = KVCacheManager(num_blocks=3, block_size=2)
     m.add_sequence(1, [1, 2])
     m.add_sequence(2, [1, 2])
     m.add_sequence(3, [1])
     b = ids(1, 2, 3)
     table = m.block_tables(b).copy()
-    before = fp(m)
+    before = fingerprint(m)
     with pytest.raises(PoolExhausted) as e:
         m.append_tokens(b, np.array([5, 6, 7], dtype=np.int32))  # 1 and 2 both need a block
     assert (e.value.needed, e.value.free) == (2, 0)
-    assert fp(m) == before
+    assert fingerprint(m) == before
     assert np.array_equal(m.block_tables(b), table)
     step(m, [3], [9])  # the batch that fits still works
 
@@ -291,13 +292,13 @@ def test_swap_round_trip_and_residency_check():
     m.check_invariants()
 
 
-def test_swap_needs_room_and_drained_copies(fp):
+def test_swap_needs_room_and_drained_copies():
     m = KVCacheManager(num_blocks=4, block_size=4, num_cpu_blocks=1)
     m.add_sequence(1, range(6))
-    before = fp(m)
+    before = fingerprint(m)
     with pytest.raises(SwapSpaceExhausted, match="needed 2 blocks, 1 free"):
         m.swap_out(1)
-    assert fp(m) == before
+    assert fingerprint(m) == before
     m.fork(1, 2)
     step(m, [2], [1])
     with pytest.raises(CopiesPending):
@@ -308,10 +309,10 @@ def test_swap_needs_room_and_drained_copies(fp):
     m2.add_sequence(1, range(8))
     m2.swap_out(1)
     m2.add_sequence(2, range(5))
-    before = fp(m2)
+    before = fingerprint(m2)
     with pytest.raises(PoolExhausted, match="swap_in"):
         m2.swap_in(1)
-    assert fp(m2) == before
+    assert fingerprint(m2) == before
     with pytest.raises(AlreadyResident):
         m2.swap_in(2)
 
@@ -359,16 +360,16 @@ def _bad_calls():
 
 
 @pytest.mark.parametrize("name,call,exc", _bad_calls(), ids=[c[0] for c in _bad_calls()])
-def test_bad_input_is_refused_and_changes_nothing(name, call, exc, fp):
+def test_bad_input_is_refused_and_changes_nothing(name, call, exc):
     m = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
     m.add_sequence(1, range(6))
     m.add_sequence(2, range(3))
     m.append_tokens(ids(1, 2), np.array([1, 2], np.int32))
-    before = fp(m)
+    before = fingerprint(m)
     with pytest.raises(exc) as e:
         call(m)
     assert str(e.value)
-    assert fp(m) == before
+    assert fingerprint(m) == before
     m.check_invariants()
 
 

@@ -16,10 +16,17 @@ invariant is checked after every operation.
 from __future__ import annotations
 
 import numpy as np
+from conftest import fingerprint
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from paging_helpers import fingerprint
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from kgen.paging import (
     DuplicateSequence,
@@ -32,8 +39,9 @@ from kgen.paging import (
     preempt,
 )
 
-MAX_EXAMPLES, STEPS = 180, 50  # ~1.3e5 operations, ~30 s
-COUNT = {"ops": 0}
+MAX_EXAMPLES, STEPS = 180, 50  # 1.3-1.5e5 operations, 15-35 s
+MIN_OPS = 100_000
+COUNT = {"ops": 0, "checks": 0}  # manager operations and checks run by the current test
 PREFIXES = [[], [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9], [7, 7, 7, 7, 7, 7]]
 
 
@@ -117,8 +125,8 @@ class PagingMachine(RuleBasedStateMachine):
             return False, None
 
     def check(self) -> None:
-        COUNT["ops"] += 1
-        self.m.check_invariants(deep=COUNT["ops"] % 4 == 0)  # hash recomputation is the slow part
+        COUNT["checks"] += 1
+        self.m.check_invariants(deep=COUNT["checks"] % 4 == 0)  # hash recomputation is the slow part
         for sid, toks in self.shadow.items():
             s = self.m._seqs[sid]
             assert self.m._store.tokens[s.slot, : self.m._store.lens[s.slot]].tolist() == toks
@@ -162,6 +170,7 @@ class PagingMachine(RuleBasedStateMachine):
         live = self.resident()
         for _ in range(src.int(1, 9)):
             if live:
+                COUNT["ops"] += 1  # each step is one append_tokens call
                 self.op_append(src, batch=live)
                 self.check()
 
@@ -229,24 +238,29 @@ class PagingMachine(RuleBasedStateMachine):
         assert s["free_blocks"] + s["cached_blocks"] == self.m.num_blocks and s["used_blocks"] == 0
         assert s["cpu_free_blocks"] == self.m.num_cpu_blocks
 
+    def do(self, op: str, src) -> None:
+        COUNT["ops"] += op != "decode"  # decode counts its steps
+        getattr(self, f"op_{op}")(src)
+
     OPS = ("add", "add", "append", "decode", "fork", "free", "swap_out", "swap_in", "preempt", "bad_input")
 
     # ---- rules --------------------------------------------------------------------------------
 
     @rule(op=st.sampled_from(OPS), data=st.data())
     def one(self, op, data):
-        getattr(self, f"op_{op}")(HypSource(data))
+        self.do(op, HypSource(data))
 
     @rule(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 60))
     def burst(self, seed, n):
         src = RngSource(seed)
         for _ in range(n):
-            getattr(self, f"op_{src.pick(self.OPS)}")(src)
+            self.do(src.pick(self.OPS), src)
             self.check()
 
     @precondition(lambda self: len(self.shadow) > 6)
     @rule()
     def free_all(self):
+        COUNT["ops"] += 1
         self.op_free_all()
 
     @invariant()
@@ -259,17 +273,18 @@ class PagingMachine(RuleBasedStateMachine):
             self.m.check_invariants()
 
 
-PagingMachine.TestCase.settings = settings(
+SETTINGS = settings(
     max_examples=MAX_EXAMPLES,
     stateful_step_count=STEPS,
     deadline=None,
     database=None,
     suppress_health_check=list(HealthCheck),
 )
-TestPaging = PagingMachine.TestCase
 
 
-def test_zz_enough_operations_ran():
-    """Runs after TestPaging (file order): the random walks covered >= 10^5 operations."""
-    if COUNT["ops"]:
-        assert COUNT["ops"] >= 100_000, COUNT
+def test_paging_state_machine():
+    """The random walks pass every check, and they are long enough to mean something:
+    at least MIN_OPS manager operations in this run."""
+    COUNT.update(ops=0, checks=0)
+    run_state_machine_as_test(PagingMachine, settings=SETTINGS)
+    assert COUNT["ops"] >= MIN_OPS, f"only {COUNT['ops']} operations ran (the suite promises {MIN_OPS})"

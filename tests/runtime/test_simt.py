@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -668,8 +670,6 @@ def _fork_child(mod=None):
 
 def test_launch_in_forked_child(mod):
     """A fork()ed child has none of the parent's pool threads: it must start its own, not hang."""
-    import multiprocessing as mp
-
     mod.workers = 2
     try:
         assert _fork_child(mod)  # the parent's pool now has a helper thread

@@ -1,32 +1,33 @@
 """Tuning on the CPU backend with real builds and launches: measurement, persistence,
-the per-bucket kernel, and the task data model the Ray executor relies on."""
+the per-bucket kernel, and the Ray executor on a local Ray cluster."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 import warnings
 
 import numpy as np
 import pytest
+from conftest import reference_check, tiny_decode
 
+from kgen.build import build
 from kgen.errors import KernelRuntimeError, KgenUserError
 from kgen.families.decode_cases import make_decode_case
-from kgen.reference import attention_decode
-from kgen.spec.models import spec_from_dict
+from kgen.families.paged_decode import PAGED_DECODE
 from kgen.tune import measure as tune_measure
 from kgen.tune.measure import make_task, run_task
-from kgen.tune.runner import (
+from kgen.tune.results import (
     TuningWarning,
     device_info,
     load_results,
     read_results,
     results_path,
     save_results,
-    tune_spec,
 )
+from kgen.tune.runner import tune_spec
 from kgen.tune.tuned import TunedKernel, _nearest, tuned_from_manifest
-from kgen.verify.bounds import check_output
 
 TUNING = {"params": {"threads": [32, 64, 2048], "partition_size": [0, 32]},
           "constraints": ["threads >= 32 * group_size"], "defaults": {"threads": 64, "partition_size": 0},
@@ -34,18 +35,9 @@ TUNING = {"params": {"threads": [32, 64, 2048], "partition_size": [0, 32]},
 FAST = {"budget_s": 30, "measure_s": 0.002}
 
 
-def tiny_spec(**tuning_changes):
-    return spec_from_dict({
-        "kgen": 1, "name": "tiny_tune", "kind": "paged_decode",
-        "attention": {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 32},
-        "kv_cache": {"block_size": 16, "layout": "separate", "dtype": "fp16"},
-        "dtype": {"q": "fp16"}, "tail_masking": True, "targets": ["sm_80"],
-        "tuning": {**TUNING, **tuning_changes}})
-
-
 @pytest.fixture(scope="module")
 def spec():
-    return tiny_spec()
+    return tiny_decode("tiny_tune", tuning=TUNING)
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +140,6 @@ def test_every_config_failing_is_an_error_not_a_silent_default(spec, monkeypatch
 
 
 def test_compile_failure_scores_inf_and_the_run_goes_on(spec, monkeypatch, tmp_path):
-    from kgen.families.paged_decode import PAGED_DECODE
-
     real = PAGED_DECODE.template_context
 
     def broken(spec_, config):  # partition 32 renders a kernel NVRTC rejects (bad vector width)
@@ -180,15 +170,34 @@ def test_tasks_are_plain_data_for_any_executor(spec, tmp_path):
     assert set(results["winners"]) == {"1x16", "1x100", "3x16", "3x100"}
 
 
-def test_ray_executor_is_an_optional_extra(spec, tmp_path):
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        with pytest.raises(KgenUserError, match=r"pip install 'kgen\[ray\]'"):
-            tune_spec(spec, backend="cpu", seed=4, root=tmp_path, executor="ray", **FAST)
-        pytest.skip("Ray is not installed: only the missing-Ray error is checked")
+def test_ray_executor_without_ray_says_how_to_install_it(spec, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError, as without the extra
+    with pytest.raises(KgenUserError, match=r"pip install 'kgen\[ray\]'"):
+        tune_spec(spec, backend="cpu", seed=4, root=tmp_path, executor="ray", **FAST)
+
+
+@pytest.fixture
+def local_ray(monkeypatch):
+    """A local Ray cluster of two CPUs (Ray is in the test extra), shut down afterwards.
+    Token authentication is off: it would write a token into the user's ~/.ray."""
+    import ray
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_executor_measures_on_a_local_cluster(tmp_path, local_ray):
+    spec = tiny_decode("tiny_ray", tuning={"params": {"threads": [64], "partition_size": [0, 32]},
+                                           "constraints": ["threads >= 32 * group_size"],
+                                           "buckets": {"batch": [1], "context": [16]}})
+    tune_measure._KERNELS.clear()
     results = tune_spec(spec, backend="cpu", seed=4, root=tmp_path, executor="ray", **FAST)
-    assert len(results["measurements"]) == 8
+    assert local_ray.is_initialized()
+    assert [(m["status"], m["config"]["partition_size"]) for m in results["measurements"]] == [("ok", 0), ("ok", 32)]
+    assert set(results["winners"]) == {"1x16"} and results["winners"]["1x16"] in results["space"]["configs"]
+    assert not tune_measure._KERNELS, "the kernels were built in this process, not in Ray workers"
 
 
 def test_nearest_bucket_is_nearest_in_log_space():
@@ -208,15 +217,10 @@ def test_tuned_kernel_picks_the_bucket_config_and_stays_correct(spec, tuned):
     rng = np.random.default_rng(0)
     for lens in ([5, 17, 3], [90, 70]):
         args = make_decode_case(spec, lens, rng)
-        out = kern(**args)
-        ref, _ = attention_decode(spec, args["q"], args)
-        lowp, _ = attention_decode(spec, args["q"], args, dtype=np.float32, round_to=np.float16)
-        assert check_output("tuned", lens, out, ref, lowp.astype(np.float64), "fp16").passed
+        assert reference_check(spec, args, kern(**args), "tuned").passed
 
 
 def test_manifest_hook_warns_on_a_foreign_device(spec, tuned):
-    from kgen.build import build
-
     _, results = tuned
     base = build(spec, backend="cpu", verify=False, config=results["default_winner"])
     assert isinstance(tuned_from_manifest(base, results, "cpu"), TunedKernel)

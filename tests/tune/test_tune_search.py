@@ -7,9 +7,10 @@ import math
 import random
 
 import pytest
+from conftest import ROOT, tiny_decode
 
 from kgen.errors import KgenUserError
-from kgen.spec.models import load_spec, spec_from_dict
+from kgen.spec.models import load_spec
 from kgen.tune.search import (
     _neighbours,
     config_key,
@@ -23,17 +24,11 @@ from kgen.tune.search import (
     winners,
 )
 
-LLAMA = "specs/llama3_8b_decode.yaml"
+LLAMA = ROOT / "specs" / "llama3_8b_decode.yaml"
 
 
 def tiny(tuning: dict | None) -> object:
-    data = {"kgen": 1, "name": "tiny_search", "kind": "paged_decode",
-            "attention": {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 32},
-            "kv_cache": {"block_size": 16, "layout": "separate", "dtype": "fp16"},
-            "dtype": {"q": "fp16"}, "tail_masking": True, "targets": ["sm_80"]}
-    if tuning is not None:
-        data["tuning"] = tuning
-    return spec_from_dict(data)
+    return tiny_decode("tiny_search", tuning=tuning)
 
 
 def test_llama_space_is_the_product_of_its_params():
