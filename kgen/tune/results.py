@@ -83,6 +83,7 @@ def results_path(spec, info: dict, root: Path | None = None) -> Path:
 # ------------------------------------------------------------------ persistence
 
 def save_results(results: dict, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_text(path, json.dumps(results, indent=1, sort_keys=True, default=_json_default))
 
 
