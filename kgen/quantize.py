@@ -1,4 +1,4 @@
-"""The exact numpy model of how kgen's cache kernels store values (DESIGN.md §3: real = stored * scale).
+"""The exact numpy model of how kgen's cache kernels store values (docs/abi.md: real = stored * scale).
 
 Every rule here mirrors one line of templates/common/cache_write.cuh; the verifier
 compares the kernel against these functions bit for bit, so a change on one side

@@ -9,10 +9,7 @@ import numpy as np
 
 from kgen.arrays import ArrayArg, as_array_arg
 from kgen.errors import ArgumentError
-
-
-def cache_names(spec) -> tuple[str, ...]:
-    return ("kv_cache",) if spec.kv_cache.layout == "fused" else ("k_cache", "v_cache")
+from kgen.families.layout import cache_names
 
 
 def host_values(arg: ArrayArg) -> np.ndarray:
