@@ -1,19 +1,24 @@
 """Uniform view of the arrays a kernel call receives: numpy, torch (CPU or CUDA), CuPy.
 
-Each argument becomes an `ArrayArg` with its shape, element strides, kgen dtype
-name, device and data pointer, so the argument checks are written once for
-every backend and every array library.
+Each argument becomes an `ArrayArg` with its shape, element strides, dtype (spelled as
+kgen.dtypes.dtype_label spells it), device and data pointer, so the argument checks are
+written once for every backend and every array library. Arrays move between libraries
+and devices through DLPack and CuPy: kgen needs torch only to hand results back as torch
+tensors to a caller who passed torch tensors (the `torch` extra).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from kgen.dtypes import BY_NAME, BY_NUMPY, BY_TORCH
-from kgen.errors import ArgumentError
+from kgen.dtypes import BY_NAME, BY_TORCH, dtype_label
+from kgen.errors import ArgumentError, ToolchainError
+from kgen.optional import module_of
+from kgen.runtime.cuda import cupy_module
 
 
 @dataclass
@@ -22,14 +27,16 @@ class ArrayArg:
     obj: Any  # what the user passed
     shape: tuple[int, ...]
     strides: tuple[int, ...]  # in elements
-    dtype: str  # kgen dtype name, or the library's own name when kgen has none
+    dtype: str  # dtype_label: kgen's name, else numpy's
     device: str  # "cpu" | "cuda"
     ptr: int
     native: Any  # numpy array (CPU) or the original object (CUDA) to keep alive / pass on
 
     @property
     def itemsize(self) -> int:
-        return BY_NAME[self.dtype].itemsize if self.dtype in BY_NAME else 0
+        if self.dtype in BY_NAME:
+            return BY_NAME[self.dtype].itemsize
+        return int(getattr(getattr(self.obj, "dtype", None), "itemsize", 0))
 
     def is_c_contiguous(self) -> bool:
         expected = 1
@@ -40,102 +47,154 @@ class ArrayArg:
         return True
 
 
+def _torch():
+    """torch, for the calls that hand torch tensors back; a clear error when it is missing or broken."""
+    try:
+        import torch
+    except Exception as e:  # ImportError, or a torch install that fails to load its libraries
+        raise ToolchainError(f"torch is not usable ({e}); install it with: pip install 'kgen[torch]'") from e
+    return torch
+
+
+# Same-width integer types, to move dtypes that one library lacks (bf16 and fp8 in DLPack and CuPy)
+# as raw bits; the bits are then viewed as the real dtype on the other side.
+_NP_BITS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+_TORCH_BITS = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
 def _from_numpy(name: str, arr: np.ndarray, obj: Any) -> ArrayArg:
-    d = BY_NUMPY.get(arr.dtype)
     item = arr.dtype.itemsize
     if any(s % item for s in arr.strides):
         raise ArgumentError(f"{name}: strides {arr.strides} are not multiples of the element size {item}")
     return ArrayArg(name, obj, tuple(arr.shape), tuple(s // item for s in arr.strides),
-                    d.name if d else str(arr.dtype), "cpu", int(arr.ctypes.data), arr)
+                    dtype_label(arr.dtype), "cpu", int(arr.ctypes.data), arr)
 
 
-def _torch_cpu_as_numpy(t: Any) -> np.ndarray:
-    """Zero-copy numpy view of a CPU tensor, including bf16/fp8 (viewed through ml_dtypes)."""
-    import torch
-
-    tname = str(t.dtype).removeprefix("torch.")
-    d = BY_TORCH.get(tname)
-    if d is not None and tname in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
-        raw = t.view(torch.int16 if d.itemsize == 2 else torch.uint8).numpy()
-        return raw.view(d.numpy)
-    return t.numpy()
+def _torch_as_numpy(t: Any) -> np.ndarray | None:
+    """Zero-copy numpy view of a CPU tensor through DLPack, bf16/fp8 included (as raw bits, then viewed
+    through ml_dtypes); None for a dtype numpy cannot hold."""
+    d = BY_TORCH.get(str(t.dtype).removeprefix("torch."))
+    try:
+        if d is None:
+            return np.from_dlpack(t)
+        return np.from_dlpack(t.view(getattr(_torch(), _TORCH_BITS[d.itemsize]))).view(d.numpy)
+    except (TypeError, BufferError, RuntimeError):
+        return None
 
 
 def as_array_arg(name: str, obj: Any) -> ArrayArg:
     """Describe one array argument; refuse anything that is not an array."""
     if isinstance(obj, np.ndarray):
         return _from_numpy(name, obj, obj)
-    module = type(obj).__module__.split(".")[0]
-    if module == "torch":
-        if obj.device.type == "cpu":
-            return _from_numpy(name, _torch_cpu_as_numpy(obj.detach()), obj)
-        tname = str(obj.dtype).removeprefix("torch.")
-        d = BY_TORCH.get(tname)
-        return ArrayArg(name, obj, tuple(obj.shape), tuple(obj.stride()), d.name if d else tname,
-                        obj.device.type, int(obj.data_ptr()), obj)
-    if module == "cupy":
-        d = BY_NUMPY.get(obj.dtype)
+    library = module_of(obj)
+    if library == "torch":
+        t = obj.detach()
+        if t.device.type == "cpu":
+            view = _torch_as_numpy(t)
+            if view is not None:
+                return _from_numpy(name, view, obj)
+        return ArrayArg(name, obj, tuple(t.shape), tuple(t.stride()), dtype_label(t.dtype), t.device.type,
+                        int(t.data_ptr()), obj)
+    if library == "cupy":
         item = obj.dtype.itemsize
         return ArrayArg(name, obj, tuple(obj.shape), tuple(s // item for s in obj.strides),
-                        d.name if d else str(obj.dtype), "cuda", int(obj.data.ptr), obj)
+                        dtype_label(obj.dtype), "cuda", int(obj.data.ptr), obj)
     raise ArgumentError(
         f"{name}: expected a numpy array, a torch tensor or a CuPy array, got {type(obj).__name__}"
     )
 
 
-def empty_like_library(ref: ArrayArg, shape: tuple[int, ...], dtype_name: str, fill: float | None = None):
-    """A new C-contiguous array in the same library and device as `ref` (numpy, torch or CuPy)."""
+def _byte_span(arg: ArrayArg) -> tuple[int, int]:
+    """[first, last + 1) of the bytes the array's elements occupy."""
+    item = arg.itemsize
+    lo = hi = arg.ptr
+    for dim, stride in zip(arg.shape, arg.strides, strict=True):
+        reach = (dim - 1) * stride * item
+        lo, hi = (lo + reach, hi) if reach < 0 else (lo, hi + reach)
+    return lo, hi + item
+
+
+class _Addresses:
+    """numpy's array interface over an argument's addresses: lets np.shares_memory solve the overlap
+    of any two strided layouts (CPU or device pointers alike; nothing is ever read through it)."""
+
+    def __init__(self, arg: ArrayArg):
+        item = arg.itemsize
+        self.__array_interface__ = {"shape": arg.shape, "typestr": f"|V{item}", "data": (arg.ptr, True),
+                                    "strides": tuple(s * item for s in arg.strides), "version": 3}
+
+
+# Effort bound for numpy's exact overlap solver; past it the arrays count as overlapping.
+_OVERLAP_WORK = 1 << 16
+
+
+def overlaps(a: ArrayArg, b: ArrayArg) -> bool:
+    """True when the two arrays share at least one byte (or the layouts are too tangled to tell)."""
+    if a.device != b.device or 0 in a.shape or 0 in b.shape:
+        return False
+    (a_lo, a_hi), (b_lo, b_hi) = _byte_span(a), _byte_span(b)
+    if a_hi <= b_lo or b_hi <= a_lo:
+        return False
+    # Spans that meet may still interleave without a common byte (two column halves of one buffer).
+    try:
+        return bool(np.shares_memory(np.asarray(_Addresses(a)), np.asarray(_Addresses(b)),
+                                     max_work=_OVERLAP_WORK))
+    except np.exceptions.TooHardError:
+        return True
+
+
+def refuse_aliasing(written: Iterable[ArrayArg | None], read: Iterable[ArrayArg | None]) -> None:
+    """ArgumentError naming both arguments when an array the kernel writes overlaps one it reads:
+    the threads would read values other threads already overwrote."""
+    inputs = [r for r in read if r is not None]
+    for w in written:
+        if w is None:
+            continue
+        for r in inputs:
+            if r is not w and overlaps(w, r):
+                raise ArgumentError(
+                    f"{w.name} overlaps {r.name} in memory: the kernel writes {w.name} while it reads "
+                    f"{r.name}, so the result would be wrong; pass {w.name} a buffer of its own"
+                )
+
+
+def empty_like_library(ref: ArrayArg, shape: tuple[int, ...], dtype_name: str):
+    """A new C-contiguous array in the same library and on the same device as `ref` (numpy, torch or CuPy)."""
     d = BY_NAME[dtype_name]
-    module = type(ref.obj).__module__.split(".")[0]
-    if module == "torch":
-        import torch
-
-        t = torch.empty(shape, dtype=getattr(torch, d.torch_name), device=ref.obj.device)
-        if fill is not None:
-            t.fill_(fill)
-        return t
-    if module == "cupy":
-        import cupy
-
-        a = cupy.empty(shape, dtype=d.numpy)
-        if fill is not None:
-            a.fill(fill)
-        return a
-    a = np.empty(shape, dtype=d.numpy)
-    if fill is not None:
-        a.fill(fill)
-    return a
-
-
-# Same-width integer types, to move dtypes that one library lacks (numpy: bf16/fp8 only via
-# ml_dtypes) as raw bits; the bits are then viewed as the real dtype on the other side.
-_NP_BITS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
-_TORCH_BITS = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+    library = module_of(ref.obj)
+    if library == "torch":
+        torch = _torch()
+        return torch.empty(shape, dtype=getattr(torch, d.torch_name), device=ref.obj.device)
+    if library == "cupy":
+        with ref.obj.device:
+            return cupy_module().empty(shape, dtype=d.numpy)
+    return np.empty(shape, dtype=d.numpy)
 
 
 def to_backend(arr: np.ndarray, backend: str):
-    """A host numpy array for `backend`: itself on the CPU, a torch CUDA tensor (bit-exact, any kgen dtype) on CUDA."""
+    """A host numpy array for `backend`: itself on the CPU, a CuPy array (bit-exact, any kgen dtype)
+    on the current GPU for CUDA."""
     if backend == "cpu":
         return arr
-    import torch
-
-    d = BY_NUMPY[arr.dtype]
-    raw = torch.from_numpy(np.ascontiguousarray(arr).view(_NP_BITS[d.itemsize]))
-    return raw.cuda().view(getattr(torch, d.torch_name))
+    bits = _NP_BITS.get(arr.dtype.itemsize)
+    host = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)  # keeps 0-d scales 0-d
+    if bits is None:
+        return cupy_module().asarray(host)
+    return cupy_module().asarray(host.view(bits)).view(arr.dtype)
 
 
 def to_numpy(x) -> np.ndarray:
     """The host numpy copy/view of a kernel result (numpy, torch or CuPy), bf16/fp8 included."""
     if isinstance(x, np.ndarray):
         return x
-    module = type(x).__module__.split(".")[0]
-    if module == "torch":
-        import torch
-
-        d = BY_TORCH[str(x.dtype).removeprefix("torch.")]
-        raw = x.detach().cpu().contiguous().view(getattr(torch, _TORCH_BITS[d.itemsize]))
-        return raw.numpy().view(d.numpy)
-    return x.get()  # CuPy
+    if module_of(x) == "torch":
+        t = x.detach()
+        d = BY_TORCH.get(str(t.dtype).removeprefix("torch."))
+        raw = t.view(getattr(_torch(), _TORCH_BITS[d.itemsize])) if d is not None else t
+        host = np.from_dlpack(raw) if t.device.type == "cpu" else cupy_module().from_dlpack(raw).get()
+        return host.view(d.numpy) if d is not None else host
+    bits = _NP_BITS.get(x.dtype.itemsize)  # CuPy: copy raw bits (its kernels know no fp8)
+    return x.get() if bits is None else x.view(bits).get().view(x.dtype)
 
 
 def args_to_backend(args: dict, backend: str) -> dict:

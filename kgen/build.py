@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from kgen import settings
 from kgen.cache import ArtifactCache
+from kgen.compile.host import compile_host
 from kgen.compile.nvrtc import compile_cubin, resources_as_dict
 from kgen.errors import KgenUserError
 from kgen.families.base import Config
 from kgen.kernel import Kernel
 from kgen.render import Rendered, render
+from kgen.runtime.cpu import CpuModule
+from kgen.runtime.cuda import CudaModule, device_arch, gpu_available
+from kgen.settings import KGEN_BACKEND
+from kgen.verify.runner import verify as run_verify
 
 BACKENDS = ("auto", "cuda", "cpu")
 
@@ -24,11 +26,9 @@ def select_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise KgenUserError(f"backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
     if backend == "auto":
-        forced = settings.KGEN_BACKEND.get()
-        if forced in ("cuda", "cpu"):
+        forced = KGEN_BACKEND.value()
+        if forced != "auto":
             return forced
-        from kgen.runtime.cuda import gpu_available
-
         return "cuda" if gpu_available() else "cpu"
     return backend
 
@@ -45,13 +45,7 @@ def load_module(backend: str, rendered: Rendered, cubins: dict[str, Any] | None 
                 sanitize: bool = False, cache: ArtifactCache | None = None):
     """A runnable module for `backend` from the rendered source (CPU) or a cubin for this GPU (CUDA)."""
     if backend == "cpu":
-        from kgen.compile.host import compile_host
-        from kgen.runtime.cpu import CpuModule
-
-        artifact = compile_host(rendered.source, rendered.kernel_names, sanitize=sanitize)
-        return CpuModule(artifact)
-    from kgen.runtime.cuda import CudaModule, device_arch
-
+        return CpuModule(compile_host(rendered.source, rendered.kernel_names, sanitize=sanitize, cache=cache))
     arch = device_arch()
     art = (cubins or {}).get(arch) or compile_cubin(rendered.source, arch, cache=cache)
     return CudaModule(_cubin_path(cache or ArtifactCache(), art), rendered.kernel_names)
@@ -59,30 +53,20 @@ def load_module(backend: str, rendered: Rendered, cubins: dict[str, Any] | None 
 
 def _cubin_path(cache: ArtifactCache, art) -> Path:
     """A file holding the cubin (CuPy loads modules from paths), named by its hash."""
-    digest = hashlib.sha256(art.cubin).hexdigest()
-    path = Path(cache.root) / "loaded" / f"{digest}.cubin"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent)
-        with os.fdopen(fd, "wb") as f:
-            f.write(art.cubin)
-        os.replace(tmp, path)
-    return path
+    return cache.put_file("loaded", f"{hashlib.sha256(art.cubin).hexdigest()}.cubin", art.cubin)
 
 
 def build(spec, backend: str = "auto", verify: bool = True, config: Config | None = None,
           archs: list[str] | None = None, sanitize: bool = False, seed: int | None = None,
           cache: ArtifactCache | None = None) -> Kernel:
     """Render, compile (cubins for every target arch + the runnable backend), and verify."""
+    chosen = select_backend(backend)  # a bad backend or KGEN_BACKEND is refused before any work
     rendered = render(spec, config)
     cubins = compile_cubins(spec, rendered, archs, cache)
-    chosen = select_backend(backend)
     module = load_module(chosen, rendered, cubins, sanitize=sanitize, cache=cache)
     kernel = Kernel(spec, rendered.source, rendered.config, module, rendered.kernel_names,
                     resources={arch: resources_as_dict(a.resources) for arch, a in cubins.items()},
                     artifacts={"cubins": cubins})
     if verify:
-        from kgen.verify.runner import verify as run_verify
-
         kernel.report = run_verify(kernel, seed=seed)
     return kernel

@@ -35,3 +35,19 @@ QUANTIZED = {"fp8_e4m3", "fp8_e5m2", "int8"}
 
 def dtype(name: str) -> DType:
     return BY_NAME[name]
+
+
+def dtype_label(dt) -> str:
+    """How every kgen message spells an array's dtype: kgen's name where kgen has one (fp16, bf16,
+    fp32, fp8_e4m3, fp8_e5m2, int8, int32), else numpy's name (float64, int64, uint8, bool).
+
+    `dt` is a numpy dtype (numpy and CuPy arrays) or a torch dtype; torch's names equal numpy's for
+    every type both have, so a torch float64 tensor reads "float64" like a numpy one, and a type only
+    torch has keeps torch's name.
+    """
+    if isinstance(dt, np.dtype):
+        known = BY_NUMPY.get(dt)
+        return known.name if known else str(dt)
+    name = str(dt).removeprefix("torch.")
+    known = BY_TORCH.get(name)
+    return known.name if known else name

@@ -4,23 +4,43 @@ Layout: kernel.cu, kernel.<arch>.cubin per target, manifest.json (spec, hashes,
 compiler versions, ptxas resources, verification report, tuning results) and an
 __init__.py exposing `kernel`. The directory is written next to the destination
 and swapped into place, so a failed build leaves the previous output intact.
+
+kgen replaces only its own output: a directory whose manifest.json carries the
+`generator` marker and lists, with their hashes, every file kgen wrote (the
+manifest itself aside), holding nothing else and nothing changed. Anything else at
+that path is the user's, and is replaced only when they ask (`--force`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import os
-import shutil
-import tempfile
+import re
 import time
 from pathlib import Path
 from typing import Any
 
+from kgen.build import load_module, select_backend
+from kgen.compile.nvrtc import nvrtc_version
+from kgen.errors import KgenError, KgenUserError
+from kgen.fileio import make_temp_dir, remove_path
+from kgen.kernel import Kernel
+from kgen.render import Rendered
+from kgen.runtime.cuda import CudaModule, device_arch
+from kgen.spec.models import spec_from_dict
+from kgen.tune.tuned import tuned_from_manifest
 from kgen.version import __version__
 
 MANIFEST = "manifest.json"
 SOURCE = "kernel.cu"
+INIT = "__init__.py"
+GENERATOR = "kgen"  # the manifest's "generator": marks a directory as kgen's output
+# Python's byte-code cache of the generated __init__.py, written when the package is imported.
+_PYCACHE = "__pycache__"
+_PYC = re.compile(r"__init__\.[\w.-]+\.pyc")
 
 _INIT = '''"""kgen-generated kernel '{name}' (spec sha256 {spec_hash}). Regenerate with `kgen build`; do not edit."""
 
@@ -35,16 +55,26 @@ __all__ = ["kernel"]
 
 _PACKAGE_INIT = '"""Kernels written by `kgen build`: `from generated.<name> import kernel`."""\n'
 
+# renameat2(RENAME_EXCHANGE) swaps two paths in one step (Linux >= 3.15, glibc >= 2.28).
+_LIBC = ctypes.CDLL(None, use_errno=True) if os.name == "posix" else None
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
 
 def _sha256(data: bytes | str) -> str:
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
 
 
-def manifest_for(kernel, spec_file: str | None = None, tuning: dict | None = None) -> dict[str, Any]:
-    from kgen.compile.nvrtc import nvrtc_version
+def _cubin_file(arch: str) -> str:
+    return f"kernel.{arch}.cubin"
 
+
+def manifest_for(kernel, spec_file: str | None = None, tuning: dict | None = None,
+                 files: dict[str, str] | None = None) -> dict[str, Any]:
     cubins = kernel.artifacts.get("cubins", {})
     return {
+        "generator": GENERATOR,
+        "files": files,
         "kgen_version": __version__,
         "name": kernel.spec.name,
         "kind": kernel.spec.kind,
@@ -55,7 +85,7 @@ def manifest_for(kernel, spec_file: str | None = None, tuning: dict | None = Non
         "kernel_names": kernel.kernel_names,
         "source_sha256": _sha256(kernel.source),
         "compilers": {"nvrtc": nvrtc_version()},
-        "cubins": {arch: {"file": f"kernel.{arch}.cubin", "sha256": _sha256(a.cubin),
+        "cubins": {arch: {"file": _cubin_file(arch), "sha256": _sha256(a.cubin),
                           "resources": kernel.resources.get(arch, {})} for arch, a in cubins.items()},
         "verification": kernel.report.to_dict() if kernel.report is not None else None,
         "tuning": tuning,
@@ -63,34 +93,145 @@ def manifest_for(kernel, spec_file: str | None = None, tuning: dict | None = Non
     }
 
 
-def write_generated(kernel, out_root: Path | str, spec_file: str | None = None,
-                    tuning: dict | None = None) -> Path:
-    """Write generated/<name>/ atomically (build in a temp dir, then swap)."""
+def check_output(out_root: Path | str, names: list[str], force: bool = False) -> None:
+    """Refuse (KgenUserError), before anything is built or written, an output directory that
+    cannot hold packages, or a `<out_root>/<name>` that is not kgen's own unchanged output."""
     out_root = Path(out_root)
-    out_root.mkdir(parents=True, exist_ok=True)
-    init = out_root / "__init__.py"
-    if not init.exists():
-        init.write_text(_PACKAGE_INIT)
-    final = out_root / kernel.spec.name
-    tmp = Path(tempfile.mkdtemp(prefix=f".{kernel.spec.name}-", dir=out_root))
+    existing = out_root
+    while not os.path.lexists(existing):  # the nearest existing ancestor decides whether mkdir can work
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "" if existing == out_root else f"{existing} "
+        raise KgenUserError(f"output directory {out_root}: {where}is {_what(existing)}, not a directory")
+    problems = []
+    for name in names:
+        final = out_root / name
+        why = None if force or not os.path.lexists(final) else _not_ours(final)
+        if why:
+            problems.append(f"{final}: {why}; kgen replaces only its own unchanged output "
+                            "(move it away, choose another -o, or pass --force to replace it)")
+    if problems:
+        raise KgenUserError("\n".join(problems))
+
+
+def _what(path: Path) -> str:
+    if path.is_symlink():
+        return "a symbolic link" if path.exists() else "a symbolic link to a missing path"
+    return "a directory" if path.is_dir() else "a file"
+
+
+def _not_ours(final: Path) -> str | None:
+    """Why `final` is not kgen's own unchanged output, or None when kgen may replace it."""
+    if final.is_symlink() or not final.is_dir():
+        return f"is {_what(final)}, not kgen's output"
     try:
-        (tmp / SOURCE).write_text(kernel.source)
-        for arch, art in kernel.artifacts.get("cubins", {}).items():
-            (tmp / f"kernel.{arch}.cubin").write_bytes(art.cubin)
-        manifest = manifest_for(kernel, spec_file, tuning)
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
-        (tmp / "__init__.py").write_text(_INIT.format(name=kernel.spec.name, spec_hash=manifest["spec_hash"]))
-        old = None
-        if final.exists():
-            old = out_root / f".{kernel.spec.name}-old-{os.getpid()}"
-            os.replace(final, old)
-        os.replace(tmp, final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        manifest = json.loads((final / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return f"has no readable {MANIFEST}, so it was not written by kgen build"
+    files = manifest.get("files") if isinstance(manifest, dict) and manifest.get("generator") == GENERATOR else None
+    if not isinstance(files, dict) or any(Path(f).name != f or f in ("", ".", "..") for f in files):
+        return f"its {MANIFEST} does not list the files kgen wrote (not kgen's output, or an older kgen's)"
+    try:
+        extra = sorted(p.name for p in final.iterdir()
+                       if p.name not in files and p.name != MANIFEST and not _is_pycache(p))
+        changed = sorted(name for name, digest in files.items() if not _unchanged(final / name, digest))
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if extra:
+        return f"holds files kgen did not write ({', '.join(extra[:5])}{', ...' if len(extra) > 5 else ''})"
+    if changed:
+        return f"{', '.join(changed)} changed since kgen wrote {'it' if len(changed) == 1 else 'them'}"
+    return None
+
+
+def _is_pycache(path: Path) -> bool:
+    """Python's byte-code of the generated __init__.py (written on import): kgen's to delete."""
+    return (path.name == _PYCACHE and path.is_dir() and not path.is_symlink()
+            and all(_PYC.fullmatch(p.name) and p.is_file() for p in path.iterdir()))
+
+
+def _unchanged(path: Path, digest: str) -> bool:
+    if not os.path.lexists(path):  # deleted since: nothing of the user's to lose
+        return True
+    return path.is_file() and not path.is_symlink() and _sha256(path.read_bytes()) == digest
+
+
+def write_generated(kernel, out_root: Path | str, spec_file: str | None = None,
+                    tuning: dict | None = None, force: bool = False) -> Path:
+    """Write <out_root>/<name>/ atomically: build it in a temporary directory beside it, then swap it in.
+    What was there must be kgen's own unchanged output (check_output) unless `force`."""
+    out_root = Path(out_root)
+    name = kernel.spec.name
+    final = out_root / name
+    check_output(out_root, [name], force)
+    try:
+        out_root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise KgenUserError(f"output directory {out_root}: cannot create it ({e.strerror})") from e
+    tmp = None
+    try:
+        tmp = make_temp_dir(out_root, f".{name}-")  # the user's umask, not mkdtemp's 0700
+        files = {SOURCE: kernel.source.encode(),
+                 INIT: _INIT.format(name=name, spec_hash=kernel.spec.spec_hash()).encode(),
+                 **{_cubin_file(arch): a.cubin for arch, a in kernel.artifacts.get("cubins", {}).items()}}
+        for file, data in files.items():
+            (tmp / file).write_bytes(data)
+        manifest = manifest_for(kernel, spec_file, tuning, {file: _sha256(data) for file, data in files.items()})
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True), encoding="utf-8")
+        _replace(tmp, final)
+        tmp = None
+        _write_package_init(out_root)
+    except OSError as e:
+        raise KgenUserError(f"{final}: cannot write the generated package ({e.strerror or e})") from e
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None and os.path.lexists(tmp):
+            remove_path(tmp)
     return final
+
+
+def _write_package_init(out_root: Path) -> None:
+    """Make out_root a package; an existing __init__.py (or link of that name) is the user's, never touched."""
+    try:
+        fd = os.open(out_root / INIT, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(_PACKAGE_INIT)
+
+
+def _replace(new: Path, final: Path) -> None:
+    """Put `new` at `final` and delete what was there; where the OS can swap, `final` never goes missing."""
+    if not os.path.lexists(final):
+        os.rename(new, final)
+    elif _exchange(new, final):
+        remove_path(new)  # it now holds the previous output
+    else:
+        _replace_by_renames(new, final)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step; False where the C library, kernel or file system cannot."""
+    renameat2 = getattr(_LIBC, "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def _replace_by_renames(new: Path, final: Path) -> None:
+    """The portable fallback: the old output aside, the new one in, the old one deleted."""
+    aside = new.with_name(f"{new.name}-old")
+    os.rename(final, aside)
+    try:
+        os.rename(new, final)
+    except OSError:
+        os.rename(aside, final)
+        raise
+    remove_path(aside)
 
 
 class GeneratedKernel:
@@ -98,48 +239,28 @@ class GeneratedKernel:
 
     def __init__(self, directory: Path):
         self.directory = Path(directory)
-        self.manifest = json.loads((self.directory / MANIFEST).read_text())
-        self.source = (self.directory / SOURCE).read_text()
+        self.manifest = json.loads((self.directory / MANIFEST).read_text(encoding="utf-8"))
+        self.source = (self.directory / SOURCE).read_text(encoding="utf-8")
         if _sha256(self.source) != self.manifest["source_sha256"]:
-            from kgen.errors import KgenError
-
             raise KgenError(f"{self.directory / SOURCE}: source does not match its manifest; re-run kgen build")
         self._kernel = None
 
     @property
     def spec(self):
-        from kgen.spec.models import spec_from_dict
-
         return spec_from_dict(self.manifest["spec"], filename=str(self.directory / MANIFEST))
 
     def load(self, backend: str = "auto"):
         """Build the runnable kernel (no re-verification: the manifest holds the build's report)."""
-        from kgen.build import select_backend
-        from kgen.kernel import Kernel
-        from kgen.render import Rendered
-
         chosen = select_backend(backend)
         spec = self.spec
-        rendered = Rendered(self.source, self.manifest["kernel_names"], self.manifest["config"], spec.kind)
-        if chosen == "cuda":
-            from kgen.runtime.cuda import CudaModule, device_arch
-
-            entry = self.manifest["cubins"].get(device_arch())
-            if entry is not None:
-                module = CudaModule(self.directory / entry["file"], rendered.kernel_names)
-            else:  # arch differs from the build's targets: compile the shipped source for this GPU
-                from kgen.build import load_module
-
-                module = load_module("cuda", rendered)
-        else:
-            from kgen.build import load_module
-
-            module = load_module("cpu", rendered)
-        resources = {arch: c["resources"] for arch, c in self.manifest["cubins"].items()}
-        self._kernel = Kernel(spec, self.source, rendered.config, module, rendered.kernel_names, resources)
-        # Tuning hook (kgen/tuned.py): per-bucket tuned configs when the manifest's results fit this device.
-        from kgen.tune.tuned import tuned_from_manifest
-
+        rendered = Rendered(self.source, self.manifest["kernel_names"], self.manifest["config"])
+        entry = self.manifest["cubins"].get(device_arch()) if chosen == "cuda" else None
+        if entry is not None:
+            module = CudaModule(self.directory / entry["file"], rendered.kernel_names)
+        else:  # the CPU backend, or a GPU the build did not target: compile the shipped source
+            module = load_module(chosen, rendered)
+        self._kernel = Kernel(spec, self.source, rendered.config, module, rendered.kernel_names, self.resources)
+        # Per-bucket tuned configs when the manifest's tuning results fit this device.
         self._kernel = tuned_from_manifest(self._kernel, self.manifest.get("tuning"), chosen)
         return self._kernel
 

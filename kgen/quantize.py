@@ -60,8 +60,3 @@ def quantize(x: np.ndarray, scale: np.ndarray | float | None, name: str) -> np.n
         raise ValueError(f"a {name} cache needs a scale")
     return to_cache_dtype(src.astype(np.float32) / np.asarray(scale, dtype=np.float32), name)
 
-
-def dequantize(stored: np.ndarray, scale: np.ndarray | float | None) -> np.ndarray:
-    """real = stored * scale, in fp32 (scale None: the float cache's own values)."""
-    real = np.asarray(stored).astype(np.float32)
-    return real if scale is None else real * np.asarray(scale, dtype=np.float32)

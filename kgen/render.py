@@ -10,7 +10,7 @@ template variable into an error instead of an empty string.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import jinja2
@@ -27,8 +27,6 @@ class Rendered:
     source: str
     kernel_names: list[str]
     config: Config
-    family: str
-    headers: list[str] = field(default_factory=list)
 
 
 @lru_cache(maxsize=1)
@@ -58,4 +56,4 @@ def render(spec, config: Config | None = None) -> Rendered:
         config_text=json.dumps(resolved, sort_keys=True),
         **context,
     )
-    return Rendered(source, family.kernel_names(spec, resolved), resolved, family.kind)
+    return Rendered(source, family.kernel_names(spec, resolved), resolved)

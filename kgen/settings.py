@@ -1,35 +1,165 @@
-"""Every environment variable kgen reads, declared once (name, meaning, default)."""
+"""Every environment variable kgen reads, declared once: name, type, default and meaning.
+
+Code reads a variable through its `Setting` (`KGEN_BACKEND.value()`), never through
+os.environ, so `kgen env` can list them all and a value of the wrong type or outside
+its choices is refused with a message naming the variable, the value and what would be
+accepted, instead of silently meaning something else. A variable set to the empty
+string counts as unset.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 
+from kgen.errors import KgenUserError
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+_SIZE = re.compile(r"(\d+)([kKmM]?)\Z")
+_EXPECTED = {
+    "str": "any text",
+    "path": "a path",
+    "bool": "one of " + ", ".join(_TRUE + _FALSE),
+    "int": "a whole number >= 0",
+    "size": "a number of bytes >= 0, optionally with a k or M suffix (64k, 1M)",
+}
+
 
 @dataclass(frozen=True)
-class EnvVar:
+class Setting:
     name: str
+    kind: str  # str | path | choice | bool | int | size
     help: str
+    default: Any = None  # the value when unset (a callable is called); None: "not set"
+    choices: tuple[str, ...] = ()  # kind "choice" only
+    default_text: str = ""  # how `kgen env` shows the default when it is not a plain value
 
-    def get(self) -> str | None:
+    def raw(self) -> str | None:
+        """The text in the environment, None when unset or empty."""
         value = os.environ.get(self.name)
         return value if value else None
 
+    def source(self) -> str:
+        return "environment" if self.raw() is not None else "default"
 
-KGEN_CACHE_DIR = EnvVar("KGEN_CACHE_DIR", "directory of the compiled-artifact cache (default: user cache)")
-KGEN_CUDA_HOME = EnvVar(
-    "KGEN_CUDA_HOME",
-    "use this CUDA toolkit's headers instead of NVIDIA's pip wheels (a system CUDA is used only when set)",
-)
-KGEN_CXX = EnvVar("KGEN_CXX", "C++ compiler for the CPU backend (default: g++)")
-KGEN_BACKEND = EnvVar("KGEN_BACKEND", "force the backend that backend='auto' picks: cuda or cpu")
+    def expected(self) -> str:
+        return "one of " + ", ".join(self.choices) if self.kind == "choice" else _EXPECTED[self.kind]
 
-ALL = [KGEN_CACHE_DIR, KGEN_CUDA_HOME, KGEN_CXX, KGEN_BACKEND]
+    def value(self) -> Any:
+        """The typed value (the default when unset); KgenUserError for a value of the wrong form."""
+        raw = self.raw()
+        if raw is None:
+            return self.default() if callable(self.default) else self.default
+        parsed = _parse(self, raw)
+        if parsed is None:
+            raise KgenUserError(
+                f"environment variable {self.name}={raw!r} is not valid: expected {self.expected()}; "
+                "fix it or unset it (`kgen env` lists kgen's variables)"
+            )
+        return parsed
+
+    def describe_default(self) -> str:
+        if self.default_text:
+            return f"({self.default_text})"
+        default = self.default() if callable(self.default) else self.default
+        return "unset" if default is None else str(default)
+
+
+def _parse(setting: Setting, raw: str) -> Any:
+    """The typed value of `raw`, or None when it has the wrong form."""
+    kind = setting.kind
+    if kind == "str":
+        return raw
+    if kind == "path":
+        return Path(raw).expanduser()
+    if kind == "choice":
+        return raw if raw in setting.choices else None
+    if kind == "bool":
+        low = raw.strip().lower()
+        return True if low in _TRUE else False if low in _FALSE else None
+    if kind == "int":
+        return int(raw) if raw.strip().isdigit() else None
+    if kind == "size":
+        m = _SIZE.match(raw.strip())
+        if m is None:
+            return None
+        return int(m[1]) << {"": 0, "k": 10, "m": 20}[m[2].lower()]
+    raise ValueError(f"{setting.name}: unknown setting kind {kind!r}")
+
+
+REGISTRY: dict[str, Setting] = {}
+
+
+def _declare(setting: Setting) -> Setting:
+    if setting.kind != "choice" and setting.kind not in _EXPECTED:
+        raise ValueError(f"{setting.name}: unknown setting kind {setting.kind!r}")
+    REGISTRY[setting.name] = setting
+    return setting
+
+
+def _user_cache_dir() -> Path:
+    return Path(platformdirs.user_cache_dir("kgen"))
+
+
+KGEN_CACHE_DIR = _declare(Setting(
+    "KGEN_CACHE_DIR", "path",
+    "directory of kgen's cache: compiled kernels, loaded cubins and tuning results",
+    default=_user_cache_dir,
+))
+KGEN_CUDA_HOME = _declare(Setting(
+    "KGEN_CUDA_HOME", "path",
+    "a CUDA toolkit root whose include/ replaces the headers of NVIDIA's pip wheels",
+    default_text="unset: the headers of NVIDIA's pip wheels",
+))
+KGEN_CXX = _declare(Setting(
+    "KGEN_CXX", "str",
+    "C++ compiler of the CPU backend (a name on PATH or a path)",
+    default="g++",
+))
+KGEN_BACKEND = _declare(Setting(
+    "KGEN_BACKEND", "choice",
+    "the backend that backend='auto' picks (auto: CUDA when a GPU is visible, else the CPU)",
+    default="auto", choices=("auto", "cuda", "cpu"),
+))
+KGEN_SIMT_THREADS = _declare(Setting(
+    "KGEN_SIMT_THREADS", "int",
+    "worker threads of the CPU backend's runtime (0: one per CPU core)",
+    default=0,
+))
+KGEN_SIMT_STACK = _declare(Setting(
+    "KGEN_SIMT_STACK", "size",
+    "stack size of each simulated GPU thread on the CPU backend (0: the runtime's default, 64k; 512k "
+    "with the sanitizer)",
+    default=0,
+))
 
 
 def cache_dir() -> Path:
-    override = KGEN_CACHE_DIR.get()
-    return Path(override) if override else Path(platformdirs.user_cache_dir("kgen"))
+    return KGEN_CACHE_DIR.value()
+
+
+def child_environment() -> dict[str, str]:
+    """A copy of this process's environment, for a child process kgen starts (the one place kgen
+    hands the environment on, so every variable it *reads* stays declared above)."""
+    return dict(os.environ)
+
+
+def report() -> list[tuple[Setting, str, str, str]]:
+    """For `kgen env`: (setting, value as shown, where it came from, problem or "") for each."""
+    rows = []
+    for setting in REGISTRY.values():
+        raw = setting.raw()
+        problem = ""
+        try:
+            setting.value()
+        except KgenUserError as e:
+            problem = str(e)
+        rows.append((setting, raw if raw is not None else setting.describe_default(), setting.source(), problem))
+    return rows
+

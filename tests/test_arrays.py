@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from kgen.arrays import args_to_backend, as_array_arg, to_numpy
+from kgen.arrays import args_to_backend, as_array_arg, overlaps, refuse_aliasing, to_numpy
+from kgen.dtypes import dtype_label
 from kgen.errors import ArgumentError
 
 DTYPES = [("fp16", np.float16, torch.float16), ("bf16", ml_dtypes.bfloat16, torch.bfloat16),
@@ -43,3 +44,62 @@ def test_cpu_backend_keeps_host_arrays():
 def test_non_array_is_refused_by_name():
     with pytest.raises(ArgumentError, match="seq_lens: expected a numpy array"):
         as_array_arg("seq_lens", [1, 2, 3])
+
+
+def test_transposed_torch_tensor_is_read_through_dlpack_bit_exactly():
+    values = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = torch.from_numpy(values).to(torch.bfloat16).t()  # strides (1, 4): no copy is made to read it
+    arg = as_array_arg("x", t)
+    assert (arg.dtype, arg.strides, arg.ptr) == ("bf16", (1, 4), t.data_ptr())
+    assert np.array_equal(to_numpy(t).astype(np.float32), values.T)
+
+
+def test_torch_dtype_numpy_lacks_is_described_not_crashed_on():
+    t = torch.zeros(4, dtype=torch.float8_e8m0fnu)
+    arg = as_array_arg("q", t)
+    assert (arg.dtype, arg.shape, arg.device, arg.ptr) == ("float8_e8m0fnu", (4,), "cpu", t.data_ptr())
+
+
+@pytest.mark.parametrize("dtype,expected", [
+    (np.dtype(np.float32), "fp32"), (torch.float32, "fp32"), (np.dtype(np.float64), "float64"),
+    (torch.float64, "float64"), (np.dtype(ml_dtypes.bfloat16), "bf16"), (torch.bfloat16, "bf16"),
+    (np.dtype(ml_dtypes.float8_e4m3fn), "fp8_e4m3"), (torch.float8_e5m2, "fp8_e5m2"),
+    (np.dtype(np.int64), "int64"), (torch.int64, "int64"), (torch.uint8, "uint8"), (np.dtype(bool), "bool"),
+])
+def test_dtype_label_is_kgen_name_else_numpy_name(dtype, expected):
+    assert dtype_label(dtype) == expected
+
+
+def _arg(name, a):
+    return as_array_arg(name, a)
+
+
+def test_overlap_of_views_of_one_buffer():
+    buf = np.zeros((4, 2, 8), np.float16)
+    whole, first, second = _arg("a", buf), _arg("b", buf[:2]), _arg("c", buf[2:])
+    assert overlaps(whole, first) and overlaps(first, whole) and overlaps(whole, whole)
+    assert not overlaps(first, second)
+    left, right = _arg("l", buf[..., :4]), _arg("r", buf[..., 4:])  # interleaved: spans meet, no common byte
+    assert not overlaps(left, right)
+    assert overlaps(left, _arg("x", buf[..., 3:5]))
+    assert overlaps(_arg("rev", buf[::-1]), _arg("last", buf[3]))  # a negative stride reaches back
+    assert not overlaps(_arg("a", np.zeros(3)), _arg("b", np.zeros(3)))
+    assert not overlaps(_arg("empty", buf[:0]), whole)
+
+
+def test_overlap_across_dtypes_and_libraries():
+    buf = np.zeros(64, np.float16)
+    as_int = buf[:8].view(np.int32)  # the first 16 bytes, read as 4 int32
+    assert overlaps(_arg("w", buf), _arg("r", as_int))
+    assert not overlaps(_arg("w", buf[8:]), _arg("r", as_int))
+    t = torch.from_numpy(buf)
+    assert overlaps(_arg("w", t[60:]), _arg("r", buf[63:]))
+
+
+def test_refuse_aliasing_names_both_arguments():
+    buf = np.zeros((2, 8), np.float32)
+    out, q, other = _arg("out", buf), _arg("q", buf[1:]), _arg("k", np.zeros(3, np.float32))
+    refuse_aliasing([out], [other, None])
+    refuse_aliasing([out], [out])  # an argument is not its own alias
+    with pytest.raises(ArgumentError, match=r"^out overlaps q in memory: the kernel writes out while it reads q"):
+        refuse_aliasing([None, out], [other, q])

@@ -7,9 +7,9 @@ from rich.markup import escape
 from rich.progress import Progress
 
 from kgen.build import build as build_kernel
-from kgen.cli.common import Failed, check_archs, err, guard, load_specs, out
-from kgen.errors import CompileError
-from kgen.generated import write_generated
+from kgen.cli.common import SEED, Failed, check_archs, err, guard, load_specs, out
+from kgen.errors import CompileError, KgenUserError
+from kgen.generated import check_output, write_generated
 from kgen.tune.runner import tune_spec
 
 
@@ -19,12 +19,17 @@ from kgen.tune.runner import tune_spec
 @click.option("--arch", "archs", multiple=True, help="CUDA arch(s) to compile for (default: the spec's targets)")
 @click.option("--backend", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--tune", is_flag=True, help="autotune the spec's tuning space before writing")
-@click.option("--seed", type=int, default=None, help="verification seed (default: fresh)")
+@click.option("--seed", type=SEED, default=None, help="verification seed (default: fresh)")
+@click.option("--force", is_flag=True,
+              help="replace OUTPUT/<name> even when it is not kgen's own unchanged output (deletes what is there)")
 @guard
-def build(specs, output, archs, backend, tune, seed):
+def build(specs, output, archs, backend, tune, seed, force):
     """Build, verify and write generated/<name>/ for each SPEC."""
     loaded = load_specs(specs)
     check_archs(archs)
+    if not output:
+        raise KgenUserError("-o: empty path (use -o . for the current directory)")
+    check_output(output, [spec.name for spec in loaded], force)  # refuse before spending time on a build
     failed = []
     with Progress(console=err, transient=True) as progress:
         task = progress.add_task("building", total=len(loaded))
@@ -48,7 +53,7 @@ def build(specs, output, archs, backend, tune, seed):
                              f"{max(r['spill_stores'] for r in res.values())} spills"
                              for arch, res in kernel.resources.items())
             if kernel.report.passed:
-                path = write_generated(kernel, output, spec_file=str(spec.source_path), tuning=tuning)
+                path = write_generated(kernel, output, spec_file=str(spec.source_path), tuning=tuning, force=force)
                 out.print(f"[green]ok[/green]   {escape(line)} {escape(f'[{regs}]')} -> {escape(str(path))}")
             else:
                 out.print(f"[red]FAIL[/red] {escape(line)} (nothing written)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import sys
 
+import click
 from rich.console import Console
 
 from kgen.errors import CompileError, KernelRuntimeError, KgenUserError, SpecError, ToolchainError
@@ -16,6 +17,7 @@ from kgen.spec.models import ARCHS, load_spec
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+SEED = click.IntRange(min=0)  # numpy's seeds are non-negative: refuse -1 at the option, not deep in a run
 
 
 class Failed(Exception):

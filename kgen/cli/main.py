@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from kgen.cli.build import build
+from kgen.cli.env import env
 from kgen.cli.inspect import abi, schema, show, validate
 from kgen.cli.tune import report, tune
 from kgen.cli.verify import verify
@@ -16,5 +17,5 @@ def main() -> None:
     """Generate, verify and tune specialized paged-attention CUDA kernels from YAML specs."""
 
 
-for command in (build, validate, show, abi, verify, tune, report, schema):
+for command in (build, validate, show, abi, verify, tune, report, schema, env):
     main.add_command(command)

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kgen.build import select_backend
-from kgen.cli.common import err, guard, load_specs, out
+from kgen.cli.common import SEED, err, guard, load_specs, out
 from kgen.errors import KgenUserError
 from kgen.tune.ray_executor import require_ray
 from kgen.tune.runner import DEFAULT_BUDGET_S, device_info, read_results, results_path, tune_spec
@@ -39,7 +39,7 @@ def _ckey(config: dict) -> str:
 @click.option("--strategy", type=click.Choice(["auto", "exhaustive", "hillclimb"]), default="auto", show_default=True)
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="where measurements run (ray: one task per GPU on an existing Ray cluster)")
-@click.option("--seed", type=int, default=None)
+@click.option("--seed", type=SEED, default=None)
 @click.option("--json", "as_json", is_flag=True, help="print the results as JSON")
 @guard
 def tune(spec, backend, buckets, budget_s, measure_s, strategy, executor, seed, as_json):

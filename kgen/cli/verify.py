@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kgen.build import build as build_kernel
-from kgen.cli.common import Failed, guard, load_specs, out
+from kgen.cli.common import SEED, Failed, guard, load_specs, out
 from kgen.verify.handwritten import build_from_source
 from kgen.verify.runner import verify as run_verify
 
@@ -20,7 +20,7 @@ from kgen.verify.runner import verify as run_verify
 @click.option("--source", "source_file", type=click.Path(), default=None,
               help="verify this hand-written .cu file (the ABI of `kgen abi SPEC`) instead of kgen's kernel")
 @click.option("--backend", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
-@click.option("--seed", type=int, default=None)
+@click.option("--seed", type=SEED, default=None)
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 @guard
 def verify(spec, source_file, backend, seed, as_json):

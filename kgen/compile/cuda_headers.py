@@ -1,27 +1,33 @@
-"""Find the CUDA headers directory (cuda_fp16.h & co.) without a system CUDA."""
+"""Find the CUDA headers directory (cuda_fp16.h & co.) without a system CUDA, and fingerprint it."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 from pathlib import Path
 
-from kgen import settings
+from cuda import pathfinder
+
 from kgen.errors import ToolchainError
+from kgen.settings import KGEN_CUDA_HOME
+
+# The number-format headers every generated kernel compiles against (on both backends): their
+# content, not their path, goes into each compiled artifact's cache key.
+FORMAT_HEADERS = ("cuda_fp16.h", "cuda_fp16.hpp", "cuda_bf16.h", "cuda_bf16.hpp", "cuda_fp8.h", "cuda_fp8.hpp",
+                  "vector_types.h")
 
 
 @functools.lru_cache(maxsize=4)
-def _find(cuda_home: str | None) -> Path:
+def _find(cuda_home: Path | None) -> Path:
     if cuda_home:
-        inc = Path(cuda_home) / "include"
+        inc = cuda_home / "include"
         if (inc / "cuda_fp16.h").is_file():
             return inc
         raise ToolchainError(
-            f"KGEN_CUDA_HOME={cuda_home!r}: {inc}/cuda_fp16.h not found; point it at a CUDA toolkit root "
+            f"KGEN_CUDA_HOME={str(cuda_home)!r}: {inc}/cuda_fp16.h not found; point it at a CUDA toolkit root "
             "(the directory holding include/), or unset it to use NVIDIA's pip wheels"
         )
     try:
-        from cuda import pathfinder
-
         found = pathfinder.find_nvidia_header_directory("cudart")
     except Exception as e:  # noqa: BLE001 - any failure means "not found"
         raise ToolchainError(
@@ -37,4 +43,20 @@ def _find(cuda_home: str | None) -> Path:
 
 def cuda_include_dir() -> Path:
     """The directory holding cuda_fp16.h: $KGEN_CUDA_HOME/include when set, else NVIDIA's wheels."""
-    return _find(settings.KGEN_CUDA_HOME.get())
+    return _find(KGEN_CUDA_HOME.value())
+
+
+@functools.lru_cache(maxsize=8)
+def _fingerprint(inc: Path, _stamps: tuple[float, ...]) -> str:
+    h = hashlib.sha256()
+    for name in FORMAT_HEADERS:
+        path = inc / name
+        h.update(name.encode() + b"\0")
+        h.update(path.read_bytes() if path.is_file() else b"-")
+    return h.hexdigest()
+
+
+def headers_fingerprint(inc: Path) -> str:
+    """sha256 of the number-format headers in `inc` (re-read when a file's mtime changes)."""
+    stamps = tuple((inc / n).stat().st_mtime if (inc / n).is_file() else 0.0 for n in FORMAT_HEADERS)
+    return _fingerprint(Path(inc), stamps)

@@ -17,7 +17,6 @@ Artifacts are cached (kgen.cache) under the key of everything that shapes the li
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import re
 import shutil
@@ -27,11 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kgen import settings
 from kgen.cache import ArtifactCache, content_key
-from kgen.compile.cuda_headers import cuda_include_dir
+from kgen.compile.cuda_headers import cuda_include_dir, headers_fingerprint
 from kgen.errors import CompileError, ToolchainError
 from kgen.paths import simt_dir
+from kgen.settings import KGEN_CXX
 
 NAMESPACE = "host"
 SOURCE_NAME = "kernel.cu"
@@ -52,23 +51,25 @@ class HostArtifact:
     key: str
     cache_hit: bool
     build_seconds: float  # 0.0 on a cache hit
+    extra_flags: tuple[str, ...] = ()
+    cache_root: Path | None = None  # the ArtifactCache holding it (for rebuild_host)
 
 
 def compiler() -> str:
     """Absolute path of the C++ compiler (KGEN_CXX or g++); ToolchainError if missing."""
-    name = settings.KGEN_CXX.get() or "g++"
+    name = KGEN_CXX.value()
     found = shutil.which(name)
     if not found:
         raise ToolchainError(
             f"C++ compiler {name!r} not found"
-            + (" (from KGEN_CXX)" if settings.KGEN_CXX.get() else " on PATH")
+            + (" (from KGEN_CXX)" if KGEN_CXX.source() == "environment" else " on PATH")
             + "; the CPU backend needs g++ >= 9: install it or set KGEN_CXX to its path"
         )
     return found
 
 
 @functools.lru_cache(maxsize=8)
-def _compiler_version(path: str, mtime: float) -> str:
+def _compiler_version(path: str, _mtime: float) -> str:
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
     except OSError as e:
@@ -82,24 +83,6 @@ def compiler_version(path: str) -> str:
     return _compiler_version(path, os.path.getmtime(path))
 
 
-_FORMAT_HEADERS = ("cuda_fp16.hpp", "cuda_bf16.hpp", "cuda_fp8.hpp", "vector_types.h")
-
-
-@functools.lru_cache(maxsize=8)
-def _cuda_headers_digest(inc: str, stamp: tuple[float, ...]) -> str:
-    h = hashlib.sha256()
-    for name in _FORMAT_HEADERS:
-        p = Path(inc) / name
-        h.update(p.read_bytes() if p.is_file() else b"-")
-    return h.hexdigest()
-
-
-def cuda_headers_digest(inc: Path) -> str:
-    """sha256 of the CUDA number-format headers the kernels compile against (content, not path)."""
-    stamp = tuple((inc / n).stat().st_mtime if (inc / n).is_file() else 0.0 for n in _FORMAT_HEADERS)
-    return _cuda_headers_digest(str(inc), stamp)
-
-
 def simt_headers() -> list[Path]:
     return sorted(p for p in simt_dir().iterdir() if p.suffix == ".h")
 
@@ -109,8 +92,8 @@ def _shim(kernel_names: Sequence[str]) -> str:
         f'#include "{SOURCE_NAME}"',
         "#include <cstring>",
         "#include <string>",
-        '#define KGEN_EXPORT extern "C" __attribute__((visibility("default")))',
-        "KGEN_EXPORT int kgen_launch(const char* kernel, unsigned gx, unsigned gy, unsigned gz, unsigned bx,",
+        '#define SHIM_EXPORT extern "C" __attribute__((visibility("default")))',
+        "SHIM_EXPORT int kgen_launch(const char* kernel, unsigned gx, unsigned gy, unsigned gz, unsigned bx,",
         "                            unsigned by, unsigned bz, size_t smem, void** args, char* err, size_t errlen) {",
         "  dim3 g(gx, gy, gz), b(bx, by, bz);",
     ]
@@ -122,7 +105,7 @@ def _shim(kernel_names: Sequence[str]) -> str:
     lines += [
         '  return ::kgen_simt::write_err(err, errlen, std::string("unknown kernel \'") + kernel + "\'");',
         "}",
-        "KGEN_EXPORT const char* kgen_signature(const char* kernel) {",
+        "SHIM_EXPORT const char* kgen_signature(const char* kernel) {",
     ]
     for name in kernel_names:
         lines.append(
@@ -132,7 +115,7 @@ def _shim(kernel_names: Sequence[str]) -> str:
     lines += [
         "  return nullptr;",
         "}",
-        "KGEN_EXPORT void kgen_set_options(unsigned workers, size_t stack_bytes) {",
+        "SHIM_EXPORT void kgen_set_options(unsigned workers, size_t stack_bytes) {",
         "  ::kgen_simt::g_options.workers = workers;",
         "  ::kgen_simt::g_options.stack_size = stack_bytes;",
         "}",
@@ -196,7 +179,7 @@ def compile_host(
         *(p.name + "\0" + p.read_text() for p in headers),
         "\0".join(flags),
         version,
-        cuda_headers_digest(inc),
+        headers_fingerprint(inc),
         f"sanitize={int(sanitize)}",
     )
     build_time = [0.0]
@@ -215,7 +198,8 @@ def compile_host(
         if res.returncode != 0:
             raise _compile_error(res.stderr, source)
 
-    entry, hit = (cache or ArtifactCache()).get_or_build(NAMESPACE, key, build)
+    cache = cache or ArtifactCache()
+    entry, hit = cache.get_or_build(NAMESPACE, key, build)
     return HostArtifact(
         library=entry / LIB_NAME,
         source_path=entry / SOURCE_NAME,
@@ -224,4 +208,16 @@ def compile_host(
         key=key,
         cache_hit=hit,
         build_seconds=build_time[0],
+        extra_flags=tuple(extra_flags),
+        cache_root=cache.root,
     )
+
+
+def rebuild_host(artifact: HostArtifact) -> HostArtifact:
+    """Drop `artifact`'s cache entry and build it again (for a cached library that passed its hash
+    check but does not load, e.g. one built on another machine sharing the cache)."""
+    source = artifact.source_path.read_text()
+    cache = ArtifactCache(artifact.cache_root)
+    cache.discard(NAMESPACE, artifact.key)
+    return compile_host(source, artifact.kernel_names, sanitize=artifact.sanitize,
+                        extra_flags=artifact.extra_flags, cache=cache)

@@ -1,5 +1,8 @@
-"""Compile generated CUDA source to a cubin per arch with NVRTC (through CuPy's bindings).
+"""Compile generated CUDA source to a cubin per arch with NVRTC.
 
+NVRTC is the library cuda-pathfinder finds (NVIDIA's pip wheel first), called through
+ctypes: CuPy's `nvrtc.getCUBIN` treats the cubin as a C string and drops its last byte,
+which leaves an ELF that cuobjdump cannot read and a driver may refuse to load.
 The arch is always named (`-arch=sm_XX`), so compiling needs no GPU. ptxas runs
 inside NVRTC with `-v`; its report is parsed into per-kernel resources.
 Cubins are cached by content (see kgen/cache.py).
@@ -7,15 +10,17 @@ Cubins are cached by content (see kgen/cache.py).
 
 from __future__ import annotations
 
-import hashlib
+import ctypes
 import json
 import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from cuda.pathfinder import load_nvidia_dynamic_lib
+
 from kgen.cache import ArtifactCache, content_key
-from kgen.compile.cuda_headers import cuda_include_dir
+from kgen.compile.cuda_headers import cuda_include_dir, headers_fingerprint
 from kgen.errors import CompileError, ToolchainError
 
 # No --use_fast_math: it flushes denormals and approximates division, which the CPU backend would
@@ -41,34 +46,84 @@ class CubinArtifact:
     cache_hit: bool
 
 
-def _nvrtc():
+_NVRTC_SUCCESS = 0
+_Program = ctypes.c_void_p
+# The cache namespace of cubins: "cubin" entries were written one byte short (CuPy's getCUBIN), so
+# they are never looked up again.
+CACHE_NAMESPACE = "cubin-v2"
+
+
+@lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL:
+    """libnvrtc with the signatures kgen calls."""
     try:
-        from cupy.cuda import nvrtc
-    except Exception as e:  # ImportError, or CuPy failing to find libnvrtc
-        raise ToolchainError(
-            f"NVRTC is not available through CuPy ({e}); install kgen's dependencies "
-            "(cupy-cuda13x and nvidia-cuda-nvrtc)"
-        ) from e
-    return nvrtc
+        path = load_nvidia_dynamic_lib("nvrtc").abs_path
+        if not path:
+            raise OSError("cuda-pathfinder found no file for it")
+        lib = ctypes.CDLL(path)
+    except Exception as e:  # cuda.pathfinder's not-found errors, or the loader's OSError
+        raise ToolchainError(f"could not load NVRTC ({e}); install kgen's dependencies (nvidia-cuda-nvrtc)") from e
+    size_p, prog_p = ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(_Program)
+    strings = ctypes.POINTER(ctypes.c_char_p)
+    for name, args in {
+        "nvrtcVersion": [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)],
+        "nvrtcCreateProgram": [prog_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, strings, strings],
+        "nvrtcCompileProgram": [_Program, ctypes.c_int, strings],
+        "nvrtcGetProgramLogSize": [_Program, size_p],
+        "nvrtcGetProgramLog": [_Program, ctypes.c_char_p],
+        "nvrtcGetCUBINSize": [_Program, size_p],
+        "nvrtcGetCUBIN": [_Program, ctypes.c_char_p],
+        "nvrtcDestroyProgram": [prog_p],
+    }.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, ctypes.c_int
+    lib.nvrtcGetErrorString.argtypes, lib.nvrtcGetErrorString.restype = [ctypes.c_int], ctypes.c_char_p
+    return lib
+
+
+def _check(status: int, what: str) -> None:
+    if status != _NVRTC_SUCCESS:
+        reason = _library().nvrtcGetErrorString(status) or b"unknown error"
+        raise ToolchainError(f"NVRTC {what} failed: {reason.decode()} ({status})")
+
+
+def _read(prog: ctypes.c_void_p, size_fn, data_fn, what: str) -> bytes:
+    """All `size` bytes NVRTC reports (a cubin is binary: no terminator to strip)."""
+    size = ctypes.c_size_t()
+    _check(size_fn(prog, ctypes.byref(size)), f"{what} size")
+    buf = ctypes.create_string_buffer(size.value)
+    if size.value:
+        _check(data_fn(prog, buf), what)
+    return buf.raw
+
+
+def _program_log(prog: ctypes.c_void_p) -> str:
+    lib = _library()
+    return _read(prog, lib.nvrtcGetProgramLogSize, lib.nvrtcGetProgramLog, "log").rstrip(b"\0").decode(
+        errors="replace")
+
+
+def _compile(source: str, name: str, options: list[str]) -> tuple[bytes | None, str]:
+    """(cubin, program log) of one NVRTC program; the cubin is None when compiling failed."""
+    lib = _library()
+    prog = _Program()
+    _check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None), "createProgram")
+    try:
+        opts = (ctypes.c_char_p * len(options))(*(o.encode() for o in options))
+        status = lib.nvrtcCompileProgram(prog, len(options), opts)
+        log = _program_log(prog)
+        if status != _NVRTC_SUCCESS:
+            return None, log or (lib.nvrtcGetErrorString(status) or b"").decode()
+        return _read(prog, lib.nvrtcGetCUBINSize, lib.nvrtcGetCUBIN, "getCUBIN"), log
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
 @lru_cache(maxsize=1)
 def nvrtc_version() -> str:
-    try:
-        major, minor = _nvrtc().getVersion()
-    except Exception as e:
-        raise ToolchainError(f"could not load NVRTC: {e}") from e
-    return f"{major}.{minor}"
-
-
-@lru_cache(maxsize=4)
-def _headers_fingerprint(include: str) -> str:
-    h = hashlib.sha256()
-    for name in ("cuda_fp16.hpp", "cuda_bf16.hpp", "cuda_fp8.hpp", "cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h"):
-        path = Path(include) / name
-        if path.exists():
-            h.update(path.read_bytes())
-    return h.hexdigest()
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    _check(_library().nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "version")
+    return f"{major.value}.{minor.value}"
 
 
 _ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
@@ -108,27 +163,19 @@ def format_compile_error(source: str, log: str, origin: str, context: int = 2) -
 def compile_cubin(source: str, arch: str, *, origin: str = "<source>", name: str = "kernel.cu",
                   cache: ArtifactCache | None = None) -> CubinArtifact:
     """Compile `source` for `arch` (e.g. "sm_90"); cached by content."""
-    include = str(cuda_include_dir())
+    include = cuda_include_dir()
     options = (f"-arch={arch}", *BASE_OPTIONS)
-    key = content_key("nvrtc", source, json.dumps(options), nvrtc_version(), _headers_fingerprint(include))
+    key = content_key("nvrtc", source, json.dumps(options), nvrtc_version(), headers_fingerprint(include))
     cache = cache or ArtifactCache()
 
     def build(tmp: Path) -> None:
-        nvrtc = _nvrtc()
-        prog = nvrtc.createProgram(source, name, [], [])
-        try:
-            try:
-                nvrtc.compileProgram(prog, [*options, f"-I{include}"])
-            except Exception as e:
-                log = nvrtc.getProgramLog(prog)
-                raise CompileError(format_compile_error(source, log or str(e), origin)) from None
-            log = nvrtc.getProgramLog(prog)
-            (tmp / "kernel.cubin").write_bytes(nvrtc.getCUBIN(prog))
-            (tmp / "ptxas.log").write_text(log)
-        finally:
-            nvrtc.destroyProgram(prog)
+        cubin, log = _compile(source, name, [*options, f"-I{include}"])
+        if cubin is None:
+            raise CompileError(format_compile_error(source, log, origin))
+        (tmp / "kernel.cubin").write_bytes(cubin)
+        (tmp / "ptxas.log").write_text(log)
 
-    entry, hit = cache.get_or_build("cubin", key, build)
+    entry, hit = cache.get_or_build(CACHE_NAMESPACE, key, build)
     log = (entry / "ptxas.log").read_text()
     return CubinArtifact(arch, (entry / "kernel.cubin").read_bytes(), parse_ptxas_report(log), log, hit)
 

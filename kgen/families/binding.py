@@ -7,16 +7,17 @@ from typing import Any
 
 import numpy as np
 
-from kgen.arrays import ArrayArg, as_array_arg
+from kgen.arrays import ArrayArg, as_array_arg, refuse_aliasing
 from kgen.errors import ArgumentError
 from kgen.families.layout import cache_names
+from kgen.optional import is_torch_tensor
 
 
 def host_values(arg: ArrayArg) -> np.ndarray:
     """The argument's values on the host (a copy only for device arrays)."""
     if arg.device == "cpu":
         return np.asarray(arg.native)
-    if type(arg.obj).__module__.split(".")[0] == "torch":
+    if is_torch_tensor(arg.obj):
         return arg.obj.detach().cpu().numpy()
     return arg.obj.get()
 
@@ -57,6 +58,10 @@ class CallBinder:
             if self.call.get(other) is not None:
                 raise ArgumentError(
                     f"{other}: not an argument of layout '{self.spec.kv_cache.layout}' (pass {' and '.join(names)})")
+
+    def refuse_aliasing(self, written: list[ArrayArg | None], read: list[ArrayArg | None]) -> None:
+        """Where outputs are bound: no array the kernel writes may overlap one it reads."""
+        refuse_aliasing(written, read)
 
     def refuse_unknown(self) -> None:
         if self.call:

@@ -125,6 +125,8 @@ def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
     detail = "the scale pool this kernel writes" if kv.scale == "per_token_head" else "given by the caller"
     scales, pool_strides = bind_scales(b, spec, N, detail)
     b.refuse_unknown()
+    pools = kv.scale == "per_token_head"  # then the scales are pools this kernel writes, like the caches
+    b.refuse_aliasing([*caches, *(scales if pools else [])], [key, value, sm, *([] if pools else scales)])
 
     if checked:
         _check_values(spec, sm, scales, N)

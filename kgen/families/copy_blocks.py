@@ -21,6 +21,7 @@ from kgen.families.argtable import Arg, KernelDecl, array
 from kgen.families.base import Config, SingleKernelFamily
 from kgen.families.binding import CallBinder, host_values
 from kgen.families.layout import cache_names, cache_rows, cache_shapes, describe, scale_shape
+from kgen.optional import is_torch_tensor
 
 
 class CopyBlocksFamily(SingleKernelFamily):
@@ -58,7 +59,7 @@ class CopyBlocksFamily(SingleKernelFamily):
         lines += cache_rows(spec, "each block contiguous")
         if kv.scale == "per_token_head":
             shape = ", ".join(str(s) for s in scale_shape(spec))
-            lines.append(f"  k_scale, v_scale  [{shape}]  float32 scale pools (required: copied with the blocks)")
+            lines.append(f"  k_scale, v_scale  [{shape}]  fp32 scale pools (required: copied with the blocks)")
         return lines + ["", "The kernel sees one plane per (pool array, layer); 16-byte copies when aligned."]
 
     def plan(self, spec, config: Config, call: dict[str, Any], checked: bool = True):
@@ -131,6 +132,7 @@ def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
         for arr in arrays:
             b.check(arr, expected[name], "fp32" if name.endswith("scale") else kv.dtype)
             planes.append(_plane(arr))
+    b.refuse_aliasing([arr for arrays in groups.values() for arr in arrays], [pairs])
 
     if checked:
         _check_pairs(host_values(pairs), N)
@@ -164,7 +166,7 @@ def _device_table(like: ArrayArg, table: np.ndarray):
     """The plane table where the kernel can read it: numpy on the CPU, a torch/CuPy array on the GPU."""
     if like.device == "cpu":
         return table
-    if type(like.obj).__module__.split(".")[0] == "torch":
+    if is_torch_tensor(like.obj):
         import torch
 
         return torch.from_numpy(table).to(like.obj.device)

@@ -194,7 +194,7 @@ def bind_scales(binder, spec, num_blocks: int, detail: str = "") -> tuple[list, 
         if s is None:
             name = ("k_scale", "v_scale")[i]
             raise ArgumentError(f"{name}: required for a {kv.dtype} cache with scale '{kv.scale}' "
-                                f"(float32, shape {list(sshape)}{'; ' + detail if detail else ''})")
+                                f"(fp32, shape {list(sshape)}{'; ' + detail if detail else ''})")
         if s.shape == (1,) and sshape == ():  # a one-element array stands for a per-tensor scalar
             s.shape, s.strides = (), ()
         binder.check(s, sshape, "fp32", contiguous=kv.scale != "per_token_head")

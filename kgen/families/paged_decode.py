@@ -234,7 +234,7 @@ class _Binder(CallBinder):
         alibi = self.take("alibi_slopes", False)
         if a.alibi:
             if alibi is None:
-                raise ArgumentError(f"alibi_slopes: required (spec has alibi: true), float32 shape [{Hq}]")
+                raise ArgumentError(f"alibi_slopes: required (spec has alibi: true), fp32 shape [{Hq}]")
             self.check(alibi, (Hq,), "fp32", contiguous=True)
         elif alibi is not None:
             raise ArgumentError("alibi_slopes: given, but the spec has alibi: false")
@@ -247,6 +247,7 @@ class _Binder(CallBinder):
         return_lse = bool(self.call.pop("return_lse", False))
         lse = as_array_arg("lse", empty_like_library(q, (S, Hq), "fp32")) if return_lse else None
         self.refuse_unknown()
+        self.refuse_aliasing([out], [q, *caches, bt, sl, ks, vs, alibi])
 
         if checked:
             self._check_values(bt, sl, N, M)

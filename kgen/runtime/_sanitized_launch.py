@@ -8,15 +8,17 @@ parent turns it into a KernelRuntimeError.
 
 from __future__ import annotations
 
+import ctypes
 import pickle
 import sys
 
 import numpy as np
 
+from kgen.fileio import atomic_write_bytes
+from kgen.runtime.cpu import _Library, pack_args
+
 
 def main(job_path: str) -> int:
-    from kgen.runtime.cpu import _Library, pack_args
-
     with open(job_path, "rb") as f:
         job = pickle.load(f)
     out_path = job["result"]
@@ -25,8 +27,6 @@ def main(job_path: str) -> int:
     if "signature" in job:
         result["signature"] = list(lib.signature(job["signature"]) or ())
     lib.set_options(job.get("workers", 0), job.get("stack_size", 0))
-    import ctypes
-
     err = ctypes.create_string_buffer(4096)
     for idx, ln in enumerate(job["launches"]):
         # Fresh, exactly sized buffers: ASan puts its redzones right after each one.
@@ -35,19 +35,14 @@ def main(job_path: str) -> int:
         result["kernel"] = ln["kernel"]
         result["index"] = idx
         # Progress marker: if the sanitizer kills us mid-launch, the parent knows which kernel.
-        with open(out_path, "wb") as f:
-            pickle.dump(result, f)
+        atomic_write_bytes(out_path, pickle.dumps(result))
         argv, _keep = pack_args(ln["kernel"], sig, args)
         rc = lib.launch(ln["kernel"].encode(), *ln["grid"], *ln["block"], ln["smem"], argv, err, 4096)
         result["arrays"].append([a if isinstance(a, np.ndarray) else None for a in args])
         if rc != 0:
             result["error"] = err.value.decode(errors="replace")
             break
-    with open(out_path + ".tmp", "wb") as f:
-        pickle.dump(result, f)
-    import os
-
-    os.replace(out_path + ".tmp", out_path)
+    atomic_write_bytes(out_path, pickle.dumps(result))
     return 0
 
 

@@ -21,9 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from kgen.compile.host import HostArtifact, compile_host, compiler
-from kgen.errors import ArgumentError, KernelRuntimeError
+from kgen.compile.host import HostArtifact, compile_host, compiler, rebuild_host
+from kgen.errors import ArgumentError, KernelRuntimeError, ToolchainError
+from kgen.optional import is_torch_tensor
 from kgen.runtime.base import Launch
+from kgen.settings import KGEN_CXX, KGEN_SIMT_STACK, KGEN_SIMT_THREADS, child_environment
 
 ERR_LEN = 4096
 _SCALAR_CTYPES = {
@@ -40,6 +42,8 @@ class _Library:
 
     def __init__(self, path: Path):
         self.lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+        if not hasattr(self.lib, "kgen_launch"):
+            raise OSError(f"{path}: not a kgen kernel library (no kgen_launch)")
         f = self.lib.kgen_launch
         f.restype = ctypes.c_int
         f.argtypes = [ctypes.c_char_p, *([ctypes.c_uint] * 6), ctypes.c_size_t, ctypes.c_void_p,
@@ -82,8 +86,24 @@ def _load(path: Path) -> _Library:
     return lib
 
 
-def _is_torch(x: Any) -> bool:
-    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+def _load_or_rebuild(artifact: HostArtifact) -> tuple[HostArtifact, _Library]:
+    """Load the artifact's library; a cached one that does not load is rebuilt once, and a fresh
+    build that does not load is a ToolchainError (the compiler does not match this machine)."""
+    try:
+        return artifact, _load(artifact.library)
+    except OSError as e:
+        error = e
+    if artifact.cache_hit:
+        artifact = rebuild_host(artifact)
+        try:
+            return artifact, _load(artifact.library)
+        except OSError as e:
+            error = e
+    raise ToolchainError(
+        f"the CPU backend's kernel library {artifact.library}, just built by {compiler()}, does not load "
+        f"into this Python: {error}. Check that KGEN_CXX (now {KGEN_CXX.value()!r}) names a "
+        "working g++ for this machine"
+    )
 
 
 def _pointer(kernel: str, i: int, a: Any) -> int:
@@ -91,7 +111,7 @@ def _pointer(kernel: str, i: int, a: Any) -> int:
         if not (a.flags.c_contiguous or a.flags.f_contiguous):
             raise ArgumentError(f"kernel '{kernel}' argument {i}: array must be contiguous (use np.ascontiguousarray)")
         return a.ctypes.data
-    if _is_torch(a):
+    if is_torch_tensor(a):
         if a.device.type != "cpu":
             raise ArgumentError(f"kernel '{kernel}' argument {i}: torch tensor on {a.device}, the CPU backend needs cpu")
         if not a.is_contiguous():
@@ -173,7 +193,9 @@ class CpuModule:
         self.artifact = artifact
         self.workers = workers
         self.stack_size = stack_size
-        self._lib = None if artifact.sanitize else _load(artifact.library)
+        self._lib = None
+        if not artifact.sanitize:
+            self.artifact, self._lib = _load_or_rebuild(artifact)
 
     @classmethod
     def from_source(cls, source: str, kernel_names: Sequence[str], *, sanitize: bool = False,
@@ -196,6 +218,11 @@ class CpuModule:
         assert sig is not None
         return sig
 
+    def _options(self) -> tuple[int, int]:
+        """(worker threads, fiber stack bytes); 0 = the runtime's default."""
+        return (self.workers or KGEN_SIMT_THREADS.value(),
+                self.stack_size or KGEN_SIMT_STACK.value())
+
     def launch(self, launch: Launch) -> None:
         self.launch_many([launch])
 
@@ -207,7 +234,7 @@ class CpuModule:
             _sanitized_run(self, launches)
             return
         lib = self._lib
-        lib.set_options(self.workers, self.stack_size)
+        lib.set_options(*self._options())
         err = ctypes.create_string_buffer(ERR_LEN)
         for ln in launches:
             sig = lib.signature(ln.kernel)
@@ -227,14 +254,12 @@ def asan_runtime() -> str:
     out = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True, text=True, check=False)
     path = out.stdout.strip()
     if out.returncode != 0 or not os.path.isabs(path) or not os.path.exists(path):
-        from kgen.errors import ToolchainError
-
         raise ToolchainError(f"{cxx} has no AddressSanitizer runtime (libasan.so); install it or use sanitize=False")
     return os.path.realpath(path)
 
 
 def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
+    env = child_environment()
     env["LD_PRELOAD"] = asan_runtime()
     env["ASAN_OPTIONS"] = ("detect_leaks=0:halt_on_error=1:abort_on_error=0:exitcode=66:"
                            "detect_stack_use_after_return=0:allocator_may_return_null=1:print_legend=0")
@@ -245,7 +270,7 @@ def _child_env() -> dict[str, str]:
 
 
 def _as_numpy(a: Any) -> Any:
-    if _is_torch(a):
+    if is_torch_tensor(a):
         return a.detach().numpy()
     return a
 
@@ -283,8 +308,9 @@ def _sanitized_run(mod: CpuModule, launches: Sequence[Launch]) -> None:
     for ln in launches:
         job_launches.append({"kernel": ln.kernel, "grid": _dims(ln.grid, "grid"), "block": _dims(ln.block, "block"),
                              "smem": int(ln.smem), "args": [_as_numpy(a) for a in ln.args]})
+    workers, stack_size = mod._options()
     res = _run_child({"library": str(mod.artifact.library), "launches": job_launches,
-                      "workers": mod.workers, "stack_size": mod.stack_size})
+                      "workers": workers, "stack_size": stack_size})
     # copy results back into the caller's arrays (even after a failure: what ran, ran)
     for ln, outs in zip(launches, res.get("arrays", []), strict=False):
         for a, new in zip(ln.args, outs, strict=False):

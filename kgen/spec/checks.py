@@ -16,7 +16,7 @@ from pydantic import BeforeValidator
 from pydantic_core import PydanticCustomError
 
 INT32_MAX = 2**31 - 1
-_F32_MIN, _F32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38  # normal float32 range
+_F32_MIN, _F32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38  # normal fp32 range
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _NAME_RULE = "a letter or _, then letters, digits or _, at most 64 characters"
 # C23 and C++20 keywords; _Keywords are caught by the reserved-prefix rule.
@@ -103,7 +103,7 @@ def _number(v: Any, allowed: str) -> float:
     if not math.isfinite(f):
         _fail("must be a finite number", v, allowed)
     if not _F32_MIN <= f <= _F32_MAX:
-        _fail("must be positive and fit in float32", v, allowed)
+        _fail("must be positive and fit in fp32", v, allowed)
     return f
 
 
@@ -156,12 +156,12 @@ def _c_name(example: str) -> BeforeValidator:
     return BeforeValidator(_Check(check, allowed))
 
 
-def _list(allowed: str) -> BeforeValidator:
+def _list(allowed: str, empty_hint: str = "") -> BeforeValidator:
     def check(v: Any) -> list[Any]:
         if not isinstance(v, list | tuple):
             _fail(f"must be a list, not {_kind(v)}", v, allowed)
         if not v:
-            _fail("must not be empty", v, allowed)
+            _fail(f"must not be empty{empty_hint}", v, allowed)
         return list(v)
     return BeforeValidator(_Check(check, allowed))
 

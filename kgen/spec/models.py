@@ -1,11 +1,13 @@
-"""The kernel spec (DESIGN §2): pydantic models, the loader, and user-facing errors.
+"""The kernel spec (the format: docs/architecture.md, `kgen schema`): pydantic models, the loader,
+and user-facing errors.
 
-Every field is checked by a before-validator (kgen/spec_checks.py) that words its own message, so a
+Every field is checked by a before-validator (kgen/spec/checks.py) that words its own message, so a
 bad value yields exactly one line `FILE:LINE: field.path: message (got X;
 allowed: …)` and never pydantic's phrasing. Rules that span fields (GQA
-divisibility, dtype vs arch, scale vs dtype, tuning cross-references) live in
-one function that runs on raw data after field validation, skipping fields that
-already failed, so a file's errors are all reported at once.
+divisibility, dtype vs arch, scale vs dtype, fields a kind does not read, tuning
+cross-references) live in one function that runs on raw data after field
+validation, skipping fields that already failed, so a file's errors are all
+reported at once.
 """
 
 from __future__ import annotations
@@ -69,11 +71,22 @@ MIN_SM = {"bf16": 80, "fp8_e4m3": 89, "fp8_e5m2": 89}  # oldest arch with native
 MAX_HEADS = 4096
 # Spec-derived values a tuning constraint may name besides the tuning parameters.
 CONSTRAINT_SPEC_NAMES = ("group_size", "head_dim", "block_size", "num_q_heads", "num_kv_heads")
+ATTENTION_KINDS = ("paged_decode", "paged_prefill")
+# Optional fields only some kinds read. Set for any other kind they would be silently ignored,
+# so loading refuses them there and canonical() leaves them out.
+FIELD_KINDS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("attention", "softmax_scale"): ATTENTION_KINDS,
+    ("attention", "sliding_window"): ATTENTION_KINDS,
+    ("attention", "logits_soft_cap"): ATTENTION_KINDS,
+    ("attention", "alibi"): ATTENTION_KINDS,
+    ("attention", "causal"): ("paged_prefill",),  # a decode query is the last position: causal by nature
+    ("dtype", "out"): ATTENTION_KINDS,
+}
 # ---------------------------------------------------------------- models
 
 _CONFIG = ConfigDict(extra="forbid", strict=True, frozen=True)
 _HEADS = f"1..{MAX_HEADS}"
-_POS = "a positive number (fits in float32)"
+_POS = "a positive number (fits in fp32)"
 _TAIL_HINT = ("; true masks the unused slots of each sequence's last block, "
               "false promises every length is a multiple of block_size")
 
@@ -102,12 +115,15 @@ class AttentionSpec(BaseModel):
     num_kv_heads: HeadCount = Field(description="number of KV heads; divides num_q_heads (GQA; 1 = MQA)")
     head_dim: HeadDim = Field(description="size of one head, a multiple of 8 in 32..512")
     softmax_scale: Annotated[Literal["auto"] | float, _positive(f"auto or {_POS}", auto=True)] = Field(
-        "auto", description="auto = 1/sqrt(head_dim), or a positive number")
-    sliding_window: Window | None = Field(None, description="attend to the last W tokens only (null = no window)")
+        "auto", description="auto = 1/sqrt(head_dim), or a positive number (paged_decode and paged_prefill only)")
+    sliding_window: Window | None = Field(
+        None, description="attend to the last W tokens only (null = no window; paged_decode and paged_prefill only)")
     logits_soft_cap: Annotated[float, Field(gt=0), _positive(f"{_POS}, or null")] | None = Field(
-        None, description="soft cap: logits become cap * tanh(s / cap) (null = off)")
-    alibi: Bool = Field(False, description="add ALiBi biases; slopes are passed at call time")
-    causal: Bool = Field(True, description="causal masking (matters for paged_prefill)")
+        None, description="soft cap: logits become cap * tanh(s / cap) (null = off; paged_decode and paged_prefill only)")
+    alibi: Bool = Field(
+        False, description="add ALiBi biases; slopes are passed at call time (paged_decode and paged_prefill only)")
+    causal: Bool = Field(True, description=(
+        "causal masking of the query chunk (paged_prefill only; a decode query sees every key anyway)"))
 
 
 class KVCacheSpec(BaseModel):
@@ -133,7 +149,8 @@ class KVCacheSpec(BaseModel):
 class DTypeSpec(BaseModel):
     model_config = _CONFIG
     q: Annotated[QDType, _one_of(QDType)] = Field(description="query (and cache_write key/value) element type")
-    out: Annotated[QDType, _one_of(QDType)] | None = Field(None, description="output element type (default: q)")
+    out: Annotated[QDType, _one_of(QDType)] | None = Field(
+        None, description="output element type (default: q; paged_decode and paged_prefill only)")
 
     @property
     def resolved_out(self) -> str:
@@ -150,7 +167,8 @@ class TuningSpec(BaseModel):
     model_config = _CONFIG
     params: Annotated[dict[ParamName, ParamValues], _mapping("a mapping from parameter name to a list of values")] = (
         Field(description="the search space: parameter name -> candidate values"))
-    constraints: Annotated[list[Constraint], _list("a list of expressions")] = Field(
+    constraints: Annotated[list[Constraint], _list(
+        "a list of expressions", "; leave tuning.constraints out when there are none")] = Field(
         default_factory=list, description=f"expressions every tried config satisfies ({_EXPR_ALLOWED})")
     defaults: Annotated[dict[ParamName, Scalar], _mapping("a mapping from parameter name to one of its values")] = (
         Field(default_factory=dict, description="the config used without tuning"))
@@ -178,7 +196,8 @@ class Spec(BaseModel):
 
     @model_validator(mode="after")
     def _cross_field(self) -> Spec:
-        problems = _semantic_errors(self.model_dump(), set())
+        # The fields as given (as the loader sees them): a default must not count as "set for this kind".
+        problems = _semantic_errors(self.model_dump(exclude_unset=True), set())
         if problems:
             msg = "; ".join(f"{_dotted(loc)}: {m}" for loc, m in problems)
             raise PydanticCustomError("kgen_semantic", "{msg}", {"msg": msg})
@@ -198,20 +217,36 @@ class Spec(BaseModel):
         return 1.0 / math.sqrt(self.attention.head_dim) if s == "auto" else float(s)
 
     def canonical(self) -> dict[str, Any]:
-        """Plain JSON data with defaults filled in; spec_from_dict(canonical()) gives the same spec back."""
-        data = self.model_dump(mode="json")
-        data["kv_cache"]["order"] = None if self.kv_cache.layout == "vllm" else self.kv_cache.resolved_order
+        """Plain JSON data: every field this kind reads, defaults filled in; absent values (null, empty
+        optional lists and mappings) and fields the kind does not read are left out, so loading it
+        (spec_from_dict, or parse_spec of its YAML) gives an equal spec back."""
+        data = _present(self.model_dump(mode="json"), Spec)
+        if self.kv_cache.layout != "vllm":
+            data["kv_cache"]["order"] = self.kv_cache.resolved_order
         data["dtype"]["out"] = self.dtype.resolved_out
+        for (section, name), readers in FIELD_KINDS.items():
+            if self.kind not in readers:
+                data[section].pop(name, None)
         return data
 
     def spec_hash(self) -> str:
         text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
+    def __eq__(self, other: object) -> bool:
+        """Equal specs describe the same kernel: the same canonical form. How the file spelled it
+        (a default written out or left implicit) and where it came from do not count."""
+        if not isinstance(other, Spec):
+            return NotImplemented
+        return self.spec_hash() == other.spec_hash()
+
+    def __hash__(self) -> int:
+        return hash(self.spec_hash())
+
     def with_overrides(self, **changes: Any) -> Spec:
         """A re-validated variant. Sections merge (`kv_cache={"block_size": 32}` keeps the other
         kv_cache fields); dotted keys reach one field (`**{"kv_cache.block_size": 32}`)."""
-        data = self.model_dump()
+        data = self.model_dump(exclude_unset=True)  # defaults stay implicit: they follow a changed kind
         for key, value in changes.items():
             head, *rest = key.split(".")
             for part in reversed(rest):
@@ -243,6 +278,18 @@ def _model_at(loc: Loc) -> type[BaseModel] | None:
         field = cls.model_fields.get(part) if cls and isinstance(part, str) else None
         cls = _submodel(field.annotation) if field else None
     return cls
+
+
+def _present(data: dict[str, Any], cls: type[BaseModel]) -> dict[str, Any]:
+    """`data` without null values and without empty optional lists and mappings, section by section."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        field = cls.model_fields[key]
+        if value is None or (not field.is_required() and isinstance(value, list | dict) and not value):
+            continue
+        sub = _submodel(field.annotation)
+        out[key] = _present(value, sub) if sub and isinstance(value, dict) else value
+    return out
 
 
 def _merge(base: dict[str, Any], changes: dict[str, Any], cls: type[BaseModel]) -> None:
@@ -330,7 +377,27 @@ def _semantic_errors(data: dict[str, Any], bad: set[Loc]) -> list[tuple[Loc, str
     if get("kv_cache", "layout") == "vllm" and order in ORDERS:
         out.append((("kv_cache", "order"), "the vllm layout fixes its own order; leave order out "
                                            f"(got {order!r}; allowed: no order with layout vllm)"))
-    return out + _tuning_errors(get)
+    return out + _kind_errors(get) + _tuning_errors(get)
+
+
+def _kind_errors(get: Callable[..., Any]) -> list[tuple[Loc, str]]:
+    """Fields the spec's kind would ignore, and the window/causal rule of paged_prefill."""
+    kind = get("kind")
+    if kind not in KINDS:
+        return []
+    out: list[tuple[Loc, str]] = []
+    for loc, readers in FIELD_KINDS.items():
+        value = get(*loc)
+        if kind not in readers and value is not None and value is not _INVALID:
+            who = f"only {' and '.join(readers)} {'reads' if len(readers) == 1 else 'read'} it"
+            out.append((loc, f"has no effect on a {kind} kernel: {who} "
+                             f"(got {_show(value)}; allowed: leave {loc[-1]} out for kind {kind})"))
+    window, causal = get("attention", "sliding_window"), get("attention", "causal")
+    if kind == "paged_prefill" and causal is False and isinstance(window, int):
+        out.append((("attention", "sliding_window"), "a sliding window needs causal attention: with causal: "
+                    f"false every query sees every key (got sliding_window {window} with causal false; "
+                    "allowed: causal true, or no sliding_window)"))
+    return out
 
 
 def _tuning_errors(get: Callable[..., Any]) -> list[tuple[Loc, str]]:
@@ -465,12 +532,13 @@ def json_schema() -> dict[str, Any]:
     """JSON Schema of the spec format, with help text, for editors and `kgen schema`."""
     schema = Spec.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["description"] = "A kgen kernel spec (DESIGN §2): one YAML document per kernel."
+    schema["description"] = "A kgen kernel spec: one YAML document per kernel (see docs/architecture.md)."
     return schema
 
 
 __all__ = [
-    "ARCHS", "KINDS", "KV_DTYPES", "LAYOUTS", "ORDERS", "Q_DTYPES", "QUANTIZED_KV_DTYPES", "SCALES",
+    "ARCHS", "ATTENTION_KINDS", "FIELD_KINDS", "KINDS", "KV_DTYPES", "LAYOUTS", "ORDERS", "Q_DTYPES",
+    "QUANTIZED_KV_DTYPES", "SCALES",
     "AttentionSpec", "BucketSpec", "DTypeSpec", "KVCacheSpec", "Spec", "SpecError", "TuningSpec",
     "c_name_problem", "constraint_names", "json_schema", "load_spec", "parse_spec", "spec_from_dict",
 ]

@@ -4,7 +4,8 @@ PyYAML's loaders forget where values came from and silently keep the last of
 duplicate keys, so we compose the node tree ourselves and walk it: each path
 (tuple of keys and list indices) maps to the line that wrote it, and problems
 the YAML layer can see (duplicate keys, odd keys, unknown tags) are collected
-instead of raised, so the caller can report them with everything else.
+instead of raised, so the caller can report them with everything else. A document
+too big or too deep for a spec (an alias bomb) stops the walk with one error.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ Loc = tuple[str | int, ...]
 _MAP_TAG = "tag:yaml.org,2002:map"
 _SEQ_TAG = "tag:yaml.org,2002:seq"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
-_MAX_DEPTH = 32
-_MAX_NODES = 100_000  # alias bombs expand exponentially; a real spec has ~100 nodes
+_MAX_DEPTH = 32  # a real spec nests 4 levels
+_MAX_NODES = 10_000  # alias bombs expand exponentially; a real spec has ~100 values
 
 
 class Unreadable:
@@ -51,7 +52,7 @@ class YamlDoc:
 
 
 class YamlFileError(Exception):
-    """The text is not one readable YAML document (syntax error, empty file)."""
+    """The text is not one readable YAML document of spec size (syntax error, empty file, alias bomb)."""
 
     def __init__(self, line: int, message: str):
         super().__init__(message)
@@ -92,20 +93,35 @@ class _Walker:
         self.problems: list[YamlProblem] = []
         self._ctor = SafeConstructor()
         self._open: set[int] = set()  # ids of nodes being walked, to catch recursive aliases
+        self._seen: set[int] = set()  # ids of collections walked once: meeting one again is an alias
+        self._alias: Node | None = None  # the outermost alias being expanded
         self._count = 0
 
     def _problem(self, loc: Loc, line: int, msg: str, blocks: bool = True) -> Unreadable:
         self.problems.append(YamlProblem(loc, line, msg, blocks))
         return UNREADABLE
 
+    def _too_big(self, node: Node, what: str) -> YamlFileError:
+        """One error for the whole file (an alias bomb would otherwise be blamed on every field)."""
+        if self._alias is not None:
+            return YamlFileError(_line(self._alias), f"the YAML {what} through aliases of the anchor on this "
+                                                     "line; write the values out (a spec has about a hundred)")
+        return YamlFileError(_line(node), f"the YAML {what}; a spec has about a hundred values, 4 levels deep")
+
     def walk(self, node: Node, loc: Loc, depth: int) -> object:
         self._count += 1
-        if self._count > _MAX_NODES or depth > _MAX_DEPTH:
-            return self._problem(loc, _line(node), "the YAML is nested or aliased too deeply for a spec")
+        if self._count > _MAX_NODES:
+            raise self._too_big(node, f"expands to more than {_MAX_NODES} values")
+        if depth > _MAX_DEPTH:
+            raise self._too_big(node, f"nests more than {_MAX_DEPTH} levels deep")
         if id(node) in self._open:
             return self._problem(loc, _line(node), "a YAML alias refers to itself")
         if isinstance(node, ScalarNode):
             return self._scalar(node, loc)
+        outer = self._alias
+        if self._alias is None and id(node) in self._seen:
+            self._alias = node
+        self._seen.add(id(node))
         self._open.add(id(node))
         try:
             if isinstance(node, MappingNode) and node.tag == _MAP_TAG:
@@ -115,6 +131,7 @@ class _Walker:
             return self._problem(loc, _line(node), f"unsupported YAML tag {node.tag}")
         finally:
             self._open.discard(id(node))
+            self._alias = outer
 
     def _at(self, loc: Loc, node: Node) -> Loc:
         self.lines[loc] = _line(node)

@@ -9,16 +9,11 @@ cluster when RAY_ADDRESS is set (Ray's own convention), else starts a local inst
 
 from __future__ import annotations
 
-from kgen.errors import KgenUserError
+from kgen.optional import require
 
 
 def require_ray():
-    try:
-        import ray
-    except ImportError:
-        raise KgenUserError("the ray executor needs Ray, which is not installed: "
-                            "pip install 'kgen[ray]' (or use --executor local)") from None
-    return ray
+    return require("ray", "the ray executor", "pip install 'kgen[ray]' (or use --executor local)")
 
 
 def ray_map(tasks: list[dict]) -> list[dict]:

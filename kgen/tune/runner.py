@@ -17,15 +17,15 @@ import math
 import os
 import platform
 import re
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
 from kgen.errors import KernelRuntimeError, KgenUserError
+from kgen.fileio import atomic_write_text
+from kgen.runtime.cuda import require_gpu
+from kgen.seeds import fresh_seed
 from kgen.tune.measure import make_task, run_task
 from kgen.tune.search import config_key, expand_space, resolve_buckets, search, winners
 from kgen.version import __version__
@@ -66,6 +66,7 @@ def device_info(backend: str) -> dict:
     except Exception as e:  # noqa: BLE001 - the record says why it is missing
         info["nvrtc"] = f"unavailable ({type(e).__name__})"
     if backend == "cuda":
+        require_gpu()
         import cupy
 
         dev = cupy.cuda.Device()
@@ -122,7 +123,7 @@ def tune_spec(spec, backend: str = "auto", buckets: dict | None = None, budget_s
         raise KgenUserError(f"budget_s must be positive (got {budget_s})")
     measure_s = MEASURE_S[backend] if measure_s is None else float(measure_s)
     max_evals = max(1, int(budget_s / (measure_s + OVERHEAD_S[backend])))
-    seed = int(np.random.SeedSequence().entropy % (2**31)) if seed is None else int(seed)
+    seed = fresh_seed() if seed is None else int(seed)
     run = _executor(executor) if isinstance(executor, str) else executor
     info = device_info(backend)
     records: list[dict] = []
@@ -187,11 +188,7 @@ def _overall_winner(measured: dict, best: dict, by_key: dict, defaults: dict) ->
 
 def save_results(results: dict, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(results, f, indent=1, sort_keys=True, default=_json_default)
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(path, json.dumps(results, indent=1, sort_keys=True, default=_json_default))
 
 
 def _json_default(x):

@@ -41,7 +41,7 @@ def kernel_from_source(spec, source: str, backend: str = "auto", config: Config 
             f"{origin}: defines no kernel named {', '.join(missing)}; it must declare "
             f'extern "C" __global__ void {names[0]}(...) with the signature of `kgen abi {spec.source_path or spec.name}`'
         )
-    rendered = Rendered(source, names, config, spec.kind)
+    rendered = Rendered(source, names, config)
     cubins = compile_cubins(spec, rendered, archs)
     module = load_module(select_backend(backend), rendered, cubins)
     return Kernel(spec, source, config, module, names,

@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from kgen.families.registry import family_for
+from kgen.seeds import fresh_seed
 from kgen.verify.report import VerificationReport
 
 
@@ -17,7 +18,7 @@ def verify(kernel, seed: int | None = None, cases: list[str] | None = None) -> V
     keeps only the cases of those names."""
     spec = kernel.spec
     family = family_for(spec)
-    seed = int(seed if seed is not None else np.random.SeedSequence().entropy % (2**63))
+    seed = int(seed if seed is not None else fresh_seed())
     rng = np.random.default_rng(seed)
     report = VerificationReport(spec.name, kernel.backend, seed, dict(kernel.config))
     start = time.perf_counter()

@@ -250,7 +250,6 @@ __attribute__((noinline, noipa)) inline int syncthreads_count(int pred) {
   block_current(w, "__syncthreads()");
   return (int)f->res;
 }
-inline void syncthreads() { syncthreads_count(0); }
 
 // ---- warp operations ----------------------------------------------------------
 // PTX shfl.sync source-lane rule (c = ((32 - width) << 8) | clamp).

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
 import subprocess
 import sys
 import textwrap
@@ -34,10 +36,10 @@ GOOD = textwrap.dedent("""\
     """)
 
 
-def run_kgen(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_kgen(*args: str, cwd: Path | None = None, umask: int = -1) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "kgen.cli", *args], capture_output=True, text=True,
-                          cwd=cwd or ROOT, env=env, timeout=600)
+                          cwd=cwd or ROOT, env=env, timeout=600, umask=umask)
 
 
 def write(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
@@ -190,3 +192,174 @@ def test_verify_handwritten_kernel_that_ignores_tail_fails(tmp_path):
     report = json.loads(r.stdout)
     failed = {c["name"] for c in report["cases"] if not c["passed"]}
     assert "len_B-1" in failed and "len_B" not in failed
+
+
+# --- kgen build -o DIR: nothing of the user's is lost --------------------------------------------------
+
+KGEN_FILES = ["__init__.py", "kernel.cu", "kernel.sm_90.cubin", "manifest.json"]
+
+
+def build_into(tmp_path: Path, out: Path, *extra: str, umask: int = -1) -> subprocess.CompletedProcess:
+    spec = tmp_path / "spec.yaml"
+    if not spec.exists():
+        spec.write_text(GOOD)
+    return run_kgen("build", str(spec), "-o", str(out), "--backend", "cpu", "--seed", "1", *extra, umask=umask)
+
+
+def snapshot(path: Path) -> dict[str, object]:
+    """Everything under `path` (itself included): links by target, files by content, folders by name."""
+    paths = [path, *sorted(path.rglob("*"))] if path.is_dir() and not path.is_symlink() else [path]
+    return {str(p.relative_to(path.parent)): ("link", os.readlink(p)) if p.is_symlink()
+            else ("file", p.read_bytes()) if p.is_file() else ("dir",) for p in paths}
+
+
+def test_two_builds_leave_only_what_kgen_wrote(tmp_path):
+    out = tmp_path / "out"
+    for _ in range(2):
+        r = build_into(tmp_path, out)
+        assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(out)) == ["__init__.py", "tiny_decode"]
+    assert sorted(os.listdir(out / "tiny_decode")) == KGEN_FILES
+
+
+def edit_added_file(pkg: Path) -> None:
+    (pkg / "notes.txt").write_text("mine")
+
+
+def edit_kernel_source(pkg: Path) -> None:
+    (pkg / "kernel.cu").write_text((pkg / "kernel.cu").read_text() + "// my tweak\n")
+
+
+def edit_manifest_gone(pkg: Path) -> None:
+    (pkg / "manifest.json").unlink()
+
+
+def replace_with_file(pkg: Path) -> None:
+    shutil.rmtree(pkg)
+    pkg.write_text("my notes, not a package")
+
+
+def replace_with_link(pkg: Path) -> None:
+    shutil.rmtree(pkg)
+    (pkg.parent.parent / "elsewhere").mkdir()
+    (pkg.parent.parent / "elsewhere" / "keep.txt").write_text("mine")
+    pkg.symlink_to(pkg.parent.parent / "elsewhere")
+
+
+def replace_with_user_dir(pkg: Path) -> None:
+    shutil.rmtree(pkg)
+    pkg.mkdir()
+    (pkg / "work.py").write_text("x = 1\n")
+
+
+USER_EDITS = [edit_added_file, edit_kernel_source, edit_manifest_gone, replace_with_file, replace_with_link,
+              replace_with_user_dir]
+
+
+@pytest.mark.parametrize("edit", USER_EDITS, ids=[e.__name__ for e in USER_EDITS])
+def test_build_refuses_to_replace_what_is_not_its_own_unless_forced(tmp_path, edit):
+    out = tmp_path / "out"
+    assert build_into(tmp_path, out).returncode == 0
+    pkg = out / "tiny_decode"
+    edit(pkg)
+    before = snapshot(pkg)
+    elsewhere = snapshot(tmp_path / "elsewhere") if (tmp_path / "elsewhere").exists() else None
+
+    r = build_into(tmp_path, out)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip().startswith(f"{pkg}:") and "--force" in r.stderr, r.stderr
+    assert snapshot(pkg) == before
+    assert sorted(os.listdir(out)) == ["__init__.py", "tiny_decode"]
+
+    r = build_into(tmp_path, out, "--force")
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(out)) == ["__init__.py", "tiny_decode"]
+    assert not pkg.is_symlink() and sorted(os.listdir(pkg)) == KGEN_FILES
+    if elsewhere is not None:  # --force replaces the link, never what it points at
+        assert snapshot(tmp_path / "elsewhere") == elsewhere
+
+
+def test_rebuild_after_the_package_was_imported(tmp_path):
+    """Importing the package leaves Python's __pycache__ in it: still kgen's own output."""
+    out = tmp_path / "out"
+    assert build_into(tmp_path, out).returncode == 0
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{ROOT}"
+    r = subprocess.run([sys.executable, "-c", "from out.tiny_decode import kernel; print(kernel)"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert (out / "tiny_decode" / "__pycache__").is_dir()
+    r = build_into(tmp_path, out)
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(out / "tiny_decode")) == KGEN_FILES
+
+
+def test_users_package_init_is_kept(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "__init__.py").write_text("from .helpers import *  # my package\n")
+    assert build_into(tmp_path, out).returncode == 0
+    assert (out / "__init__.py").read_text() == "from .helpers import *  # my package\n"
+
+
+def test_dangling_package_init_link_is_not_written_through(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "__init__.py").symlink_to(tmp_path / "somewhere.py")
+    assert build_into(tmp_path, out).returncode == 0
+    assert not (tmp_path / "somewhere.py").exists() and (out / "__init__.py").is_symlink()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027], ids=["umask022", "umask027"])
+def test_generated_files_get_the_users_permissions(tmp_path, umask):
+    out = tmp_path / "out"
+    r = build_into(tmp_path, out, umask=umask)
+    assert r.returncode == 0, r.stderr
+    pkg = out / "tiny_decode"
+    for folder in (out, pkg):
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o777 & ~umask, folder
+    for file in [out / "__init__.py", *(pkg / name for name in KGEN_FILES)]:
+        assert stat.S_IMODE(os.stat(file).st_mode) == 0o666 & ~umask, file
+
+
+def taken_file(tmp_path: Path) -> Path:
+    (tmp_path / "taken").write_text("mine")
+    return tmp_path / "taken"
+
+
+def dangling_link(tmp_path: Path) -> Path:
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    return tmp_path / "link"
+
+
+# (description, how to make the -o path from tmp_path, words the message must hold)
+BAD_OUTPUTS = [
+    ("existing file", taken_file, ["taken", "not a directory"]),
+    ("under a file", lambda t: taken_file(t) / "sub", ["taken", "not a directory"]),
+    ("dangling link", dangling_link, ["link", "missing"]),
+    ("empty", lambda t: "", ["-o", "empty"]),
+]
+
+
+@pytest.mark.parametrize("what,make,words", BAD_OUTPUTS, ids=[b[0] for b in BAD_OUTPUTS])
+def test_unusable_output_is_bad_input_and_nothing_is_written(tmp_path, what, make, words):
+    spec = write(tmp_path, GOOD)
+    output = make(tmp_path)
+    before = snapshot(tmp_path)
+    r = run_kgen("build", str(spec), "-o", str(output), "--backend", "cpu", cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    for word in words:
+        assert word in r.stderr, (word, r.stderr)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("command", ["build", "verify", "tune"])
+def test_negative_seed_is_bad_input(tmp_path, command):
+    spec = write(tmp_path, GOOD + "tuning:\n  params:\n    threads: [64, 128]\n")
+    extra = ["-o", str(tmp_path / "out")] if command == "build" else []
+    r = run_kgen(command, str(spec), "--backend", "cpu", "--seed", "-1", *extra)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and "--seed" in r.stderr
+    assert not (tmp_path / "out").exists()

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -11,6 +18,8 @@ from kgen.compile.host import compile_host
 from kgen.errors import CompileError, ToolchainError
 from kgen.runtime.base import Launch
 from kgen.runtime.cpu import CpuModule
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SRC = r"""
 #include <cuda_fp16.h>
@@ -98,3 +107,61 @@ def test_cuda_include_dir_honours_kgen_cuda_home(monkeypatch, tmp_path):
 def test_explicit_cache_object(tmp_path):
     art = compile_host(SRC, ["axpy"], cache=ArtifactCache(tmp_path))
     assert str(art.library).startswith(str(tmp_path))
+
+
+# ---- a cached library that does not load: rebuilt; a fresh one that does not load: a clear error
+
+def _rewrite_index(entry: Path) -> None:
+    """Make the entry's hashes match its (corrupted) files, as a library built on another machine
+    sharing the cache would: the hash check passes, only loading it can tell."""
+    index = json.loads((entry / "entry.json").read_text())
+    index["files"] = {n: hashlib.sha256((entry / n).read_bytes()).hexdigest() for n in index["files"]}
+    (entry / "entry.json").write_text(json.dumps(index))
+
+
+def test_cached_library_that_does_not_load_is_rebuilt(tmp_path):
+    src = SRC + f"// {tmp_path.name}: a library no test has loaded yet\n"
+    cache = ArtifactCache(tmp_path / "cache")
+    art = compile_host(src, ["axpy"], cache=cache)
+    art.library.write_bytes(b"\x7fELF but not a shared library")
+    _rewrite_index(art.library.parent)
+    cached = compile_host(src, ["axpy"], cache=cache)
+    assert cached.cache_hit  # the hash check cannot see the problem
+    mod = _axpy(cached)  # loads after a rebuild
+    assert not mod.artifact.cache_hit and mod.artifact.library == art.library
+
+
+FAKE_CXX = """#!/bin/sh
+# A "compiler" whose libraries do not load: prints a version, writes garbage as the output.
+if [ "$1" = "--version" ]; then echo "fake-g++ 1.0"; exit 0; fi
+while [ $# -gt 0 ]; do
+  if [ "$1" = "-o" ]; then printf 'garbage' > "$2"; fi
+  shift
+done
+"""
+
+
+def _fake_cxx(tmp_path: Path) -> Path:
+    cxx = tmp_path / "fake-g++"
+    cxx.write_text(FAKE_CXX)
+    cxx.chmod(0o755)
+    return cxx
+
+
+def test_fresh_library_that_does_not_load_is_a_toolchain_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("KGEN_CXX", str(_fake_cxx(tmp_path)))
+    art = compile_host(SRC + f"// {tmp_path.name}\n", ["axpy"], cache=ArtifactCache(tmp_path / "cache"))
+    with pytest.raises(ToolchainError) as e:
+        CpuModule(art)
+    text = str(e.value)
+    assert str(art.library) in text and "does not load" in text and "KGEN_CXX" in text
+
+
+def test_library_that_does_not_load_exits_2_without_traceback(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), KGEN_CACHE_DIR=str(tmp_path / "cache"),
+               KGEN_CXX=str(_fake_cxx(tmp_path)))
+    res = subprocess.run([sys.executable, "-m", "kgen.cli", "build", str(ROOT / "specs" / "llama3_8b_decode.yaml"),
+                          "-o", str(tmp_path / "gen"), "--backend", "cpu"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr and "does not load" in res.stderr and "kernel.so" in res.stderr

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
+import struct
 from pathlib import Path
 
 import pytest
 
-from kgen.cache import ArtifactCache
-from kgen.compile.nvrtc import compile_cubin, format_compile_error, parse_ptxas_report
+from kgen.cache import ENTRY_INDEX, ArtifactCache
+from kgen.compile.nvrtc import CACHE_NAMESPACE, compile_cubin, format_compile_error, parse_ptxas_report
 from kgen.errors import CompileError
 from kgen.render import render
 from kgen.spec.models import load_spec
@@ -41,6 +45,44 @@ def test_cache_hit_and_corrupt_entry_rebuilt(tmp_path, llama_source):
     cubins[0].write_bytes(b"garbage")  # corrupt the cached artifact
     rebuilt = compile_cubin(llama_source, "sm_90", cache=cache)
     assert not rebuilt.cache_hit and rebuilt.cubin == first.cubin
+
+
+def _elf_end(data: bytes) -> int:
+    """Where an ELF64 file must end: past its header tables, its sections and its segments."""
+    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
+    ends = [phoff + phentsize * phnum, shoff + shentsize * shnum]
+    for i in range(shnum):
+        _, kind, _, _, offset, size = struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize)
+        if kind != 8:  # SHT_NOBITS (.bss-like) takes no room in the file
+            ends.append(offset + size)
+    for i in range(phnum):
+        _, _, offset, _, _, filesz = struct.unpack_from("<IIQQQQ", data, phoff + i * phentsize)
+        ends.append(offset + filesz)
+    return max(ends)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_cubin_is_the_whole_elf(tmp_path, llama_source, arch):
+    art = compile_cubin(llama_source, arch, cache=ArtifactCache(tmp_path))
+    assert len(art.cubin) == _elf_end(art.cubin)  # CuPy's getCUBIN left it one byte short
+
+
+def test_short_cubins_of_older_caches_are_not_reused(tmp_path, llama_source):
+    """A cache filled before whole cubins were written holds the same key in the old namespace."""
+    cache = ArtifactCache(tmp_path)
+    whole = compile_cubin(llama_source, "sm_90", cache=cache).cubin
+    entry = next((tmp_path / CACHE_NAMESPACE).rglob(ENTRY_INDEX)).parent
+    stale = tmp_path / "cubin" / entry.relative_to(tmp_path / CACHE_NAMESPACE)
+    shutil.copytree(entry, stale)
+    (stale / "kernel.cubin").write_bytes(whole[:-1])
+    index = json.loads((stale / ENTRY_INDEX).read_text())
+    index["files"]["kernel.cubin"] = hashlib.sha256(whole[:-1]).hexdigest()
+    (stale / ENTRY_INDEX).write_text(json.dumps(index))
+    shutil.rmtree(entry)
+    assert cache.lookup("cubin", entry.name) == stale  # an intact entry, as an older kgen left it
+    again = compile_cubin(llama_source, "sm_90", cache=cache)
+    assert not again.cache_hit and again.cubin == whole
 
 
 def test_compile_error_shows_failing_generated_lines(tmp_path):

@@ -108,7 +108,7 @@ def _refused(kernel, args, pattern):
 def test_scales_missing_for_a_quantized_cache(int8_kernel):
     args = _args(int8_kernel)
     del args["v_scale"]
-    _refused(int8_kernel, args, r"v_scale: required for a int8 cache with scale 'per_head' \(float32, shape \[2\]\)")
+    _refused(int8_kernel, args, r"v_scale: required for a int8 cache with scale 'per_head' \(fp32, shape \[2\]\)")
 
 
 def test_scales_given_for_a_float_cache(fp16_kernel):
@@ -153,7 +153,7 @@ def test_missing_unknown_and_foreign_arguments(fp16_kernel, int8_kernel):
     _refused(fp16_kernel, args | {"alibi_slopes": np.ones(6, np.float32)}, r"alibi_slopes: given, but the spec has alibi: false")
     args = _args(int8_kernel)
     del args["alibi_slopes"]
-    _refused(int8_kernel, args, r"alibi_slopes: required \(spec has alibi: true\), float32 shape \[6\]")
+    _refused(int8_kernel, args, r"alibi_slopes: required \(spec has alibi: true\), fp32 shape \[6\]")
 
 
 def test_pool_strides_must_keep_vector_alignment(fp16_kernel):

@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kgen.errors import ArgumentError, KernelRuntimeError
+from kgen.errors import ArgumentError, KernelRuntimeError, KgenUserError
 from kgen.runtime.base import Launch
 from kgen.runtime.cpu import CpuModule
 
@@ -324,6 +324,22 @@ def test_fiber_stack_overflow_is_an_error_and_stack_size_configurable(mod):
     big.launch(Launch("overflow_big", (2, 1, 1), (64, 1, 1), 0, [idx, out]))
     np.testing.assert_array_equal(out, idx.astype(np.float32))
     test_barrier_reverse_through_shared_memory(mod)  # the module still works
+
+
+def test_stack_size_and_workers_from_the_environment(mod, monkeypatch):
+    """KGEN_SIMT_STACK / KGEN_SIMT_THREADS are read through kgen.settings: honoured, or refused."""
+    idx = (np.arange(64, dtype=np.int32) * 600) % 40000
+    out = np.zeros(64, np.float32)
+    monkeypatch.setenv("KGEN_SIMT_STACK", "1M")
+    monkeypatch.setenv("KGEN_SIMT_THREADS", "2")
+    run(mod, "overflow_big", (2, 1, 1), (64, 1, 1), idx, out)
+    np.testing.assert_array_equal(out, idx.astype(np.float32))
+    monkeypatch.setenv("KGEN_SIMT_STACK", "lots")
+    with pytest.raises(KgenUserError, match=r"KGEN_SIMT_STACK='lots'.*k or M suffix"):
+        run(mod, "overflow_big", (2, 1, 1), (64, 1, 1), idx, out)
+    monkeypatch.delenv("KGEN_SIMT_STACK")
+    monkeypatch.delenv("KGEN_SIMT_THREADS")
+    test_barrier_reverse_through_shared_memory(mod)
 
 
 def test_indices_3d(mod):

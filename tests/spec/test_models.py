@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from pathlib import Path
 
 import pydantic
@@ -191,6 +192,33 @@ FIELD_CASES = [
      ["positive integer"]),
     ("buckets-empty", tuning("params: {}", "buckets: {batch: [1], context: []}"), 18, "tuning.buckets.context",
      ["must not be empty"]),
+    ("constraints-empty", tuning("params: {threads: [64]}", "constraints: []"), 18, "tuning.constraints",
+     ["must not be empty", "leave tuning.constraints out when there are none"]),
+    ("scale-beyond-fp32", edit({7: "  head_dim: 128\n  softmax_scale: 1.0e+39"}), 8, "attention.softmax_scale",
+     ["must be positive and fit in fp32", "allowed: auto or a positive number (fits in fp32)"]),
+    # Fields a kind does not read are refused, not ignored.
+    ("causal-on-decode", edit({7: "  head_dim: 128\n  causal: true"}), 8, "attention.causal",
+     ["has no effect on a paged_decode kernel", "only paged_prefill reads it", "got true",
+      "allowed: leave causal out for kind paged_decode"]),
+    ("causal-false-on-decode", edit({7: "  head_dim: 128\n  causal: false"}), 8, "attention.causal",
+     ["paged_decode", "got false"]),
+    ("causal-on-cache-write", edit({3: "kind: cache_write", 7: "  head_dim: 128\n  causal: true"}), 8,
+     "attention.causal", ["has no effect on a cache_write kernel", "only paged_prefill reads it"]),
+    ("window-on-cache-write", edit({3: "kind: cache_write", 7: "  head_dim: 128\n  sliding_window: 64"}), 8,
+     "attention.sliding_window", ["has no effect on a cache_write kernel",
+                                  "only paged_decode and paged_prefill read it", "got 64"]),
+    ("alibi-on-copy-blocks", edit({3: "kind: copy_blocks", 7: "  head_dim: 128\n  alibi: false"}), 8,
+     "attention.alibi", ["has no effect on a copy_blocks kernel", "leave alibi out for kind copy_blocks"]),
+    ("scale-on-copy-blocks", edit({3: "kind: copy_blocks", 7: "  head_dim: 128\n  softmax_scale: auto"}), 8,
+     "attention.softmax_scale", ["copy_blocks", "got 'auto'"]),
+    ("soft-cap-on-cache-write", edit({3: "kind: cache_write", 7: "  head_dim: 128\n  logits_soft_cap: 30"}), 8,
+     "attention.logits_soft_cap", ["cache_write", "got 30"]),
+    ("out-on-cache-write", edit({3: "kind: cache_write", 13: "  q: fp16\n  out: fp32"}), 14, "dtype.out",
+     ["has no effect on a cache_write kernel", "got 'fp32'", "leave out out for kind cache_write"]),
+    ("prefill-window-not-causal", edit({3: "kind: paged_prefill", 7: "  head_dim: 128\n  sliding_window: 256\n"
+                                                                   "  causal: false"}), 8,
+     "attention.sliding_window", ["a sliding window needs causal attention",
+                                  "got sliding_window 256 with causal false", "allowed: causal true, or no"]),
 ]
 
 
@@ -280,6 +308,50 @@ def test_recursive_alias_is_reported_not_looped(tmp_path):
     assert any(e.startswith("s.yaml:15: targets.0: a YAML alias refers to itself") for e in errs), errs
 
 
+def _laughs(levels: int, width: int = 10) -> list[str]:
+    """A billion-laughs alias bomb: level i lists `width` aliases of level i-1 (width**levels values)."""
+    rows = ["l0: &l0 [" + ", ".join(["lol"] * width) + "]"]
+    rows += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * width) + "]" for i in range(1, levels + 1)]
+    return rows
+
+
+@pytest.mark.parametrize("where", ["top", "tuning"])
+def test_alias_bomb_is_refused_once_and_fast(tmp_path, where):
+    rows = _laughs(9)  # 10**9 values once expanded
+    if where == "top":
+        text = BASE + "bomb:\n" + "".join(f"  {r}\n" for r in rows)
+    else:
+        text = tuning("params:", *(f"  {r}" for r in rows))
+    start = time.perf_counter()
+    errs = errors_of(tmp_path, text)
+    assert time.perf_counter() - start < 5
+    err = assert_one(errs, int(errs[0].split(":")[1]), "",
+                     ["the YAML expands to more than 10000 values through aliases",
+                      "anchor on this line", "write the values out"])
+    anchor = int(err.split(":")[1])
+    assert text.splitlines()[anchor - 1].lstrip().startswith("l"), err  # points at an anchor of the bomb
+
+
+def test_deep_nesting_is_refused_once(tmp_path):
+    errs = errors_of(tmp_path, BASE + "deep: " + "[" * 40 + "]" * 40 + "\n")
+    assert_one(errs, 16, "", ["the YAML nests more than 32 levels deep"])
+    nested = tuning("params:", "  a: &a " + "[" * 30 + "1" + "]" * 30, "  b: [" + ", ".join(["*a"] * 50) + "]")
+    assert len(errors_of(tmp_path, nested)) == 1
+
+
+def test_a_few_aliases_are_still_fine():
+    spec = parse_spec(edit({11: "  dtype: &d bf16", 13: "  q: *d\n  out: *d"}))
+    assert (spec.dtype.q, spec.dtype.out, spec.kv_cache.dtype) == ("bf16", "bf16", "bf16")
+
+
+def test_messages_spell_dtypes_the_kgen_way(tmp_path):
+    texts = [edit({7: "  head_dim: 128\n  logits_soft_cap: 1.0e-40"}), edit({7: "  head_dim: 128\n  softmax_scale: 1.0e+39"}),
+             edit({7: "  head_dim: 128\n  logits_soft_cap: foo"})]
+    for err in [e for t in texts for e in errors_of(tmp_path, t)]:
+        assert not re.search(r"float(16|32|64)|bfloat16|float8", err), err
+    assert not re.search(r"float(16|32|64)\b", json.dumps(json_schema())), "schema text"
+
+
 def test_parse_spec_uses_the_given_filename():
     with pytest.raises(SpecError) as info:
         parse_spec(edit({9: "  block_size: 24"}), "specs/llama.yaml")
@@ -332,12 +404,36 @@ def test_defaults_and_resolution():
 
 
 def test_explicit_numbers_and_optional_fields():
+    # causal belongs to paged_prefill (a decode spec refuses it; see the causal-on-decode case).
     spec = parse_spec(edit({7: "  head_dim: 64\n  softmax_scale: 1\n  sliding_window: 4096\n  logits_soft_cap: 30\n"
-                               "  alibi: true\n  causal: false", 11: "  dtype: int8\n  scale: per_token_head"}))
+                               "  alibi: true", 11: "  dtype: int8\n  scale: per_token_head"}))
     a = spec.attention
     assert isinstance(a.softmax_scale, float) and spec.softmax_scale_value == 1.0
-    assert (a.sliding_window, a.logits_soft_cap, a.alibi, a.causal) == (4096, 30.0, True, False)
+    assert (a.sliding_window, a.logits_soft_cap, a.alibi, a.causal) == (4096, 30.0, True, True)
     assert spec.kv_cache.quantized
+    prefill = parse_spec(edit({3: "kind: paged_prefill", 7: "  head_dim: 64\n  causal: false"}))
+    assert prefill.attention.causal is False
+
+
+def test_fields_a_kind_reads_are_accepted():
+    window = parse_spec(edit({3: "kind: paged_prefill", 7: "  head_dim: 64\n  sliding_window: 128\n  causal: true"}))
+    assert (window.attention.sliding_window, window.attention.causal) == (128, True)
+    assert "causal" in window.canonical()["attention"]
+    for kind in ("cache_write", "copy_blocks"):  # null is the same as leaving the field out
+        spec = parse_spec(edit({3: f"kind: {kind}", 7: "  head_dim: 64\n  sliding_window: null",
+                                13: "  q: fp16\n  out: null"}))
+        assert set(spec.canonical()["attention"]) == {"num_q_heads", "num_kv_heads", "head_dim"}
+        assert set(spec.canonical()["dtype"]) == {"q"}
+    assert "causal" not in parse_spec(BASE).canonical()["attention"]
+
+
+def test_changing_the_kind_refuses_fields_the_new_kind_ignores():
+    decode = parse_spec(edit({7: "  head_dim: 64\n  sliding_window: 128"}))
+    with pytest.raises(SpecError, match=r"attention\.sliding_window: has no effect on a cache_write kernel"):
+        decode.with_overrides(kind="cache_write")
+    write = decode.with_overrides(kind="cache_write", **{"attention.sliding_window": None})
+    assert write.kind == "cache_write" and write.attention.sliding_window is None
+    assert write.with_overrides(kind="paged_prefill").attention.causal is True  # defaults follow the kind
 
 
 @pytest.mark.parametrize("kind", ["paged_decode", "paged_prefill", "cache_write", "copy_blocks"])

