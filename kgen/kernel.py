@@ -1,4 +1,4 @@
-"""A built kernel: an ordinary Python callable over the spec's ABI (DESIGN.md §3)."""
+"""A built kernel: an ordinary Python callable over the spec's ABI (docs/abi.md)."""
 
 from __future__ import annotations
 

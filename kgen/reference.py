@@ -1,59 +1,31 @@
-"""The contiguous golden: gather the paged cache through the block tables, dequantize
-exactly as the ABI says (real = stored * scale), and compute attention in float64.
+"""The contiguous golden (docs/verification.md): gather the paged cache through the block
+tables (in the canonical order of kgen/families/layout.py), dequantize exactly as the ABI
+says (real = stored * scale, docs/abi.md), and compute attention in float64.
 
-`attention_lowp` computes the same attention in a lower working precision; the
-verifier uses its error against float64 as the yardstick for a kernel's error.
+`attention_decode(..., dtype=np.float32, round_to=...)` computes the same attention in a lower
+working precision; the verifier uses its error against float64 as the yardstick for a
+kernel's error.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from kgen.dtypes import QUANTIZED
-
-
-def canonical_cache(spec, k_cache=None, v_cache=None, kv_cache=None) -> tuple[np.ndarray, np.ndarray]:
-    """K and V pools as float64 [num_blocks, num_kv_heads, block_size, head_dim] (stored values, not scaled)."""
-    kv = spec.kv_cache
-    if kv.layout == "fused":
-        k_cache, v_cache = kv_cache[:, 0], kv_cache[:, 1]
-    k = np.asarray(k_cache).astype(np.float64)
-    v = np.asarray(v_cache).astype(np.float64)
-    if kv.layout == "vllm":
-        n, h, dx, b, x = k.shape
-        k = k.transpose(0, 1, 3, 2, 4).reshape(n, h, b, dx * x)  # [N,H,D/x,B,x] -> [N,H,B,D]
-        v = v.transpose(0, 1, 3, 2)  # [N,H,D,B] -> [N,H,B,D]
-    elif kv.resolved_order == "NHD":
-        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-    return k, v
-
-
-def canonical_scale(spec, scale, num_blocks: int) -> np.ndarray:
-    """Scales broadcast to [num_blocks, num_kv_heads, block_size] (float64); ones for float caches."""
-    kv, h = spec.kv_cache, spec.attention.num_kv_heads
-    shape = (num_blocks, h, kv.block_size)
-    if kv.dtype not in QUANTIZED or kv.scale == "none":
-        return np.ones(shape)
-    s = np.asarray(scale, dtype=np.float64)
-    if kv.scale == "per_tensor":
-        return np.full(shape, float(s.reshape(-1)[0]))
-    if kv.scale == "per_head":
-        return np.broadcast_to(s[None, :, None], shape).copy()
-    return s.transpose(0, 2, 1) if kv.resolved_order == "NHD" else s
+from kgen.families.layout import canonical_scale, from_layout
 
 
 def gather_sequence(pool: np.ndarray, scale: np.ndarray, table_row: np.ndarray, seq_len: int) -> np.ndarray:
-    """Contiguous real values [num_kv_heads, seq_len, head_dim] of one sequence."""
-    b = pool.shape[2]
+    """Contiguous real values [num_kv_heads, seq_len, head_dim] of one sequence from a canonical
+    [N, B, H, D] pool and its canonical [N, B, H] scales."""
+    n, b, h, d = pool.shape
     blocks = np.asarray(table_row[: -(-seq_len // b)], dtype=np.int64)
-    x = pool[blocks] * scale[blocks][..., None]  # [nb, H, B, D]
-    x = x.transpose(1, 0, 2, 3).reshape(pool.shape[1], -1, pool.shape[3])
-    return x[:, :seq_len]
+    x = pool[blocks] * scale[blocks][..., None]  # [nb, B, H, D]
+    return x.reshape(-1, h, d)[:seq_len].transpose(1, 0, 2)
 
 
 def decode_inputs_real(spec, args: dict) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per sequence: (K, V) real values [num_kv_heads, seq_len, head_dim] in float64."""
-    k, v = canonical_cache(spec, args.get("k_cache"), args.get("v_cache"), args.get("kv_cache"))
+    k, v = (x.astype(np.float64) for x in from_layout(spec, args))
     n = k.shape[0]
     ks = canonical_scale(spec, args.get("k_scale"), n)
     vs = canonical_scale(spec, args.get("v_scale"), n)

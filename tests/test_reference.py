@@ -27,7 +27,7 @@ def _spec(**overrides):
 
 
 def _token(spec, args, seq: int, t: int, head: int) -> tuple[np.ndarray, np.ndarray]:
-    """Real K and V of one token by the ABI's index formulas (DESIGN §3), one element row at a time."""
+    """Real K and V of one token by the ABI's index formulas (docs/abi.md), one element row at a time."""
     kv = spec.kv_cache
     blk, slot = int(args["block_tables"][seq, t // kv.block_size]), t % kv.block_size
     if kv.layout == "vllm":

@@ -1,20 +1,50 @@
-"""The interface every kernel family implements, and the config (tuning parameters) type."""
+"""The interface every kernel family implements (docs/architecture.md: how to add a family).
+
+A family owns everything specific to one `kind`: its tunable parameters and default tuning
+space, its argument table and kernels (launch geometry, shared memory), the template context,
+the call binding, the verification cases (inputs, reference, comparison) and the benchmark
+inputs of the tuner. Nothing outside kgen/families/ branches on the kind.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
+from kgen.errors import KgenUserError
+from kgen.families.argtable import Arg, KernelDecl
 from kgen.runtime.base import Launch
+from kgen.verify.report import CaseResult
 
 Config = dict[str, int]
+Bucket = tuple[int, int]  # (batch, context) of the tuner
 
 
 @dataclass(frozen=True)
 class TunableParam:
     name: str
     default: int
-    help: str
+
+
+@dataclass
+class Case:
+    """One case of a family's verification matrix; `params` are the family's own."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Bench:
+    """One benchmark call of the tuner: host (numpy) keyword arguments, the names of the
+    arguments the kernel writes, and the check of those after the timed launches."""
+
+    args: dict[str, Any]
+    outputs: list[str]
+    check: Callable[[dict[str, np.ndarray]], CaseResult]
 
 
 class Family(Protocol):
@@ -22,15 +52,64 @@ class Family(Protocol):
     template: str  # file under templates/
     params: dict[str, TunableParam]
 
-    def unsupported(self, spec) -> list[str]: ...
+    def unsupported(self, spec) -> list[str]:
+        """Why kgen cannot generate this spec (empty: it can)."""
 
-    def check_config(self, spec, config: Config) -> list[str]: ...
+    def check_config(self, spec, config: Config) -> list[str]:
+        """Why a (resolved) config is invalid for this spec."""
 
-    def template_context(self, spec, config: Config) -> dict[str, Any]: ...
+    def abi_config(self, spec) -> Config:
+        """The config of the hand-written-kernel contract (ABI 1); resolve_config fills the rest."""
+
+    def default_space(self, spec) -> dict[str, list[int]]:
+        """A tuning space worth searching when the spec gives none (`tuning.params` form)."""
+
+    def arguments(self, spec, config: Config) -> list[Arg]:
+        """The argument table: every parameter of the main kernel, in parameter order."""
+
+    def kernels(self, spec, config: Config) -> list[KernelDecl]:
+        """The kernels of one launch sequence, in launch order (geometry, shared memory, parameters)."""
 
     def kernel_names(self, spec, config: Config) -> list[str]: ...
 
-    def plan(self, spec, config: Config, call: dict[str, Any], alloc) -> tuple[list[Launch], Any]: ...
+    def template_context(self, spec, config: Config) -> dict[str, Any]: ...
+
+    def abi_notes(self, spec) -> list[str]:
+        """The kind's part of `kgen abi`: the specialised sizes, the call arguments, the rules."""
+
+    def plan(self, spec, config: Config, call: dict[str, Any], checked: bool = True) -> tuple[list[Launch], Any]:
+        """Check one call's arguments; return (launches, the call's result)."""
+
+    def cases(self, spec, config: Config, rng: np.random.Generator) -> list[Case]:
+        """The verification matrix."""
+
+    def run_case(self, kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
+        """Make the case's inputs, call `kernel`, judge its outputs against the reference."""
+
+    def bench(self, spec, config: Config, bucket: Bucket, rng: np.random.Generator) -> Bench:
+        """Inputs for timing one (batch, context) bucket, and the check of what the kernel wrote."""
+
+
+class FamilyBase:
+    """What most families share: names from the kernels, the ABI config, a threads-only space."""
+
+    def abi_config(self, spec) -> Config:
+        return {}
+
+    def default_space(self, spec) -> dict[str, list[int]]:
+        return {"threads": [64, 128, 256]}
+
+    def kernel_names(self, spec, config: Config) -> list[str]:
+        return [k.name for k in self.kernels(spec, config)]
+
+
+class SingleKernelFamily(FamilyBase):
+    """A family with one kernel per spec whose only tunable is `threads`."""
+
+    params = {"threads": TunableParam("threads", 128)}
+
+    def check_config(self, spec, config: Config) -> list[str]:
+        return threads_problems(config["threads"])
 
 
 def threads_problems(threads: int) -> list[str]:
@@ -38,16 +117,6 @@ def threads_problems(threads: int) -> list[str]:
     if threads % 32 or not 32 <= threads <= 1024:
         return [f"threads must be a multiple of 32 in 32..1024 (got {threads})"]
     return []
-
-
-class SingleKernelFamily:
-    """A family with one kernel per spec whose only tunable is `threads`."""
-
-    def check_config(self, spec, config: Config) -> list[str]:
-        return threads_problems(config["threads"])
-
-    def kernel_names(self, spec, config: Config) -> list[str]:
-        return [spec.name]
 
 
 def resolve_config(family: Family, spec, config: Config | None) -> Config:
@@ -58,8 +127,6 @@ def resolve_config(family: Family, spec, config: Config | None) -> Config:
         resolved.update({k: v for k, v in tuning.defaults.items() if k in resolved})
     for key, value in (config or {}).items():
         if key not in family.params:
-            from kgen.errors import KgenUserError
-
             raise KgenUserError(
                 f"{spec.name}: tuning parameter '{key}' is not known to the {family.kind} template "
                 f"(known: {', '.join(sorted(family.params))})"

@@ -9,11 +9,8 @@ import numpy as np
 
 from kgen.arrays import ArrayArg, as_array_arg, refuse_aliasing
 from kgen.errors import ArgumentError
+from kgen.families.layout import cache_names
 from kgen.optional import is_torch_tensor
-
-
-def cache_names(spec) -> tuple[str, ...]:
-    return ("kv_cache",) if spec.kv_cache.layout == "fused" else ("k_cache", "v_cache")
 
 
 def host_values(arg: ArrayArg) -> np.ndarray:

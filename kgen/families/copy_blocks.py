@@ -1,6 +1,6 @@
 """The copy-blocks family: copy whole blocks src -> dst (copy-on-write, compaction) in every pool
 array of the spec (K and V, or the fused pool; per_token_head scale pools too), for one
-layer or for a list of layers in one launch. ABI: DESIGN.md §3 and docs/cache-kernels.md.
+layer or for a list of layers in one launch (docs/cache-kernels.md, docs/abi.md).
 
 Rules of a call (checked on the host, ArgumentError otherwise): ids in 0..num_blocks-1; no
 dst twice; no block both a src and a dst (the copies run in parallel, so a chain like
@@ -16,31 +16,68 @@ import numpy as np
 
 from kgen.arrays import ArrayArg, as_array_arg
 from kgen.errors import ArgumentError
-from kgen.families.base import Config, SingleKernelFamily, TunableParam
-from kgen.families.binding import CallBinder as CacheBinder
-from kgen.families.binding import cache_names, host_values
-from kgen.families.paged_decode import cache_shapes, scale_shape
+from kgen.families import copy_blocks_cases
+from kgen.families.argtable import Arg, KernelDecl, array
+from kgen.families.base import Config, SingleKernelFamily
+from kgen.families.binding import CallBinder, host_values
+from kgen.families.layout import cache_names, cache_rows, cache_shapes, describe, scale_shape
 from kgen.optional import is_torch_tensor
-from kgen.runtime.base import Launch
 
 
 class CopyBlocksFamily(SingleKernelFamily):
     kind = "copy_blocks"
     template = "copy_blocks.cu.j2"
-    params = {"threads": TunableParam("threads", 128, "threads per thread block (one block per pair and pool)")}
 
     def unsupported(self, spec) -> list[str]:
         return []
 
+    def arguments(self, spec, config: Config) -> list[Arg]:
+        return [
+            array("planes", "int64", "input", ("num_planes", 3),
+                  "{base address, block stride in bytes, block bytes} of each pool array of each layer"),
+            array("pairs", "int32", "input", ("num_pairs", 2), "(src, dst) block ids"),
+        ]
+
+    def kernels(self, spec, config: Config) -> list[KernelDecl]:
+        return [KernelDecl(spec.name, tuple(self.arguments(spec, config)), ("num_pairs", "num_planes", 1),
+                           config["threads"])]
+
     def template_context(self, spec, config: Config) -> dict[str, Any]:
-        return {"kernel_name": spec.name, "threads": config["threads"]}
+        return {"threads": config["threads"], "main": self.kernels(spec, config)[0]}
+
+    def abi_notes(self, spec) -> list[str]:
+        kv = spec.kv_cache
+        names = [*cache_names(spec), *(("k_scale", "v_scale") if kv.scale == "per_token_head" else ())]
+        lines = [
+            f"block_size {kv.block_size}, cache {describe(spec)}, scale {kv.scale}",
+            "",
+            f"Call: kern({', '.join(names)}, pairs) -> None (copies in place). Each pool argument is one array or a "
+            "list of arrays, one per layer, all the same shape; every layer is copied in one launch:",
+            "  pairs         [n, 2]  int32 (src, dst) block ids in 0..num_blocks-1; no dst twice; no block both a "
+            "src and a dst",
+        ]
+        lines += cache_rows(spec, "each block contiguous")
+        if kv.scale == "per_token_head":
+            shape = ", ".join(str(s) for s in scale_shape(spec))
+            lines.append(f"  k_scale, v_scale  [{shape}]  fp32 scale pools (required: copied with the blocks)")
+        return lines + ["", "The kernel sees one plane per (pool array, layer); 16-byte copies when aligned."]
 
     def plan(self, spec, config: Config, call: dict[str, Any], checked: bool = True):
         """Check the call's arguments; return (launches, None): the copies are in place."""
-        return _bind(CacheBinder(spec, call), config, checked)
+        return _bind(CallBinder(spec, call), self.kernels(spec, config)[0], checked)
+
+    # ---- verification and benchmarks (kgen/families/copy_blocks_cases.py) --------------------
+    def cases(self, spec, config: Config, rng: np.random.Generator):
+        return copy_blocks_cases.cases()
+
+    def run_case(self, kernel, case, rng: np.random.Generator):
+        return copy_blocks_cases.run_case(kernel, case, rng)
+
+    def bench(self, spec, config: Config, bucket, rng: np.random.Generator):
+        return copy_blocks_cases.bench(spec, bucket, rng)
 
 
-def _layers(b: CacheBinder, name: str, required: bool) -> list[ArrayArg] | None:
+def _layers(b: CallBinder, name: str, required: bool) -> list[ArrayArg] | None:
     """One array, or a list/tuple of arrays (one per layer), as ArrayArgs named name[i]."""
     obj = b.call.pop(name, None)
     if obj is None:
@@ -63,7 +100,7 @@ def _plane(arg: ArrayArg) -> tuple[int, int, int]:
     return arg.ptr, arg.strides[0] * arg.itemsize, math.prod(arg.shape[1:]) * arg.itemsize
 
 
-def _bind(b: CacheBinder, config: Config, checked: bool):
+def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
     spec, kv = b.spec, b.spec.kv_cache
     pairs = b.take("pairs", True)
     b.device = pairs.device
@@ -103,8 +140,7 @@ def _bind(b: CacheBinder, config: Config, checked: bool):
     if n == 0:
         return [], None
     table = _device_table(pairs, np.asarray(planes, dtype=np.int64))
-    launch = Launch(spec.name, (n, len(planes), 1), (config["threads"], 1, 1), 0, [table, b.pointer(pairs)])
-    return [launch], None
+    return [kernel.launch({"num_pairs": n, "num_planes": len(planes)}, {"planes": table, "pairs": b.pointer(pairs)})], None
 
 
 def _check_pairs(pairs: np.ndarray, num_blocks: int) -> None:
@@ -137,29 +173,6 @@ def _device_table(like: ArrayArg, table: np.ndarray):
     import cupy
 
     return cupy.asarray(table)
-
-
-def abi_lines(spec) -> list[str]:
-    """The argument table of `kgen abi` for a copy_blocks spec."""
-    kv = spec.kv_cache
-    lines = [
-        f"block_size {kv.block_size}, cache {kv.dtype} ({kv.layout}"
-        + ("" if kv.layout == "vllm" else f", {kv.resolved_order}") + f"), scale {kv.scale}",
-        "",
-        "Arguments (each pool argument is one array or a list of arrays, one per layer, all the same shape;",
-        "every layer is copied in one launch; copies are in place, nothing is returned):",
-        "  pairs         [n, 2]  int32 (src, dst) block ids in 0..num_blocks-1; no dst twice; no block both a src "
-        "and a dst",
-    ]
-    for name, shape in cache_shapes(spec).items():
-        lines.append(f"  {name:<13} [{', '.join(str(s) for s in shape)}]  {kv.dtype}  (each block contiguous)")
-    if kv.scale == "per_token_head":
-        shape = ", ".join(str(s) for s in scale_shape(spec))
-        lines.append(f"  k_scale, v_scale  [{shape}]  float32 scale pools (required: copied with the blocks)")
-    lines += ["", "Kernel arguments: planes [num_planes, 3] int64 {base address, block stride bytes, block bytes}, "
-              "one per (pool array, layer); pairs.",
-              "Launch (as kgen does it): grid (n, num_planes), 16-byte copies when aligned."]
-    return lines
 
 
 COPY_BLOCKS = CopyBlocksFamily()

@@ -1,7 +1,11 @@
-"""Random paged-attention inputs that follow a spec's ABI, with the traps of DESIGN.md §6:
-physical blocks shuffled over a pool several times larger than needed, optional
-prefix blocks shared between two sequences, and poison (NaN, or extreme values for
-int8) in every tail slot, every unreferenced block and every unused table entry.
+"""The paged-decode family's verification matrix and benchmark inputs (docs/verification.md).
+
+Random inputs follow the spec's ABI with the traps of the matrix: physical blocks shuffled
+over a pool several times larger than needed, optional prefix blocks shared between two
+sequences, and poison (NaN, or extreme values for int8) in every tail slot, every
+unreferenced block and every unused table entry; the output is pre-filled with NaN. Each
+case is judged against the float64 reference (kgen/reference.py) with the derived bound of
+kgen/verify/bounds.py.
 """
 
 from __future__ import annotations
@@ -11,8 +15,13 @@ import math
 import ml_dtypes
 import numpy as np
 
+from kgen.arrays import args_to_backend, to_numpy
 from kgen.dtypes import QUANTIZED, dtype
-from kgen.families.paged_decode import cache_shapes
+from kgen.families.base import Bench, Case, Config
+from kgen.families.layout import scale_to_layout, to_layout
+from kgen.reference import attention_decode
+from kgen.verify.bounds import EPS_FP32, K_FACTOR, check_output
+from kgen.verify.report import CaseResult
 
 POOL_FACTOR = 3  # pool blocks per block in use
 
@@ -89,8 +98,8 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
     for i, nb in enumerate(nblocks):  # never-read entries point at poisoned blocks
         tables[i, nb:] = rng.choice(unused, size=M - nb)
 
-    # canonical storage [N, H, B, D] of stored values, poison everywhere first
-    store = np.full((N, H, B, D), _poison(kv.dtype), dtype=np.float64)
+    # canonical storage [N, B, H, D] of stored values, poison everywhere first
+    store = np.full((N, B, H, D), _poison(kv.dtype), dtype=np.float64)
     vstore = store.copy()
     quant = kv.dtype in QUANTIZED
     spread = 100.0 if kv.dtype == "int8" else (3.0 if quant else 1.0)
@@ -99,22 +108,10 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
             if i == 1 and j < shared:
                 continue  # written by sequence 0: shared prefix tokens are identical
             blk, count = int(tables[i, j]), min(B, n - j * B)
-            store[blk, :, :count] = rng.standard_normal((H, count, D)) * spread
-            vstore[blk, :, :count] = rng.standard_normal((H, count, D)) * spread
-    args: dict = {}
-    kq, vq = _cast(store, kv.dtype), _cast(vstore, kv.dtype)
-    shapes = cache_shapes(spec, N)
-    if kv.layout == "vllm":
-        x = shapes["k_cache"][-1]
-        args["k_cache"] = np.ascontiguousarray(kq.reshape(N, H, B, D // x, x).transpose(0, 1, 3, 2, 4))
-        args["v_cache"] = np.ascontiguousarray(vq.transpose(0, 1, 3, 2))
-    else:
-        if kv.resolved_order == "NHD":
-            kq, vq = kq.transpose(0, 2, 1, 3), vq.transpose(0, 2, 1, 3)
-        if kv.layout == "fused":
-            args["kv_cache"] = np.ascontiguousarray(np.stack([kq, vq], axis=1))
-        else:
-            args["k_cache"], args["v_cache"] = np.ascontiguousarray(kq), np.ascontiguousarray(vq)
+            # drawn head-major, as [H, count, D]: the same random stream for every layout
+            store[blk, :count] = (rng.standard_normal((H, count, D)) * spread).transpose(1, 0, 2)
+            vstore[blk, :count] = (rng.standard_normal((H, count, D)) * spread).transpose(1, 0, 2)
+    args = to_layout(spec, _cast(store, kv.dtype), _cast(vstore, kv.dtype))
 
     if padded:
         for name, extra in _pool_padding(spec).items():
@@ -128,14 +125,12 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
             elif kv.scale == "per_head":
                 args[name] = (base * rng.uniform(0.5, 1.5, H)).astype(np.float32)
             else:
-                pool = np.full((N, H, B), np.nan, dtype=np.float32)
+                pool = np.full((N, B, H), np.nan, dtype=np.float32)
                 for i, n in enumerate(seq_lens):
                     for j in range(nblocks[i]):
                         count = min(B, n - j * B)
-                        pool[int(tables[i, j]), :, :count] = base * rng.uniform(0.5, 1.5, (H, count))
-                if kv.resolved_order == "NHD":
-                    pool = pool.transpose(0, 2, 1)
-                args[name] = np.ascontiguousarray(pool)
+                        pool[int(tables[i, j]), :count] = (base * rng.uniform(0.5, 1.5, (H, count))).T
+                args[name] = np.ascontiguousarray(scale_to_layout(spec, pool))
                 if padded:
                     args[name] = _strided(args[name], (0, 1, 1), np.nan)
     if a.alibi:
@@ -145,3 +140,80 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
     args["seq_lens"] = np.asarray(seq_lens, dtype=np.int32)
     args["out"] = np.full((S, Hq, D), np.nan, dtype=dtype(spec.dtype.resolved_out).numpy)
     return args
+
+
+# ---- the verification matrix ----------------------------------------------------------------
+def decode_case_matrix(spec, config: Config, rng: np.random.Generator) -> list[tuple[str, list[int], bool]]:
+    """(name, seq_lens, share_prefix) for every case of the matrix; the case named
+    'padded_pool' passes the caches as strided views (see make_decode_case)."""
+    B = spec.kv_cache.block_size
+    long_len = max(5 * B + 3, 300)
+    lens = {"len_1": 1, "len_B-1": B - 1, "len_B": B, "len_B+1": B + 1, "len_2B+1": 2 * B + 1, "long": long_len}
+    P = config.get("partition_size", 0)
+    if P:
+        lens |= {"len_P-1": P - 1, "len_P": P, "len_P+1": P + 1, "len_2P+1": 2 * P + 1}
+    W = spec.attention.sliding_window
+    if W:
+        lens |= {"len_W-1": W - 1, "len_W": W, "len_W+1": W + 1, "len_W+2B+1": W + 2 * B + 1}
+    if not spec.tail_masking:  # the contract: every length a multiple of B
+        lens = {f"{k}(rounded)": max(B, -(-v // B) * B) for k, v in lens.items()}
+    cases = [(name, [n], False) for name, n in lens.items() if n >= 1]
+    mixed = sorted({n for _, (n,), _ in cases} | {int(x) for x in rng.integers(1, long_len + 1, size=3)})
+    if not spec.tail_masking:
+        mixed = sorted({max(B, -(-n // B) * B) for n in mixed})
+    rng.shuffle(mixed)
+    cases.append(("mixed_batch", [int(x) for x in mixed], False))
+    a, b = 3 * B + max(1, B // 2), 2 * B + 1
+    if not spec.tail_masking:
+        a, b = 3 * B, 2 * B
+    cases.append(("shared_prefix", [a, b], True))
+    pad = [2 * B + 1, max(1, B // 2)] if spec.tail_masking else [2 * B, B]
+    cases.append(("padded_pool", pad, False))  # strided pools: padding between blocks, heads, K and V
+    return cases
+
+
+def matrix_cases(spec, config: Config, rng: np.random.Generator) -> list[Case]:
+    return [Case(name, {"seq_lens": lens, "share_prefix": share}) for name, lens, share in
+            decode_case_matrix(spec, config, rng)]
+
+
+def _references(spec, args: dict) -> tuple[tuple, tuple]:
+    """((out, lse) in float64, (out, lse) in the kernel's input precision) of one call."""
+    round_to = None if spec.dtype.q == "fp32" else dtype(spec.dtype.q).numpy
+    ref = attention_decode(spec, args["q"], args)
+    lowp = attention_decode(spec, args["q"], args, dtype=np.float32, round_to=round_to)
+    return ref, lowp
+
+
+def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
+    """One decode case; the mixed batch also returns and checks the LSE."""
+    spec, name, lens = kernel.spec, case.name, case.params["seq_lens"]
+    args = make_decode_case(spec, lens, rng, share_prefix=case.params["share_prefix"], padded=name == "padded_pool")
+    (ref, ref_lse), (lowp, lowp_lse) = _references(spec, args)
+    want_lse = name == "mixed_batch"
+    dev_args = args_to_backend(args, kernel.backend)
+    result = kernel(**dev_args, return_lse=True) if want_lse else kernel(**dev_args)
+    out = result[0] if want_lse else result
+    results = [check_output(name, lens, to_numpy(out), ref, lowp.astype(np.float64), spec.dtype.resolved_out)]
+    if want_lse:
+        lse = to_numpy(result[1]).astype(np.float64)
+        lerr = np.abs(lse - ref_lse)
+        lbound = K_FACTOR * float(np.max(np.abs(lowp_lse - ref_lse))) + float(
+            np.max(np.abs(ref_lse))) * 64 * EPS_FP32
+        ok = bool(np.all(np.isfinite(lse)) and np.all(lerr <= lbound))
+        results.append(CaseResult("mixed_batch_lse", lens, float(np.nanmax(lerr)) if np.isfinite(lse).all()
+                                  else math.nan, lbound, 0.0, ok))
+    return results
+
+
+# ---- the tuner's benchmark inputs -----------------------------------------------------------
+def bench(spec, bucket: tuple[int, int], rng: np.random.Generator) -> Bench:
+    """`batch` sequences of `context` tokens each; the timed launches' output is checked like a case."""
+    lens = [bucket[1]] * bucket[0]
+    args = make_decode_case(spec, lens, rng)
+
+    def check(got: dict) -> CaseResult:
+        (ref, _), (lowp, _) = _references(spec, args)
+        return check_output("tuning", lens, got["out"], ref, lowp.astype(np.float64), spec.dtype.resolved_out)
+
+    return Bench(args, ["out"], check)

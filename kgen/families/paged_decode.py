@@ -1,21 +1,39 @@
-"""The paged-decode family: template context, tunable parameters, and the call ABI
-(argument checks + launch plan) of DESIGN.md §3."""
+"""The paged-decode family (docs/decode-family.md, docs/abi.md): one query token per sequence
+against its paged KV cache, optionally split over KV partitions (flash-decoding) with a
+merge kernel. The argument table here is the kernel ABI; the call binding checks a call
+against it and packs the launches."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from kgen.arrays import ArrayArg, as_array_arg, empty_like_library
-from kgen.dtypes import QUANTIZED, dtype
+from kgen.dtypes import dtype
 from kgen.errors import ArgumentError
-from kgen.families.base import Config, TunableParam, threads_problems
-from kgen.families.binding import CallBinder, cache_names, host_values
-from kgen.runtime.base import Launch
+from kgen.families import decode_cases
+from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
+from kgen.families.base import Config, FamilyBase, TunableParam, threads_problems
+from kgen.families.binding import CallBinder, host_values
+from kgen.families.layout import (
+    SCALE_MODES,
+    bind_scales,
+    cache_args,
+    cache_names,
+    cache_rows,
+    cache_shapes,
+    cache_strides,
+    describe,
+    layout_problems,
+    scale_args,
+    stride_args,
+    stride_values,
+    vllm_x,
+)
 
-SCALE_MODES = {"none": 0, "per_tensor": 1, "per_head": 2, "per_token_head": 3}
 MERGE_THREADS = 128
 
 
@@ -28,54 +46,10 @@ def vector_width(spec) -> int:
     return vec
 
 
-def vllm_x(spec) -> int:
-    """vLLM's K-cache packing factor: 16 bytes of elements."""
-    return 16 // dtype(spec.kv_cache.dtype).itemsize
-
-
-def layout_problems(spec) -> list[str]:
-    """Why the spec's cache layout cannot hold its head_dim (vLLM packs K in runs of x)."""
-    if spec.kv_cache.layout == "vllm" and spec.attention.head_dim % vllm_x(spec):
-        return [f"kv_cache.layout vllm packs K in runs of x = {vllm_x(spec)} elements, so head_dim must be a "
-                f"multiple of {vllm_x(spec)} (got {spec.attention.head_dim})"]
-    return []
-
-
-def cache_shapes(spec, num_blocks: str | int = "num_blocks") -> dict[str, tuple]:
-    """The cache array shapes of the ABI (symbolic or concrete num_blocks)."""
-    a, kv = spec.attention, spec.kv_cache
-    n, b, h, d = num_blocks, kv.block_size, a.num_kv_heads, a.head_dim
-    if kv.layout == "vllm":
-        x = vllm_x(spec)
-        return {"k_cache": (n, h, d // x, b, x), "v_cache": (n, h, d, b)}
-    one = (n, b, h, d) if kv.resolved_order == "NHD" else (n, h, b, d)
-    if kv.layout == "fused":
-        return {"kv_cache": (n, 2, *one[1:])}  # [N, 2, ...one block]
-    return {"k_cache": one, "v_cache": one}
-
-
-def scale_shape(spec, num_blocks: str | int = "num_blocks") -> tuple | None:
-    kv, h = spec.kv_cache, spec.attention.num_kv_heads
-    if kv.scale == "none":
-        return None
-    if kv.scale == "per_tensor":
-        return ()
-    if kv.scale == "per_head":
-        return (h,)
-    if kv.resolved_order == "NHD":
-        return (num_blocks, kv.block_size, h)
-    return (num_blocks, h, kv.block_size)
-
-
-class PagedDecodeFamily:
+class PagedDecodeFamily(FamilyBase):
     kind = "paged_decode"
     template = "paged_decode.cu.j2"
-    params = {
-        "threads": TunableParam("threads", 128, "threads per thread block (multiple of 32, 32..1024)"),
-        "partition_size": TunableParam(
-            "partition_size", 0, "tokens per split-KV partition (0 = no split; else a multiple of block_size)"
-        ),
-    }
+    params = {"threads": TunableParam("threads", 128), "partition_size": TunableParam("partition_size", 0)}
 
     # ---- generation -------------------------------------------------------------------
     def unsupported(self, spec) -> list[str]:
@@ -90,17 +64,60 @@ class PagedDecodeFamily:
             )
         return problems
 
-    def kernel_names(self, spec, config: Config) -> list[str]:
-        names = [spec.name]
-        if config["partition_size"] > 0:
-            names.append(f"{spec.name}_merge")
-        return names
+    def abi_config(self, spec) -> Config:
+        return {"partition_size": 0}  # a hand-written kernel implements the single-pass launch
+
+    def default_space(self, spec) -> dict[str, list[int]]:
+        return {"threads": [64, 128, 256], "partition_size": [0, 256, 512]}
+
+    def arguments(self, spec, config: Config) -> list[Arg]:
+        a, d = spec.attention, spec.dtype
+        Hq, D = a.num_q_heads, a.head_dim
+        single_pass = not config["partition_size"]
+        return [
+            array("out", d.resolved_out, "output", ("num_seqs", Hq, D), "attention output of each query head"),
+            array("q", d.q, "input", ("num_seqs", Hq, D), "query of each sequence's last token"),
+            *cache_args(spec, "input", const=True),
+            array("block_tables", "int32", "input", ("num_seqs", "max_blocks_per_seq"),
+                  "physical block ids; entries past ceil(seq_len / block_size) are never read"),
+            array("seq_lens", "int32", "input", ("num_seqs",),
+                  "tokens in the KV cache of each sequence, 1 .. max_blocks_per_seq * block_size"),
+            *scale_args(spec),
+            array("alibi_slopes", "fp32", "input", (Hq,),
+                  "ALiBi slope of each query head" if a.alibi else "null: the spec has no ALiBi", optional=not a.alibi),
+            array("part_o", "fp32", "scratch", ("num_seqs", Hq, "max_partitions", D),
+                  "split-KV: each partition's normalised output (null without split)", optional=single_pass),
+            array("part_ml", "fp32", "scratch", ("num_seqs", Hq, "max_partitions", 2),
+                  "split-KV: each partition's (max, sum) of exp (null without split)", optional=single_pass),
+            array("lse", "fp32", "output", ("num_seqs", Hq),
+                  "natural-log log-sum-exp of the final logits, -inf for no key (null unless requested)",
+                  optional=True),
+            scalar("max_blocks_per_seq", "int32", "columns of block_tables"),
+            scalar("max_partitions", "int32", "partitions per sequence: ceil(max_blocks_per_seq * block_size / "
+                   "partition_size); 1 without split"),
+            stride("q_s_seq", "q stride between sequences"), stride("q_s_head", "q stride between heads"),
+            stride("o_s_seq", "out stride between sequences"), stride("o_s_head", "out stride between heads"),
+            *stride_args(),
+        ]
+
+    def kernels(self, spec, config: Config) -> list[KernelDecl]:
+        a, P = spec.attention, config["partition_size"]
+        table = self.arguments(spec, config)
+        main = KernelDecl(spec.name, tuple(table), (a.num_kv_heads, "num_seqs", "max_partitions" if P else 1),
+                          config["threads"], smem=spec.group_size * a.head_dim * 4)  # fp32 q of the group
+        if not P:
+            return [main]
+        by_name = {arg.name: arg for arg in table}
+        reads = [replace(by_name[n], ctype="const " + by_name[n].ctype, role="input") for n in ("part_o", "part_ml")]
+        merge = KernelDecl(f"{spec.name}_merge", (by_name["out"], *reads, *(by_name[n] for n in (
+            "lse", "seq_lens", "max_partitions", "o_s_seq", "o_s_head"))), (a.num_q_heads, "num_seqs", 1), MERGE_THREADS)
+        return [main, merge]
 
     def template_context(self, spec, config: Config) -> dict[str, Any]:
         a, kv = spec.attention, spec.kv_cache
         layout_vllm = kv.layout == "vllm"
+        kernels = self.kernels(spec, config)
         return {
-            "kernel_name": spec.name,
             "q_ctype": dtype(spec.dtype.q).ctype,
             "out_ctype": dtype(spec.dtype.resolved_out).ctype,
             "kv_ctype": dtype(kv.dtype).ctype,
@@ -113,17 +130,51 @@ class PagedDecodeFamily:
             "vec": vector_width(spec),
             "threads": config["threads"],
             "partition_size": config["partition_size"],
-            "merge_threads": MERGE_THREADS,
+            "main": kernels[0],
+            "merge": kernels[1] if len(kernels) > 1 else None,
         }
 
-    def smem_bytes(self, spec) -> int:
-        return spec.group_size * spec.attention.head_dim * 4
+    def abi_notes(self, spec) -> list[str]:
+        a, kv = spec.attention, spec.kv_cache
+        names = ["q", *cache_names(spec), "block_tables", "seq_lens"]
+        names += ["k_scale", "v_scale"] if kv.scale != "none" else []
+        names += ["alibi_slopes"] if a.alibi else []
+        return [
+            f"num_q_heads {a.num_q_heads}, num_kv_heads {a.num_kv_heads} (query head h reads KV head h / "
+            f"{spec.group_size}), head_dim {a.head_dim}, block_size {kv.block_size}, cache {describe(spec)}, "
+            f"scale {kv.scale}",
+            f"softmax scale {spec.softmax_scale_value!r}"
+            + (f", sliding window {a.sliding_window} (query at seq_len-1 sees keys seq_len-{a.sliding_window} .. "
+               "seq_len-1)" if a.sliding_window else "")
+            + (f", logits soft-cap {a.logits_soft_cap} (s = cap*tanh(s/cap), applied before ALiBi)"
+               if a.logits_soft_cap else "")
+            + (", ALiBi: logit += alibi_slopes[h] * (j - (seq_len - 1))" if a.alibi else ""),
+            "",
+            f"Call: kern({', '.join(names)}, out=None, return_lse=False) -> out, or (out, lse); the cache arrays:",
+            *cache_rows(spec),
+            "",
+            "Rules: slots past a sequence's length in its last block hold garbage and must not be read"
+            + ("" if spec.tail_masking else
+               " (tail_masking: false: every seq_len is promised to be a multiple of block_size)") + ".",
+            f"Loads: {vector_width(spec)} elements per vector load; pointers and strides must keep them aligned.",
+            "A hand-written kernel implements the single-pass launch below (part_o and part_ml null, max_partitions "
+            "1); kgen's split-KV configs add partitions on grid z and a merge kernel.",
+        ]
 
     # ---- the call ---------------------------------------------------------------------
     def plan(self, spec, config: Config, call: dict[str, Any], checked: bool = True):
-        """Check the call's arguments against the ABI and return (launches, result, keepalive)."""
-        b = _Binder(spec, call)
-        return b.bind(config, checked)
+        """Check the call's arguments against the ABI and return (launches, result)."""
+        return _Binder(spec, call).bind(self.kernels(spec, config), config, checked)
+
+    # ---- verification and benchmarks (kgen/families/decode_cases.py) --------------------
+    def cases(self, spec, config: Config, rng: np.random.Generator):
+        return decode_cases.matrix_cases(spec, config, rng)
+
+    def run_case(self, kernel, case, rng: np.random.Generator):
+        return decode_cases.run_case(kernel, case, rng)
+
+    def bench(self, spec, config: Config, bucket, rng: np.random.Generator):
+        return decode_cases.bench(spec, bucket, rng)
 
 
 def _c_float(x: float) -> str:
@@ -147,9 +198,9 @@ class _Binder(CallBinder):
                 f"({align} bytes) for the vectorized loads of this kernel"
             )
 
-    def bind(self, config: Config, checked: bool):
+    def bind(self, kernels: list[KernelDecl], config: Config, checked: bool):
         spec, a, kv = self.spec, self.spec.attention, self.spec.kv_cache
-        G, D, B, Hq, Hkv = spec.group_size, a.head_dim, kv.block_size, a.num_q_heads, a.num_kv_heads
+        D, B, Hq = a.head_dim, kv.block_size, a.num_q_heads
         q = self.take("q", True)
         self.device = q.device
         if len(q.shape) != 3:
@@ -158,38 +209,18 @@ class _Binder(CallBinder):
         self.check(q, (S, Hq, D), spec.dtype.q)
 
         # caches
-        names = cache_names(spec)
         self.refuse_other_layouts()
-        caches = [self.take(n, True) for n in names]
+        caches = [self.take(n, True) for n in cache_names(spec)]
         N = caches[0].shape[0] if caches[0].shape else 0
         for c, shape in zip(caches, cache_shapes(spec, N).values(), strict=True):
             self.check(c, shape, kv.dtype)
         vec = vector_width(spec)
-        if kv.layout == "fused":
-            kvc = caches[0]
-            k_ptr_arg, v_ptr_arg = _view(kvc, 0), _view(kvc, 1)
-            st = kvc.strides
-            k_str = v_str = (st[0], *st[2:])  # block, then as separate
-            k_off, v_off = 0, st[1]
+        st = cache_strides(spec, caches)
+        if kv.layout == "vllm":  # K steps by block, head, run (x) and token; V takes scalar loads
+            self._aligned(caches[0], min(vec, vllm_x(spec)), st.k)
         else:
-            k_ptr_arg, v_ptr_arg = caches[0].native, caches[1].native
-            k_str, v_str = caches[0].strides, caches[1].strides
-            k_off = v_off = 0
-        if kv.layout == "vllm":
-            # K [N, H, D/x, B, x]: block, head, token (x), run (B*x); V [N, H, D, B]: run stride B.
-            ksb, ksh, ksr, kst = k_str[0], k_str[1], k_str[2], k_str[3]
-            vsb, vsh, vsr, vst = v_str[0], v_str[1], v_str[2], 1
-            self._aligned(caches[0], min(vec, vllm_x(spec)), (ksb, ksh, ksr, kst))
-        else:
-            if kv.resolved_order == "NHD":
-                ksb, kst, ksh = k_str[0], k_str[1], k_str[2]
-                vsb, vst, vsh = v_str[0], v_str[1], v_str[2]
-            else:
-                ksb, ksh, kst = k_str[0], k_str[1], k_str[2]
-                vsb, vsh, vst = v_str[0], v_str[1], v_str[2]
-            ksr = vsr = 0
             for c in caches:
-                self._aligned(c, vec, (ksb, ksh, kst, vsb, vsh, vst, k_off, v_off))
+                self._aligned(c, vec, (*st.k[:3], *st.v[:3], 0, st.v_offset))
 
         bt = self.take("block_tables", True)
         if len(bt.shape) != 2:
@@ -198,33 +229,7 @@ class _Binder(CallBinder):
         self.check(bt, (S, M), "int32", contiguous=True)
         sl = self.take("seq_lens", True)
         self.check(sl, (S,), "int32", contiguous=True)
-
-        # scales
-        quant = kv.dtype in QUANTIZED
-        ks = self.take("k_scale", False)
-        vs = self.take("v_scale", False)
-        sshape = scale_shape(spec, N)
-        scale_strides = [(0, 0, 0), (0, 0, 0)]
-        if quant:
-            for i, s in enumerate((ks, vs)):
-                name = ("k_scale", "v_scale")[i]
-                if s is None:
-                    raise ArgumentError(
-                        f"{name}: required for a {kv.dtype} cache with scale '{kv.scale}' "
-                        f"(fp32, shape {list(sshape)})"
-                    )
-                if s.shape == (1,) and sshape == ():
-                    s.shape, s.strides = (), ()
-                self.check(s, sshape, "fp32", contiguous=kv.scale != "per_token_head")
-                if kv.scale == "per_token_head":
-                    if kv.resolved_order == "NHD":
-                        scale_strides[i] = (s.strides[0], s.strides[2], s.strides[1])
-                    else:
-                        scale_strides[i] = (s.strides[0], s.strides[1], s.strides[2])
-        else:
-            for s in (ks, vs):
-                if s is not None:
-                    raise ArgumentError(f"{s.name}: a {kv.dtype} cache takes no scales (scale: none)")
+        (ks, vs), scale_strides = bind_scales(self, spec, N)
 
         alibi = self.take("alibi_slopes", False)
         if a.alibi:
@@ -255,22 +260,15 @@ class _Binder(CallBinder):
             part_ml = as_array_arg("part_ml", empty_like_library(q, (S, Hq, max_parts, 2), "fp32"))
 
         ptr = self.pointer
-        i32, i64 = np.int32, np.int64
-        args = [
-            ptr(out), ptr(q), self.raw(k_ptr_arg), self.raw(v_ptr_arg), ptr(bt), ptr(sl),
-            ptr(ks), ptr(vs), ptr(alibi), ptr(part_o), ptr(part_ml), ptr(lse),
-            i32(M), i32(max_parts),
-            i64(q.strides[0]), i64(q.strides[1]), i64(out.strides[0]), i64(out.strides[1]),
-            i64(ksb), i64(ksh), i64(kst), i64(ksr), i64(vsb), i64(vsh), i64(vst), i64(vsr),
-            *(i64(x) for x in scale_strides[0]), *(i64(x) for x in scale_strides[1]),
-        ]
-        launches = [Launch(spec.name, (Hkv, S, max_parts), (config["threads"], 1, 1),
-                           G * D * 4, args)]
-        if P:
-            launches.append(Launch(f"{spec.name}_merge", (Hq, S, 1), (MERGE_THREADS, 1, 1), 0, [
-                ptr(out), ptr(part_o), ptr(part_ml), ptr(lse), ptr(sl), i32(max_parts),
-                i64(out.strides[0]), i64(out.strides[1]),
-            ]))
+        values = {
+            "out": ptr(out), "q": ptr(q), "k_cache": self.raw(st.k_base), "v_cache": self.raw(st.v_base),
+            "block_tables": ptr(bt), "seq_lens": ptr(sl), "k_scale": ptr(ks), "v_scale": ptr(vs),
+            "alibi_slopes": ptr(alibi), "part_o": ptr(part_o), "part_ml": ptr(part_ml), "lse": ptr(lse),
+            "max_blocks_per_seq": M, "max_partitions": max_parts, "q_s_seq": q.strides[0], "q_s_head": q.strides[1],
+            "o_s_seq": out.strides[0], "o_s_head": out.strides[1], **stride_values(st, scale_strides),
+        }
+        sizes = {"num_seqs": S, "max_partitions": max_parts}
+        launches = [k.launch(sizes, values) for k in kernels]
         result = (out.obj, lse.obj) if lse is not None else out.obj
         return launches, result
 
@@ -308,11 +306,6 @@ class _Binder(CallBinder):
                 f"block_tables[{i}, {j}] = {int(table[i, j])}: not a block of the pool "
                 f"(0..{num_blocks - 1}); sequence {i} has {int(n[i])} tokens"
             )
-
-
-def _view(kvc: ArrayArg, which: int) -> int:
-    """Address of the K (0) or V (1) half of a fused cache."""
-    return kvc.ptr + which * kvc.strides[1] * kvc.itemsize
 
 
 PAGED_DECODE = PagedDecodeFamily()

@@ -1,4 +1,4 @@
-"""Kernel families: one small generator per `kind` (template, tunable parameters, ABI binding)."""
+"""Kernel families: one module per `kind` (docs/architecture.md); the registry maps a spec to its family."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
 """One tuning measurement: (spec, config, bucket) in, plain data out.
 
 `run_task(task)` takes and returns JSON-able dicts, so the same function runs in
-this process or as a task on a cluster engine (kgen/tune_ray.py). It builds the
+this process or as a task on a cluster engine (kgen/tune/ray_executor.py). It builds the
 config (cached like any build), refuses it when it exceeds the target archs'
 resources, times it on fresh random inputs, and re-verifies the output of the timed
-launches against the float64 reference: a fast but wrong config scores inf.
+launches as its family's verification does: a fast but wrong config scores inf. The
+family supplies the benchmark inputs of each (batch, context) bucket (docs/tuning.md).
 
 Timing: on CUDA, device events around each launch, warm-up, inputs rotated and L2
 flushed (a buffer twice the L2 size is overwritten) between launches; on the CPU
@@ -22,7 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from kgen.arrays import args_to_backend, to_numpy
+from kgen.build import build
 from kgen.errors import CompileError, KgenError, KgenUserError
+from kgen.families.registry import family_for
+from kgen.spec.models import spec_from_dict
 
 REGISTERS_PER_BLOCK = 65536
 DEFAULT_SMEM_LIMIT = 48 * 1024  # without the opt-in attribute
@@ -45,25 +50,22 @@ def failed(task: dict, status: str, reason: str) -> dict:
 
 
 def resource_problems(kernel) -> list[str]:
-    """Reasons the config cannot launch on one of the spec's target archs (ptxas figures)."""
-    from kgen.families.registry import family_for
-
-    threads = kernel.config.get("threads", 0)
-    smem = family_for(kernel.spec).smem_bytes(kernel.spec) if kernel.spec.kind == "paged_decode" else 0
+    """Reasons the config cannot launch on one of the spec's target archs (ptxas figures, and the
+    family's block size and dynamic shared memory of each kernel)."""
     out = []
-    for arch, kernels in kernel.resources.items():
-        main = kernels.get(kernel.spec.name, {})
-        regs = main.get("registers", 0)
-        if regs * threads > REGISTERS_PER_BLOCK:
-            out.append(f"{arch}: {regs} registers x {threads} threads > {REGISTERS_PER_BLOCK} per block")
-        if main.get("static_smem", 0) + smem > DEFAULT_SMEM_LIMIT:
-            out.append(f"{arch}: {main.get('static_smem', 0) + smem} bytes of shared memory > {DEFAULT_SMEM_LIMIT}")
+    for decl in family_for(kernel.spec).kernels(kernel.spec, kernel.config):
+        for arch, kernels in kernel.resources.items():
+            res = kernels.get(decl.name, {})
+            regs, smem = res.get("registers", 0), res.get("static_smem", 0) + decl.smem
+            if regs * decl.block > REGISTERS_PER_BLOCK:
+                out.append(f"{arch}: {decl.name}: {regs} registers x {decl.block} threads > {REGISTERS_PER_BLOCK} "
+                           "per block")
+            if smem > DEFAULT_SMEM_LIMIT:
+                out.append(f"{arch}: {decl.name}: {smem} bytes of shared memory > {DEFAULT_SMEM_LIMIT}")
     return out
 
 
 def _kernel(spec, config: dict, backend: str):
-    from kgen.build import build
-
     key = (spec.spec_hash(), json.dumps(config, sort_keys=True), backend)
     if key in _KERNELS:
         _KERNELS.move_to_end(key)
@@ -109,12 +111,6 @@ class _CudaTimer:
 
 def run_task(task: dict) -> dict:
     """Measure one (config, bucket); never raises for a bad config (status + reason instead)."""
-    from kgen.arrays import args_to_backend, to_numpy
-    from kgen.families.decode_cases import make_decode_case
-    from kgen.reference import attention_decode
-    from kgen.spec.models import spec_from_dict
-    from kgen.verify.bounds import check_output
-
     spec = spec_from_dict(task["spec"], filename="<tuning task>")
     backend = task["backend"]
     kernel = _kernel(spec, task["config"], backend)
@@ -125,9 +121,9 @@ def run_task(task: dict) -> dict:
     if problems:
         return failed(task, "resources", "; ".join(problems))
     rng = np.random.default_rng(task["seed"])
-    lens = [task["context"]] * task["batch"]
-    host_sets = [make_decode_case(spec, lens, rng) for _ in range(ROTATE)]
-    sets = [args_to_backend(a, backend) for a in host_sets]
+    benches = [family_for(spec).bench(spec, kernel.config, (task["batch"], task["context"]), rng)
+               for _ in range(ROTATE)]
+    sets = [args_to_backend(b.args, backend) for b in benches]
     timer = _CudaTimer() if backend == "cuda" else _WallTimer()
     times: list[float] = []
     try:
@@ -140,13 +136,8 @@ def run_task(task: dict) -> dict:
             times.append(timer.time(lambda a=sets[last]: kernel(**a)))
     except KgenError as e:
         return failed(task, "launch_failed", str(e).splitlines()[0][:300])
-    # Re-verify what the timed launches wrote (each set's out was pre-filled with NaN).
-    args = host_sets[last]
-    ref, _ = attention_decode(spec, args["q"], args)
-    round_to = None if spec.dtype.q == "fp32" else args["q"].dtype
-    lowp, _ = attention_decode(spec, args["q"], args, dtype=np.float32, round_to=round_to)
-    check = check_output("tuning", lens, to_numpy(sets[last]["out"]), ref, lowp.astype(np.float64),
-                         spec.dtype.resolved_out)
+    # Re-verify what the timed launches wrote, as the family judges it.
+    check = benches[last].check({name: to_numpy(sets[last][name]) for name in benches[last].outputs})
     if not check.passed:
         return failed(task, "wrong", f"output does not match the reference: error {check.max_error:.3g} > "
                                      f"bound {check.bound:.3g} {check.note}".strip())

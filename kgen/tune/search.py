@@ -85,10 +85,10 @@ def expand_space(spec) -> Space:
     family's checks. Errors: no tuning section, an empty space, an unknown parameter, or
     constraints that leave nothing to try."""
     tuning = spec.tuning
+    family = family_for(spec)
     if tuning is None or not tuning.params:
         raise KgenUserError(f"{spec.name}: nothing to tune: the spec has no tuning.params "
-                            "(add e.g. `tuning: {params: {threads: [64, 128, 256]}}`; see docs/tuning.md)")
-    family = family_for(spec)
+                            f"(add e.g. `tuning: {{params: {family.default_space(spec)}}}`; see docs/tuning.md)")
     unknown = sorted(set(tuning.params) - set(family.params))
     if unknown:
         raise KgenUserError(f"{spec.name}: tuning.params.{unknown[0]}: not a parameter of the {family.kind} "

@@ -1,8 +1,9 @@
-"""Hand-written kernels (e.g. from an AI assistant) verified against a spec's ABI.
+"""Hand-written kernels (e.g. from an AI assistant) verified against a spec's ABI (docs/abi.md).
 
 The file must define `extern "C" __global__ void <spec name>(...)` with the exact
 signature printed by `kgen abi SPEC`; kgen compiles it for the spec's targets
-(resources), builds it for the chosen backend and runs the same case matrix.
+(resources), builds it for the chosen backend and runs the same case matrix
+(docs/verification.md).
 """
 
 from __future__ import annotations
@@ -28,13 +29,11 @@ def build_from_source(spec, path: Path, backend: str = "auto") -> Kernel:
 
 def kernel_from_source(spec, source: str, backend: str = "auto", config: Config | None = None,
                        archs: list[str] | None = None, origin: str = "<source>") -> Kernel:
-    """A Kernel over `source` with the spec's ABI. Without `config`, the single-pass launch
-    (partition_size 0) that a hand-written kernel implements; cubins for `archs` (default:
-    the spec's targets) give its resources."""
+    """A Kernel over `source` with the spec's ABI. Without `config`, the launch of the ABI
+    contract (the family's abi_config) that a hand-written kernel implements; cubins for
+    `archs` (default: the spec's targets) give its resources."""
     family = family_for(spec)
-    if config is None:
-        config = {"partition_size": 0} if "partition_size" in family.params else {}
-    config = resolve_config(family, spec, config)
+    config = resolve_config(family, spec, family.abi_config(spec) if config is None else config)
     names = family.kernel_names(spec, config)
     missing = [n for n in names if f"{n}(" not in source.replace(" (", "(")]
     if missing:

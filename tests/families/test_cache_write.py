@@ -12,8 +12,8 @@ import kgen
 from kgen.errors import ArgumentError
 from kgen.quantize import QMAX, quantize, to_cache_dtype
 from kgen.render import render
-from kgen.verify.bitexact import verify_cache_kernel
 from kgen.verify.handwritten import kernel_from_source
+from kgen.verify.runner import verify
 
 SPEC = "specs/cache_write_fp8_e4m3.yaml"
 
@@ -47,7 +47,7 @@ def kernels():
 
 @pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "-".join(x or "vllm" for x in c))
 def test_bit_exact_against_model(kernels, combo):
-    report = verify_cache_kernel(kernels[combo], seed=1234)
+    report = verify(kernels[combo], seed=1234)
     assert report.passed, report.summary() + "\n" + "\n".join(c.note for c in report.failed_cases)
     names = {c.name for c in report.cases}
     assert {"scattered", "sequence", "edge_values", "all_skipped", "strided_inputs"} <= names
@@ -162,7 +162,7 @@ def test_verifier_rejects_mutant(combo, old, new, case):
     assert rendered.source.count(old) == 1, old
     broken = rendered.source.replace(old, new)
     kern = kernel_from_source(spec, broken, backend="cpu", config=rendered.config, archs=[])
-    report = verify_cache_kernel(kern, seed=99)
+    report = verify(kern, seed=99)
     assert not report.passed
     failed = {c.name: c for c in report.failed_cases}
     assert case in failed, report.summary()

@@ -11,8 +11,8 @@ import pytest
 import kgen
 from kgen.errors import ArgumentError
 from kgen.render import render
-from kgen.verify.bitexact import verify_cache_kernel
 from kgen.verify.handwritten import kernel_from_source
+from kgen.verify.runner import verify
 
 SPEC = "specs/copy_blocks_fp16.yaml"
 
@@ -45,7 +45,7 @@ def fp16_kernel(kernels):
 
 @pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "-".join(x or "vllm" for x in c))
 def test_byte_exact_against_numpy(kernels, combo):
-    report = verify_cache_kernel(kernels[combo], seed=4321)
+    report = verify(kernels[combo], seed=4321)
     assert report.passed, report.summary() + "\n" + "\n".join(c.note for c in report.failed_cases)
     assert {c.name for c in report.cases} == {"one_layer", "three_layers", "fork", "empty"}
 
@@ -151,7 +151,7 @@ def test_verifier_rejects_mutant(combo, old, new, case):
     assert rendered.source.count(old) == 1, old
     broken = rendered.source.replace(old, new)
     kern = kernel_from_source(spec, broken, backend="cpu", config=rendered.config, archs=[])
-    report = verify_cache_kernel(kern, seed=77)
+    report = verify(kern, seed=77)
     assert not report.passed
     failed = {c.name: c for c in report.failed_cases}
     assert case in failed, report.summary()

@@ -16,6 +16,7 @@ from kgen.build import build
 from kgen.errors import KernelRuntimeError, KgenUserError
 from kgen.families.decode_cases import make_decode_case
 from kgen.families.paged_decode import PAGED_DECODE
+from kgen.spec.models import load_spec
 from kgen.tune import measure as tune_measure
 from kgen.tune.measure import make_task, run_task
 from kgen.tune.results import (
@@ -230,3 +231,43 @@ def test_manifest_hook_warns_on_a_foreign_device(spec, tuned):
         kern = tuned_from_manifest(base, foreign, "cpu")
     assert kern.config == {"threads": 64, "partition_size": 0}  # the spec's untuned defaults
     assert tuned_from_manifest(base, None, "cpu") is base
+
+
+# ---- kinds other than decode tune on their own family's benchmark inputs ----------------------
+CACHE_SPECS = {"cache_write": "specs/cache_write_fp8_e4m3.yaml", "copy_blocks": "specs/copy_blocks_fp16.yaml"}
+SMALL = {"attention.head_dim": 64, "attention.num_kv_heads": 2, "attention.num_q_heads": 2}
+
+
+def cache_spec(kind, tuning):
+    return load_spec(CACHE_SPECS[kind]).with_overrides(tuning=tuning, **SMALL)
+
+
+@pytest.mark.parametrize("kind", sorted(CACHE_SPECS))
+def test_cache_kinds_tune_on_their_own_inputs(kind, tmp_path):
+    spec = cache_spec(kind, {"params": {"threads": [64, 128]}})  # no constraints
+    results = tune_spec(spec, backend="cpu", seed=6, root=tmp_path, buckets={"batch": [1, 3], "context": [16, 40]},
+                        **FAST)
+    assert len(results["measurements"]) == 8
+    for m in results["measurements"]:
+        assert m["status"] == "ok", m
+        assert m["max_error"] == 0 and m["bound"] == 0  # bit-exact: every written byte checked
+    assert {m["config"]["threads"] for m in results["measurements"]} == {64, 128}
+
+
+@pytest.mark.parametrize("kind", sorted(CACHE_SPECS))
+def test_cache_kind_measurement_rejects_a_wrong_write(kind):
+    spec = cache_spec(kind, {"params": {"threads": [64]}})
+    config = {"threads": 64}
+    good = tune_measure._kernel(spec, config, "cpu")
+
+    def wrong(**args):  # a real launch that writes its K pool into a copy: V is right, K untouched
+        good(**{**args, "k_cache": args["k_cache"].copy()})
+
+    key = next(k for k, v in tune_measure._KERNELS.items() if v is good)
+    wrong.config, wrong.resources, wrong.spec = good.config, good.resources, spec
+    tune_measure._KERNELS[key] = wrong
+    try:
+        result = run_task(make_task(spec, config, (2, 40), "cpu", 0.001, seed=5))
+    finally:
+        tune_measure._KERNELS[key] = good
+    assert result["status"] == "wrong" and "element(s) wrong" in result["reason"], result

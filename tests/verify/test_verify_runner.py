@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 import kgen
+from kgen.families.decode_cases import decode_case_matrix
 from kgen.kernel import Kernel
 from kgen.render import render
 from kgen.verify.bounds import check_output
 from kgen.verify.handwritten import kernel_from_source
-from kgen.verify.runner import decode_case_matrix, verify
+from kgen.verify.runner import verify
 
 BASE = {
     "kgen": 1, "name": "mut_decode", "kind": "paged_decode",

@@ -1,0 +1,115 @@
+"""A family's argument table (docs/abi.md): one row per kernel parameter, in parameter order,
+and everything produced from it so the list is written once: the kernel declarations of the
+template and of `kgen abi`, the argument rows of `kgen abi`, and the launcher's packing of
+values into parameter order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kgen.dtypes import dtype
+from kgen.runtime.base import Launch
+
+ROLES = ("input", "output", "scratch", "scalar", "stride")
+_SCALARS = {"int32": (np.int32, "int"), "int64": (np.int64, "long long")}  # by-value parameters
+WIDTH = 116  # wrap declarations like the hand-written templates did
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One kernel parameter."""
+
+    name: str  # the ABI name: the C parameter name and the launcher's key
+    ctype: str  # the C type exactly as the declaration spells it, e.g. "const __half*", "long long"
+    role: str  # one of ROLES: input/output (arrays read/written), scratch (kgen's), scalar, stride
+    shape: tuple = ()  # symbolic shape (numbers and names); () for a by-value parameter
+    dtype: str = ""  # kgen dtype of the elements or of the value
+    optional: bool = False  # a pointer that may be null
+    doc: str = ""  # one line
+
+    @property
+    def pointer(self) -> bool:
+        return self.ctype.endswith("*")
+
+
+def array(name: str, dtype_name: str, role: str, shape: tuple, doc: str, optional: bool = False,
+          const: bool | None = None) -> Arg:
+    """An array parameter; const unless it is written (or `const` says otherwise)."""
+    const = role == "input" if const is None else const
+    elem = _SCALARS[dtype_name][1] if dtype_name in _SCALARS else dtype(dtype_name).ctype
+    return Arg(name, f"{'const ' if const else ''}{elem}*", role, tuple(shape), dtype_name, optional, doc)
+
+
+def scalar(name: str, dtype_name: str, doc: str, role: str = "scalar") -> Arg:
+    return Arg(name, _SCALARS[dtype_name][1], role, (), dtype_name, False, doc)
+
+
+def stride(name: str, doc: str) -> Arg:
+    return scalar(name, "int64", doc, role="stride")
+
+
+@dataclass(frozen=True)
+class KernelDecl:
+    """One `extern "C" __global__` function of a family and how kgen launches it."""
+
+    name: str
+    params: tuple[Arg, ...]  # rows of the family's table, in parameter order
+    grid: tuple[int | str, int | str, int | str]  # numbers, or names of sizes known at the call
+    block: int  # threads per block (also the declaration's __launch_bounds__)
+    smem: int = 0  # dynamic shared memory, bytes
+
+    def declaration(self) -> str:
+        head = f'extern "C" __global__ void __launch_bounds__({self.block}) {self.name}('
+        return head + "\n" + _wrap(param_decls(self.params), "    ") + ")"
+
+    def call_args(self) -> str:
+        """The parameter names, comma-separated: the template forwards them to the kernel body."""
+        return _wrap([a.name for a in self.params], "      ").lstrip()  # the template indents line 1
+
+    def geometry(self) -> str:
+        return (f"grid ({', '.join(str(g) for g in self.grid)}), block ({self.block}), "
+                f"dynamic shared memory {self.smem} bytes")
+
+    def launch(self, sizes: dict[str, int], values: dict[str, Any]) -> Launch:
+        """The launch of this kernel: grid names resolved from `sizes`, arguments packed from `values`."""
+        grid = tuple(sizes[g] if isinstance(g, str) else g for g in self.grid)
+        return Launch(self.name, grid, (self.block, 1, 1), self.smem, pack(self.params, values))
+
+
+def param_decls(params) -> list[str]:
+    """Each parameter as the declaration spells it (pointers are __restrict__: no argument aliases another)."""
+    return [f"{a.ctype} __restrict__ {a.name}" if a.pointer else f"{a.ctype} {a.name}" for a in params]
+
+
+def pack(params, values: dict[str, Any]) -> list[Any]:
+    """Launch arguments in parameter order: pointers as given, by-value parameters as their numpy type."""
+    missing = [a.name for a in params if a.name not in values]
+    if missing:
+        raise KeyError(f"no launch value for parameter(s) {', '.join(missing)}")
+    return [values[a.name] if a.pointer else _SCALARS[a.dtype][0](values[a.name]) for a in params]
+
+
+def abi_rows(params) -> list[str]:
+    """The `kgen abi` rows: name, role, C type, shape and dtype, whether it may be null, what it is."""
+    rows = []
+    for a in params:
+        shape = "[" + ", ".join(str(s) for s in a.shape) + "]" if a.pointer else "value"
+        rows.append(f"  {a.name:<18} {a.role:<7} {a.ctype:<20} {shape} {a.dtype}"
+                    + (" (may be null)" if a.optional else "") + (f": {a.doc}" if a.doc else ""))
+    return rows
+
+
+def _wrap(items: list[str], indent: str) -> str:
+    """Comma-separated items, as many per line as fit in WIDTH columns, never split."""
+    lines = [indent]
+    for i, item in enumerate(items):
+        text = item + ("," if i < len(items) - 1 else "")
+        if lines[-1] != indent and len(lines[-1]) + 1 + len(text) > WIDTH:
+            lines[-1] = lines[-1].rstrip()
+            lines.append(indent)
+        lines[-1] += ("" if lines[-1] == indent else " ") + text
+    return "\n".join(lines)

@@ -1,0 +1,61 @@
+"""Every registered family implements the whole Family interface consistently: what the next
+family (e.g. paged_prefill) must provide, checked on the bundled spec of each kind."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+import kgen
+from kgen.errors import KgenUserError
+from kgen.families.argtable import ROLES
+from kgen.families.base import Family, resolve_config
+from kgen.families.registry import FAMILIES, family_for
+from kgen.render import render
+from kgen.tune.search import expand_space
+
+ROOT = Path(__file__).resolve().parents[2]
+BUNDLED = {"paged_decode": "llama3_8b_decode.yaml", "cache_write": "cache_write_fp8_e4m3.yaml",
+           "copy_blocks": "copy_blocks_fp16.yaml"}
+METHODS = [name for name in vars(Family) if not name.startswith("_") and callable(getattr(Family, name))]
+
+
+def test_every_family_is_bundled_and_registered():
+    assert set(FAMILIES) == set(BUNDLED)
+    assert {"arguments", "kernels", "cases", "run_case", "bench", "abi_config", "default_space"} <= set(METHODS)
+
+
+@pytest.mark.parametrize("kind", sorted(BUNDLED))
+def test_family_is_consistent(kind):
+    spec = kgen.load_spec(ROOT / "specs" / BUNDLED[kind])
+    family = family_for(spec)
+    assert family.kind == kind and (ROOT / "templates" / family.template).is_file()
+    for name in METHODS:
+        assert callable(getattr(family, name, None)), f"{kind} lacks {name}"
+    space = family.default_space(spec)
+    assert set(space) <= set(family.params)
+    configs = [resolve_config(family, spec, dict(zip(space, values, strict=True)))
+               for values in itertools.product(*space.values())]
+    configs.append(resolve_config(family, spec, family.abi_config(spec)))
+    for config in configs:
+        assert family.check_config(spec, config) == [], config
+        table = family.arguments(spec, config)
+        names = [a.name for a in table]
+        assert len(set(names)) == len(names) and all(a.role in ROLES for a in table)
+        kernels = family.kernels(spec, config)
+        assert kernels[0].params == tuple(table)  # the main kernel takes the whole table, in order
+        assert kernels[0].block == config["threads"]
+        rows = {a.name: a for a in table}
+        for k in kernels[1:]:  # the others take rows of it (constness may differ: a reader of scratch)
+            assert all(rows[a.name].ctype.removeprefix("const ") == a.ctype.removeprefix("const ") for a in k.params)
+        assert family.kernel_names(spec, config) == render(spec, config).kernel_names == [k.name for k in kernels]
+
+
+@pytest.mark.parametrize("kind", sorted(BUNDLED))
+def test_nothing_to_tune_suggests_the_family_space(kind):
+    spec = kgen.load_spec(ROOT / "specs" / BUNDLED[kind]).with_overrides(tuning=None)
+    with pytest.raises(KgenUserError, match="nothing to tune") as e:
+        expand_space(spec)
+    assert str(family_for(spec).default_space(spec)) in str(e.value)
