@@ -1,0 +1,169 @@
+"""The layout rules of docs/architecture.md, checked over the source: no import cycles (imports
+inside functions count), imports inside functions only for heavy optional dependencies, no
+branching on a kernel kind outside kgen/families/ and kgen/spec/, and no pointer at a document
+that is not in the repository."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+KGEN = ROOT / "kgen"
+HEAVY = {"torch", "cupy", "cupyx", "ray", "matplotlib"}
+KINDS = ("paged_decode", "paged_prefill", "cache_write", "copy_blocks")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in KGEN.rglob("*.py")}
+
+
+def imported_modules(tree: ast.AST, own: str) -> list[tuple[str, ast.AST]]:
+    """(kgen module, node) for every import of a kgen module, resolving `from kgen.x import y`
+    to kgen.x.y when y is itself a module."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node) for a in node.names if a.name.split(".")[0] == "kgen"]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                pkg = own.split(".")[: -node.level] if not MODULES[own].name == "__init__.py" else \
+                    own.split(".")[: len(own.split(".")) - node.level + 1]
+                base = ".".join(pkg + ([base] if base else []))
+            if base.split(".")[0] != "kgen":
+                continue
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                found.append((sub if sub in MODULES else base, node))
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        graph[name] = {m for m, _ in imported_modules(tree, name) if m in MODULES and m != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state:
+                cycle = visit(m)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state:
+            cycle = visit(n)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycles_counting_function_local_imports():
+    graph = import_graph()
+    # the public API module imports everything; nothing inside kgen may import it back
+    importers_of_api = sorted(n for n, deps in graph.items() if "kgen" in deps)
+    assert importers_of_api == [], f"modules importing the public API module kgen: {importers_of_api}"
+    assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
+
+
+def function_local_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    out = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Import):
+                out += [(node.lineno, a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                out.append((node.lineno, "." * node.level + (node.module or "")))
+    return out
+
+
+def test_imports_inside_functions_only_for_heavy_optional_dependencies():
+    bad = []
+    for path in MODULES.values():
+        for line, mod in function_local_imports(ast.parse(path.read_text())):
+            if mod.split(".")[0] not in HEAVY:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: import {mod}")
+    assert not bad, "imports inside functions:\n" + "\n".join(sorted(set(bad)))
+
+
+def kind_comparisons(source: str) -> list[int]:
+    """Lines that compare against a kind name or branch on `.kind`."""
+    lines = []
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            names = [o for o in operands if isinstance(o, ast.Constant) and o.value in KINDS]
+            containers = [o for o in operands if isinstance(o, (ast.Tuple, ast.List, ast.Set))
+                          and any(isinstance(e, ast.Constant) and e.value in KINDS for e in o.elts)]
+            kind_attr = [o for o in operands if isinstance(o, ast.Attribute) and o.attr == "kind"
+                         and "spec" in ast.unparse(o.value).lower()]
+            if names or containers or kind_attr:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_kind_comparison_detector_sees_the_forms_it_must():
+    assert kind_comparisons("x = spec.kind == 'cache_write'\n") == [1]
+    assert kind_comparisons("if spec.kind in ('cache_write', 'copy_blocks'): pass\n") == [1]
+    assert kind_comparisons("if k != 'paged_decode': pass\n") == [1]
+    assert kind_comparisons("x = a == b\n") == []
+    assert kind_comparisons("ok = arr.dtype.kind == 'f'\n") == []  # numpy's kind, not a kernel kind
+
+
+def test_no_kind_branches_outside_families_and_spec():
+    bad = []
+    for name, path in MODULES.items():
+        if name.startswith(("kgen.families", "kgen.spec")):
+            continue
+        bad += [f"{path.relative_to(ROOT)}:{n}" for n in kind_comparisons(path.read_text())]
+    assert not bad, "kind comparisons outside kgen/families and kgen/spec: " + ", ".join(bad)
+
+
+DOC_REF = re.compile(r"\b((?:docs/)?[\w.-]+\.md)\b")
+
+
+@pytest.mark.parametrize("folder", ["kgen", "templates", "tests", "benchmarks", "docs", "README.md"])
+def test_every_referenced_document_is_in_the_repository(folder):
+    docs = {p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.md") if ".venv" not in p.parts}
+    names = {Path(d).name for d in docs}
+    target = ROOT / folder
+    files = [target] if target.is_file() else [p for p in target.rglob("*") if p.is_file()
+                                               and p.suffix in (".py", ".md", ".cuh", ".j2", ".h", ".txt")]
+    missing = []
+    for f in files:
+        for i, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+            for ref in DOC_REF.findall(line):
+                if ref in docs or (ref.startswith("docs/") is False and ref in names):
+                    continue
+                missing.append(f"{f.relative_to(ROOT)}:{i}: {ref}")
+    assert not missing, "references to documents not in the repository:\n" + "\n".join(missing)
