@@ -89,6 +89,10 @@ class Family(Protocol):
     def bench(self, spec, config: Config, bucket: Bucket, rng: np.random.Generator) -> Bench:
         """Inputs for timing one (batch, context) bucket, and the check of what the kernel wrote."""
 
+    def bucket_of(self, spec, call: dict[str, Any]) -> Bucket | None:
+        """The (batch, context) bucket of one call, from array shapes only (never device values:
+        reading them would sync); None when the call's arguments don't say (its checks will)."""
+
 
 class FamilyBase:
     """What most families share: names from the kernels, the ABI config, a threads-only space."""

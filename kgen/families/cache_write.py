@@ -98,6 +98,15 @@ class CacheWriteFamily(SingleKernelFamily):
     def run_case(self, kernel, case, rng: np.random.Generator):
         return cache_write_cases.run_case(kernel, case, rng)
 
+    def bucket_of(self, spec, call):
+        """As bench() builds it: batch = tokens written, context = the pool's tokens per token written."""
+        slots = call.get("slot_mapping")
+        pool = call.get("k_cache", call.get("kv_cache"))
+        if slots is None or pool is None or len(slots.shape) != 1 or not slots.shape[0] or not len(pool.shape):
+            return None
+        batch = int(slots.shape[0])
+        return batch, max(1, int(pool.shape[0]) * spec.kv_cache.block_size // batch)
+
     def bench(self, spec, config: Config, bucket, rng: np.random.Generator):
         return cache_write_cases.bench(spec, bucket, rng)
 

@@ -73,6 +73,13 @@ class CopyBlocksFamily(SingleKernelFamily):
     def run_case(self, kernel, case, rng: np.random.Generator):
         return copy_blocks_cases.run_case(kernel, case, rng)
 
+    def bucket_of(self, spec, call):
+        """As bench() builds it: one sequence (batch 1) whose context is the blocks copied."""
+        pairs = call.get("pairs")
+        if pairs is None or len(pairs.shape) != 2:
+            return None
+        return 1, max(1, int(pairs.shape[0]) * spec.kv_cache.block_size)
+
     def bench(self, spec, config: Config, bucket, rng: np.random.Generator):
         return copy_blocks_cases.bench(spec, bucket, rng)
 

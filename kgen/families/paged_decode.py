@@ -173,6 +173,13 @@ class PagedDecodeFamily(FamilyBase):
     def run_case(self, kernel, case, rng: np.random.Generator):
         return decode_cases.run_case(kernel, case, rng)
 
+    def bucket_of(self, spec, call):
+        """batch = q's rows, context = the block table's capacity in tokens."""
+        q, bt = call.get("q"), call.get("block_tables")
+        if q is None or bt is None or len(q.shape) < 1 or len(bt.shape) != 2:
+            return None
+        return int(q.shape[0]), int(bt.shape[1]) * spec.kv_cache.block_size
+
     def bench(self, spec, config: Config, bucket, rng: np.random.Generator):
         return decode_cases.bench(spec, bucket, rng)
 

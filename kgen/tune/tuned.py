@@ -1,9 +1,9 @@
 """A kernel that uses its tuning results: one built variant per winning config, the
 variant for the nearest bucket picked per call.
 
-The pick is a lookup on shapes only (batch = q.shape[0], context = block_tables.shape[1]
-x block_size, never seq_lens values: reading them would sync with the device), nearest
-in log space on each axis. Nothing is tuned or compiled on the call path.
+The pick is a lookup on shapes only (the family's bucket_of: for decode, batch = q.shape[0],
+context = block_tables.shape[1] x block_size; never device values: reading them would sync),
+nearest in log space on each axis. Nothing is tuned or compiled on the call path.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 from kgen.build import build, select_backend
 from kgen.errors import KernelRuntimeError, KgenUserError
+from kgen.families.registry import family_for
 from kgen.tune.results import TuningWarning, check_results, device_info, load_results, mismatches
 from kgen.verify.runner import verify as run_verify
 
@@ -35,6 +36,7 @@ class TunedKernel:
 
     def __init__(self, spec, results: dict, backend: str = "auto", verify: bool = True, base=None):
         self.spec = spec
+        self._family = family_for(spec)
         self.results = results
         self.batch_axis = sorted(results["buckets"]["batch"])
         self.context_axis = sorted(results["buckets"]["context"])
@@ -59,12 +61,10 @@ class TunedKernel:
         return self.variants[self._table[(_nearest(self.batch_axis, batch), _nearest(self.context_axis, context))]]
 
     def __call__(self, **arguments: Any):
-        q, bt = arguments.get("q"), arguments.get("block_tables")
-        if q is None or bt is None or len(q.shape) < 1 or len(bt.shape) != 2:
-            kernel = self.select(self.batch_axis[0], self.context_axis[0])  # let its checks word the error
-        else:
-            kernel = self.select(int(q.shape[0]), int(bt.shape[1]) * self.spec.kv_cache.block_size)
-        return kernel(**arguments)
+        bucket = self._family.bucket_of(self.spec, arguments)
+        if bucket is None:  # the arguments don't say: let the kernel's checks word the error
+            bucket = (self.batch_axis[0], self.context_axis[0])
+        return self.select(*bucket)(**arguments)
 
     @property
     def backend(self) -> str:
