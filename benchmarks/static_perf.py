@@ -1,0 +1,564 @@
+"""Static performance of the decode kernels on sm_90, side by side (no GPU needed; ESTIMATES).
+
+For every bundled paged-decode spec, FlashInfer's batch decode kernel (paged KV, fp16, head_dim 128,
+GQA 4: Llama-3-8B) compiled here from the headers the flashinfer-python wheel carries, and vLLM's
+paged_attention v1/v2 kernels when a vLLM source tree that has them is given: registers, spills,
+local-memory instructions in the SASS, shared memory, occupancy, bytes in flight per thread and per
+SM (read from the SASS, benchmarks/perf_model.py), and an estimated fraction of H200 copy bandwidth
+at batch {1, 16, 64, 256} x context {512, 4096, 32768}, grid fill included. kgen's grid comes from
+`kern.plan(seq_lens, num_sms=132)` when kgen has a planner, else from the fixed launch geometry.
+
+    pip install --no-deps flashinfer-python          # headers only: nothing of it is imported
+    pip install nvidia-cuda-nvdisasm                 # cuobjdump -sass needs it (the test extra has both tools)
+    PYTHONPATH=. python benchmarks/static_perf.py [--vllm-src DIR] [--doc docs/performance.md]
+
+nvcc (CUDA 12.4+) builds the FlashInfer and vLLM kernels; kgen's go through NVRTC as always. A
+missing tool or source drops that row and says why. Builds are cached in kgen's cache directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import perf_model as pm  # noqa: E402
+from decode_figures import kv_bytes_per_token  # noqa: E402
+
+from kgen.cache import ArtifactCache, content_key  # noqa: E402
+from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report  # noqa: E402
+from kgen.families.paged_decode import PAGED_DECODE  # noqa: E402
+from kgen.families.registry import family_for  # noqa: E402
+from kgen.kernel import Kernel  # noqa: E402
+from kgen.render import render  # noqa: E402
+from kgen.spec.models import load_spec  # noqa: E402
+
+ARCH = "sm_90"
+SHAPES = pm.SHAPES
+DEV = pm.H200
+CACHE_NS = "static-perf"
+DOC_BEGIN, DOC_END = "<!-- static_perf:begin -->", "<!-- static_perf:end -->"
+# The issue's register targets by KV dtype (fp16 Llama, fp8 per-head, bf16 GQA 8, int8 GQA 7).
+REGISTER_TARGETS = {"fp16": 64, "fp8_e4m3": 96, "fp8_e5m2": 96, "bf16": 96, "int8": 128}
+# Llama-3-8B decode: what FlashInfer and vLLM are built for (and kgen's llama3_8b_decode spec).
+LLAMA = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "page": 16, "itemsize": 2}
+
+
+# ---- tools ----------------------------------------------------------------------------------------
+def wheel_binary(dist: str, name: str) -> str | None:
+    """A binary an NVIDIA pip wheel installed (None when the wheel is absent)."""
+    try:
+        files = importlib.metadata.distribution(dist).files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    found = [f.locate() for f in files if f.name == name]
+    return str(found[0]) if found else None
+
+
+def find_cuobjdump() -> str | None:
+    return wheel_binary("nvidia-cuda-cuobjdump", "cuobjdump") or shutil.which("cuobjdump")
+
+
+def find_nvcc() -> str | None:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    cand = Path(home, "bin", "nvcc") if home else None
+    return str(cand) if cand and cand.exists() else shutil.which("nvcc")
+
+
+def cuobjdump_env(cuobjdump: str) -> dict:
+    """cuobjdump -sass runs nvdisasm: point it at the nvidia-cuda-nvdisasm wheel's when there is one."""
+    env = dict(os.environ)
+    nvdisasm = wheel_binary("nvidia-cuda-nvdisasm", "nvdisasm")
+    if nvdisasm:
+        env["PATH"] = str(Path(nvdisasm).parent) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def sass_text(cubin: bytes, cuobjdump: str) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "k.cubin")
+        path.write_bytes(cubin)
+        run = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True,
+                             env=cuobjdump_env(cuobjdump))
+    if run.returncode != 0:
+        raise RuntimeError(f"cuobjdump -sass failed: {run.stderr.strip() or run.stdout.strip()}")
+    return run.stdout
+
+
+def nvcc_cubin(source: str, flags: list[str], nvcc: str, cache: ArtifactCache) -> tuple[bytes, str]:
+    """(cubin, ptxas -v log) of `source` built with nvcc for sm_90, cached by content."""
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    key = content_key("static-perf-nvcc", source, "\0".join(flags), version)
+
+    def build(tmp: Path) -> None:
+        (tmp / "k.cu").write_text(source)
+        run = subprocess.run([nvcc, "-cubin", f"-arch={ARCH}", "-Xptxas", "-v", *flags, "-o",
+                              str(tmp / "k.cubin"), str(tmp / "k.cu")], capture_output=True, text=True)
+        if run.returncode != 0:
+            raise RuntimeError(f"nvcc failed:\n{run.stderr[-3000:]}")
+        (tmp / "ptxas.log").write_text(run.stderr + run.stdout)
+
+    entry, _ = cache.get_or_build(CACHE_NS, key, build)
+    return (entry / "k.cubin").read_bytes(), (entry / "ptxas.log").read_text()
+
+
+# ---- what the tables show of each kernel ----------------------------------------------------------
+@dataclass
+class Figures:
+    """ptxas and SASS figures of one kernel function."""
+
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack: int
+    static_smem: int
+    ldl: int
+    stl: int
+    in_flight: float                  # bytes per thread in flight in the streaming loops (estimate)
+    loops: list[pm.LoopMLP]
+    bulk: int                         # TMA copies: outside the in-flight model
+
+
+def figures(fn: pm.SassFunction, res) -> Figures:
+    ipt, mlps = pm.thread_in_flight(fn, DEV)
+    ldl, stl = pm.local_memory_instructions(fn)
+    return Figures(res.registers, res.spill_stores, res.spill_loads, res.stack_frame, res.static_smem,
+                   ldl, stl, ipt, mlps, pm.bulk_copies(fn))
+
+
+@dataclass
+class Plan:
+    launches: list[pm.Launch]
+    main: int = 0                     # the launch that streams the KV cache
+    partial_bytes: float = 0.0        # split-KV partial results, written and read back
+
+
+@dataclass
+class Subject:
+    label: str
+    kernels: dict[str, Figures]       # by the kernel names its launches use
+    plan: Callable[[int, int], Plan]  # (batch, context) -> launches
+    kv_bytes: Callable[[int, int], float]
+    grid_source: str
+    dedupe: int = 1                   # blocks reading the same KV (vLLM: one block per query head)
+    spec: object = None
+    notes: list[str] = field(default_factory=list)
+
+    def estimate(self, batch: int, context: int) -> tuple[pm.Estimate | None, pm.Occupancy]:
+        plan = self.plan(batch, context)
+        main = plan.launches[plan.main]
+        fig = self.kernels[main.kernel]
+        occ = pm.occupancy(main.threads, fig.registers, fig.static_smem + main.smem, DEV)
+        if fig.in_flight <= 0 or occ.blocks == 0:
+            return None, occ
+        est = pm.estimate_seconds(self.kv_bytes(batch, context), main.blocks, main.threads, fig.in_flight,
+                                  occ.blocks, extra_launches=len(plan.launches) - 1,
+                                  partial_bytes=plan.partial_bytes, dedupe=self.dedupe, dev=DEV)
+        return est, occ
+
+
+# ---- kgen ------------------------------------------------------------------------------------------
+def _prod(x) -> int:
+    return int(np.prod(x)) if isinstance(x, (tuple, list)) else int(x)
+
+
+def kgen_planner(spec, rendered) -> tuple[Callable[[int, int], list[pm.Launch]], str]:
+    """kgen's launches for `batch` sequences of `context` tokens: kern.plan when kgen has it, else the
+    family's fixed launch geometry (grid names resolved for a block table just wide enough)."""
+    if hasattr(Kernel, "plan"):
+        kern = Kernel(spec, rendered.source, rendered.config, None, rendered.kernel_names)
+
+        def planned(batch: int, context: int) -> list[pm.Launch]:
+            plan = kern.plan(np.full(batch, context, dtype=np.int32), num_sms=DEV.sms)
+            return [pm.Launch(ln.kernel, _prod(ln.grid), _prod(ln.block), int(ln.smem)) for ln in plan.launches]
+
+        return planned, "kern.plan(seq_lens, num_sms=132)"
+    decls = family_for(spec).kernels(spec, rendered.config)
+    block, part = spec.kv_cache.block_size, rendered.config.get("partition_size", 0)
+
+    def fixed(batch: int, context: int) -> list[pm.Launch]:
+        width = -(-context // block)
+        sizes = {"num_seqs": batch, "max_partitions": -(-width * block // part) if part else 1}
+        return [pm.Launch(d.name, _prod([sizes[g] if isinstance(g, str) else g for g in d.grid]), _prod(d.block),
+                          d.smem) for d in decls]
+
+    return fixed, f"fixed grid (config {rendered.config}; kgen has no kern.plan)"
+
+
+def kgen_subject(path: Path, cuobjdump: str, cache: ArtifactCache) -> Subject:
+    spec = load_spec(path)
+    rendered = render(spec)
+    art = compile_cubin(rendered.source, ARCH, origin=str(path), cache=cache)
+    funcs = pm.parse_sass(sass_text(art.cubin, cuobjdump))
+    kernels = {name: figures(funcs[name], art.resources[name]) for name in rendered.kernel_names}
+    launches, source = kgen_planner(spec, rendered)
+    a = spec.attention
+    window = a.sliding_window or 0
+    per_token = kv_bytes_per_token(spec)
+
+    def plan(batch: int, context: int) -> Plan:
+        lns = launches(batch, context)
+        main = next((i for i, ln in enumerate(lns) if ln.kernel == spec.name), 0)
+        partial = 0.0
+        if len(lns) > 1:  # fp32 partial output and (m, l) per (sequence, query head, partition)
+            parts = lns[main].blocks / (batch * a.num_kv_heads)
+            partial = 2 * batch * a.num_q_heads * parts * (a.head_dim + 2) * 4
+        return Plan(lns, main, partial)
+
+    def kv_bytes(batch: int, context: int) -> float:
+        return float(batch * (min(context, window) if window else context) * per_token)
+
+    return Subject(f"kgen {spec.name}", kernels, plan, kv_bytes, source, spec=spec)
+
+
+# ---- FlashInfer ------------------------------------------------------------------------------------
+FLASHINFER_CU = """\
+// FlashInfer's batch decode kernel as its JIT instantiates it (csrc/batch_decode_customize_config.jinja,
+// flashinfer/jit/attention/modules.py gen_batch_decode_module), for fp16 q/kv/out, int32 indices.
+#include <flashinfer/page.cuh>
+#include <flashinfer/math.cuh>
+#include <flashinfer/layout.cuh>
+#include <flashinfer/pos_enc.cuh>
+#include <flashinfer/attention/variant_helper.cuh>
+#include <flashinfer/attention/variants.cuh>
+#include <flashinfer/attention/decode.cuh>
+using namespace flashinfer;
+struct Params {
+  using DTypeQ = half; using DTypeKV = half; using DTypeO = half; using IdType = int32_t;
+  DTypeQ* q; paged_kv_t<DTypeKV, IdType> paged_kv; DTypeO* o; float* lse;
+  float* maybe_alibi_slopes; double logits_soft_cap; double sm_scale; double rope_rcp_scale; double rope_rcp_theta;
+  uint32_t padded_batch_size; uint32_t num_qo_heads; IdType q_stride_n; IdType q_stride_h; int32_t window_left;
+  bool enable_pdl; IdType* request_indices; IdType* kv_tile_indices; IdType* o_indptr; IdType* kv_chunk_size_ptr;
+  bool* block_valid_mask; bool partition_kv;
+  __host__ __device__ __forceinline__ int32_t get_qo_len(int32_t) const { return 1; }
+  __host__ __device__ __forceinline__ int32_t get_kv_len(int32_t b) const { return paged_kv.get_length(b); }
+};
+template __global__ void flashinfer::BatchDecodeWithPagedKVCacheKernel<PosEncodingMode::kNone, {stages}, {tile},
+    {vec}, {bdx}, {bdy}, {bdz}, DefaultAttention<false, false, false, false>, Params>(const __grid_constant__ Params);
+"""
+
+
+def flashinfer_data() -> Path | None:
+    """The flashinfer-python wheel's data/ folder (include/, cccl/), found without importing flashinfer."""
+    found = importlib.util.find_spec("flashinfer")
+    for loc in (found.submodule_search_locations or []) if found else []:
+        if Path(loc, "data", "include", "flashinfer", "attention", "decode.cuh").exists():
+            return Path(loc, "data")
+    return None
+
+
+def flashinfer_subject(nvcc: str, cuobjdump: str, cache: ArtifactCache) -> Subject:
+    data = flashinfer_data()
+    if data is None:
+        raise RuntimeError("flashinfer-python is not installed (pip install --no-deps flashinfer-python)")
+    version = importlib.metadata.version("flashinfer-python")
+    L = LLAMA
+    group = L["num_q_heads"] // L["num_kv_heads"]
+    geo = pm.flashinfer_geometry(L["head_dim"], group, L["itemsize"])
+    source = FLASHINFER_CU
+    for k in ("stages", "tile", "vec", "bdx", "bdy", "bdz"):
+        source = source.replace("{" + k + "}", str(geo[k]))
+    # flashinfer/jit/core.py and cpp_ext.py: its nvcc flags (the device-relevant ones)
+    flags = ["-O3", "-DNDEBUG", "-std=c++17", "-use_fast_math", "--expt-relaxed-constexpr",
+             "-DFLASHINFER_ENABLE_F16", "-DFLASHINFER_ENABLE_BF16", "-DFLASHINFER_ENABLE_FP8_E4M3",
+             "-DFLASHINFER_ENABLE_FP8_E5M2", f"-I{data / 'include'}", f"-I{data / 'cccl' / 'cub'}",
+             f"-I{data / 'cccl' / 'libcudacxx' / 'include'}", f"-I{data / 'cccl' / 'thrust'}"]
+    cubin, log = nvcc_cubin(f"// flashinfer-python {version}\n" + source, flags, nvcc, cache)
+    funcs = pm.parse_sass(sass_text(cubin, cuobjdump))
+    res = parse_ptxas_report(log)
+    (name,) = [n for n in funcs if "BatchDecodeWithPagedKVCacheKernel" in n]
+    fig = figures(funcs[name], res[name])
+    occ = pm.occupancy(geo["threads"], fig.registers, fig.static_smem + geo["smem"], DEV)
+    per_token = 2 * L["num_kv_heads"] * L["head_dim"] * L["itemsize"]
+
+    def plan(batch: int, context: int) -> Plan:
+        pages = [-(-context // L["page"])] * batch
+        split, _, new_batch = pm.flashinfer_split(pages, L["num_kv_heads"], L["page"], occ.blocks, DEV)
+        main = pm.Launch("decode", new_batch * L["num_kv_heads"], geo["threads"], geo["smem"])
+        if not split:
+            return Plan([main])
+        partial = 2 * new_batch * L["num_q_heads"] * (L["head_dim"] * 2 + 4)  # fp16 tmp_v + fp32 lse
+        return Plan([main, pm.Launch("merge", batch * L["num_q_heads"], 128)], 0, partial)
+
+    return Subject(f"FlashInfer {version} decode", {"decode": fig}, plan,
+                   lambda b, c: float(b * c * per_token),
+                   "its planner: no split when batch x kv_heads >= blocks/SM x 132, else the smallest chunk "
+                   "(>= 8 pages) whose chunk count x kv_heads fits (scheduler.cuh; CUDA graphs off)",
+                   notes=[f"block ({geo['bdx']}, {geo['bdy']}, {geo['bdz']}), {geo['stages']} cp.async stages, "
+                          f"{geo['smem']} B dynamic smem"])
+
+
+# ---- vLLM ------------------------------------------------------------------------------------------
+VLLM_CU = """\
+// vLLM's paged attention kernels (csrc/attention/attention_kernels.cuh) for fp16, head 128, block 16,
+// 128 threads, v2 partition 512: the instantiations paged_attention_v{1,2}.cu launch for Llama-3-8B.
+#include "attention/attention_kernels.cuh"
+#define ARGS const int, const float, const int*, const int*, const int, const float*, const int, const int, \\
+    const int, const float*, const float*, const int, const int, const int, const int, const int
+template __global__ void vllm::paged_attention_v1_kernel<uint16_t, uint16_t, 128, 16, 128, vllm::Fp8KVCacheDataType::kAuto,
+    false>(uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*, ARGS);
+template __global__ void vllm::paged_attention_v2_kernel<uint16_t, uint16_t, 128, 16, 128, vllm::Fp8KVCacheDataType::kAuto,
+    false, 512>(float*, float*, uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*, ARGS);
+template __global__ void vllm::paged_attention_v2_reduce_kernel<uint16_t, 128, 128, 512>(uint16_t*, const float*,
+    const float*, const uint16_t*, const int*, const int);
+"""
+VLLM_STUBS = ("torch/all.h", "ATen/cuda/CUDAContext.h", "c10/cuda/CUDAGuard.h")  # host-side only
+
+
+def vllm_subjects(src: Path, nvcc: str, cuobjdump: str, cache: ArtifactCache) -> list[Subject]:
+    csrc = src / "csrc"
+    if not (csrc / "attention" / "paged_attention_v1.cu").exists():
+        raise RuntimeError(f"{src} has no csrc/attention/paged_attention_v1.cu (vLLM 0.10.x has it; "
+                           "later releases removed the kernels)")
+    header = (csrc / "attention" / "attention_kernels.cuh").read_text()
+    with tempfile.TemporaryDirectory() as tmp:
+        for stub in VLLM_STUBS:
+            Path(tmp, stub).parent.mkdir(parents=True, exist_ok=True)
+            Path(tmp, stub).write_text("")
+        # torch's CUDA flags (torch.utils.cpp_extension COMMON_NVCC_FLAGS), as vLLM's CMake build uses them
+        flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DENABLE_FP8", "-D__CUDA_NO_HALF_OPERATORS__",
+                 "-D__CUDA_NO_HALF_CONVERSIONS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
+                 "-D__CUDA_NO_HALF2_OPERATORS__", f"-I{tmp}", f"-I{csrc}"]
+        tag = content_key(header, (csrc / "attention" / "attention_utils.cuh").read_text())
+        cubin, log = nvcc_cubin(f"// vllm {tag}\n" + VLLM_CU, flags, nvcc, cache)
+    funcs = pm.parse_sass(sass_text(cubin, cuobjdump))
+    res = parse_ptxas_report(log)
+
+    def pick(part: str) -> Figures:
+        (name,) = [n for n in funcs if part in n]
+        return figures(funcs[name], res[name])
+
+    L = LLAMA
+    Hq, D, page = L["num_q_heads"], L["head_dim"], L["page"]
+    group = Hq // L["num_kv_heads"]
+    per_token = 2 * L["num_kv_heads"] * D * L["itemsize"]
+    v1 = {"v1": pick("paged_attention_v1_kernel")}
+    v2 = {"v2": pick("paged_attention_v2_kernelI"), "reduce": pick("paged_attention_v2_reduce_kernel")}
+
+    def plan_v1(batch: int, context: int) -> Plan:
+        return Plan([pm.Launch("v1", Hq * batch, pm.VLLM_THREADS, pm.vllm_v1_smem(context, D, page))])
+
+    def plan_v2(batch: int, context: int) -> Plan:
+        parts = -(-context // pm.VLLM_PARTITION)
+        partial = 2 * batch * Hq * parts * (D * 2 + 8)  # fp16 tmp_out, fp32 exp_sums and max_logits
+        return Plan([pm.Launch("v2", Hq * batch * parts, pm.VLLM_THREADS, pm.vllm_v2_smem(D)),
+                     pm.Launch("reduce", Hq * batch, pm.VLLM_THREADS, 2 * parts * 4)], 0, partial)
+
+    def kv(b: int, c: int) -> float:
+        return float(b * c * per_token)
+
+    return [Subject("vLLM 0.10 paged_attention_v1", v1, plan_v1, kv, "grid (num_heads, batch): one block per query "
+                    "head; dynamic smem = fp32 logits of the whole context", dedupe=group),
+            Subject("vLLM 0.10 paged_attention_v2", v2, plan_v2, kv, "grid (num_heads, batch, ceil(context / 512)) "
+                    "+ reduce (num_heads, batch)", dedupe=group)]
+
+
+# ---- tables ---------------------------------------------------------------------------------------
+def md_table(head: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
+    return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+def resource_rows(subjects: list[Subject]) -> list[list[str]]:
+    rows = []
+    for s in subjects:
+        plan = s.plan(64, 4096)
+        for i, ln in enumerate(plan.launches):
+            f = s.kernels.get(ln.kernel)
+            if f is None:  # FlashInfer's merge: modeled (two round trips + its bytes), not compiled here
+                rows.append([f"  + {ln.kernel} (not compiled)", *["-"] * (len(RESOURCE_HEAD) - 1)])
+                continue
+            occ = pm.occupancy(ln.threads, f.registers, f.static_smem + ln.smem, DEV)
+            main = i == plan.main
+            per_sm = occ.blocks * ln.threads * f.in_flight
+            ceiling = min(DEV.copy_bw, per_sm / s.dedupe * DEV.sms / DEV.latency_s) / DEV.copy_bw
+            rows.append([
+                s.label if main else f"  + {ln.kernel}",
+                f.registers, f"{f.spill_stores}/{f.spill_loads}", f.stack, f"{f.ldl}/{f.stl}",
+                f"{f.static_smem}+{ln.smem}", ln.threads, f"{occ.blocks} ({occ.limiter})", occ.warps,
+                occ.blocks * DEV.sms,
+                f"{f.in_flight:.0f}" if main else "-", f"{per_sm / 1024:.0f}" if main else "-",
+                pm.fmt_pct(ceiling) if main else "-",
+            ])
+    return rows
+
+
+RESOURCE_HEAD = ["kernel (sm_90)", "regs", "spill st/ld B", "stack B", "LDL/STL", "smem static+dyn B", "threads",
+                 "blocks/SM (limit)", "warps/SM", "resident blocks", "B in flight/thread (est.)", "KB in flight/SM (est.)",
+                 "full-GPU ceiling (est.)"]
+
+
+def estimate_rows(subjects: list[Subject]) -> list[list[str]]:
+    rows, est = [], {}
+    for s in subjects:
+        cells = [s.label]
+        for b, c in SHAPES:
+            e, _ = est[s.label, b, c] = s.estimate(b, c)
+            cells.append("n/a" if e is None else f"{pm.fmt_pct(e.fraction)} ({e.blocks})")
+        rows.append(cells)
+    # the issue's comparison: kgen's Llama spec against FlashInfer (same model shape, fp16)
+    llama = next((s for s in subjects if s.spec is not None and s.spec.name == "llama3_8b_decode"), None)
+    fi = next((s for s in subjects if s.label.startswith("FlashInfer")), None)
+    if llama and fi:
+        ratio = []
+        for b, c in SHAPES:
+            a, f = est[llama.label, b, c][0], est[fi.label, b, c][0]
+            ratio.append(f"{a.fraction / f.fraction:.2f}x" if a and f else "n/a")
+        rows.append(["kgen llama3_8b_decode / FlashInfer", *ratio])
+    return rows
+
+
+def register_rows(subjects: list[Subject]) -> list[list[str]]:
+    rows = []
+    for s in subjects:
+        if s.spec is None:
+            continue
+        spec, kv = s.spec, s.spec.kv_cache
+        f = s.kernels[spec.name]
+        target = REGISTER_TARGETS.get(kv.dtype)
+        rows.append([spec.name, kv.dtype, kv.scale, kv.layout, spec.group_size, spec.attention.head_dim,
+                     f.registers, f"{f.spill_stores}/{f.spill_loads}", f.stack, f"{f.ldl}/{f.stl}",
+                     f"<= {target} {'ok' if f.registers <= target else 'MISSED'}" if target else "-"])
+    return rows
+
+
+def assumptions(subjects: list[Subject]) -> str:
+    d = DEV
+    group = LLAMA["num_q_heads"] // LLAMA["num_kv_heads"]
+    lines = [
+        "Every figure in these tables is an ESTIMATE from static figures (ptxas, SASS, launch geometry), "
+        "not a measurement.",
+        "",
+        f"- **Device**: {d.name}, {d.sms} SMs. Occupancy by the CUDA occupancy rules for sm_90: {d.regs_per_sm} "
+        f"registers per SM in {d.sub_partitions} sub-partitions, allocated {d.reg_alloc_per_warp} per warp; "
+        f"{d.smem_per_sm // 1024} KB shared memory per SM ({d.smem_per_block // 1024} KB per block, "
+        f"{d.smem_reserved_per_block} B reserved per block, {d.smem_granularity} B granularity); "
+        f"{d.max_threads_per_sm} threads and {d.max_blocks_per_sm} blocks per SM.",
+        f"- **Memory**: {d.copy_bw / 1e12:.1f} TB/s copy bandwidth (a device-to-device copy measured on this "
+        f"workplace's H200s; datasheet peak {d.peak_bw / 1e12:.1f} TB/s) and {d.latency_s * 1e6:.1f} us DRAM "
+        "latency. A decode kernel is modeled as latency-bound streaming: bandwidth = min(copy bandwidth, bytes in "
+        "flight / latency) (Little's law). Not modeled: compute time, L2 hits of the KV stream, per-SM limits on "
+        "outstanding misses, launch gaps (CUDA-graph replay assumed).",
+        "- **Bytes in flight per thread**, read from the SASS (`cuobjdump -sass`): the streaming loop is the "
+        "backward branch whose body has the most global-load bytes (other disjoint loops with at least 25% of "
+        "that count too, e.g. vLLM's K loop and V loop, each weighted by its bytes). Its body is walked 48 times "
+        "in order on a clock that only stalls advance: a global read is issued at the current time; an "
+        "instruction that waits on a scoreboard holding global reads (the 6 scoreboards and wait masks are "
+        "decoded from each instruction's control word), or a `DEPBAR.LE SB0, N` that retires cp.async groups "
+        "(`LDGSTS` ... `LDGDEPBAR`), moves the clock to the latest issue time of what it waits for plus one "
+        f"latency ({d.hit_weight} of one when it waits for under 8 bytes per thread: a block-table or scale "
+        "read, mostly a cache hit). Over the last 24 passes (whole periods of any pipeline up to 8 stages "
+        "deep), bytes in flight = bytes per iteration x latency / iteration time. Per SM: x threads per block x resident blocks. \"Full-GPU ceiling\": that x "
+        f"{d.sms} SMs / latency, over the copy bandwidth, for the launch of batch 64 x 4096.",
+        "- **Time of a launch**: the sum over waves of equal blocks (a wave: up to SMs x blocks/SM blocks "
+        "resident at once) of wave bytes / min(copy bandwidth, wave blocks x threads x bytes in flight / "
+        "latency), plus 2 latencies per wave (seq_len and block-table reads before the first KV read, the "
+        "store at the end). Each extra launch (a split-KV merge or reduce) adds 2 latencies plus its partial "
+        "results, written and read back, at the copy bandwidth.",
+        "- **Cells**: KV bytes / estimated time / copy bandwidth; in parentheses the thread blocks of the launch "
+        "that streams the KV cache (the GPU holds 132 x blocks/SM at once: \"resident blocks\"). KV bytes = "
+        "batch x tokens read (the window for a sliding-window spec) x KV bytes per token (K and V rows, plus "
+        "per-token scales). kgen's rows are each spec's own model shape; FlashInfer's and vLLM's are Llama-3-8B "
+        "(32 query heads, 8 KV heads, head_dim 128, fp16, 16-token pages), the shape of llama3_8b_decode.",
+        f"- **vLLM** launches one block per query head, so the {group} blocks of a KV head read the same bytes: "
+        f"DRAM bytes are counted once (L2 assumed to serve the rest) and the requests in flight per DRAM byte "
+        f"are divided by {group}. L2 bandwidth is not modeled (optimistic for vLLM). vLLM itself runs v1 when the "
+        "context is at most 8192 and (one 512-token partition suffices or batch x heads > 512), else v2.",
+        "- **Grids**:",
+        *(f"  - {s.label}: {s.grid_source}" for s in subjects),
+        *(f"  - {s.label}: {n}" for s in subjects for n in s.notes),
+    ]
+    return "\n".join(lines)
+
+
+def build_subjects(args, cache: ArtifactCache) -> tuple[list[Subject], list[str]]:
+    skipped: list[str] = []
+    cuobjdump = find_cuobjdump()
+    if cuobjdump is None:
+        raise SystemExit("cuobjdump not found: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm")
+    subjects = []
+    for path in sorted(Path(args.specs).glob("*.yaml")):
+        spec = load_spec(path)
+        if family_for(spec) is PAGED_DECODE:  # this benchmark is about the decode family
+            subjects.append(kgen_subject(path, cuobjdump, cache))
+    nvcc = find_nvcc()
+    if nvcc is None:
+        skipped.append("FlashInfer and vLLM: nvcc not found (set CUDA_HOME or put nvcc on PATH)")
+        return subjects, skipped
+    try:
+        subjects.append(flashinfer_subject(nvcc, cuobjdump, cache))
+    except RuntimeError as e:
+        skipped.append(f"FlashInfer: {e}")
+    src = args.vllm_src or os.environ.get("VLLM_SRC")
+    if not src:
+        skipped.append("vLLM: no source tree given (--vllm-src DIR or VLLM_SRC: an unpacked vLLM 0.10.x sdist; "
+                       "the current vllm releases no longer carry paged_attention_v1/v2)")
+    else:
+        try:
+            subjects += vllm_subjects(Path(src), nvcc, cuobjdump, cache)
+        except RuntimeError as e:
+            skipped.append(f"vLLM: {e}")
+    return subjects, skipped
+
+
+def report(subjects: list[Subject], skipped: list[str]) -> str:
+    shape_head = [f"{b}x{c}" for b, c in SHAPES]
+    parts = [
+        "### Estimated fraction of H200 copy bandwidth (thread blocks of the streaming launch)\n",
+        md_table(["kernel", *shape_head], estimate_rows(subjects)),
+        "\n### Resources on sm_90 (launch of batch 64 x 4096)\n",
+        md_table(RESOURCE_HEAD, resource_rows(subjects)),
+        "\n### Registers per spec (kgen, sm_90; targets from issue 11)\n",
+        md_table(["spec", "kv dtype", "scale", "layout", "group", "head_dim", "regs", "spill st/ld B", "stack B",
+                  "LDL/STL", "target"], register_rows(subjects)),
+    ]
+    if skipped:
+        parts += ["\nNot built:\n", "\n".join(f"- {s}" for s in skipped)]
+    parts += ["\n### Model and assumptions\n", assumptions(subjects)]
+    return "\n".join(parts) + "\n"
+
+
+def write_doc(path: Path, text: str) -> None:
+    """Replace what lies between the markers (the rest of the page is hand-written)."""
+    block = f"{DOC_BEGIN}\n{text}{DOC_END}"
+    old = path.read_text() if path.exists() else f"# Performance\n\n{DOC_BEGIN}\n{DOC_END}\n"
+    if DOC_BEGIN not in old or DOC_END not in old:
+        raise SystemExit(f"{path}: no {DOC_BEGIN} ... {DOC_END} markers to replace")
+    head, rest = old.split(DOC_BEGIN, 1)
+    path.write_text(head + block + rest.split(DOC_END, 1)[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--specs", default=str(ROOT / "specs"), help="folder of specs (the paged-decode ones are used)")
+    ap.add_argument("--vllm-src", help="an unpacked vLLM source tree with csrc/attention/paged_attention_v1.cu")
+    ap.add_argument("--doc", help="write the tables into this markdown file between its static_perf markers")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    subjects, skipped = build_subjects(args, ArtifactCache())
+    text = report(subjects, skipped)
+    print(text)
+    if args.doc:
+        write_doc(Path(args.doc), text)
+    print(f"({time.perf_counter() - t0:.1f} s; every figure above is a static ESTIMATE, see the assumptions)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
