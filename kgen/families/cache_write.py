@@ -125,7 +125,7 @@ def _bind(b: CacheBinder, config: Config, checked: bool):
         *(i64(x) for x in pool_strides[1]),
     ]
     grid = (T, -(-2 * H // warps), 1)
-    return [Launch(spec.name, grid, (config["threads"], 1, 1), 0, args)], None
+    return [Launch(spec.name, grid, (config["threads"], 1, 1), 0, args, reached=[c.native for c in caches])], None
 
 
 def _check_values(spec, sm: ArrayArg, scales: list[ArrayArg | None], num_blocks: int) -> None:

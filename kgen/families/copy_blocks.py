@@ -103,7 +103,8 @@ def _bind(b: CacheBinder, config: Config, checked: bool):
     if n == 0:
         return [], None
     table = _device_table(pairs, np.asarray(planes, dtype=np.int64))
-    launch = Launch(spec.name, (n, len(planes), 1), (config["threads"], 1, 1), 0, [table, b.pointer(pairs)])
+    launch = Launch(spec.name, (n, len(planes), 1), (config["threads"], 1, 1), 0, [table, b.pointer(pairs)],
+                    reached=[arr.native for arrays in groups.values() for arr in arrays])
     return [launch], None
 
 

@@ -265,7 +265,7 @@ class _Binder(CallBinder):
             *(i64(x) for x in scale_strides[0]), *(i64(x) for x in scale_strides[1]),
         ]
         launches = [Launch(spec.name, (Hkv, S, max_parts), (config["threads"], 1, 1),
-                           G * D * 4, args)]
+                           G * D * 4, args, reached=[c.native for c in caches])]  # fused: K/V by address
         if P:
             launches.append(Launch(f"{spec.name}_merge", (Hq, S, 1), (MERGE_THREADS, 1, 1), 0, [
                 ptr(out), ptr(part_o), ptr(part_ml), ptr(lse), ptr(sl), i32(max_parts),

@@ -9,10 +9,12 @@ import numpy as np
 
 from kgen.arrays import args_to_backend, to_numpy
 from kgen.dtypes import dtype
+from kgen.errors import KernelRuntimeError
 from kgen.families.decode_cases import make_decode_case
 from kgen.reference import attention_decode
 from kgen.seeds import fresh_seed
 from kgen.verify.bounds import EPS_FP32, K_FACTOR, check_output
+from kgen.verify.isolation import failed_run
 from kgen.verify.report import CaseResult, VerificationReport
 
 
@@ -69,7 +71,11 @@ def verify(kernel, seed: int | None = None, cases: list[str] | None = None) -> V
         lowp, lowp_lse = attention_decode(spec, args["q"], args, dtype=np.float32, round_to=round_to)
         want_lse = name == "mixed_batch"
         dev_args = args_to_backend(args, kernel.backend)
-        result = kernel(**dev_args, return_lse=True) if want_lse else kernel(**dev_args)
+        try:
+            result = kernel(**dev_args, return_lse=True) if want_lse else kernel(**dev_args)
+        except KernelRuntimeError as e:  # a crash, abort or hang of an isolated kernel: this case's verdict
+            report.cases.append(failed_run(name, lens, e))
+            break
         out = result[0] if want_lse else result
         case = check_output(name, lens, to_numpy(out), ref, lowp.astype(np.float64), spec.dtype.resolved_out)
         report.cases.append(case)
