@@ -43,7 +43,7 @@ def kernel_from_source(spec, source: str, backend: str = "auto", config: Config 
         )
     rendered = Rendered(source, names, config)
     cubins = compile_cubins(spec, rendered, archs)
-    module = load_module(select_backend(backend), rendered, cubins)
+    module = load_module(select_backend(backend), rendered, cubins, isolated=True)  # untrusted: its own process
     return Kernel(spec, source, config, module, names,
                   resources={arch: resources_as_dict(a.resources) for arch, a in cubins.items()},
                   artifacts={"cubins": cubins})
