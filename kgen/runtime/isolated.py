@@ -49,6 +49,7 @@ from kgen.errors import ArgumentError, KernelRuntimeError
 from kgen.runtime import _wire
 from kgen.runtime.base import Launch
 from kgen.runtime.cpu import _SCALAR_CTYPES, _as_numpy, _by_value, _dims, _scalar
+from kgen.runtime.race_report import describe
 from kgen.runtime.shared import SharedBuffer, Staging
 from kgen.settings import KGEN_SIMT_STACK, KGEN_SIMT_THREADS
 
@@ -375,7 +376,8 @@ class IsolatedCpuModule:
             self._child.stop()
             self._child.start(what)
         if "ok" not in reply:
-            raise KernelRuntimeError(_printable(str(reply.get("error", reply)), 4000))
+            # the runtime names code by library offsets (a race report): turn them into file:line
+            raise KernelRuntimeError(describe(_printable(str(reply.get("error", reply)), 4000), self.artifact))
 
     @staticmethod
     def _pointer(kernel: str, i: int, a: Any, staging: Staging, buffers: list[SharedBuffer]) -> list:

@@ -47,7 +47,9 @@ def kernel_from_source(spec, source: str, backend: str = "auto", config: Config 
         )
     rendered = Rendered(prepared.text, names, config)
     cubins = compile_cubins(spec, rendered, archs)
-    module = load_module(select_backend(backend), rendered, cubins, isolated=True)  # untrusted: its own process
+    chosen = select_backend(backend)
+    # Untrusted: its own process; on the CPU also race detection and varied thread schedules.
+    module = load_module(chosen, rendered, cubins, isolated=True, race_check=chosen == "cpu")
     return Kernel(spec, source, config, module, names,
                   resources={arch: resources_as_dict(a.resources) for arch, a in cubins.items()},
                   artifacts={"cubins": cubins})

@@ -22,7 +22,10 @@ inline void call(void (*fn)(P...), void** args, std::index_sequence<I...>) {
 
 template <class... P>
 inline void run(void (*fn)(P...), void* args) {
-  call(fn, static_cast<void**>(args), std::index_sequence_for<P...>{});
+  // Called through a volatile pointer, never inlined: g++ may otherwise see undefined behaviour
+  // in the kernel (a null store) and drop the whole call, turning a crash into a silent no-op.
+  void (*volatile target)(P...) = fn;
+  call(target, static_cast<void**>(args), std::index_sequence_for<P...>{});
 }
 
 // Parameter type codes, as kgen_simt::type_code spells them: p (pointer), i<N>/u<N> (integers),

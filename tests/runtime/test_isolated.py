@@ -60,7 +60,7 @@ FAST = Limits(floor_s=2.0)
 
 @pytest.fixture(scope="module")
 def artifact():
-    return compile_host(SRC, NAMES)
+    return compile_host(SRC, NAMES, object_policy=False)  # hostile on purpose: isolation is what is tested
 
 
 @pytest.fixture
@@ -286,7 +286,7 @@ def test_static_initializer_runs_in_the_child_and_its_crash_is_a_verdict(tmp_pat
            '__attribute__((constructor)) static void init() { FILE* f = fopen("marker", "w"); if (f) fclose(f); '
            'abort(); }\n'
            'extern "C" __global__ void k(float* out) { out[0] = 1.0f; }\n')
-    mod = IsolatedCpuModule(compile_host(src, ["k"]), limits=FAST)
+    mod = IsolatedCpuModule(compile_host(src, ["k"], object_policy=False), limits=FAST)
     cwd = os.getcwd()
     with pytest.raises(KernelRuntimeError, match="starting its isolated process crashed .*SIGABRT"):
         mod.launch(one("k", np.zeros(1, np.float32)))
@@ -306,7 +306,7 @@ def test_child_writes_only_inside_its_scratch_directory_and_executes_nothing(tmp
            '  mkdir("locked", 0700); FILE* h = fopen("locked/x", "w"); if (h) fclose(h); chmod("locked", 0);\n'
            '}\n')
     src = "#include <sys/stat.h>\n" + src
-    mod = IsolatedCpuModule(compile_host(src, ["k"]), limits=FAST)
+    mod = IsolatedCpuModule(compile_host(src, ["k"], object_policy=False), limits=FAST)
     scratch = None
     try:
         mod.signature("k")
