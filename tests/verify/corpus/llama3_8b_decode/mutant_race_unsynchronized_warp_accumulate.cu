@@ -117,6 +117,7 @@ extern "C" __global__ void __launch_bounds__(128) llama3_8b_decode(
       }
     }
   }
+  __syncthreads();
 
   for (int g = 0; g < GROUP; ++g) {
     __half* out_row = out + (long long)seq * o_s_seq + (long long)(q_head0 + g) * o_s_head;
