@@ -14,7 +14,8 @@ from kgen.families.base import Config
 from kgen.kernel import Kernel
 from kgen.render import Rendered, render
 from kgen.runtime.cpu import CpuModule
-from kgen.runtime.cuda import CudaModule, device_arch, gpu_available
+from kgen.runtime.cuda import CudaModule, IsolatedCudaModule, device_arch, gpu_available
+from kgen.runtime.isolated import IsolatedCpuModule
 from kgen.settings import KGEN_BACKEND
 from kgen.verify.runner import verify as run_verify
 
@@ -42,15 +43,19 @@ def compile_cubins(spec, rendered: Rendered, archs: list[str] | None = None,
 
 
 def load_module(backend: str, rendered: Rendered, cubins: dict[str, Any] | None = None,
-                sanitize: bool = False, cache: ArtifactCache | None = None, race_check: bool = False):
+                sanitize: bool = False, cache: ArtifactCache | None = None, race_check: bool = False,
+                isolated: bool = False):
     """A runnable module for `backend` from the rendered source (CPU) or a cubin for this GPU (CUDA).
-    `race_check` (CPU only): shared-memory race detection and varied thread schedules."""
+    `race_check` (CPU only): shared-memory race detection and varied thread schedules; with
+    `isolated`, every launch runs in a child process with limits (kgen.runtime.isolated)."""
     if backend == "cpu":
-        return CpuModule(compile_host(rendered.source, rendered.kernel_names, sanitize=sanitize, cache=cache,
-                                      race_check=race_check))
+        artifact = compile_host(rendered.source, rendered.kernel_names, sanitize=sanitize, cache=cache,
+                                race_check=race_check)
+        return IsolatedCpuModule(artifact) if isolated and not sanitize else CpuModule(artifact)
     arch = device_arch()
     art = (cubins or {}).get(arch) or compile_cubin(rendered.source, arch, cache=cache)
-    return CudaModule(_cubin_path(cache or ArtifactCache(), art), rendered.kernel_names)
+    cubin = _cubin_path(cache or ArtifactCache(), art)
+    return IsolatedCudaModule(cubin, rendered.kernel_names) if isolated else CudaModule(cubin, rendered.kernel_names)
 
 
 def _cubin_path(cache: ArtifactCache, art) -> Path:

@@ -1,7 +1,10 @@
 """Compile generated CUDA source for the CPU backend: g++ + the SIMT runtime header.
 
 `compile_host(source, kernel_names)` builds a shared library holding the kernels and a
-launch shim that exports (C ABI):
+launch shim. The kernel source is compiled as its own translation unit (with per-kernel glue,
+templates/simt/kgen_simt_glue.h) and the object is checked (kgen/compile/object_check.py:
+allow-listed calls only, no load-time code) before it is linked with the shim, which exports
+(C ABI):
 
     int kgen_launch(const char* kernel, unsigned gx, unsigned gy, unsigned gz,
                     unsigned bx, unsigned by, unsigned bz, size_t smem,
@@ -34,6 +37,9 @@ from pathlib import Path
 
 from kgen.cache import ArtifactCache, content_key
 from kgen.compile.cuda_headers import cuda_include_dir, headers_fingerprint
+from kgen.compile.line_map import display_name, find_word, source_line
+from kgen.compile.object_check import ObjectPolicyError, binutil, check_object, locate
+from kgen.compile.provided import kgen_headers_digest, write_kgen_headers
 from kgen.errors import CompileError, ToolchainError
 from kgen.paths import simt_dir
 from kgen.settings import KGEN_CXX
@@ -42,14 +48,14 @@ NAMESPACE = "host"
 SOURCE_NAME = "kernel.cu"
 SHIM_NAME = "shim.cpp"
 LIB_NAME = "kernel.so"
-BASE_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-pthread",
-              "-fstack-clash-protection")  # big frames probe page by page: overflows hit the guard page
-SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g")
+GLUE_HEADER = "kgen_simt_glue.h"
 RACE_FLAGS = ("-DKGEN_SIMT_RACECHECK", "-g1")
 # The kernel's object only; linking with -fsanitize=thread would pull in libtsan.
 RACE_KERNEL_FLAGS = ("-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0")
 RACE_LINK_FLAGS = ("-Wl,-z,defs",)  # a compiler callback the runtime lacks fails the build, not the load
-RUNTIME_NAME = "runtime.cpp"
+BASE_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-pthread",
+              "-fstack-clash-protection")  # big frames probe page by page: overflows hit the guard page
+SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -99,12 +105,29 @@ def simt_headers() -> list[Path]:
     return sorted(p for p in simt_dir().iterdir() if p.suffix == ".h")
 
 
+_GLUE_MARK = '\n#line 1 "<kgen glue>"'
+
+
+def _glue(kernel_names: Sequence[str]) -> str:
+    """What host.py appends to the kernel's translation unit: per kernel, a type-erased body and
+    its parameter type codes (the shim, compiled apart, cannot see the parameter types)."""
+    lines = [_GLUE_MARK, f'#include "{GLUE_HEADER}"']
+    for name in kernel_names:
+        lines.append(f'extern "C" void kgen_glue_run_{name}(void* args) {{ ::kgen_glue::run(&::{name}, args); }}')
+        lines.append(f'extern "C" const char* kgen_glue_sig_{name}() {{ return ::kgen_glue::signature(&::{name}); }}')
+    return "\n".join(lines) + "\n"
+
+
 def _shim(kernel_names: Sequence[str]) -> str:
     lines = [
-        f'#include "{SOURCE_NAME}"',
         "#include <cstring>",
         "#include <string>",
         '#define SHIM_EXPORT extern "C" __attribute__((visibility("default")))',
+    ]
+    for name in kernel_names:
+        lines.append(f'extern "C" void kgen_glue_run_{name}(void*);')
+        lines.append(f'extern "C" const char* kgen_glue_sig_{name}();')
+    lines += [
         "SHIM_EXPORT int kgen_launch(const char* kernel, unsigned gx, unsigned gy, unsigned gz, unsigned bx,",
         "                            unsigned by, unsigned bz, size_t smem, void** args, char* err, size_t errlen) {",
         "  dim3 g(gx, gy, gz), b(bx, by, bz);",
@@ -112,7 +135,7 @@ def _shim(kernel_names: Sequence[str]) -> str:
     for name in kernel_names:
         lines.append(
             f'  if (std::strcmp(kernel, "{name}") == 0) '
-            f'return ::kgen_simt::launch_kernel("{name}", &::{name}, g, b, smem, args, err, errlen);'
+            f'return ::kgen_simt::launch("{name}", g, b, smem, &kgen_glue_run_{name}, args, err, errlen);'
         )
     lines += [
         '  return ::kgen_simt::write_err(err, errlen, std::string("unknown kernel \'") + kernel + "\'");',
@@ -120,10 +143,7 @@ def _shim(kernel_names: Sequence[str]) -> str:
         "SHIM_EXPORT const char* kgen_signature(const char* kernel) {",
     ]
     for name in kernel_names:
-        lines.append(
-            f'  if (std::strcmp(kernel, "{name}") == 0) {{ static const std::string s = '
-            f"::kgen_simt::signature(&::{name}); return s.c_str(); }}"
-        )
+        lines.append(f'  if (std::strcmp(kernel, "{name}") == 0) return kgen_glue_sig_{name}();')
     lines += [
         "  return nullptr;",
         "}",
@@ -140,11 +160,10 @@ def _shim(kernel_names: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-_DIAG = re.compile(r"^(?P<file>[^:\s]+):(?P<line>\d+):(?P<col>\d+): (?P<kind>error|fatal error): (?P<msg>.*)$")
+_DIAG = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+):(?P<col>\d+): (?P<kind>error|fatal error): (?P<msg>.*)$")
 
 
 def _compile_error(stderr: str, source: str, max_errors: int = 5) -> CompileError:
-    src_lines = source.splitlines()
     shown: list[str] = []
     n_errors = 0
     for line in stderr.splitlines():
@@ -155,27 +174,80 @@ def _compile_error(stderr: str, source: str, max_errors: int = 5) -> CompileErro
         if len(shown) >= max_errors * 2:
             continue
         shown.append(line)
-        if m["file"] == SOURCE_NAME:
-            ln = int(m["line"])
-            if 1 <= ln <= len(src_lines):
-                shown.append(f"  {ln:5d} | {src_lines[ln - 1]}")
+        text = source_line(source, m["file"], int(m["line"]), SOURCE_NAME)  # follows #line to the user's file
+        if text is not None:
+            shown.append(f"  {int(m['line']):5d} | {text}")
     if not shown:  # no parsable diagnostic (linker error, crash): show the raw tail
         shown = stderr.strip().splitlines()[-20:]
-    head = f"g++ failed to compile the generated source ({n_errors} error(s)); first errors:"
+    what = display_name(source) or "the generated source"
+    head = f"g++ failed to compile {what} ({n_errors} error(s)); first errors:"
     return CompileError("\n".join([head, *shown]))
 
 
-def _run_compiler(cxx: str, commands: list[list[str]], cwd: Path, source: str) -> None:
-    """Run the commands side by side; CompileError (the source's diagnostics) if one fails."""
+_SCRATCH = "build"  # objects and kgen's headers, removed once the library is linked
+_OBJECT_FLAGS = ("-c", "-fno-diagnostics-show-caret", "-fdiagnostics-color=never")
+
+
+def _run_compilers(cmds: list[list[str]], cwd: Path) -> list[subprocess.CompletedProcess]:
+    """Run the commands side by side (the kernel and the shim compile independently)."""
     try:
         procs = [subprocess.Popen(c, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for c in commands]
+                 for c in cmds]
     except OSError as e:
-        raise ToolchainError(f"C++ compiler {cxx!r} (KGEN_CXX) cannot run: {e}") from e
-    results = [p.communicate(timeout=600) for p in procs]
-    for p, (_, err) in zip(procs, results, strict=True):
-        if p.returncode != 0:
-            raise _compile_error(err, source)
+        raise ToolchainError(f"C++ compiler {cmds[0][0]!r} (KGEN_CXX) cannot run: {e}") from e
+    results = []
+    for c, p in zip(cmds, procs, strict=True):
+        try:
+            out, err = p.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+        results.append(subprocess.CompletedProcess(c, p.returncode, out, err))
+    return results
+
+
+def _build_library(cxx: str, flags: list[str], tmp: Path, source: str, sdir: Path, inc: Path,
+                   sanitize: bool, race_check: bool, object_policy: bool = True) -> None:
+    """kernel.cu -> kernel.o (checked) and shim.cpp -> shim.o, linked into kernel.so (shim first).
+    With `race_check` only the kernel's object is instrumented; the shim carries the runtime,
+    uninstrumented, and the instrumentation callbacks (KGEN_SIMT_RUNTIME_TU)."""
+    scratch = tmp / _SCRATCH
+    include = write_kgen_headers(scratch / "include")
+    obj_flags = [f for f in flags if f != "-shared"]
+    common = ["-include", str(sdir / "kgen_simt.h"), "-I", str(sdir), "-I", str(inc), "-I", str(include)]
+    kernel_o, shim_o = scratch / "kernel.o", scratch / "shim.o"
+    race_kernel = list(RACE_KERNEL_FLAGS) if race_check else []
+    race_shim = ["-DKGEN_SIMT_RUNTIME_TU"] if race_check else []
+    kernel_cmd = [cxx, *obj_flags, *race_kernel, *_OBJECT_FLAGS, *common, "-x", "c++", SOURCE_NAME, "-o", str(kernel_o)]
+    shim_cmd = [cxx, *obj_flags, *race_shim, *_OBJECT_FLAGS, *common, "-x", "c++", SHIM_NAME, "-o", str(shim_o)]
+    kernel_res, shim_res = _run_compilers([kernel_cmd, shim_cmd], tmp)
+    if kernel_res.returncode != 0:
+        raise _compile_error(kernel_res.stderr, source)
+    violations = check_object(kernel_o, sanitize=sanitize, race_check=race_check) if object_policy else []
+    if violations:
+        raise _object_policy_error(kernel_cmd, kernel_o, violations, source, tmp)
+    if shim_res.returncode != 0:
+        raise _compile_error(shim_res.stderr, source)
+    link_flags = list(RACE_LINK_FLAGS) if race_check else []
+    (link,) = _run_compilers([[cxx, *flags, *link_flags, str(shim_o), str(kernel_o), "-o", LIB_NAME]], tmp)
+    if link.returncode != 0:
+        raise _compile_error(link.stderr, source)
+
+
+def _object_policy_error(kernel_cmd: list[str], kernel_o: Path, violations, source: str,
+                         tmp: Path) -> ObjectPolicyError:
+    """The violations, each at its source line: from the line table of a -g1 rebuild of the object
+    (DWARF 4: binutils 2.40 misnames #line files in DWARF 5), else where the text names the symbol."""
+    debug_o = kernel_o.with_suffix(".g.o")
+    cmd = [kernel_cmd[0], "-g1", "-gdwarf-4", *kernel_cmd[1:-1], str(debug_o)]
+    ok = _run_compilers([cmd], tmp)[0].returncode == 0
+    where = locate(debug_o, violations) if ok else [None] * len(violations)
+    name = display_name(source) or SOURCE_NAME
+    messages = []
+    for v, at in zip(violations, where, strict=True):
+        at = at or find_word(source, v.word, SOURCE_NAME)
+        messages.append(f"{Path(at[0]).name}:{at[1]}: {v.message}" if at else f"{name}: {v.message}")
+    return ObjectPolicyError(messages, violations)
 
 
 def compile_host(
@@ -186,9 +258,12 @@ def compile_host(
     race_check: bool = False,
     extra_flags: Sequence[str] = (),
     cache: ArtifactCache | None = None,
+    object_policy: bool = True,
 ) -> HostArtifact:
     """Build (or fetch from the cache) the CPU shared library for `source`'s kernels
-    (`race_check`: with shared-memory race detection, see the module docstring)."""
+    (`race_check`: with shared-memory race detection, see the module docstring). `object_policy`
+    False skips the object check: only for tests of the isolation behind it (a library built
+    so is cached under its own key and never served to a checked build)."""
     names = tuple(kernel_names)
     if not names:
         raise ValueError("compile_host: kernel_names is empty")
@@ -201,39 +276,35 @@ def compile_host(
         raise ValueError("compile_host: sanitize (ASan) and race_check (TSan instrumentation) cannot be combined")
     cxx = compiler()
     version = compiler_version(cxx)
+    binutil("readelf")  # the object check needs it: say so before compiling
     inc = cuda_include_dir()
     sdir = simt_dir()
     flags = [*BASE_FLAGS, *(SANITIZE_FLAGS if sanitize else ()), *(RACE_FLAGS if race_check else ()), *extra_flags]
     headers = simt_headers()
     key = content_key(
-        "host-v1",
+        "host-v2",
         source,
         "\0".join(names),
         *(p.name + "\0" + p.read_text() for p in headers),
+        kgen_headers_digest(),
         "\0".join(flags),
         version,
         headers_fingerprint(inc),
         f"sanitize={int(sanitize)}",
         f"race_check={int(race_check)}",
+        *(() if object_policy else ("object_policy=0",)),
     )
     build_time = [0.0]
 
     def build(tmp: Path) -> None:
-        (tmp / SOURCE_NAME).write_text(source)
+        (tmp / SOURCE_NAME).write_text(source + _glue(names))
         (tmp / SHIM_NAME).write_text(_shim(names))
-        head = [cxx, *flags, "-include", str(sdir / "kgen_simt.h"), "-I", str(sdir), "-I", str(inc), "-x", "c++"]
         t0 = time.perf_counter()
-        if not race_check:
-            _run_compiler(cxx, [[*head, SHIM_NAME, "-o", LIB_NAME]], tmp, source)
-        else:  # two objects (instrumented kernel, plain runtime first), linked without the TSan runtime
-            (tmp / RUNTIME_NAME).write_text("// the SIMT runtime, uninstrumented (kgen_simt_tsan.h)\n")
-            _run_compiler(cxx, [[*head, *RACE_KERNEL_FLAGS, "-c", SHIM_NAME, "-o", "kernel.o"],
-                                [*head, "-DKGEN_SIMT_RUNTIME_TU", "-c", RUNTIME_NAME, "-o", "runtime.o"]], tmp, source)
-            _run_compiler(cxx, [[cxx, *BASE_FLAGS, *RACE_LINK_FLAGS, *extra_flags, "runtime.o", "kernel.o",
-                                 "-o", LIB_NAME]], tmp, source)
-            for name in ("kernel.o", "runtime.o"):
-                (tmp / name).unlink()
-        build_time[0] = time.perf_counter() - t0
+        try:
+            _build_library(cxx, flags, tmp, source, sdir, inc, sanitize, race_check, object_policy)
+        finally:
+            build_time[0] = time.perf_counter() - t0
+            shutil.rmtree(tmp / _SCRATCH, ignore_errors=True)
 
     cache = cache or ArtifactCache()
     entry, hit = cache.get_or_build(NAMESPACE, key, build)
@@ -255,6 +326,7 @@ def rebuild_host(artifact: HostArtifact) -> HostArtifact:
     """Drop `artifact`'s cache entry and build it again (for a cached library that passed its hash
     check but does not load, e.g. one built on another machine sharing the cache)."""
     source = artifact.source_path.read_text()
+    source = source[: source.rfind(_GLUE_MARK)] if _GLUE_MARK in source else source  # compile_host adds it again
     cache = ArtifactCache(artifact.cache_root)
     cache.discard(NAMESPACE, artifact.key)
     return compile_host(source, artifact.kernel_names, sanitize=artifact.sanitize,

@@ -21,6 +21,8 @@ from cuda.pathfinder import load_nvidia_dynamic_lib
 
 from kgen.cache import ArtifactCache, content_key
 from kgen.compile.cuda_headers import cuda_include_dir, headers_fingerprint
+from kgen.compile.line_map import display_name, source_line
+from kgen.compile.provided import kgen_headers, kgen_headers_digest
 from kgen.errors import CompileError, ToolchainError
 
 # No --use_fast_math: it flushes denormals and approximates division, which the CPU backend would
@@ -107,7 +109,11 @@ def _compile(source: str, name: str, options: list[str]) -> tuple[bytes | None, 
     """(cubin, program log) of one NVRTC program; the cubin is None when compiling failed."""
     lib = _library()
     prog = _Program()
-    _check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None), "createProgram")
+    provided = kgen_headers()  # "kgen/platform.cuh": NVRTC resolves kgen's headers from this list
+    texts = (ctypes.c_char_p * len(provided))(*(v.encode() for v in provided.values()))
+    names = (ctypes.c_char_p * len(provided))(*(k.encode() for k in provided))
+    _check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), len(provided), texts, names),
+           "createProgram")
     try:
         opts = (ctypes.c_char_p * len(options))(*(o.encode() for o in options))
         status = lib.nvrtcCompileProgram(prog, len(options), opts)
@@ -146,15 +152,19 @@ def parse_ptxas_report(log: str) -> dict[str, KernelResources]:
     return out
 
 
-def format_compile_error(source: str, log: str, origin: str, context: int = 2) -> str:
-    """The compiler's errors, each followed by the generated source lines around it."""
-    lines = source.splitlines()
-    parts = [f"NVRTC failed to compile the kernel generated from {origin}:"]
-    for m in re.finditer(r"^.*\((\d+)\): (?:catastrophic )?error.*$", log, re.M):
+def format_compile_error(source: str, log: str, origin: str, context: int = 2, name: str = "kernel.cu") -> str:
+    """The compiler's errors, each followed by the source lines around it (`#line` directives
+    followed: a hand-written kernel's errors name its own file and line)."""
+    shown = display_name(source)
+    parts = [f"NVRTC failed to compile {shown}:" if shown else
+             f"NVRTC failed to compile the kernel generated from {origin}:"]
+    for m in re.finditer(r"^(.*)\((\d+)\): (?:catastrophic )?error.*$", log, re.M):
         parts.append(m.group(0))
-        n = int(m.group(1))
-        for i in range(max(1, n - context), min(len(lines), n + context) + 1):
-            parts.append(f"  {'>' if i == n else ' '} {i:5d} | {lines[i - 1]}")
+        n = int(m.group(2))
+        for i in range(max(1, n - context), n + context + 1):
+            text = source_line(source, m.group(1), i, name)
+            if text is not None:
+                parts.append(f"  {'>' if i == n else ' '} {i:5d} | {text}")
     if len(parts) == 1:
         parts.append(log.strip())
     return "\n".join(parts)
@@ -165,13 +175,14 @@ def compile_cubin(source: str, arch: str, *, origin: str = "<source>", name: str
     """Compile `source` for `arch` (e.g. "sm_90"); cached by content."""
     include = cuda_include_dir()
     options = (f"-arch={arch}", *BASE_OPTIONS)
-    key = content_key("nvrtc", source, json.dumps(options), nvrtc_version(), headers_fingerprint(include))
+    key = content_key("nvrtc", source, json.dumps(options), nvrtc_version(), headers_fingerprint(include),
+                      kgen_headers_digest())
     cache = cache or ArtifactCache()
 
     def build(tmp: Path) -> None:
         cubin, log = _compile(source, name, [*options, f"-I{include}"])
         if cubin is None:
-            raise CompileError(format_compile_error(source, log, origin))
+            raise CompileError(format_compile_error(source, log, origin, name=name))
         (tmp / "kernel.cubin").write_bytes(cubin)
         (tmp / "ptxas.log").write_text(log)
 

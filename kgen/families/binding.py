@@ -73,10 +73,8 @@ class CallBinder:
         return self.raw(arg.native if self.device == "cpu" else arg.ptr)
 
     def raw(self, native):
-        """CPU: a contiguous numpy array as is (the sanitizer's child process can ship it and copy
-        it back), other views as their address; CUDA: the device address."""
+        """CPU: the numpy array, strided views included (an isolated child maps its whole base
+        buffer, so the strides hold there too); CUDA: the device address."""
         if self.device == "cpu":
-            if isinstance(native, np.ndarray):
-                return native if native.flags.c_contiguous else int(native.ctypes.data)
-            return int(native)
+            return native if isinstance(native, np.ndarray) else int(native)
         return np.uint64(native)

@@ -148,7 +148,7 @@ def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
         "key_s_tok": key.strides[0], "key_s_head": key.strides[1], "val_s_tok": value.strides[0],
         "val_s_head": value.strides[1], **stride_values(st, pool_strides),
     }
-    return [kernel.launch({"num_tokens": T}, values)], None
+    return [kernel.launch({"num_tokens": T}, values, reached=[c.native for c in caches])], None
 
 
 def _check_values(spec, sm: ArrayArg, scales: list[ArrayArg | None], num_blocks: int) -> None:

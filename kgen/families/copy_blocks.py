@@ -147,7 +147,8 @@ def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
     if n == 0:
         return [], None
     table = _device_table(pairs, np.asarray(planes, dtype=np.int64))
-    return [kernel.launch({"num_pairs": n, "num_planes": len(planes)}, {"planes": table, "pairs": b.pointer(pairs)})], None
+    return [kernel.launch({"num_pairs": n, "num_planes": len(planes)}, {"planes": table, "pairs": b.pointer(pairs)},
+                          reached=[arr.native for arrays in groups.values() for arr in arrays])], None
 
 
 def _check_pairs(pairs: np.ndarray, num_blocks: int) -> None:

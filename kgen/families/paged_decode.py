@@ -275,7 +275,7 @@ class _Binder(CallBinder):
             "o_s_seq": out.strides[0], "o_s_head": out.strides[1], **stride_values(st, scale_strides),
         }
         sizes = {"num_seqs": S, "max_partitions": max_parts}
-        launches = [k.launch(sizes, values) for k in kernels]
+        launches = [k.launch(sizes, values, reached=[c.native for c in caches]) for k in kernels]  # fused: K/V by address
         result = (out.obj, lse.obj) if lse is not None else out.obj
         return launches, result
 

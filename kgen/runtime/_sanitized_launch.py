@@ -1,8 +1,8 @@
 """Child process of CpuModule's sanitize mode: `python -m kgen.runtime._sanitized_launch JOB.pkl`.
 
 Started with the ASan runtime in LD_PRELOAD. Loads the job (library path, launches with
-numpy arrays), runs the launches and pickles back the arrays (pointer arguments) and any
-runtime error. A sanitizer report ends the process (nonzero exit, report on stderr); the
+numpy arrays; a strided view as {"base": its base buffer's bytes, "offset"}), runs the launches
+and pickles back the arrays (pointer arguments) and any runtime error. A sanitizer report ends the process (nonzero exit, report on stderr); the
 parent turns it into a KernelRuntimeError.
 """
 
@@ -30,7 +30,10 @@ def main(job_path: str) -> int:
     err = ctypes.create_string_buffer(4096)
     for idx, ln in enumerate(job["launches"]):
         # Fresh, exactly sized buffers: ASan puts its redzones right after each one.
-        args = [np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in ln["args"]]
+        arrays = [np.array(a["base"] if isinstance(a, dict) else a, copy=True)
+                  if isinstance(a, np.ndarray | dict) else None for a in ln["args"]]
+        args = [arr.ctypes.data + a["offset"] if isinstance(a, dict) else a if arr is None else arr
+                for a, arr in zip(ln["args"], arrays, strict=True)]
         sig = lib.signature(ln["kernel"])
         result["kernel"] = ln["kernel"]
         result["index"] = idx
@@ -38,7 +41,7 @@ def main(job_path: str) -> int:
         atomic_write_bytes(out_path, pickle.dumps(result))
         argv, _keep = pack_args(ln["kernel"], sig, args)
         rc = lib.launch(ln["kernel"].encode(), *ln["grid"], *ln["block"], ln["smem"], argv, err, 4096)
-        result["arrays"].append([a if isinstance(a, np.ndarray) else None for a in args])
+        result["arrays"].append(arrays)
         if rc != 0:
             result["error"] = err.value.decode(errors="replace")
             break

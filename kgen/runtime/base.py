@@ -20,6 +20,9 @@ class Launch:
     block: tuple[int, int, int]
     smem: int = 0  # dynamic shared memory, bytes
     args: list[Any] = field(default_factory=list)
+    # Arrays the kernel reaches through addresses stored in an argument (a pointer table), not as
+    # arguments: an isolated runtime maps them into its child process too.
+    reached: list[Any] = field(default_factory=list)
 
 
 class Module(Protocol):

@@ -119,9 +119,7 @@ def _load_or_rebuild(artifact: HostArtifact) -> tuple[HostArtifact, _Library]:
 
 def _pointer(kernel: str, i: int, a: Any) -> int:
     if isinstance(a, np.ndarray):
-        if not (a.flags.c_contiguous or a.flags.f_contiguous):
-            raise ArgumentError(f"kernel '{kernel}' argument {i}: array must be contiguous (use np.ascontiguousarray)")
-        return a.ctypes.data
+        return a.ctypes.data  # a strided view too: the kernel takes its strides as arguments
     if is_torch_tensor(a):
         if a.device.type != "cpu":
             raise ArgumentError(f"kernel '{kernel}' argument {i}: torch tensor on {a.device}, the CPU backend needs cpu")
@@ -299,6 +297,19 @@ def _as_numpy(a: Any) -> Any:
     return a
 
 
+def _shipped(a: Any) -> Any:
+    """An argument as the sanitizer's child receives it: a strided view travels as the bytes of its
+    whole base buffer and its offset there, so its strides hold in the child's copy too."""
+    a = _as_numpy(a)
+    if isinstance(a, np.ndarray) and not a.flags.c_contiguous:
+        owner = a
+        while isinstance(owner.base, np.ndarray):
+            owner = owner.base
+        if owner.flags.c_contiguous:
+            return {"base": owner.reshape(-1).view(np.uint8), "offset": a.ctypes.data - owner.ctypes.data}
+    return a
+
+
 def _run_child(job: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="kgen-asan-") as d:
         jp, rp = Path(d) / "job.pkl", Path(d) / "result.pkl"
@@ -331,15 +342,15 @@ def _sanitized_run(mod: CpuModule, launches: Sequence[Launch]) -> None:
     job_launches = []
     for ln in launches:
         job_launches.append({"kernel": ln.kernel, "grid": _dims(ln.grid, "grid"), "block": _dims(ln.block, "block"),
-                             "smem": int(ln.smem), "args": [_as_numpy(a) for a in ln.args]})
+                             "smem": int(ln.smem), "args": [_shipped(a) for a in ln.args]})
     workers, stack_size = mod._options()
     res = _run_child({"library": str(mod.artifact.library), "launches": job_launches,
                       "workers": workers, "stack_size": stack_size})
     # copy results back into the caller's arrays (even after a failure: what ran, ran)
-    for ln, outs in zip(launches, res.get("arrays", []), strict=False):
-        for a, new in zip(ln.args, outs, strict=False):
+    for job, outs in zip(job_launches, res.get("arrays", []), strict=False):
+        for a, new in zip(job["args"], outs, strict=False):
             if new is not None:
-                np.copyto(_as_numpy(a), new, casting="no")
+                np.copyto(a["base"] if isinstance(a, dict) else a, new, casting="no")
     if res.get("crashed") or res.get("error"):
         kernel = res.get("kernel") or (launches[res.get("index", 0)].kernel if launches else "?")
         text = res.get("error") or ""

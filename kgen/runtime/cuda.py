@@ -1,12 +1,21 @@
-"""CUDA backend: load a cubin with CuPy and launch its kernels."""
+"""CUDA backend: load a cubin with CuPy and launch its kernels (in this process, or, for untrusted
+kernels, in a child process: IsolatedCudaModule)."""
 
 from __future__ import annotations
 
+import ctypes
+import threading
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
-from kgen.errors import KernelRuntimeError, KgenUserError, ToolchainError
+import numpy as np
+
+from kgen.errors import ArgumentError, KernelRuntimeError, KgenUserError, ToolchainError, UnsupportedError
 from kgen.runtime.base import Launch
+from kgen.runtime.cpu import _dims
+from kgen.runtime.isolated import Child, Limits
 
 STATIC_SMEM_LIMIT = 48 * 1024
 
@@ -65,3 +74,130 @@ class CudaModule:
             fn(launch.grid, launch.block, tuple(launch.args), shared_mem=launch.smem)
         except Exception as e:
             raise KernelRuntimeError(f"launch of {launch.kernel} failed: {e}") from e
+
+
+# ---- untrusted kernels: every launch in a child process (kgen/runtime/_isolated_cuda_child.py) ----
+
+CUDA_CHILD = Path(__file__).with_name("_isolated_cuda_child.py")
+# A GPU runs a launch in milliseconds: a generous floor, little per thread and per byte.
+CUDA_LIMITS = Limits(floor_s=10.0, thread_s=1e-6, byte_s=1e-9, startup_s=120.0)
+
+
+@lru_cache(maxsize=1)
+def _address_range() -> Callable[..., int]:
+    """cuMemGetAddressRange from the driver CuPy already loaded (CuPy does not wrap it)."""
+    fn = ctypes.CDLL("libcuda.so.1").cuMemGetAddressRange_v2
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint64]
+    return fn
+
+
+def device_allocation(ptr: int) -> tuple[int, int] | None:
+    """(base, size) of the device allocation holding `ptr` in the current context, None if none does."""
+    base, size = ctypes.c_uint64(), ctypes.c_size_t()
+    if _address_range()(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr)) != 0:
+        return None
+    return base.value, size.value
+
+
+def encode_cuda_args(kernel: str, args: Sequence[Any],
+                     allocation: Callable[[int], tuple[int, int] | None]) -> tuple[list, list[tuple[int, int]]]:
+    """The launch's arguments for the child, and the allocations (base, size) they point into.
+
+    A device pointer (a CuPy array, or an np.uint64 that lies in a device allocation, as kgen's
+    bindings pass them) becomes (allocation index, offset): the child opens the allocation's IPC
+    handle and adds the offset, so views and strides survive. Other numpy scalars travel as their
+    bytes and dtype, Python scalars as themselves (the child hands them to CuPy as the caller did).
+    """
+    encoded: list = []
+    allocations: list[tuple[int, int]] = []
+    for i, a in enumerate(args):
+        ptr = None
+        if hasattr(a, "__cuda_array_interface__") and hasattr(a, "data") and hasattr(a.data, "ptr"):
+            ptr = int(a.data.ptr)
+        elif isinstance(a, np.uint64):
+            ptr = int(a)
+        if ptr == 0:
+            encoded.append(["null"])
+            continue
+        found = allocation(ptr) if ptr is not None else None
+        if found is not None:
+            if found not in allocations:
+                allocations.append(found)
+            encoded.append(["p", allocations.index(found), ptr - found[0]])
+        elif ptr is not None and not isinstance(a, np.uint64):
+            raise ArgumentError(f"kernel '{kernel}' argument {i}: a CuPy array whose memory CUDA does not know")
+        elif isinstance(a, np.generic):
+            encoded.append(["np", a.dtype.str, a.tobytes().hex()])
+        elif isinstance(a, bool | int | float):
+            encoded.append(["py", a])
+        else:
+            raise ArgumentError(f"kernel '{kernel}' argument {i}: expected a CuPy array, a device address "
+                                f"(np.uint64) or a scalar, got {type(a).__name__}")
+    return encoded, allocations
+
+
+def _device_pointer(a: Any) -> int:
+    """The device address of a CuPy array or a torch CUDA tensor."""
+    return int(a.data_ptr()) if hasattr(a, "data_ptr") else int(a.data.ptr)
+
+
+class IsolatedCudaModule:
+    """CudaModule's twin for untrusted kernels: each launch runs in a child process that owns its CUDA
+    context (a fault poisons that context only) and reaches the caller's arrays through CUDA IPC."""
+
+    backend = "cuda"
+    isolated = True
+
+    def __init__(self, cubin_path: Path, kernel_names: list[str], limits: Limits | None = None):
+        require_gpu()
+        cupy = cupy_module()
+        self.kernel_names = list(kernel_names)
+        self.limits = limits or CUDA_LIMITS
+        self._device = cupy.cuda.runtime.getDevice()
+        bus_id = cupy.cuda.runtime.deviceGetPCIBusId(self._device)
+        self._child = Child(CUDA_CHILD, [str(cubin_path), ",".join(self.kernel_names), bus_id],
+                            python_flags=("-I", "-B"), startup_s=self.limits.startup_s)
+        self._lock = threading.Lock()
+
+    @property
+    def child(self) -> Child:
+        return self._child
+
+    def close(self) -> None:
+        with self._lock:
+            self._child.stop()
+
+    def launch(self, launch: Launch) -> None:
+        if launch.kernel not in self.kernel_names:
+            raise ArgumentError(f"unknown kernel {launch.kernel!r}; this module has {', '.join(self.kernel_names)}")
+        runtime = cupy_module().cuda.runtime
+        with self._lock:
+            runtime.setDevice(self._device)  # the context whose allocations the pointers name
+            args, allocations = encode_cuda_args(launch.kernel, launch.args, device_allocation)
+            # IPC opens an allocation wherever the driver likes: an address into an argument's allocation
+            # is translated, but one stored in a table (copy_blocks) would name nothing in the child.
+            _, reached = encode_cuda_args(launch.kernel, [np.uint64(_device_pointer(a)) for a in launch.reached],
+                                          device_allocation)
+            if not set(reached) <= set(allocations):
+                raise UnsupportedError(f"kernel '{launch.kernel}': an isolated CUDA launch cannot follow a pointer "
+                                       "table (copy_blocks); verify this kernel with --backend cpu")
+            self._child.start(f"kernel '{launch.kernel}'")
+            try:
+                handles = [bytes(runtime.ipcGetMemHandle(base)).hex() for base, _ in allocations]
+            except runtime.CUDARuntimeError as e:  # e.g. memory of a stream-ordered (async) allocator
+                raise ToolchainError(f"kernel '{launch.kernel}': its arrays cannot be shared with the isolated "
+                                     f"process through CUDA IPC ({e}); allocate them with cudaMalloc "
+                                     "(CuPy's default memory pool)") from e
+            grid, block = _dims(launch.grid, "grid"), _dims(launch.block, "block")
+            timeout = self.limits.wall_seconds(grid, block, sum(size for _, size in allocations))
+            runtime.deviceSynchronize()  # what this process queued for the inputs has landed
+            request = {"op": "launch", "kernel": launch.kernel, "grid": grid, "block": block,
+                       "smem": int(launch.smem), "args": args, "handles": handles,
+                       "cpu_seconds": int(timeout) + 1}
+            reply = self._child.request(request, (), timeout, f"kernel '{launch.kernel}'",
+                                        f" (limit: {timeout:.1f} s)")
+            if "ok" not in reply:
+                if reply.get("fatal"):
+                    self._child.stop()
+                raise KernelRuntimeError(f"launch of {launch.kernel} failed: {str(reply.get('error', reply))[:4000]}")

@@ -17,6 +17,7 @@ from kgen.families.base import Config, resolve_config
 from kgen.families.registry import family_for
 from kgen.kernel import Kernel
 from kgen.render import Rendered
+from kgen.verify.source_policy import prepare_source
 
 
 def build_from_source(spec, path: Path, backend: str = "auto") -> Kernel:
@@ -32,6 +33,9 @@ def kernel_from_source(spec, source: str, backend: str = "auto", config: Config 
     """A Kernel over `source` with the spec's ABI. Without `config`, the launch of the ABI
     contract (the family's abi_config) that a hand-written kernel implements; cubins for
     `archs` (default: the spec's targets) give its resources."""
+    # Source policy (kgen/verify/source_policy.py): kernel code only, and one preprocessed text
+    # that NVRTC and g++ both compile; a violation exits 2 naming the file and line.
+    prepared = prepare_source(source, origin)
     family = family_for(spec)
     config = resolve_config(family, spec, family.abi_config(spec) if config is None else config)
     names = family.kernel_names(spec, config)
@@ -41,9 +45,11 @@ def kernel_from_source(spec, source: str, backend: str = "auto", config: Config 
             f"{origin}: defines no kernel named {', '.join(missing)}; it must declare "
             f'extern "C" __global__ void {names[0]}(...) with the signature of `kgen abi {spec.source_path or spec.name}`'
         )
-    rendered = Rendered(source, names, config)
+    rendered = Rendered(prepared.text, names, config)
     cubins = compile_cubins(spec, rendered, archs)
-    module = load_module(select_backend(backend), rendered, cubins)
+    chosen = select_backend(backend)
+    # Untrusted: its own process; on the CPU also race detection and varied thread schedules.
+    module = load_module(chosen, rendered, cubins, isolated=True, race_check=chosen == "cpu")
     return Kernel(spec, source, config, module, names,
                   resources={arch: resources_as_dict(a.resources) for arch, a in cubins.items()},
                   artifacts={"cubins": cubins})

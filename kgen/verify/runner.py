@@ -8,8 +8,10 @@ import time
 
 import numpy as np
 
+from kgen.errors import KernelRuntimeError
 from kgen.families.registry import family_for
 from kgen.seeds import fresh_seed
+from kgen.verify.isolation import failed_run
 from kgen.verify.report import VerificationReport
 
 
@@ -23,7 +25,12 @@ def verify(kernel, seed: int | None = None, cases: list[str] | None = None) -> V
     report = VerificationReport(spec.name, kernel.backend, seed, dict(kernel.config))
     start = time.perf_counter()
     for case in family.cases(spec, kernel.config, rng):
-        if cases is None or case.name in cases:
+        if cases is not None and case.name not in cases:
+            continue
+        try:
             report.cases.extend(family.run_case(kernel, case, rng))
+        except KernelRuntimeError as e:  # a crash, abort or hang of an isolated kernel: this case's verdict
+            report.cases.append(failed_run(case.name, case.params.get("seq_lens", []), e))
+            break
     report.seconds = time.perf_counter() - start
     return report

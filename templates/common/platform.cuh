@@ -1,5 +1,9 @@
-// kgen platform layer: the few primitives whose spelling differs between the
-// GPU (NVRTC) and the CPU SIMT runtime (templates/simt/, which defines KGEN_SIMT).
+// kgen platform layer, provided by kgen to both compilers: kernels write
+//   #include "kgen/platform.cuh"
+// and NVRTC and g++ both read this file. It holds the few primitives whose spelling
+// differs between the GPU (NVRTC) and the CPU SIMT runtime (templates/simt/, which
+// defines KGEN_SIMT and its own KGEN_DYNAMIC_SMEM), so that kernel sources never
+// branch on the compiler (kgen's source policy refuses that).
 #pragma once
 
 #ifndef KGEN_SIMT
