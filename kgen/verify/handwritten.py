@@ -17,6 +17,7 @@ from kgen.families.base import Config, resolve_config
 from kgen.families.registry import family_for
 from kgen.kernel import Kernel
 from kgen.render import Rendered
+from kgen.verify.signature import check_signature
 
 
 def build_from_source(spec, path: Path, backend: str = "auto") -> Kernel:
@@ -44,6 +45,7 @@ def kernel_from_source(spec, source: str, backend: str = "auto", config: Config 
     rendered = Rendered(source, names, config)
     cubins = compile_cubins(spec, rendered, archs)
     module = load_module(select_backend(backend), rendered, cubins)
+    check_signature(spec, config, module, origin)
     return Kernel(spec, source, config, module, names,
                   resources={arch: resources_as_dict(a.resources) for arch, a in cubins.items()},
                   artifacts={"cubins": cubins})

@@ -24,6 +24,10 @@ def verify(kernel, seed: int | None = None, cases: list[str] | None = None) -> V
     start = time.perf_counter()
     for case in family.cases(spec, kernel.config, rng):
         if cases is None or case.name in cases:
-            report.cases.extend(family.run_case(kernel, case, rng))
+            t0 = time.perf_counter()
+            results = family.run_case(kernel, case, rng)
+            for r in results:
+                r.seconds = time.perf_counter() - t0
+            report.cases.extend(results)
     report.seconds = time.perf_counter() - start
     return report
