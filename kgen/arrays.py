@@ -171,16 +171,36 @@ def empty_like_library(ref: ArrayArg, shape: tuple[int, ...], dtype_name: str):
     return np.empty(shape, dtype=d.numpy)
 
 
-def to_backend(arr: np.ndarray, backend: str):
-    """A host numpy array for `backend`: itself on the CPU, a CuPy array (bit-exact, any kgen dtype)
-    on the current GPU for CUDA."""
-    if backend == "cpu":
-        return arr
-    bits = _NP_BITS.get(arr.dtype.itemsize)
-    host = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)  # keeps 0-d scales 0-d
+def host_owner(a: np.ndarray) -> np.ndarray:
+    """The ndarray that owns `a`'s memory (`a` itself unless it is a view)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _device_copy(host: np.ndarray):
+    """A CuPy copy of a C-contiguous host array, bit-exact for any kgen dtype."""
+    bits = _NP_BITS.get(host.dtype.itemsize)
     if bits is None:
         return cupy_module().asarray(host)
-    return cupy_module().asarray(host.view(bits)).view(arr.dtype)
+    return cupy_module().asarray(host.view(bits)).view(host.dtype)
+
+
+def to_backend(arr: np.ndarray, backend: str):
+    """A host numpy array for `backend`: itself on the CPU, a CuPy array (bit-exact, any kgen dtype)
+    on the current GPU for CUDA. A view keeps its strides: the whole buffer it lives in is copied
+    (padding, guard bytes around it) and the device array is the same view of that copy, whose
+    allocation starts at the buffer's first byte."""
+    if backend == "cpu":
+        return arr
+    owner = host_owner(arr)
+    if owner is arr or not owner.flags.c_contiguous or arr.size == 0:
+        return _device_copy(arr if arr.flags.c_contiguous else np.ascontiguousarray(arr))  # keeps 0-d scales 0-d
+    cp = cupy_module()
+    whole = _device_copy(owner.reshape(-1).view(np.uint8))
+    bits = _NP_BITS.get(arr.dtype.itemsize, arr.dtype)
+    view = cp.ndarray(arr.shape, bits, whole.data + (arr.ctypes.data - owner.ctypes.data), strides=arr.strides)
+    return view if bits is arr.dtype else view.view(arr.dtype)
 
 
 def to_numpy(x) -> np.ndarray:

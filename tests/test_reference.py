@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import kgen
 from kgen.families.decode_cases import make_decode_case
-from kgen.reference import attention_decode, decode_inputs_real
+from kgen.reference import attention_decode, decode_inputs_real, decode_reference
 
 BASE = {
     "kgen": 1, "name": "ref_decode", "kind": "paged_decode",
@@ -140,3 +140,28 @@ def test_lowp_reference_is_a_nonzero_yardstick():
     low, _ = attention_decode(spec, args["q"], args, dtype=np.float32, round_to=np.float16)
     err = np.max(np.abs(low - ref))
     assert 0 < err < 1e-2
+
+
+@pytest.mark.parametrize("overrides", [{}, {"kv_cache.dtype": "int8", "kv_cache.scale": "per_token_head"},
+                                       {"attention.sliding_window": 5}], ids=["fp16", "int8-pth", "window"])
+def test_error_magnitudes_bound_what_they_stand_for(overrides):
+    """decode_reference's magnitudes are upper bounds of the sums the verifier's floor scales with:
+    max_d sum_j p_j |v_jd| and max over visible j of scale * sum_d |q_d k_jd| (docs/verification.md)."""
+    spec = _spec(**overrides)
+    args = make_decode_case(spec, [1, 9, 30], np.random.default_rng(6))
+    ref = decode_reference(spec, args["q"], args)
+    G, scale = spec.group_size, spec.softmax_scale_value
+    for i, (k, v) in enumerate(decode_inputs_real(spec, args)):
+        L = k.shape[1]
+        visible = np.arange(L) >= (L - spec.attention.sliding_window if spec.attention.sliding_window else 0)
+        for h in range(spec.attention.num_q_heads):
+            q = np.asarray(args["q"][i, h], np.float64)
+            s = np.where(visible, scale * (k[h // G] @ q), -np.inf)
+            p = np.exp(s - s.max())
+            p /= p.sum()
+            exact_mag = np.max(p @ np.abs(v[h // G]))
+            exact_logit = np.max(scale * (np.abs(k[h // G][visible]) @ np.abs(q)))
+            assert exact_mag <= ref.magnitude[i, h] * (1 + 1e-12) and ref.magnitude[i, h] > 0
+            assert exact_logit <= ref.logit_magnitude[i, h] * (1 + 1e-12)
+            assert ref.logit_magnitude[i, h] <= np.sqrt(spec.attention.head_dim) * exact_logit + 1e-12
+

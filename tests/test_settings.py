@@ -9,6 +9,7 @@ import pytest
 
 from kgen import settings
 from kgen.build import select_backend
+from kgen.compile.provided import RESERVED_MACROS
 from kgen.errors import KgenUserError
 from kgen.settings import REGISTRY, Setting
 
@@ -20,9 +21,11 @@ def _names_in(paths, pattern) -> set[str]:
 
 
 def test_every_kgen_name_in_the_package_is_declared():
-    names = _names_in(sorted((ROOT / "kgen").rglob("*.py")), r"\bKGEN_[A-Z0-9_]+\b")
+    """A KGEN_* name is an environment variable of the registry or a reserved C macro, never both."""
+    names = _names_in(sorted((ROOT / "kgen").rglob("*.py")), r"KGEN_[A-Z0-9_]+")
     assert {"KGEN_CACHE_DIR", "KGEN_BACKEND", "KGEN_CXX", "KGEN_CUDA_HOME"} <= names
-    assert names - set(REGISTRY) == set()
+    assert names - set(REGISTRY) - set(RESERVED_MACROS) == set()
+    assert not set(REGISTRY) & set(RESERVED_MACROS)
 
 
 def test_every_variable_the_cpu_runtime_reads_is_declared():

@@ -12,6 +12,7 @@ from rich.table import Table
 from kgen.build import build as build_kernel
 from kgen.cli.common import SEED, Failed, guard, load_specs, out
 from kgen.verify.handwritten import build_from_source
+from kgen.verify.report import describe_failure
 from kgen.verify.runner import verify as run_verify
 
 
@@ -46,7 +47,9 @@ def print_report(report) -> None:
     for c in report.cases:
         lens = ",".join(map(str, c.seq_lens))
         lens = lens if len(lens) <= 40 else lens[:37] + "..."
-        verdict = "[green]pass[/green]" if c.passed else f"[red]FAIL[/red] {escape(str(c.first_failure or ''))} {escape(c.note)}"
+        verdict = "[green]pass[/green]" if c.passed else "[red]FAIL[/red]"
         table.add_row(escape(c.name), lens, f"{c.max_error:.3g}", f"{c.bound:.3g}", verdict)
     out.print(table)
+    for c in report.failed_cases:  # where each failed case went wrong, one line each (not squeezed into a column)
+        out.print(f"FAIL {c.name}: {describe_failure(c)}", markup=False)
     out.print(report.summary(), markup=False)

@@ -54,7 +54,8 @@ RACE_FLAGS = ("-DKGEN_SIMT_RACECHECK", "-g1")
 RACE_KERNEL_FLAGS = ("-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0")
 RACE_LINK_FLAGS = ("-Wl,-z,defs",)  # a compiler callback the runtime lacks fails the build, not the load
 BASE_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-pthread",
-              "-fstack-clash-protection")  # big frames probe page by page: overflows hit the guard page
+              "-fstack-clash-protection",  # big frames probe page by page: overflows hit the guard page
+              "-fno-aggressive-loop-optimizations")  # a loop that runs past an array runs (no UB-based trimming)
 SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 

@@ -17,14 +17,38 @@ from kgen.paths import templates_dir
 CUDA_HEADERS = ("cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h", "vector_types.h", "vector_functions.h",
                 "math_constants.h")
 # kgen's headers: include name -> file under templates/.
-KGEN_HEADERS = {"kgen/platform.cuh": "common/platform.cuh"}
-ALLOWED_INCLUDES = (*CUDA_HEADERS, *KGEN_HEADERS)
+PROVIDED_HEADERS = {"kgen/platform.cuh": "common/platform.cuh"}
+ALLOWED_INCLUDES = (*CUDA_HEADERS, *PROVIDED_HEADERS)
+
+# Names kgen reserves in kernel builds: C macros of its headers and compile commands, never read
+# from the environment (`kgen env` lists them apart from the environment variables). A kernel
+# source may use the first two (ABI 1 sources from `kgen show` do); it may not define or test any.
+RESERVED_MACROS = {
+    "KGEN_DYNAMIC_SMEM": "declares the block's dynamic shared memory (kgen/platform.cuh)",
+    "KGEN_NEG_INF": "-inf as a float constant (kgen/platform.cuh)",
+    "KGEN_SIMT": "defined when the CPU backend's SIMT runtime compiles the source",
+    "KGEN_SIMT_H": "include guard of the SIMT runtime",
+    "KGEN_SIMT_ASAN": "the CPU build is AddressSanitizer-instrumented (sanitize mode)",
+    "KGEN_SIMT_UCONTEXT": "the SIMT runtime switches fibers with swapcontext (portable mode)",
+    "KGEN_SIMT_ASM_SWITCH": "the SIMT runtime switches fibers with its own x86-64 code",
+    "KGEN_SIMT_RACECHECK": "the CPU build carries shared-memory race detection",
+    "KGEN_SIMT_RUNTIME_TU": "the translation unit that defines the race detector's callbacks",
+    "KGEN_SIMT_NOTSAN": "marks SIMT runtime code the race detector must not instrument",
+    "KGEN_TSAN_CB": "declares one race-detector callback (SIMT runtime)",
+    "KGEN_TSAN_ACCESS": "defines the race detector's plain-access callbacks (SIMT runtime)",
+    "KGEN_TSAN_ATOMICS": "defines the race detector's atomic callbacks (SIMT runtime)",
+    "KGEN_TSAN_ATOMIC_RW": "defines atomic load/store callbacks (SIMT runtime)",
+    "KGEN_TSAN_FETCH": "defines atomic read-modify-write callbacks (SIMT runtime)",
+    "KGEN_ATOMIC_FETCH": "defines the SIMT runtime's atomic fetch-and-op functions",
+    "KGEN_ATOMIC_CAS": "defines the SIMT runtime's compare-and-swap functions",
+    "KGEN_MINMAX": "defines the SIMT runtime's atomic min/max functions",
+}
 
 
 def kgen_headers() -> dict[str, str]:
     """{include name: text} of kgen's provided headers."""
     root = templates_dir()
-    return {name: (root / rel).read_text() for name, rel in KGEN_HEADERS.items()}
+    return {name: (root / rel).read_text() for name, rel in PROVIDED_HEADERS.items()}
 
 
 def kgen_headers_digest() -> str:

@@ -16,6 +16,7 @@ from kgen.families.base import Bench, Case
 from kgen.families.layout import from_layout, scale_from_layout, scale_to_layout, to_layout
 from kgen.quantize import QMAX, per_token_head_scale, quantize
 from kgen.verify.bitexact import compare, random_bytes
+from kgen.verify.guards import guarded, seal, tripwires
 from kgen.verify.report import CaseResult
 
 KINDS = ("scattered", "sequence", "single_token", "edge_values", "all_skipped", "strided_inputs")
@@ -63,9 +64,11 @@ def _write_case(spec, rng: np.random.Generator, kind: str) -> tuple[dict, np.nda
     a, kv = spec.attention, spec.kv_cache
     H, D, B = a.num_kv_heads, a.head_dim, kv.block_size
     qd = dtype(spec.dtype.q).numpy
-    T = {"scattered": 2 * B + 3, "sequence": 3 * B + 1, "single_token": 1, "edge_values": B + 5,
-         "all_skipped": 4, "strided_inputs": B + 2}[kind]
-    N = 3 * (-(-T // B)) + 2
+    # sizes drawn per run (the verifier's seed), around the shape each kind is about
+    extra = int(rng.integers(0, B + 1))
+    T = {"scattered": 2 * B + 3 + extra, "sequence": 3 * B + 1 + extra, "single_token": 1, "edge_values": B + 5 + extra,
+         "all_skipped": int(rng.integers(1, 9)), "strided_inputs": B + 2 + extra}[kind]
+    N = 3 * (-(-T // B)) + int(rng.integers(1, 4))
     if kind == "sequence":  # one sequence through a shuffled block table; two leading padding tokens
         table = rng.permutation(N)[: -(-T // B)]
         pos = np.arange(T)
@@ -83,8 +86,9 @@ def _write_case(spec, rng: np.random.Generator, kind: str) -> tuple[dict, np.nda
             x = _edge_values(spec, (T, H, D), rng)
             if name in inputs:
                 x = x * (inputs[name] if inputs[name].ndim == 0 else inputs[name][:, None])
-            elif kv.dtype in QUANTIZED:  # per_token_head: also an all-zero row
-                x[0, 0] = 0.0
+            elif kv.dtype in QUANTIZED:  # per_token_head: also an all-zero row, on a token that is written
+                live = np.nonzero(slots >= 0)[0]
+                x[live[0] if live.size else 0, 0] = 0.0
         else:
             spread = 1.0 if kv.dtype in QUANTIZED else 3.0
             x = rng.standard_normal((T, H, D)) * spread
@@ -178,17 +182,20 @@ def _judge(spec, name: str, slots, got: dict[str, np.ndarray], exp) -> CaseResul
 
 
 def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
+    """Inputs sealed (key, value, slot_mapping, caller scales), every pool array inside guard
+    bytes (a write past a pool fails), the pools compared bit for bit."""
     spec = kernel.spec
     inputs, key, value, N = _write_case(spec, rng, case.name)
     initial = _initial_pools(spec, rng, N)
     exp = _expected_write(spec, key, value, inputs, *initial)
-    pools = _pools_in_layout(spec, *initial)
-    args = {**inputs, **pools}
-    if kernel.backend != "cpu":
-        args = args_to_backend({k: np.ascontiguousarray(x) for k, x in args.items()}, kernel.backend)
+    pools = {name: guarded(name, p.shape, p.dtype, rng, content=p)
+             for name, p in _pools_in_layout(spec, *initial).items()}
+    seals = [seal(name, x) for name, x in inputs.items()]
+    args = args_to_backend({**inputs, **{name: g.view for name, g in pools.items()}}, kernel.backend)
     kernel(**args)
     got = {name: to_numpy(args[name]) for name in pools}
-    return [_judge(spec, case.name, inputs["slot_mapping"], got, exp)]
+    result = _judge(spec, case.name, inputs["slot_mapping"], got, exp)
+    return [tripwires(result, pools, seals, args)]
 
 
 def bench(spec, bucket: tuple[int, int], rng: np.random.Generator) -> Bench:

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from kgen.arrays import args_to_backend, to_numpy
+from kgen.arrays import to_backend, to_numpy
 from kgen.dtypes import dtype
 from kgen.families.base import Bench, Case
 from kgen.families.layout import cache_shapes, scale_shape
 from kgen.verify.bitexact import compare, random_bytes
+from kgen.verify.guards import guarded, seal, tripwires
 from kgen.verify.report import CaseResult
 
-NUM_BLOCKS = 13
+NUM_BLOCKS = 13  # the least pool size; a run draws NUM_BLOCKS .. 2 * NUM_BLOCKS - 1
 LAYERS = {"one_layer": 0, "three_layers": 3, "fork": 2, "empty": 2}  # 0: one array, not a list
 
 
@@ -50,20 +51,25 @@ def cases() -> list[Case]:
 
 
 def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
+    """Pools of random bytes inside guard bytes (a write past a pool fails), `pairs` sealed,
+    every pool compared bit for bit; the pool size is drawn per run."""
     layers = case.params["layers"]
-    pairs = _pairs(rng, NUM_BLOCKS, case.name)
+    num_blocks = int(rng.integers(NUM_BLOCKS, 2 * NUM_BLOCKS))
+    pairs = _pairs(rng, num_blocks, case.name)
     pools = {n: [random_bytes(rng, s, d) for _ in range(max(layers, 1))]
-             for n, (s, d) in _pool_specs(kernel.spec, NUM_BLOCKS).items()}
+             for n, (s, d) in _pool_specs(kernel.spec, num_blocks).items()}
     expected = _copied(pools, pairs)
-    dev = {n: [args_to_backend({"a": p}, kernel.backend)["a"] for p in ps] for n, ps in pools.items()}
-    args = {n: (ps if layers else ps[0]) for n, ps in dev.items()}
-    kernel(**args, pairs=args_to_backend({"p": pairs}, kernel.backend)["p"])
-    arrays = []
-    for n, ps in dev.items():
-        for i, p in enumerate(ps):
-            label = f"{n}[layer {i}]" if layers else n
-            arrays.append((label, to_numpy(p), expected[n][i], _describe_copy(pairs, label)))
-    return [compare(case.name, [len(pairs)], arrays)]
+    labels = {n: [f"{n}[layer {i}]" if layers else n for i in range(len(ps))] for n, ps in pools.items()}
+    buffers = {label: guarded(label, p.shape, p.dtype, rng, content=p)
+               for n, ps in pools.items() for label, p in zip(labels[n], ps, strict=True)}
+    given = {label: to_backend(g.view, kernel.backend) for label, g in buffers.items()}
+    given["pairs"] = to_backend(pairs, kernel.backend)
+    args = {n: [given[label] for label in labels[n]] if layers else given[n] for n in pools}
+    seals = [seal("pairs", pairs)]
+    kernel(**args, pairs=given["pairs"])
+    arrays = [(label, to_numpy(given[label]), expected[n][i], _describe_copy(pairs, label))
+              for n in pools for i, label in enumerate(labels[n])]
+    return [tripwires(compare(case.name, [len(pairs)], arrays), buffers, seals, given)]
 
 
 def _describe_copy(pairs: np.ndarray, label: str):

@@ -3,9 +3,15 @@
 Random inputs follow the spec's ABI with the traps of the matrix: physical blocks shuffled
 over a pool several times larger than needed, optional prefix blocks shared between two
 sequences, and poison (NaN, or extreme values for int8) in every tail slot, every
-unreferenced block and every unused table entry; the output is pre-filled with NaN. Each
-case is judged against the float64 reference (kgen/reference.py) with the derived bound of
-kgen/verify/bounds.py.
+unreferenced block and every unused table entry. The adversarial cases
+(kgen/families/decode_adversarial_cases.py) add large logits, contexts of >= 4,096 and
+>= 32,768 tokens, strided q and out, and a pool past 2^32 elements; batch sizes, lengths and
+tables come from the run's seed.
+
+Around every call: each input is sealed (kgen/verify/guards.py), out, the LSE and the split-KV
+scratch are pre-filled with NaN inside guard bytes, and afterwards every (sequence, head) of
+the output (and of the LSE where the case asks for it) is judged against the float64
+reference (kgen/reference.py) with its own derived bound (kgen/verify/bounds.py).
 """
 
 from __future__ import annotations
@@ -15,13 +21,16 @@ import math
 import ml_dtypes
 import numpy as np
 
-from kgen.arrays import args_to_backend, to_numpy
+from kgen.arrays import to_backend, to_numpy
 from kgen.dtypes import QUANTIZED, dtype
 from kgen.families.base import Bench, Case, Config
+from kgen.families.decode_adversarial_cases import ADVERSARIAL, adversarial_cases, build_pool_case, poison
 from kgen.families.layout import scale_to_layout, to_layout
-from kgen.reference import attention_decode
-from kgen.verify.bounds import EPS_FP32, K_FACTOR, check_output
+from kgen.reference import DecodeReference, decode_reference
+from kgen.verify.bounds import check_lse, check_output
+from kgen.verify.guards import Guarded, guarded, seal, tripwires
 from kgen.verify.report import CaseResult
+from kgen.verify.sparse import byte_ranges, sparse_to_backend
 
 POOL_FACTOR = 3  # pool blocks per block in use
 
@@ -34,10 +43,6 @@ def _cast(values: np.ndarray, name: str) -> np.ndarray:
         limit = float(ml_dtypes.finfo(d).max)
         return np.clip(values, -limit, limit).astype(d)
     return values.astype(d)
-
-
-def _poison(name: str) -> float:
-    return 127.0 if name == "int8" else float("nan")  # int8 has no NaN: use its extreme
 
 
 def _strided(arr: np.ndarray, extra: tuple[int, ...], fill: float) -> np.ndarray:
@@ -99,7 +104,7 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
         tables[i, nb:] = rng.choice(unused, size=M - nb)
 
     # canonical storage [N, B, H, D] of stored values, poison everywhere first
-    store = np.full((N, B, H, D), _poison(kv.dtype), dtype=np.float64)
+    store = np.full((N, B, H, D), poison(kv.dtype), dtype=np.float64)
     vstore = store.copy()
     quant = kv.dtype in QUANTIZED
     spread = 100.0 if kv.dtype == "int8" else (3.0 if quant else 1.0)
@@ -115,7 +120,7 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
 
     if padded:
         for name, extra in _pool_padding(spec).items():
-            args[name] = _strided(args[name], extra, _poison(kv.dtype))
+            args[name] = _strided(args[name], extra, poison(kv.dtype))
 
     if quant:
         for name in ("k_scale", "v_scale"):
@@ -144,8 +149,9 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
 
 # ---- the verification matrix ----------------------------------------------------------------
 def decode_case_matrix(spec, config: Config, rng: np.random.Generator) -> list[tuple[str, list[int], bool]]:
-    """(name, seq_lens, share_prefix) for every case of the matrix; the case named
-    'padded_pool' passes the caches as strided views (see make_decode_case)."""
+    """(name, seq_lens, share_prefix) for every case of the matrix: the classic cases, then the
+    adversarial ones (kgen/families/decode_adversarial_cases.py); the case named 'padded_pool'
+    passes the caches as strided views (see make_decode_case)."""
     B = spec.kv_cache.block_size
     long_len = max(5 * B + 3, 300)
     lens = {"len_1": 1, "len_B-1": B - 1, "len_B": B, "len_B+1": B + 1, "len_2B+1": 2 * B + 1, "long": long_len}
@@ -169,40 +175,79 @@ def decode_case_matrix(spec, config: Config, rng: np.random.Generator) -> list[t
     cases.append(("shared_prefix", [a, b], True))
     pad = [2 * B + 1, max(1, B // 2)] if spec.tail_masking else [2 * B, B]
     cases.append(("padded_pool", pad, False))  # strided pools: padding between blocks, heads, K and V
+    cases += [(name, lens, False) for name, lens in adversarial_cases(spec, rng)]
     return cases
 
 
 def matrix_cases(spec, config: Config, rng: np.random.Generator) -> list[Case]:
-    return [Case(name, {"seq_lens": lens, "share_prefix": share}) for name, lens, share in
-            decode_case_matrix(spec, config, rng)]
+    return [Case(name, {"seq_lens": lens, "share_prefix": share, **ADVERSARIAL.get(name, {})})
+            for name, lens, share in decode_case_matrix(spec, config, rng)]
 
 
-def _references(spec, args: dict) -> tuple[tuple, tuple]:
-    """((out, lse) in float64, (out, lse) in the kernel's input precision) of one call."""
+def _references(spec, args: dict) -> tuple[DecodeReference, DecodeReference]:
+    """The float64 reference of one call and the same attention in the kernel's input precision."""
     round_to = None if spec.dtype.q == "fp32" else dtype(spec.dtype.q).numpy
-    ref = attention_decode(spec, args["q"], args)
-    lowp = attention_decode(spec, args["q"], args, dtype=np.float32, round_to=round_to)
-    return ref, lowp
+    return decode_reference(spec, args["q"], args), decode_reference(spec, args["q"], args, dtype=np.float32,
+                                                                     round_to=round_to, magnitudes=False)
+
+
+def _case_inputs(spec, case: Case, rng: np.random.Generator) -> tuple[dict, dict]:
+    """(host arguments without out, written element ranges of sparse arrays) of one case."""
+    p, lens = case.params, case.params["seq_lens"]
+    if "profile" in p:
+        built = build_pool_case(spec, lens, rng, p["profile"], huge=p.get("huge", False))
+        args, sparse = built.args, built.sparse
+    else:
+        args = make_decode_case(spec, lens, rng, share_prefix=p["share_prefix"], padded=case.name == "padded_pool")
+        args.pop("out")
+        sparse = {}
+    if p.get("strided"):  # q as a view with gaps between heads and sequences (poison in them)
+        v16 = max(1, 16 // args["q"].itemsize)
+        args["q"] = _strided(args["q"], (1, 1, v16), np.nan)
+    if spec.attention.alibi:
+        args.setdefault("alibi_slopes", alibi_slopes(spec.attention.num_q_heads))
+    return args, sparse
+
+
+def _outputs(spec, config: Config, case: Case, args: dict, rng: np.random.Generator) -> list[Guarded]:
+    """out (strided for a strided case), the LSE when the case checks it, and the split-KV scratch:
+    each pre-filled with NaN inside guard bytes."""
+    S, (_, Hq, D) = len(case.params["seq_lens"]), args["q"].shape
+    out_np = dtype(spec.dtype.resolved_out).numpy
+    pad = (1, 2, max(1, 16 // out_np.itemsize)) if case.params.get("strided") else None
+    buffers = [guarded("out", (S, Hq, D), out_np, rng, pad=pad)]
+    if case.params.get("lse") or case.name == "mixed_batch":
+        buffers.append(guarded("lse", (S, Hq), np.float32, rng))
+    P = config.get("partition_size", 0)
+    if P:
+        parts = -(-args["block_tables"].shape[1] * spec.kv_cache.block_size // P)
+        buffers += [guarded("part_o", (S, Hq, parts, D), np.float32, rng),
+                    guarded("part_ml", (S, Hq, parts, 2), np.float32, rng)]
+    return buffers
 
 
 def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
-    """One decode case; the mixed batch also returns and checks the LSE."""
+    """One decode case: inputs sealed, outputs and scratch poisoned inside guards, every
+    (sequence, head) of the output (and of the LSE when requested) within its own bound."""
     spec, name, lens = kernel.spec, case.name, case.params["seq_lens"]
-    args = make_decode_case(spec, lens, rng, share_prefix=case.params["share_prefix"], padded=name == "padded_pool")
-    (ref, ref_lse), (lowp, lowp_lse) = _references(spec, args)
-    want_lse = name == "mixed_batch"
-    dev_args = args_to_backend(args, kernel.backend)
-    result = kernel(**dev_args, return_lse=True) if want_lse else kernel(**dev_args)
-    out = result[0] if want_lse else result
-    results = [check_output(name, lens, to_numpy(out), ref, lowp.astype(np.float64), spec.dtype.resolved_out)]
-    if want_lse:
-        lse = to_numpy(result[1]).astype(np.float64)
-        lerr = np.abs(lse - ref_lse)
-        lbound = K_FACTOR * float(np.max(np.abs(lowp_lse - ref_lse))) + float(
-            np.max(np.abs(ref_lse))) * 64 * EPS_FP32
-        ok = bool(np.all(np.isfinite(lse)) and np.all(lerr <= lbound))
-        results.append(CaseResult("mixed_batch_lse", lens, float(np.nanmax(lerr)) if np.isfinite(lse).all()
-                                  else math.nan, lbound, 0.0, ok))
+    args, sparse = _case_inputs(spec, case, rng)
+    ref, lowp = _references(spec, args)
+    buffers = _outputs(spec, kernel.config, case, args, rng)
+    seals = [seal(n, x, byte_ranges(x, sparse[n]) if n in sparse else None)
+             for n, x in args.items() if isinstance(x, np.ndarray)]
+    given = {n: sparse_to_backend(x, sparse[n], kernel.backend) if n in sparse else to_backend(x, kernel.backend)
+             for n, x in args.items()}
+    outputs = {g.name: to_backend(g.view, kernel.backend) for g in buffers}
+    kernel(**given, **outputs)
+
+    out_dtype = spec.dtype.resolved_out
+    result = check_output(name, lens, to_numpy(outputs["out"]), ref.out, lowp.out, out_dtype,
+                          ref.magnitude, ref.logit_magnitude)
+    results = [result]
+    if "lse" in outputs:
+        results.append(check_lse(f"{name}_lse", lens, to_numpy(outputs["lse"]), ref.lse, lowp.lse,
+                                 ref.logit_magnitude, spec.attention.head_dim))
+    tripwires(result, {g.name: g for g in buffers}, seals, {**given, **outputs})
     return results
 
 
@@ -213,7 +258,8 @@ def bench(spec, bucket: tuple[int, int], rng: np.random.Generator) -> Bench:
     args = make_decode_case(spec, lens, rng)
 
     def check(got: dict) -> CaseResult:
-        (ref, _), (lowp, _) = _references(spec, args)
-        return check_output("tuning", lens, got["out"], ref, lowp.astype(np.float64), spec.dtype.resolved_out)
+        ref, lowp = _references(spec, args)
+        return check_output("tuning", lens, got["out"], ref.out, lowp.out, spec.dtype.resolved_out,
+                            ref.magnitude, ref.logit_magnitude)
 
     return Bench(args, ["out"], check)

@@ -205,6 +205,13 @@ class _Binder(CallBinder):
                 f"({align} bytes) for the vectorized loads of this kernel"
             )
 
+    def _buffer(self, like: ArrayArg, given: ArrayArg | None, name: str, shape: tuple) -> ArrayArg:
+        """A packed fp32 output or scratch array: the one given (checked), else a new one."""
+        if given is None:
+            return as_array_arg(name, empty_like_library(like, shape, "fp32"))
+        self.check(given, shape, "fp32", contiguous=True)
+        return given
+
     def bind(self, kernels: list[KernelDecl], config: Config, checked: bool):
         spec, a, kv = self.spec, self.spec.attention, self.spec.kv_cache
         D, B, Hq = a.head_dim, kv.block_size, a.num_q_heads
@@ -251,20 +258,26 @@ class _Binder(CallBinder):
         if out is None:
             out = as_array_arg("out", empty_like_library(q, (S, Hq, D), out_dtype))
         self.check(out, (S, Hq, D), out_dtype)
-        return_lse = bool(self.call.pop("return_lse", False))
-        lse = as_array_arg("lse", empty_like_library(q, (S, Hq), "fp32")) if return_lse else None
+        # lse, part_o and part_ml may be given (the verifier passes poisoned, guarded buffers);
+        # a given lse implies return_lse
+        lse = self.take("lse", False)
+        return_lse = bool(self.call.pop("return_lse", False)) or lse is not None
+        lse = self._buffer(q, lse, "lse", (S, Hq)) if return_lse else None
+        P = config["partition_size"]
+        max_parts = -(-M * B // P) if P else 1
+        part_o, part_ml = self.take("part_o", False), self.take("part_ml", False)
+        if not P and (part_o is not None or part_ml is not None):
+            raise ArgumentError("part_o/part_ml: split-KV scratch given, but this config is single-pass "
+                                "(partition_size 0)")
+        if P:
+            part_o = self._buffer(q, part_o, "part_o", (S, Hq, max_parts, D))
+            part_ml = self._buffer(q, part_ml, "part_ml", (S, Hq, max_parts, 2))
         self.refuse_unknown()
-        self.refuse_aliasing([out], [q, *caches, bt, sl, ks, vs, alibi])
+        written = [out, lse, part_o, part_ml]
+        self.refuse_aliasing(written, [q, *caches, bt, sl, ks, vs, alibi, *written])
 
         if checked:
             self._check_values(bt, sl, N, M)
-
-        P = config["partition_size"]
-        max_parts = -(-M * B // P) if P else 1
-        part_o = part_ml = None
-        if P:
-            part_o = as_array_arg("part_o", empty_like_library(q, (S, Hq, max_parts, D), "fp32"))
-            part_ml = as_array_arg("part_ml", empty_like_library(q, (S, Hq, max_parts, 2), "fp32"))
 
         ptr = self.pointer
         values = {

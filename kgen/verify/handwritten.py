@@ -17,6 +17,7 @@ from kgen.families.base import Config, resolve_config
 from kgen.families.registry import family_for
 from kgen.kernel import Kernel
 from kgen.render import Rendered
+from kgen.verify.signature import check_signature
 from kgen.verify.source_policy import prepare_source
 
 
@@ -50,6 +51,7 @@ def kernel_from_source(spec, source: str, backend: str = "auto", config: Config 
     chosen = select_backend(backend)
     # Untrusted: its own process; on the CPU also race detection and varied thread schedules.
     module = load_module(chosen, rendered, cubins, isolated=True, race_check=chosen == "cpu")
+    check_signature(spec, config, module, origin)
     return Kernel(spec, source, config, module, names,
                   resources={arch: resources_as_dict(a.resources) for arch, a in cubins.items()},
                   artifacts={"cubins": cubins})

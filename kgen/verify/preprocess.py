@@ -71,7 +71,7 @@ def preprocess(text: str, name: str, poison: list[str]) -> Preprocessed:
     with tempfile.TemporaryDirectory(prefix="kgen-pp-") as scratch:
         try:
             res = subprocess.run([_compiler(), *E_FLAGS], input=stdin, capture_output=True, text=True,
-                                 cwd=scratch, timeout=120, env={"PATH": os.environ.get("PATH", ""), "LC_ALL": "C"})
+                                 cwd=scratch, timeout=120, env={"LC_ALL": "C"})  # g++ by absolute path: no PATH
         except OSError as e:
             raise ToolchainError(f"C++ compiler cannot run: {e}") from e
         except subprocess.TimeoutExpired as e:

@@ -27,10 +27,14 @@ def verify(kernel, seed: int | None = None, cases: list[str] | None = None) -> V
     for case in family.cases(spec, kernel.config, rng):
         if cases is not None and case.name not in cases:
             continue
+        t0 = time.perf_counter()
         try:
-            report.cases.extend(family.run_case(kernel, case, rng))
+            results = family.run_case(kernel, case, rng)
         except KernelRuntimeError as e:  # a crash, abort or hang of an isolated kernel: this case's verdict
             report.cases.append(failed_run(case.name, case.params.get("seq_lens", []), e))
             break
+        for r in results:
+            r.seconds = time.perf_counter() - t0
+        report.cases.extend(results)
     report.seconds = time.perf_counter() - start
     return report

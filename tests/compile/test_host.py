@@ -132,12 +132,13 @@ def test_cached_library_that_does_not_load_is_rebuilt(tmp_path):
 
 
 FAKE_CXX = """#!/bin/sh
-# A "compiler" whose libraries do not load: prints a version, writes garbage as the output.
+# A "compiler" whose libraries do not load: objects are real (g++'s, so the object check passes),
+# the linked library is garbage.
 if [ "$1" = "--version" ]; then echo "fake-g++ 1.0"; exit 0; fi
-while [ $# -gt 0 ]; do
-  if [ "$1" = "-o" ]; then printf 'garbage' > "$2"; fi
-  shift
-done
+out=""; prev=""
+for a in "$@"; do if [ "$prev" = "-o" ]; then out="$a"; fi; prev="$a"; done
+case "$out" in *.so) printf 'garbage' > "$out"; exit 0;; esac
+exec g++ "$@"
 """
 
 
