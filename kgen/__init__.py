@@ -7,6 +7,7 @@
 
 # Imported eagerly on purpose: `build` and `verify` share their names with submodules, and a
 # lazy (PEP 562) export would be shadowed by the submodule once anything imports it.
+from kgen import interop, torch_ops  # neither imports torch: `import kgen` stays cheap
 from kgen.build import build
 from kgen.errors import (
     ArgumentError,
@@ -27,5 +28,5 @@ from kgen.version import __version__
 __all__ = [
     "ArgumentError", "CaseResult", "CompileError", "Kernel", "KernelRuntimeError", "KgenError", "KgenUserError",
     "Spec", "SpecError", "ToolchainError", "UnsupportedError", "VerificationReport", "__version__", "build",
-    "json_schema", "load_spec", "parse_spec", "spec_from_dict", "verify",
+    "interop", "json_schema", "load_spec", "parse_spec", "spec_from_dict", "torch_ops", "verify",
 ]

@@ -19,6 +19,7 @@ from kgen.dtypes import BY_NAME, BY_TORCH, dtype_label
 from kgen.errors import ArgumentError, ToolchainError
 from kgen.optional import module_of
 from kgen.runtime.cuda import cupy_module
+from kgen.settings import KGEN_DEBUG
 
 
 @dataclass
@@ -215,6 +216,101 @@ def to_numpy(x) -> np.ndarray:
         return host.view(d.numpy) if d is not None else host
     bits = _NP_BITS.get(x.dtype.itemsize)  # CuPy: copy raw bits (its kernels know no fp8)
     return x.get() if bits is None else x.view(bits).get().view(x.dtype)
+
+
+def full_like_library(ref: ArrayArg, shape: tuple[int, ...], value: float, dtype_name: str):
+    """Like empty_like_library, every element `value` (on a GPU a fill kernel: no host-to-device copy)."""
+    d = BY_NAME[dtype_name]
+    library = module_of(ref.obj)
+    if library == "torch" and ref.device != "cpu":
+        torch = _torch()
+        return torch.full(shape, value, dtype=getattr(torch, d.torch_name), device=ref.obj.device)
+    if library == "cupy":
+        with ref.obj.device:
+            return cupy_module().full(shape, value, dtype=d.numpy)
+    return np.full(shape, value, dtype=d.numpy)  # host memory: the kernel reads it in place
+
+
+def checks_values(device: str, debug: bool | None = None) -> bool:
+    """Whether a call checks the values the kernel trusts (seq_lens, block-table entries, slots):
+    `debug` when given, else KGEN_DEBUG when set, else on host arrays only (device arrays would
+    have to be copied to the host: a synchronisation on every call)."""
+    if debug is not None:
+        return debug
+    setting = KGEN_DEBUG.value()
+    return device == "cpu" if setting is None else setting
+
+
+# ---- engines' arrays read as the ABI's (docs/interop.md) ---------------------------------------
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+_FP8 = ("fp8_e4m3", "fp8_e5m2")
+_FLOATS = ("fp16", "bf16", "fp32", "float64")
+
+
+def adapt(arg: ArrayArg, expected: str) -> None:
+    """Make `arg` read as the ABI's dtype `expected` where an engine stores it differently, in place:
+    int64 indices become an int32 copy (host arrays: a value outside int32 is refused; device arrays:
+    saturated on the device, so no value silently wraps onto a valid one, and the debug checks
+    report the caller's int64 values), and uint8 bytes of an fp8 cache (vLLM) are viewed as the
+    fp8 type (no copy). Anything else is left for the dtype check to refuse."""
+    if expected == "int32" and arg.dtype == "int64":
+        _narrow_int64(arg)
+    elif expected in _FP8 and arg.dtype == "uint8":
+        arg.dtype = expected
+        if arg.device == "cpu":
+            arg.native = np.asarray(arg.native).view(BY_NAME[expected].numpy)
+
+
+def _narrow_int64(arg: ArrayArg) -> None:
+    if arg.device == "cpu":
+        values = np.asarray(arg.native)
+        outside = (values < INT32_MIN) | (values > INT32_MAX)
+        if outside.any():
+            where = tuple(int(i) for i in np.argwhere(outside)[0])
+            at = "[" + ", ".join(str(i) for i in where) + "]" if where else ""
+            raise ArgumentError(f"{arg.name}{at} = {int(values[where])} does not fit in int32, the ABI's index "
+                                f"type (int64 {arg.name} is accepted and narrowed to int32)")
+        narrow = np.ascontiguousarray(values, dtype=np.int32)
+        _rebind(arg, narrow, int(narrow.ctypes.data))
+        return
+    if module_of(arg.obj) == "torch":
+        torch = _torch()
+        narrow = arg.obj.detach().clamp(INT32_MIN, INT32_MAX).to(torch.int32).contiguous()
+        _rebind(arg, narrow, int(narrow.data_ptr()))
+        return
+    cupy = cupy_module()
+    with arg.obj.device:
+        narrow = cupy.ascontiguousarray(cupy.clip(arg.obj, INT32_MIN, INT32_MAX).astype(np.int32))
+    _rebind(arg, narrow, int(narrow.data.ptr))
+
+
+def _rebind(arg: ArrayArg, native: Any, ptr: int) -> None:
+    """Point `arg` at a C-contiguous int32 copy; `arg.obj` stays the caller's array."""
+    arg.native, arg.ptr, arg.dtype = native, ptr, "int32"
+    strides, step = [], 1
+    for dim in reversed(arg.shape):
+        strides.append(step)
+        step *= dim
+    arg.strides = tuple(reversed(strides))
+
+
+def scale_value(name: str, value: Any, ref: ArrayArg | None, shape: tuple[int, ...]) -> ArrayArg:
+    """A per-tensor scale as the kernel reads it (fp32, shape `shape`) from a Python or numpy number
+    or a one-element array of any float dtype; placed like `ref` (same library and device; None: numpy)."""
+    if isinstance(value, bool):
+        raise ArgumentError(f"{name}: expected a number or an fp32 array, got a bool")
+    if isinstance(value, int | float | np.integer | np.floating):
+        made = np.full(shape, value, np.float32) if ref is None else full_like_library(ref, shape, float(value), "fp32")
+        return as_array_arg(name, made)
+    arg = as_array_arg(name, value)
+    if arg.dtype == "fp32" or arg.dtype not in _FLOATS or int(np.prod(arg.shape)) != 1:
+        return arg  # the caller's checks name what is wrong with it
+    if arg.device == "cpu":
+        return as_array_arg(name, np.asarray(arg.native, dtype=np.float32).reshape(shape))
+    if module_of(arg.obj) == "torch":
+        return as_array_arg(name, arg.obj.detach().to(_torch().float32).reshape(shape))
+    with arg.obj.device:
+        return as_array_arg(name, arg.obj.astype(np.float32).reshape(shape))
 
 
 def args_to_backend(args: dict, backend: str) -> dict:

@@ -17,6 +17,7 @@ from kgen.runtime.cpu import CpuModule
 from kgen.runtime.cuda import CudaModule, IsolatedCudaModule, device_arch, gpu_available
 from kgen.runtime.isolated import IsolatedCpuModule
 from kgen.settings import KGEN_BACKEND
+from kgen.torch_ops import register_if_imported
 from kgen.verify.runner import verify as run_verify
 
 BACKENDS = ("auto", "cuda", "cpu")
@@ -65,9 +66,11 @@ def _cubin_path(cache: ArtifactCache, art) -> Path:
 
 def build(spec, backend: str = "auto", verify: bool = True, config: Config | None = None,
           archs: list[str] | None = None, sanitize: bool = False, seed: int | None = None,
-          cache: ArtifactCache | None = None, race_check: bool = False) -> Kernel:
+          cache: ArtifactCache | None = None, race_check: bool = False, debug: bool | None = None) -> Kernel:
     """Render, compile (cubins for every target arch + the runnable backend), and verify
-    (`race_check`: on the CPU backend, with shared-memory race detection)."""
+    (`race_check`: on the CPU backend, with shared-memory race detection). `debug`: the kernel's
+    value checks (Kernel.debug). With torch imported, the kernel becomes torch.ops.kgen.<name>
+    unless it failed verification (docs/interop.md)."""
     chosen = select_backend(backend)  # a bad backend or KGEN_BACKEND is refused before any work
     rendered = render(spec, config)
     cubins = compile_cubins(spec, rendered, archs, cache)
@@ -75,6 +78,9 @@ def build(spec, backend: str = "auto", verify: bool = True, config: Config | Non
     kernel = Kernel(spec, rendered.source, rendered.config, module, rendered.kernel_names,
                     resources={arch: resources_as_dict(a.resources) for arch, a in cubins.items()},
                     artifacts={"cubins": cubins})
+    kernel.debug = debug
     if verify:
         kernel.report = run_verify(kernel, seed=seed)
+    if kernel.report is None or kernel.report.passed:
+        register_if_imported(kernel)
     return kernel

@@ -31,6 +31,7 @@ from kgen.kernel import Kernel
 from kgen.render import Rendered
 from kgen.runtime.cuda import CudaModule, device_arch
 from kgen.spec.models import spec_from_dict
+from kgen.torch_ops import register_if_imported
 from kgen.tune.tuned import tuned_from_manifest
 from kgen.version import __version__
 
@@ -282,4 +283,6 @@ class GeneratedKernel:
 
 
 def load_generated(directory: Path) -> GeneratedKernel:
-    return GeneratedKernel(directory)
+    kernel = GeneratedKernel(directory)
+    register_if_imported(kernel)  # torch.ops.kgen.<name>, when torch is imported (docs/interop.md)
+    return kernel

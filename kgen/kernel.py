@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kgen.arrays import checks_values
 from kgen.families.base import Config
 from kgen.families.registry import family_for
 from kgen.runtime.base import Module
@@ -12,9 +13,11 @@ from kgen.runtime.base import Module
 class Kernel:
     """Call with keyword arguments: kern(q=..., k_cache=..., v_cache=..., block_tables=..., seq_lens=...).
 
-    Every argument's shape, dtype, device and strides is checked; with `checked=True`
-    (the default) the values the kernel trusts (seq_lens, the used block-table
-    entries, the tail_masking contract) are checked on the host before launch.
+    Every argument's shape, dtype, device and strides is checked (host metadata only). The
+    values the kernel trusts (seq_lens, the used block-table entries, the tail_masking
+    contract, slots) are checked too when `debug` is True; None (the default) defers to
+    KGEN_DEBUG, and when that is unset checks them on the CPU backend only, where they are
+    host arrays: on a GPU the check would copy them to the host, a synchronisation per call.
     """
 
     def __init__(self, spec, source: str, config: Config, module: Module, kernel_names: list[str],
@@ -27,7 +30,7 @@ class Kernel:
         self.resources = resources or {}
         self.report = report
         self.artifacts = artifacts or {}
-        self.checked = True
+        self.debug: bool | None = None
         self._family = family_for(spec)
 
     @property
@@ -39,7 +42,8 @@ class Kernel:
         return self.spec.name
 
     def __call__(self, **arguments: Any):
-        launches, result = self._family.plan(self.spec, self.config, arguments, checked=self.checked)
+        checked = checks_values(self.backend, self.debug)
+        launches, result = self._family.plan(self.spec, self.config, arguments, checked=checked)
         for launch in launches:
             self.module.launch(launch)
         return result

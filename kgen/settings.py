@@ -139,6 +139,13 @@ KGEN_SIMT_STACK = _declare(Setting(
     default=0,
 ))
 
+KGEN_DEBUG = _declare(Setting(
+    "KGEN_DEBUG", "bool",
+    "check the values a kernel trusts (seq_lens, block-table entries, slots) on every call; on device "
+    "arrays this copies them to the host (a synchronisation); a kernel's `debug` attribute overrides it",
+    default=None, default_text="unset: checked for host arrays, not for device arrays",
+))
+
 
 def cache_dir() -> Path:
     return KGEN_CACHE_DIR.value()

@@ -7,7 +7,18 @@ import numpy as np
 import pytest
 import torch
 
-from kgen.arrays import args_to_backend, as_array_arg, overlaps, refuse_aliasing, to_numpy
+from kgen.arrays import (
+    INT32_MAX,
+    INT32_MIN,
+    adapt,
+    args_to_backend,
+    as_array_arg,
+    full_like_library,
+    overlaps,
+    refuse_aliasing,
+    scale_value,
+    to_numpy,
+)
 from kgen.dtypes import dtype_label
 from kgen.errors import ArgumentError
 
@@ -103,3 +114,62 @@ def test_refuse_aliasing_names_both_arguments():
     refuse_aliasing([out], [out])  # an argument is not its own alias
     with pytest.raises(ArgumentError, match=r"^out overlaps q in memory: the kernel writes out while it reads q"):
         refuse_aliasing([None, out], [other, q])
+
+
+# ---- engines' arrays read as the ABI's (kgen.arrays.adapt, scale_value) ----------------------------
+def test_int64_indices_are_narrowed_to_a_contiguous_int32_copy():
+    wide = np.arange(24, dtype=np.int64).reshape(4, 6)[:, ::2]  # strided, as a slice of an engine's table
+    arg = as_array_arg("block_tables", wide)
+    adapt(arg, "int32")
+    assert (arg.dtype, arg.strides, arg.obj is wide) == ("int32", (3, 1), True)
+    assert arg.native.dtype == np.int32 and np.array_equal(arg.native, wide) and arg.ptr == arg.native.ctypes.data
+    t = torch.arange(5, dtype=torch.int64)
+    targ = as_array_arg("seq_lens", t)
+    adapt(targ, "int32")
+    assert targ.dtype == "int32" and np.array_equal(targ.native, t.numpy())
+
+
+@pytest.mark.parametrize("value", [1 << 31, -(1 << 31) - 1])
+def test_int64_values_outside_int32_are_refused_never_wrapped(value):
+    a = np.zeros((2, 3), np.int64)
+    a[1, 2] = value
+    with pytest.raises(ArgumentError, match=rf"block_tables\[1, 2\] = {value} does not fit in int32"):
+        adapt(as_array_arg("block_tables", a), "int32")
+    edge = as_array_arg("x", np.asarray([INT32_MIN, INT32_MAX], np.int64))
+    adapt(edge, "int32")
+    assert edge.native.tolist() == [INT32_MIN, INT32_MAX]
+
+
+def test_uint8_bytes_are_viewed_as_the_expected_fp8_type_without_a_copy():
+    cache = np.arange(16, dtype=np.uint8).reshape(2, 8)
+    arg = as_array_arg("k_cache", cache)
+    adapt(arg, "fp8_e4m3")
+    assert (arg.dtype, arg.ptr, arg.native.dtype) == ("fp8_e4m3", cache.ctypes.data, np.dtype(ml_dtypes.float8_e4m3fn))
+    assert np.array_equal(arg.native.view(np.uint8), cache)
+    other = as_array_arg("k_cache", cache)
+    adapt(other, "int8")  # only fp8 is read from raw bytes: int8 stays refused by the dtype check
+    assert other.dtype == "uint8"
+
+
+@pytest.mark.parametrize("value", [0.25, np.float32(0.25), np.asarray(0.25), np.asarray([0.25], np.float16),
+                                   torch.tensor(0.25, dtype=torch.float64)],
+                         ids=["float", "np.float32", "0-d float64", "one-element fp16", "torch float64"])
+def test_scale_value_gives_an_fp32_array_of_the_asked_shape(value):
+    ref = as_array_arg("q", np.zeros(2, np.float16))
+    arg = scale_value("k_scale", value, ref, ())
+    assert (arg.shape, arg.dtype, arg.device) == ((), "fp32", "cpu") and float(arg.native) == 0.25
+
+
+def test_scale_value_leaves_other_arrays_to_the_checks_and_refuses_bools():
+    ref = as_array_arg("q", np.zeros(2, np.float16))
+    two = np.asarray([0.5, 0.25], np.float64)
+    assert scale_value("k_scale", two, ref, ()).dtype == "float64"  # the shape/dtype check names it next
+    with pytest.raises(ArgumentError, match="k_scale: expected a number or an fp32 array, got a bool"):
+        scale_value("k_scale", False, ref, ())
+
+
+def test_full_like_library_puts_host_values_in_numpy():
+    """On the host the kernel reads memory in place, whichever library the other arguments are from."""
+    for ref in (np.zeros(1), torch.zeros(1)):
+        a = full_like_library(as_array_arg("q", ref), (2,), 3.0, "fp32")
+        assert isinstance(a, np.ndarray) and a.dtype == np.float32 and a.tolist() == [3.0, 3.0]

@@ -1,15 +1,17 @@
 """Argument access and checks shared by every family's call binding (one place for the
-messages users see: missing/unknown arguments, shape, dtype, device, contiguity)."""
+messages users see: missing/unknown arguments, shape, dtype, device, contiguity), and the
+call's arguments as a table (what `kern(...)` and its torch op take, docs/interop.md)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from kgen.arrays import ArrayArg, as_array_arg, refuse_aliasing
+from kgen.arrays import ArrayArg, adapt, as_array_arg, refuse_aliasing
 from kgen.errors import ArgumentError
-from kgen.families.layout import cache_names
+from kgen.families.layout import cache_names, cache_shapes
 from kgen.optional import is_torch_tensor
 
 
@@ -29,6 +31,7 @@ class CallBinder:
         self.spec = spec
         self.call = dict(call)
         self.device = "cpu"
+        self.first: ArrayArg | None = None  # the first array taken: where values made by kgen go
 
     def take(self, name: str, required: bool) -> ArrayArg | None:
         obj = self.call.pop(name, None)
@@ -36,11 +39,16 @@ class CallBinder:
             if required:
                 raise ArgumentError(f"missing argument '{name}' (required by spec {self.spec.name})")
             return None
-        return as_array_arg(name, obj)
+        arg = as_array_arg(name, obj)
+        self.first = self.first or arg
+        return arg
 
     def check(self, arg: ArrayArg, shape: tuple, dtype_name: str, contiguous: bool = False) -> None:
+        """Shape, dtype, device and strides; an engine's int64 indices or uint8 fp8 bytes are first
+        read as the ABI's dtype (kgen.arrays.adapt)."""
         if arg.shape != tuple(shape):
             raise ArgumentError(f"{arg.name}: expected shape {list(shape)}, got {list(arg.shape)}")
+        adapt(arg, dtype_name)
         if arg.dtype != dtype_name:
             raise ArgumentError(f"{arg.name}: expected dtype {dtype_name}, got {arg.dtype}")
         if arg.device != self.device:
@@ -78,3 +86,47 @@ class CallBinder:
         if self.device == "cpu":
             return native if isinstance(native, np.ndarray) else int(native)
         return np.uint64(native)
+
+
+# ---- the call's arguments as a table ---------------------------------------------------------
+SCALE_NAMES = ("k_scale", "v_scale")
+_POOL_HALVES = ("k_cache", "v_cache")
+
+
+@dataclass(frozen=True)
+class CallArg:
+    """One argument of a kernel call, `kern(name=...)`: what its torch op declares."""
+
+    name: str
+    dtype: str  # kgen dtype of the elements
+    shape: tuple  # symbolic, as in the argument table
+    use: str  # "read"; "written" (in place); "returned" (allocated by the call and returned)
+    optional: bool = False  # may be omitted (for a returned one: returned only when asked for)
+    number: bool = False  # a Python float may stand for it (a per-tensor scale)
+    layers: bool = False  # one array, or a list of arrays (one per layer)
+
+
+def call_arguments(family, spec, config) -> list[CallArg]:
+    """The call's arguments in ABI order: the family's own list where its call differs from its
+    kernel's parameters (copy_blocks), else the argument table's arrays with a fused pool's halves
+    as one `kv_cache` and kgen's scratch left out."""
+    own = getattr(family, "call_arguments", None)
+    if own is not None:
+        return own(spec, config)
+    rows: list[CallArg] = []
+    for a in family.arguments(spec, config):
+        if a.role not in ("input", "output"):
+            continue
+        use = "written" if a.role == "output" else "read"
+        if a.name in _POOL_HALVES:
+            if spec.kv_cache.layout == "fused":
+                if a.name == _POOL_HALVES[0]:
+                    rows.append(CallArg("kv_cache", a.dtype, cache_shapes(spec)["kv_cache"], use))
+                continue
+            rows.append(CallArg(a.name, a.dtype, a.shape, use))
+        elif a.name in SCALE_NAMES:
+            rows.append(CallArg(a.name, a.dtype, a.shape, use, a.optional,
+                                number=a.role == "input" and spec.kv_cache.scale == "per_tensor"))
+        else:  # other outputs (out, lse) are the call's results
+            rows.append(CallArg(a.name, a.dtype, a.shape, "returned" if a.role == "output" else "read", a.optional))
+    return rows

@@ -19,7 +19,7 @@ from kgen.errors import ArgumentError
 from kgen.families import copy_blocks_cases
 from kgen.families.argtable import Arg, KernelDecl, array
 from kgen.families.base import Config, SingleKernelFamily
-from kgen.families.binding import CallBinder, host_values
+from kgen.families.binding import CallArg, CallBinder, host_values
 from kgen.families.layout import cache_names, cache_rows, cache_shapes, describe, scale_shape
 from kgen.optional import is_torch_tensor
 
@@ -37,6 +37,14 @@ class CopyBlocksFamily(SingleKernelFamily):
                   "{base address, block stride in bytes, block bytes} of each pool array of each layer"),
             array("pairs", "int32", "input", ("num_pairs", 2), "(src, dst) block ids"),
         ]
+
+    def call_arguments(self, spec, config: Config) -> list[CallArg]:
+        """The call takes the pool arrays (one, or a list with one per layer) and pairs; the plane
+        table the kernel reads is built from them."""
+        pools = [CallArg(n, spec.kv_cache.dtype, shape, "written", layers=True) for n, shape in cache_shapes(spec).items()]
+        if spec.kv_cache.scale == "per_token_head":
+            pools += [CallArg(n, "fp32", scale_shape(spec), "written", layers=True) for n in ("k_scale", "v_scale")]
+        return [*pools, CallArg("pairs", "int32", ("num_pairs", 2), "read")]
 
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
         return [KernelDecl(spec.name, tuple(self.arguments(spec, config)), ("num_pairs", "num_planes", 1),
@@ -177,7 +185,8 @@ def _device_table(like: ArrayArg, table: np.ndarray):
     if is_torch_tensor(like.obj):
         import torch
 
-        return torch.from_numpy(table).to(like.obj.device)
+        # pinned and non-blocking: a copy from pageable memory would wait for the stream (a host sync)
+        return torch.from_numpy(table).pin_memory().to(like.obj.device, non_blocking=True)
     import cupy
 
     return cupy.asarray(table)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from kgen.arrays import ArrayArg
+from kgen.arrays import ArrayArg, scale_value
 from kgen.dtypes import QUANTIZED, dtype
 from kgen.errors import ArgumentError
 from kgen.families.argtable import Arg, array, stride
@@ -182,7 +182,10 @@ def bind_scales(binder, spec, num_blocks: int, detail: str = "") -> tuple[list, 
     """Take and check k_scale and v_scale: ([k_scale, v_scale] (None when absent), their pool
     strides ((0, 0, 0) unless per_token_head)). `detail` ends the message of a missing scale."""
     kv = spec.kv_cache
-    scales = [binder.take("k_scale", False), binder.take("v_scale", False)]
+    if kv.scale == "per_tensor":  # a Python float or a 0-d / one-element array of any float dtype
+        scales = [_take_per_tensor(binder, name) for name in ("k_scale", "v_scale")]
+    else:
+        scales = [binder.take("k_scale", False), binder.take("v_scale", False)]
     pool_strides = [(0, 0, 0), (0, 0, 0)]
     if kv.dtype not in QUANTIZED:
         for s in scales:
@@ -201,6 +204,11 @@ def bind_scales(binder, spec, num_blocks: int, detail: str = "") -> tuple[list, 
         if kv.scale == "per_token_head":
             pool_strides[i] = scale_pool_strides(spec, s)
     return scales, pool_strides
+
+
+def _take_per_tensor(binder, name: str) -> ArrayArg | None:
+    value = binder.call.pop(name, None)
+    return None if value is None else scale_value(name, value, binder.first, ())
 
 
 def stride_values(strides: CacheStrides, scale_strides: list[tuple[int, int, int]]) -> dict[str, int]:

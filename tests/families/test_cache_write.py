@@ -117,7 +117,7 @@ BAD = [
     (lambda a: a.update(k_cache=a["k_cache"].view(np.int8)), r"k_cache: expected dtype fp8_e4m3"),
     (lambda a: a.pop("v_scale"), r"v_scale: required for a fp8_e4m3 cache"),
     (lambda a: a["k_scale"].__setitem__(3, 0.0), r"k_scale\[3\] = 0.0: scales must be positive"),
-    (lambda a: a.update(slot_mapping=a["slot_mapping"].astype(np.int64)), r"slot_mapping: expected dtype int32"),
+    (lambda a: a.update(slot_mapping=a["slot_mapping"].astype(np.int16)), r"slot_mapping: expected dtype int32, got int16"),
     (lambda a: a.update(kv_cache=a["k_cache"]), r"kv_cache: not an argument of layout 'separate'"),
     (lambda a: a.update(out=a["key"]), r"unknown argument\(s\): out"),
 ]

@@ -104,7 +104,7 @@ BAD = [
     (lambda a: a.update(pairs=np.asarray([[0, 6]], np.int32)), r"pairs\[0, 1\] = 6: not a block of the pool \(0..5\)"),
     (lambda a: a.update(pairs=np.asarray([[-1, 2]], np.int32)), r"pairs\[0, 0\] = -1"),
     (lambda a: a.update(pairs=np.asarray([0, 3], np.int32)), r"pairs: expected shape \[n, 2\]"),
-    (lambda a: a.update(pairs=np.asarray([[0, 3]], np.int64)), r"pairs: expected dtype int32"),
+    (lambda a: a.update(pairs=np.asarray([[0, 3]], np.uint32)), r"pairs: expected dtype int32, got uint32"),
     (lambda a: a.update(v_cache=a["v_cache"][:1]), r"v_cache: 1 layer\(s\), but k_cache has 2"),
     (lambda a: a.update(v_cache=[a["v_cache"][0], a["v_cache"][1][:5]]), r"v_cache\[1\]: expected shape"),
     (lambda a: a.update(k_cache=[x.astype(np.float32) for x in a["k_cache"]]), r"k_cache\[0\]: expected dtype fp16"),

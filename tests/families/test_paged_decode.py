@@ -131,7 +131,7 @@ def test_scale_of_wrong_shape_or_dtype(int8_kernel, bad):
     ("q", lambda a: a[..., ::-1], r"q: the last dimension must be contiguous"),
     ("k_cache", lambda a: a.astype(np.float32), r"k_cache: expected dtype fp16"),
     ("v_cache", lambda a: a[:, :, :1], r"v_cache: expected shape"),
-    ("block_tables", lambda a: a.astype(np.int64), r"block_tables: expected dtype int32"),
+    ("block_tables", lambda a: a.astype(np.float32), r"block_tables: expected dtype int32, got fp32"),
     ("block_tables", lambda a: np.asfortranarray(np.concatenate([a, a], 1)[:, ::2]), r"block_tables: must be C-contiguous"),
     ("seq_lens", lambda a: a[:1], r"seq_lens: expected shape \[2\]"),
     ("out", lambda a: a.astype(np.float32), r"out: expected dtype fp16"),
