@@ -153,8 +153,28 @@ struct PrefillMath<Cfg, false> {
   }
 };
 
+template <class A, class B> struct SameType { static constexpr bool value = false; };
+template <class A> struct SameType<A, A> { static constexpr bool value = true; };
+
+// Store N floats as N elements of T at dst (aligned to min(16, N * sizeof(T)) bytes), 16 bytes at a time.
+template <class T, int N>
+__device__ __forceinline__ void store_vec_from_float(T* dst, const float (&src)[N]) {
+  constexpr int BYTES = N * (int)sizeof(T) < 16 ? N * (int)sizeof(T) : 16, PER = BYTES / (int)sizeof(T);
+  typedef typename VecStorage<BYTES>::type V;
+#pragma unroll
+  for (int i = 0; i < N; i += PER) {
+    T e[PER];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) e[j] = from_float<T>(src[i + j]);
+    V raw;
+    memcpy(&raw, e, BYTES);
+    *reinterpret_cast<V*>(dst + i) = raw;
+  }
+}
+
 // Gather keys [kv0, kv0 + KT) of one KV head into k_s / v_s (row = key, LD elements per row),
 // dequantized; keys at or past kv_end (and the zero padding of K past head_dim) are zeros, never read.
+// A cache already in q's type, unscaled and with contiguous rows, is copied as raw 16-byte vectors.
 template <class Cfg>
 __device__ __forceinline__ void prefill_load_kv_tile(
     typename Cfg::q_t* k_s, typename Cfg::q_t* v_s, int kv0, int kv_end, const int* __restrict__ table, int kv_head,
@@ -165,17 +185,36 @@ __device__ __forceinline__ void prefill_load_kv_tile(
     long long vs_s_head, long long vs_s_token) {
   typedef PrefillShape<Cfg> S;
   typedef typename S::T T;
+  typedef typename Cfg::kv_t KV;
   constexpr int B = Cfg::BLOCK_SIZE, VEC = S::VEC;
+  constexpr bool RAW = SameType<KV, T>::value && Cfg::SCALE_MODE == 0 && Cfg::K_RUN % VEC == 0 &&
+                       Cfg::V_RUN % VEC == 0 && VEC * (int)sizeof(T) == 16;
   for (int idx = threadIdx.x; idx < S::KT * S::CHUNKS; idx += S::THREADS) {
     const int i = idx / S::CHUNKS, c = idx % S::CHUNKS, key = kv0 + i;
+    T* k_dst = k_s + i * S::LD + c * VEC;
+    T* v_dst = v_s + i * S::LD + c * VEC;
+    if (RAW) {
+      uint4 kr = make_uint4(0u, 0u, 0u, 0u), vr = kr;
+      if (key < kv_end) {
+        const long long phys = table[key / B];
+        const int slot = key % B;
+        kr = *reinterpret_cast<const uint4*>(k_cache + phys * k_s_block + (long long)kv_head * k_s_head +
+                                             slot * k_s_token + c * VEC);
+        vr = *reinterpret_cast<const uint4*>(v_cache + phys * v_s_block + (long long)kv_head * v_s_head +
+                                             slot * v_s_token + c * VEC);
+      }
+      *reinterpret_cast<uint4*>(k_dst) = kr;
+      *reinterpret_cast<uint4*>(v_dst) = vr;
+      continue;
+    }
     float kf[VEC], vf[VEC];
     if (key < kv_end) {
       const long long phys = table[key / B];
       const int slot = key % B;
-      load_row_chunk<typename Cfg::kv_t, VEC, Cfg::K_RUN>(
-          k_cache + phys * k_s_block + (long long)kv_head * k_s_head + slot * k_s_token, c * VEC, k_s_run, kf);
-      load_row_chunk<typename Cfg::kv_t, VEC, Cfg::V_RUN>(
-          v_cache + phys * v_s_block + (long long)kv_head * v_s_head + slot * v_s_token, c * VEC, v_s_run, vf);
+      load_row_chunk<KV, VEC, Cfg::K_RUN>(k_cache + phys * k_s_block + (long long)kv_head * k_s_head +
+                                              slot * k_s_token, c * VEC, k_s_run, kf);
+      load_row_chunk<KV, VEC, Cfg::V_RUN>(v_cache + phys * v_s_block + (long long)kv_head * v_s_head +
+                                              slot * v_s_token, c * VEC, v_s_run, vf);
       const float ks = kv_scale_at<Cfg::SCALE_MODE>(k_scale, phys, slot, kv_head, ks_s_block, ks_s_head, ks_s_token);
       const float vs = kv_scale_at<Cfg::SCALE_MODE>(v_scale, phys, slot, kv_head, vs_s_block, vs_s_head, vs_s_token);
 #pragma unroll
@@ -187,11 +226,8 @@ __device__ __forceinline__ void prefill_load_kv_tile(
 #pragma unroll
       for (int e = 0; e < VEC; ++e) kf[e] = vf[e] = 0.0f;
     }
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      k_s[i * S::LD + c * VEC + e] = from_float<T>(kf[e]);
-      v_s[i * S::LD + c * VEC + e] = from_float<T>(vf[e]);
-    }
+    store_vec_from_float<T, VEC>(k_dst, kf);
+    store_vec_from_float<T, VEC>(v_dst, vf);
   }
   if (S::DK > S::D)
     for (int idx = threadIdx.x; idx < S::KT * (S::DK - S::D); idx += S::THREADS)
@@ -218,13 +254,14 @@ __device__ __forceinline__ void paged_prefill_body(
   const int kv_head = blockIdx.y;
   const int slice = blockIdx.z % S::SLICES, part = blockIdx.z / S::SLICES;
 
-  // This block's sequence and tile of packed rows: blockIdx.x counts the tiles of all sequences in order.
+  // This block's sequence and tile of packed rows: blockIdx.x counts the tiles of all sequences in
+  // order, a sequence's last (causal: heaviest) tile first, so the long blocks start early.
   int seq = -1, tile = 0;
   for (int s = 0, first = 0; s < num_seqs; ++s) {
     const int n = ((q_indptr[s + 1] - q_indptr[s]) * G + ROWS - 1) / ROWS;
     if ((int)blockIdx.x < first + n) {
       seq = s;
-      tile = (int)blockIdx.x - first;
+      tile = n - 1 - ((int)blockIdx.x - first);
       break;
     }
     first += n;
