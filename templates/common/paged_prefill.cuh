@@ -189,11 +189,9 @@ __device__ __forceinline__ void prefill_load_kv_tile(
   constexpr int B = Cfg::BLOCK_SIZE, VEC = S::VEC;
   constexpr bool RAW = SameType<KV, T>::value && Cfg::SCALE_MODE == 0 && Cfg::K_RUN % VEC == 0 &&
                        Cfg::V_RUN % VEC == 0 && VEC * (int)sizeof(T) == 16;
-  for (int idx = threadIdx.x; idx < S::KT * S::CHUNKS; idx += S::THREADS) {
-    const int i = idx / S::CHUNKS, c = idx % S::CHUNKS, key = kv0 + i;
-    T* k_dst = k_s + i * S::LD + c * VEC;
-    T* v_dst = v_s + i * S::LD + c * VEC;
-    if (RAW) {
+  if constexpr (RAW) {
+    for (int idx = threadIdx.x; idx < S::KT * S::CHUNKS; idx += S::THREADS) {
+      const int i = idx / S::CHUNKS, c = idx % S::CHUNKS, key = kv0 + i;
       uint4 kr = make_uint4(0u, 0u, 0u, 0u), vr = kr;
       if (key < kv_end) {
         const long long phys = table[key / B];
@@ -203,31 +201,36 @@ __device__ __forceinline__ void prefill_load_kv_tile(
         vr = *reinterpret_cast<const uint4*>(v_cache + phys * v_s_block + (long long)kv_head * v_s_head +
                                              slot * v_s_token + c * VEC);
       }
-      *reinterpret_cast<uint4*>(k_dst) = kr;
-      *reinterpret_cast<uint4*>(v_dst) = vr;
-      continue;
+      *reinterpret_cast<uint4*>(k_s + i * S::LD + c * VEC) = kr;
+      *reinterpret_cast<uint4*>(v_s + i * S::LD + c * VEC) = vr;
     }
-    float kf[VEC], vf[VEC];
-    if (key < kv_end) {
-      const long long phys = table[key / B];
-      const int slot = key % B;
-      load_row_chunk<KV, VEC, Cfg::K_RUN>(k_cache + phys * k_s_block + (long long)kv_head * k_s_head +
-                                              slot * k_s_token, c * VEC, k_s_run, kf);
-      load_row_chunk<KV, VEC, Cfg::V_RUN>(v_cache + phys * v_s_block + (long long)kv_head * v_s_head +
-                                              slot * v_s_token, c * VEC, v_s_run, vf);
-      const float ks = kv_scale_at<Cfg::SCALE_MODE>(k_scale, phys, slot, kv_head, ks_s_block, ks_s_head, ks_s_token);
-      const float vs = kv_scale_at<Cfg::SCALE_MODE>(v_scale, phys, slot, kv_head, vs_s_block, vs_s_head, vs_s_token);
+  } else {
+    for (int idx = threadIdx.x; idx < S::KT * S::CHUNKS; idx += S::THREADS) {
+      const int i = idx / S::CHUNKS, c = idx % S::CHUNKS, key = kv0 + i;
+      T* k_dst = k_s + i * S::LD + c * VEC;
+      T* v_dst = v_s + i * S::LD + c * VEC;
+      float kf[VEC], vf[VEC];
+      if (key < kv_end) {
+        const long long phys = table[key / B];
+        const int slot = key % B;
+        load_row_chunk<KV, VEC, Cfg::K_RUN>(k_cache + phys * k_s_block + (long long)kv_head * k_s_head +
+                                                slot * k_s_token, c * VEC, k_s_run, kf);
+        load_row_chunk<KV, VEC, Cfg::V_RUN>(v_cache + phys * v_s_block + (long long)kv_head * v_s_head +
+                                                slot * v_s_token, c * VEC, v_s_run, vf);
+        const float ks = kv_scale_at<Cfg::SCALE_MODE>(k_scale, phys, slot, kv_head, ks_s_block, ks_s_head, ks_s_token);
+        const float vs = kv_scale_at<Cfg::SCALE_MODE>(v_scale, phys, slot, kv_head, vs_s_block, vs_s_head, vs_s_token);
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        kf[e] *= ks;
-        vf[e] *= vs;
+        for (int e = 0; e < VEC; ++e) {
+          kf[e] *= ks;
+          vf[e] *= vs;
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) kf[e] = vf[e] = 0.0f;
       }
-    } else {
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) kf[e] = vf[e] = 0.0f;
+      store_vec_from_float<T, VEC>(k_dst, kf);
+      store_vec_from_float<T, VEC>(v_dst, vf);
     }
-    store_vec_from_float<T, VEC>(k_dst, kf);
-    store_vec_from_float<T, VEC>(v_dst, vf);
   }
   if (S::DK > S::D)
     for (int idx = threadIdx.x; idx < S::KT * (S::DK - S::D); idx += S::THREADS)
