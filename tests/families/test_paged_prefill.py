@@ -127,6 +127,21 @@ def test_q_len_1_gives_the_decode_kernels_numbers(overrides):
     np.testing.assert_allclose(p_lse, d_lse, rtol=1e-5, atol=1e-5)
 
 
+def test_a_small_chunk_over_a_32k_prefix_splits_over_kv():
+    """16 new tokens over a 32K-token prefix: split into 2K-key partitions merged by log-sum-exp
+    (with the LSE), next to a single-token sequence and one long chunk in the same launch."""
+    overrides = {"attention.num_q_heads": 4, "attention.num_kv_heads": 1, "kv_cache.block_size": 64}
+    spec = _spec(**overrides)
+    kernel = _build({"partition_size": 2048}, **overrides)
+    assert kernel.kernel_names == ["fam_prefill", "fam_prefill_merge"]
+    args = make_prefill_case(spec, [32768 + 16, 3000, 700], [16, 1, 700], np.random.default_rng(11))
+    out, lse = kernel(**args, return_lse=True)
+    assert _check(spec, args, out).passed
+    ref, ref_lse = attention_prefill(spec, args["q"], args)
+    _, lowp_lse = attention_prefill(spec, args["q"], args, dtype=np.float32, round_to=np.float16)
+    assert check_lse("lse", list(args["seq_lens"]), lse, ref_lse, lowp_lse.astype(np.float64)).passed
+
+
 def test_sequences_without_query_rows():
     spec = _spec()
     kernel = _build()
