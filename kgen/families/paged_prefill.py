@@ -16,7 +16,7 @@ from kgen.dtypes import dtype
 from kgen.errors import ArgumentError
 from kgen.families import prefill_cases
 from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
-from kgen.families.base import Config, FamilyBase, TunableParam
+from kgen.families.base import Config, FamilyBase, TunableParam, resolve_config
 from kgen.families.binding import host_values
 from kgen.families.layout import (
     SCALE_MODES,
@@ -178,8 +178,7 @@ class PagedPrefillFamily(FamilyBase):
 
     def abi_notes(self, spec) -> list[str]:
         a, kv = spec.attention, spec.kv_cache
-        warps, _ = tiles(spec, {})
-        rows = 16 * warps
+        rows = 16 * tiles(spec, resolve_config(self, spec, self.abi_config(spec)))[0]  # the ABI launch's
         names = ["q", *cache_names(spec), "q_indptr", "block_tables", "seq_lens"]
         names += ["k_scale", "v_scale"] if kv.scale != "none" else []
         names += ["alibi_slopes"] if a.alibi else []

@@ -42,6 +42,9 @@ def make_prefill_case(spec, seq_lens: list[int], q_lens: list[int], rng: np.rand
 
 
 # ---- the verification matrix ----------------------------------------------------------------
+WINDOW_ROW_KEYS = 1 << 20  # rows x window of the window cases (their chunks shrink for very long windows)
+
+
 def _round_up(n: int, b: int) -> int:
     return max(b, -(-n // b) * b)
 
@@ -57,9 +60,10 @@ def prefill_case_matrix(spec, config: Config, rng: np.random.Generator) -> list[
         "inside_blocks": (inside, max(1, B - 1) if B > 2 else 3), "small_chunk_long_prefix": (600, 16),
     }
     W = spec.attention.sliding_window
-    if W:
-        chunks |= {"window_crossing": (W + 3, W + 5), "window_chunk_W": (2 * W + 1, W),
-                   "window_from_empty": (0, W + B + 1)}
+    if W:  # chunks longer than the window where rows x window stays affordable; a prefix past it in any case
+        cap = max(16, WINDOW_ROW_KEYS // W)
+        chunks |= {"window_crossing": (W + 3, min(W + 5, cap)), "window_chunk_W": (W + B + 1, min(W, cap)),
+                   "window_from_empty": (0, min(W + B + 1, cap))}
     P = config.get("partition_size", 0)
     if P:
         chunks |= {"partition_edges": (P - 5, P + 10), "split_prefix_3P": (3 * P + 5, 16)}

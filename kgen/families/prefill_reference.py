@@ -17,6 +17,8 @@ import numpy as np
 
 from kgen.reference import decode_inputs_real
 
+ROW_CHUNK = 256  # query rows per reference step
+
 
 def query_positions(q_indptr, seq_lens) -> list[np.ndarray]:
     """Per sequence: the absolute positions of its query rows (seq_len - q_len + j)."""
@@ -51,23 +53,27 @@ def attention_prefill(spec, q, args: dict, dtype=np.float64, round_to=None) -> t
     lens = np.asarray(args["seq_lens"])
     slopes = np.asarray(args["alibi_slopes"], dtype=dtype) if a.alibi else None
     for s, ((k, v), pos) in enumerate(zip(decode_inputs_real(spec, args), query_positions(ind, lens), strict=True)):
-        if not len(pos):
-            continue
-        rows = slice(int(ind[s]), int(ind[s + 1]))
         k, v = np.repeat(rnd(k.astype(dtype)), G, axis=0), np.repeat(rnd(v.astype(dtype)), G, axis=0)  # [Hq, L, D]
-        logits = rnd(np.einsum("thd,hld->thl", qf[rows], k) * scale)
-        if a.logits_soft_cap:
-            cap = dtype(a.logits_soft_cap)
-            logits = rnd(cap * np.tanh(logits / cap))
-        if slopes is not None:
-            logits = logits + slopes[None, :, None] * (np.arange(k.shape[1])[None, None, :] - pos[:, None, None])
-        seen = visible_keys(spec, pos, k.shape[1])[:, None, :]
-        logits = np.where(seen, logits, -np.inf)
-        m = logits.max(axis=2, keepdims=True, initial=-np.inf)
-        e = np.where(seen, np.exp(logits - np.where(np.isfinite(m), m, 0.0)), 0.0)
-        denom = e.sum(axis=2, keepdims=True)
-        p = rnd(e / np.where(denom > 0, denom, 1.0))
-        out[rows] = rnd(np.einsum("thl,hld->thd", p, v))
-        with np.errstate(divide="ignore"):
-            lse[rows] = (m + np.log(denom))[..., 0]
+        for j in range(0, len(pos), ROW_CHUNK):  # rows in chunks: the logits of a long prompt need not fit at once
+            rows = slice(int(ind[s]) + j, int(ind[s]) + min(j + ROW_CHUNK, len(pos)))
+            out[rows], lse[rows] = _rows(spec, qf[rows], k, v, pos[j:j + ROW_CHUNK], slopes, scale, rnd, dtype)
     return out, lse
+
+
+def _rows(spec, q, k, v, pos, slopes, scale, rnd, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(out [rows, Hq, D], lse [rows, Hq]) of query rows at positions `pos` over one sequence's K, V [Hq, L, D]."""
+    a = spec.attention
+    logits = rnd(np.einsum("thd,hld->thl", q, k) * scale)
+    if a.logits_soft_cap:
+        cap = dtype(a.logits_soft_cap)
+        logits = rnd(cap * np.tanh(logits / cap))
+    if slopes is not None:
+        logits = logits + slopes[None, :, None] * (np.arange(k.shape[1])[None, None, :] - pos[:, None, None])
+    seen = visible_keys(spec, pos, k.shape[1])[:, None, :]
+    logits = np.where(seen, logits, -np.inf)
+    m = logits.max(axis=2, keepdims=True, initial=-np.inf)
+    e = np.where(seen, np.exp(logits - np.where(np.isfinite(m), m, 0.0)), 0.0)
+    denom = e.sum(axis=2, keepdims=True)
+    p = rnd(e / np.where(denom > 0, denom, 1.0))
+    with np.errstate(divide="ignore"):
+        return rnd(np.einsum("thl,hld->thd", p, v)), (m + np.log(denom))[..., 0]
