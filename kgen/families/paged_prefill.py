@@ -221,6 +221,13 @@ class PagedPrefillFamily(FamilyBase):
     def run_case(self, kernel, case, rng: np.random.Generator):
         return prefill_cases.run_case(kernel, case, rng)
 
+    def bucket_of(self, spec, call):
+        """batch = sequences (block-table rows), context = the block table's capacity in tokens."""
+        bt = call.get("block_tables")
+        if bt is None or len(bt.shape) != 2:
+            return None
+        return int(bt.shape[0]), int(bt.shape[1]) * spec.kv_cache.block_size
+
     def bench(self, spec, config: Config, bucket, rng: np.random.Generator):
         return prefill_cases.bench(spec, bucket, rng)
 
@@ -303,7 +310,8 @@ class _PrefillBinder(_Binder):
         rows = kernels[0].block // 32 * 16
         sizes = {"q_tiles": -(-T * spec.group_size // rows) + S, "num_q_tokens": T,
                  "z": max_parts * slices(spec)}
-        launches = [k.launch(sizes, values) for k in kernels] if T else []  # no query row: nothing to launch
+        reached = [c.native for c in caches]  # fused: K/V by address (an isolated child maps them too)
+        launches = [k.launch(sizes, values, reached) for k in kernels] if T else []  # no query row: nothing to launch
         result = (out.obj, lse.obj) if lse is not None else out.obj
         return launches, result
 
