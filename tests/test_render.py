@@ -67,9 +67,10 @@ def test_bad_config_is_refused(llama, config, words):
         render(llama, config)
 
 
-def test_unsupported_kind_is_refused(llama):
-    with pytest.raises(UnsupportedError, match="not supported yet"):
-        render(llama.with_overrides(kind="paged_prefill"))
+def test_unsupported_spec_is_refused(llama):
+    with pytest.raises(UnsupportedError, match="packs K in runs of x = 16"):
+        render(llama.with_overrides(**{"kv_cache.layout": "vllm", "kv_cache.order": None, "kv_cache.dtype": "int8",
+                                       "kv_cache.scale": "per_head", "attention.head_dim": 40}))
 
 
 def test_strict_undefined():

@@ -85,7 +85,9 @@ class CallBinder:
         buffer, so the strides hold there too); CUDA: the device address."""
         if self.device == "cpu":
             return native if isinstance(native, np.ndarray) else int(native)
-        return np.uint64(native)
+        if isinstance(native, (int, np.integer)):
+            return np.uint64(native)
+        return np.uint64(as_array_arg("cache", native).ptr)  # a device array (CuPy, torch) given whole
 
 
 # ---- the call's arguments as a table ---------------------------------------------------------

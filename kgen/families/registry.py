@@ -7,9 +7,10 @@ from kgen.families.base import Family
 from kgen.families.cache_write import CACHE_WRITE
 from kgen.families.copy_blocks import COPY_BLOCKS
 from kgen.families.paged_decode import PAGED_DECODE
+from kgen.families.paged_prefill import PAGED_PREFILL
 
-FAMILIES: dict[str, Family] = {PAGED_DECODE.kind: PAGED_DECODE, CACHE_WRITE.kind: CACHE_WRITE,
-                               COPY_BLOCKS.kind: COPY_BLOCKS}
+FAMILIES: dict[str, Family] = {PAGED_DECODE.kind: PAGED_DECODE, PAGED_PREFILL.kind: PAGED_PREFILL,
+                               CACHE_WRITE.kind: CACHE_WRITE, COPY_BLOCKS.kind: COPY_BLOCKS}
 
 
 def family_for(spec) -> Family:

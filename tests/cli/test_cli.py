@@ -89,11 +89,12 @@ def test_one_bad_spec_among_good_writes_nothing(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_unsupported_kind_refused_not_built(tmp_path):
-    spec = write(tmp_path, GOOD.replace("kind: paged_decode", "kind: paged_prefill"))
+def test_unsupported_spec_refused_not_built(tmp_path):
+    spec = write(tmp_path, GOOD.replace("head_dim: 32", "head_dim: 40").replace("layout: separate\n  order: NHD",
+                 "layout: vllm").replace("dtype: fp16\n", "dtype: int8\n  scale: per_head\n", 1))
     r = run_kgen("validate", str(spec))
     assert r.returncode == 2
-    assert "not supported yet" in r.stderr
+    assert "packs K in runs of x = 16" in r.stderr
 
 
 @pytest.fixture(scope="module")

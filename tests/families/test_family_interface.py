@@ -17,8 +17,8 @@ from kgen.render import render
 from kgen.tune.search import expand_space
 
 ROOT = Path(__file__).resolve().parents[2]
-BUNDLED = {"paged_decode": "llama3_8b_decode.yaml", "cache_write": "cache_write_fp8_e4m3.yaml",
-           "copy_blocks": "copy_blocks_fp16.yaml"}
+BUNDLED = {"paged_decode": "llama3_8b_decode.yaml", "paged_prefill": "llama3_8b_prefill.yaml",
+           "cache_write": "cache_write_fp8_e4m3.yaml", "copy_blocks": "copy_blocks_fp16.yaml"}
 METHODS = [name for name in vars(Family) if not name.startswith("_") and callable(getattr(Family, name))]
 
 
@@ -46,7 +46,9 @@ def test_family_is_consistent(kind):
         assert len(set(names)) == len(names) and all(a.role in ROLES for a in table)
         kernels = family.kernels(spec, config)
         assert kernels[0].params == tuple(table)  # the main kernel takes the whole table, in order
-        assert kernels[0].block == config["threads"]
+        if "threads" in config:
+            assert kernels[0].block == config["threads"]
+        assert kernels[0].block % 32 == 0 and kernels[0].block <= 1024  # whole warps (prefill: 32 * warps)
         rows = {a.name: a for a in table}
         for k in kernels[1:]:  # the others take rows of it (constness may differ: a reader of scratch)
             assert all(rows[a.name].ctype.removeprefix("const ") == a.ctype.removeprefix("const ") for a in k.params)

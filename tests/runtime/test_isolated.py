@@ -325,8 +325,8 @@ def test_child_writes_only_inside_its_scratch_directory_and_executes_nothing(tmp
 
 def test_limits_formula():
     limits = Limits()
-    assert limits.wall_seconds((8, 1, 1), (128, 1, 1), 400_000_000) == pytest.approx(5 + 1.024 + 20)
-    assert Limits(scale=2).wall_seconds((1, 1, 1), (1, 1, 1), 0) == pytest.approx(10.002)
+    assert limits.wall_seconds((8, 1, 1), (128, 1, 1), 400_000_000) == pytest.approx(15 + 1.024 + 80)
+    assert Limits(scale=2).wall_seconds((1, 1, 1), (1, 1, 1), 0) == pytest.approx(30.002)
     assert limits.memory_headroom(2, 128, 65536) > limits.memory_bytes
     assert describe_exit(-11) == "SIGSEGV (invalid memory access)" and describe_exit(3) == "exit status 3"
 

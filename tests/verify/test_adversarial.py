@@ -52,22 +52,23 @@ def _run(kernel, names: set[str]):
 OUT_WRITE = "out[seq * o_s_seq + (long long)h * o_s_head + d] = from_float<typename Cfg::out_t>(o_s[i] * inv_l);"
 K_ROW = ("const typename Cfg::kv_t* k_row = k_cache + phys * k_s_block + (long long)kv_head * k_s_head + "
          "slot * k_s_token;")
-LSE_WRITE = "lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = m_blk[tid] + logf(l_blk[tid]);"
+LSE_WRITE = "lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = blk[tid].lse();"
 Q_LOADED = "  __syncthreads();\n\n  float slope[G];"
 
 # (id, spec overrides, config, old, new, cases that must fail, cases that must pass, words of the failure)
 MUTANTS = [
-    ("no_max_subtraction", {}, None, "const float m_new = fmaxf(m[g], s);", "const float m_new = 0.0f;",
+    ("no_max_subtraction", {}, None, "    const float m_new = fmaxf(m, s);\n    const SoftmaxFactors f{",
+     "    const float m_new = 0.0f;\n    const SoftmaxFactors f{",
      {"large_logits"}, {"long", "mixed_batch", "mixed_batch_lse"}, ()),
     ("stops_at_512_tokens", {}, None, "base < tok_end;", "base < min(tok_end, 512);",
      {"long_uniform", "long_32k"}, {"long", "mixed_batch"}, ()),
     ("stops_at_32768_tokens", {}, None, "base < tok_end;", "base < min(tok_end, 32768);",
      {"long_32k"}, {"long_uniform", "long"}, ()),
-    ("fp16_sum_accumulator", {}, None, "l[g] = l[g] * corr + p;",
-     "l[g] = __half2float(__float2half(l[g] * corr + p));", {"long_32k"}, {"len_1"}, ()),
+    ("fp16_sum_accumulator", {}, None, "    l = l * f.self + f.other;\n    m = m_new;",
+     "    l = __half2float(__float2half(l * f.self + f.other));\n    m = m_new;", {"long_32k"}, {"len_1"}, ()),
     ("fp16_output_accumulator", {}, None,
-     "o[g][c * VEC + i] = o[g][c * VEC + i] * corr + pv * vf[c][i];",
-     "o[g][c * VEC + i] = __half2float(__float2half(o[g][c * VEC + i] * corr + pv * vf[c][i]));",
+     "o[g][c * VEC + i] = o[g][c * VEC + i] * f.self + pv * vf[c][i];",
+     "o[g][c * VEC + i] = __half2float(__float2half(o[g][c * VEC + i] * f.self + pv * vf[c][i]));",
      {"long_32k"}, {"len_1"}, ()),
     ("ignores_q_strides", {}, None, "q[seq * q_s_seq + (long long)(q_head0 + g) * q_s_head + d]",
      "q[((long long)seq * Cfg::NUM_Q_HEADS + q_head0 + g) * Cfg::HEAD_DIM + d]",

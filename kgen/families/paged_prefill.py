@@ -1,0 +1,372 @@
+"""The paged-prefill family (docs/prefill-family.md, docs/abi.md): chunks of query tokens, packed
+by sequence (q_indptr), against their sequences' paged KV caches, the chunk's own K/V included
+(seq_lens counts them). Tensor cores (mma.sync m16n8k16) for fp16/bf16 q, fp32 FMAs for fp32 q;
+optionally split over KV partitions with a merge kernel. The argument table here is the kernel
+ABI; the call binding checks a call against it and packs the launches."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from kgen.arrays import ArrayArg, as_array_arg, empty_like_library
+from kgen.dtypes import dtype
+from kgen.errors import ArgumentError
+from kgen.families import prefill_cases
+from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
+from kgen.families.base import Config, FamilyBase, TunableParam, resolve_config
+from kgen.families.binding import host_values
+from kgen.families.layout import (
+    SCALE_MODES,
+    bind_scales,
+    cache_args,
+    cache_names,
+    cache_rows,
+    cache_shapes,
+    cache_strides,
+    describe,
+    layout_problems,
+    scale_args,
+    stride_args,
+    stride_values,
+    vllm_x,
+)
+from kgen.families.paged_decode import MERGE_THREADS, _Binder, _c_float, vector_width
+
+WARPS = (1, 2, 4, 8)
+KV_TILES = (16, 32, 64, 128)
+SMEM_TARGET = 96 * 1024  # the automatic tile choice stays under this (occupancy)
+SMEM_LIMIT = 163 * 1024  # opt-in dynamic shared memory of sm_80 (sm_90: 227 KiB)
+OUT_SLICE = 256  # output columns per block: larger heads are sliced over grid z
+
+
+def tiles(spec, config: Config) -> tuple[int, int]:
+    """(warps, kv_tile) of a config; 0 means automatic: 4 warps and 64-key tiles (32 past head_dim
+    128), halved (warps first) while the shared memory exceeds SMEM_TARGET."""
+    warps = config.get("warps", 0) or 4
+    kv_tile = config.get("kv_tile", 0) or (64 if spec.attention.head_dim <= 128 else 32)
+    while smem_bytes(spec, warps, kv_tile) > SMEM_TARGET:
+        if not config.get("warps", 0) and warps > 1:
+            warps //= 2
+        elif not config.get("kv_tile", 0) and kv_tile > 16:
+            kv_tile //= 2
+        else:
+            break
+    return warps, kv_tile
+
+
+def smem_bytes(spec, warps: int, kv_tile: int) -> int:
+    """Q tile, K and V tiles in q's type (rows padded by 16 bytes), plus fp32 P per warp where the
+    products are fp32 FMAs (fp32 q, or a target older than sm_80: no mma.sync m16n8k16)."""
+    item = dtype(spec.dtype.q).itemsize
+    ld = -(-spec.attention.head_dim // 16) * 16 + 16 // item
+    fma = item == 4 or any(int(arch.removeprefix("sm_")) < 80 for arch in spec.targets)
+    return (16 * warps + 2 * kv_tile) * ld * item + (warps * 16 * kv_tile * 4 if fma else 0)
+
+
+def slices(spec) -> int:
+    return -(-spec.attention.head_dim // OUT_SLICE)
+
+
+class PagedPrefillFamily(FamilyBase):
+    kind = "paged_prefill"
+    template = "paged_prefill.cu.j2"
+    params = {"warps": TunableParam("warps", 0), "kv_tile": TunableParam("kv_tile", 0),
+              "partition_size": TunableParam("partition_size", 0)}
+
+    # ---- generation -------------------------------------------------------------------
+    def unsupported(self, spec) -> list[str]:
+        return layout_problems(spec)
+
+    def check_config(self, spec, config: Config) -> list[str]:
+        problems = []
+        if config["warps"] and config["warps"] not in WARPS:
+            problems.append(f"warps must be 0 (automatic) or one of {', '.join(map(str, WARPS))} "
+                            f"(got {config['warps']})")
+        if config["kv_tile"] and config["kv_tile"] not in KV_TILES:
+            problems.append(f"kv_tile must be 0 (automatic) or one of {', '.join(map(str, KV_TILES))} "
+                            f"(got {config['kv_tile']})")
+        p = config["partition_size"]
+        if p < 0 or p % 16:
+            problems.append(f"partition_size must be 0 or a positive multiple of 16 (got {p})")
+        if not problems:
+            need = smem_bytes(spec, *tiles(spec, config))
+            if need > SMEM_LIMIT:
+                problems.append(f"warps and kv_tile need {need} bytes of shared memory, more than {SMEM_LIMIT}: "
+                                "use fewer warps or a smaller kv_tile")
+        return problems
+
+    def abi_config(self, spec) -> Config:
+        return {"partition_size": 0}  # a hand-written kernel implements the single-pass launch
+
+    def default_space(self, spec) -> dict[str, list[int]]:
+        return {"warps": [2, 4], "kv_tile": [32, 64], "partition_size": [0, 512]}
+
+    def arguments(self, spec, config: Config) -> list[Arg]:
+        a, d = spec.attention, spec.dtype
+        Hq, D = a.num_q_heads, a.head_dim
+        single_pass = not config["partition_size"]
+        return [
+            array("out", d.resolved_out, "output", ("num_q_tokens", Hq, D), "attention output of each query row"),
+            array("q", d.q, "input", ("num_q_tokens", Hq, D), "queries, packed by sequence (q_indptr)"),
+            *cache_args(spec, "input", const=True),
+            array("q_indptr", "int32", "input", ("num_seqs + 1",),
+                  "sequence s owns query rows q_indptr[s] .. q_indptr[s+1]-1; q_indptr[0] = 0, non-decreasing"),
+            array("block_tables", "int32", "input", ("num_seqs", "max_blocks_per_seq"),
+                  "physical block ids; entries past ceil(seq_len / block_size) are never read"),
+            array("seq_lens", "int32", "input", ("num_seqs",),
+                  "KV tokens of each sequence including its chunk; q_len <= seq_len <= max_blocks_per_seq * "
+                  "block_size"),
+            *scale_args(spec),
+            array("alibi_slopes", "fp32", "input", (Hq,),
+                  "ALiBi slope of each query head" if a.alibi else "null: the spec has no ALiBi", optional=not a.alibi),
+            array("part_o", "fp32", "scratch", ("num_q_tokens", Hq, "max_partitions", D),
+                  "split-KV: each partition's normalised output (null without split)", optional=single_pass),
+            array("part_ml", "fp32", "scratch", ("num_q_tokens", Hq, "max_partitions", 2),
+                  "split-KV: each partition's (max, sum) of exp (null without split)", optional=single_pass),
+            array("lse", "fp32", "output", ("num_q_tokens", Hq),
+                  "natural-log log-sum-exp of the final logits, -inf for no key (null unless requested)",
+                  optional=True),
+            scalar("num_seqs", "int32", "sequences in the batch"),
+            scalar("max_blocks_per_seq", "int32", "columns of block_tables"),
+            scalar("max_partitions", "int32", "partitions per sequence: ceil(max_blocks_per_seq * block_size / "
+                   "partition_size); 1 without split"),
+            stride("q_s_tok", "q stride between query rows"), stride("q_s_head", "q stride between heads"),
+            stride("o_s_tok", "out stride between query rows"), stride("o_s_head", "out stride between heads"),
+            *stride_args(),
+        ]
+
+    def kernels(self, spec, config: Config) -> list[KernelDecl]:
+        a, P = spec.attention, config["partition_size"]
+        warps, kv_tile = tiles(spec, config)
+        table = self.arguments(spec, config)
+        main = KernelDecl(spec.name, tuple(table), ("q_tiles", a.num_kv_heads, "z"), 32 * warps,
+                          smem=smem_bytes(spec, warps, kv_tile))
+        if not P:
+            return [main]
+        by_name = {arg.name: arg for arg in table}
+        reads = [replace(by_name[n], ctype="const " + by_name[n].ctype, role="input") for n in ("part_o", "part_ml")]
+        merge = KernelDecl(f"{spec.name}_merge", (by_name["out"], *reads, *(by_name[n] for n in (
+            "lse", "q_indptr", "seq_lens", "num_seqs", "max_partitions", "o_s_tok", "o_s_head"))),
+            (a.num_q_heads, "num_q_tokens", 1), MERGE_THREADS)
+        return [main, merge]
+
+    def template_context(self, spec, config: Config) -> dict[str, Any]:
+        a, kv = spec.attention, spec.kv_cache
+        layout_vllm = kv.layout == "vllm"
+        warps, kv_tile = tiles(spec, config)
+        kernels = self.kernels(spec, config)
+        return {
+            "q_ctype": dtype(spec.dtype.q).ctype,
+            "out_ctype": dtype(spec.dtype.resolved_out).ctype,
+            "kv_ctype": dtype(kv.dtype).ctype,
+            "scale_mode": SCALE_MODES[kv.scale],
+            "softmax_scale": _c_float(spec.softmax_scale_value),
+            "sliding_window": int(a.sliding_window or 0),
+            "soft_cap": _c_float(a.logits_soft_cap or 0.0),
+            "k_run": vllm_x(spec) if layout_vllm else a.head_dim,
+            "v_run": 1 if layout_vllm else a.head_dim,
+            "vec": vector_width(spec),
+            "warps": warps,
+            "kv_tile": kv_tile,
+            "partition_size": config["partition_size"],
+            "main": kernels[0],
+            "merge": kernels[1] if len(kernels) > 1 else None,
+        }
+
+    def abi_notes(self, spec) -> list[str]:
+        a, kv = spec.attention, spec.kv_cache
+        rows = 16 * tiles(spec, resolve_config(self, spec, self.abi_config(spec)))[0]  # the ABI launch's
+        names = ["q", *cache_names(spec), "q_indptr", "block_tables", "seq_lens"]
+        names += ["k_scale", "v_scale"] if kv.scale != "none" else []
+        names += ["alibi_slopes"] if a.alibi else []
+        visible = ("keys p-" + str(a.sliding_window - 1) + " .. p" if a.sliding_window else "keys 0 .. p") \
+            if a.causal else "all seq_len keys (causal: false)"
+        return [
+            f"num_q_heads {a.num_q_heads}, num_kv_heads {a.num_kv_heads} (query head h reads KV head h / "
+            f"{spec.group_size}), head_dim {a.head_dim}, block_size {kv.block_size}, cache {describe(spec)}, "
+            f"scale {kv.scale}",
+            f"softmax scale {spec.softmax_scale_value!r}"
+            + (f", logits soft-cap {a.logits_soft_cap} (s = cap*tanh(s/cap), applied before ALiBi)"
+               if a.logits_soft_cap else "")
+            + (", ALiBi: logit += alibi_slopes[h] * (key - p)" if a.alibi else ""),
+            "Query row j of sequence s (rows q_indptr[s] ..) sits at position p = seq_lens[s] - q_len + j, "
+            f"q_len = q_indptr[s+1] - q_indptr[s], and sees {visible}. A sequence with q_len 0 writes nothing.",
+            "",
+            f"Call: kern({', '.join(names)}, out=None, return_lse=False) -> out, or (out, lse); the cache arrays:",
+            *cache_rows(spec),
+            "",
+            "Rules: slots past a sequence's length in its last block hold garbage and must not be read"
+            + ("" if spec.tail_masking else
+               " (tail_masking: false: every seq_len is promised to be a multiple of block_size)") + ".",
+            f"Loads: {vector_width(spec)} elements per vector load; pointers and strides must keep them aligned.",
+            f"Grid x: q_tiles = ceil(num_q_tokens * {spec.group_size} / {rows}) + num_seqs: blockIdx.x counts the "
+            f"tiles of {rows} packed (token, group head) rows of every sequence in order (spare blocks exit); "
+            f"grid z: {slices(spec)} slice(s) of {min(OUT_SLICE, a.head_dim)} output columns.",
+            "A hand-written kernel implements the single-pass launch below (part_o and part_ml null, max_partitions "
+            "1); kgen's split-KV configs add partitions on grid z and a merge kernel.",
+        ]
+
+    # ---- the call ---------------------------------------------------------------------
+    def plan(self, spec, config: Config, call: dict[str, Any], checked: bool = True):
+        """Check the call's arguments against the ABI and return (launches, result)."""
+        return _PrefillBinder(spec, call).bind_prefill(self.kernels(spec, config), config, checked)
+
+    # ---- verification and benchmarks (kgen/families/prefill_cases.py) -------------------
+    def cases(self, spec, config: Config, rng: np.random.Generator):
+        return prefill_cases.matrix_cases(spec, config, rng)
+
+    def run_case(self, kernel, case, rng: np.random.Generator):
+        return prefill_cases.run_case(kernel, case, rng)
+
+    def bucket_of(self, spec, call):
+        """batch = sequences (block-table rows), context = the block table's capacity in tokens."""
+        bt = call.get("block_tables")
+        if bt is None or len(bt.shape) != 2:
+            return None
+        return int(bt.shape[0]), int(bt.shape[1]) * spec.kv_cache.block_size
+
+    def bench(self, spec, config: Config, bucket, rng: np.random.Generator):
+        return prefill_cases.bench(spec, bucket, rng)
+
+
+class _PrefillBinder(_Binder):
+    """Checks one prefill call's arguments and plans its launches (decode's checks of caches,
+    alignment and scales; q_indptr and the chunk lengths in addition)."""
+
+    def bind_prefill(self, kernels: list[KernelDecl], config: Config, checked: bool):
+        spec, a, kv = self.spec, self.spec.attention, self.spec.kv_cache
+        D, B, Hq = a.head_dim, kv.block_size, a.num_q_heads
+        q = self.take("q", True)
+        self.device = q.device
+        if len(q.shape) != 3:
+            raise ArgumentError(f"q: expected shape [num_q_tokens, {Hq}, {D}], got {list(q.shape)}")
+        T = q.shape[0]
+        self.check(q, (T, Hq, D), spec.dtype.q)
+
+        self.refuse_other_layouts()
+        caches = [self.take(n, True) for n in cache_names(spec)]
+        N = caches[0].shape[0] if caches[0].shape else 0
+        for c, shape in zip(caches, cache_shapes(spec, N).values(), strict=True):
+            self.check(c, shape, kv.dtype)
+        vec = vector_width(spec)
+        st = cache_strides(spec, caches)
+        if kv.layout == "vllm":
+            self._aligned(caches[0], min(vec, vllm_x(spec)), st.k)
+        else:
+            for c in caches:
+                self._aligned(c, vec, (*st.k[:3], *st.v[:3], 0, st.v_offset))
+
+        bt = self.take("block_tables", True)
+        if len(bt.shape) != 2:
+            raise ArgumentError(f"block_tables: expected shape [num_seqs, max_blocks_per_seq], got {list(bt.shape)}")
+        S, M = bt.shape
+        self.check(bt, (S, M), "int32", contiguous=True)
+        sl = self.take("seq_lens", True)
+        self.check(sl, (S,), "int32", contiguous=True)
+        ind = self.take("q_indptr", True)
+        self.check(ind, (S + 1,), "int32", contiguous=True)
+        (ks, vs), scale_strides = bind_scales(self, spec, N)
+
+        alibi = self.take("alibi_slopes", False)
+        if a.alibi:
+            if alibi is None:
+                raise ArgumentError(f"alibi_slopes: required (spec has alibi: true), fp32 shape [{Hq}]")
+            self.check(alibi, (Hq,), "fp32", contiguous=True)
+        elif alibi is not None:
+            raise ArgumentError("alibi_slopes: given, but the spec has alibi: false")
+
+        out = self.take("out", False)
+        out_dtype = spec.dtype.resolved_out
+        if out is None:
+            out = as_array_arg("out", empty_like_library(q, (T, Hq, D), out_dtype))
+        self.check(out, (T, Hq, D), out_dtype)
+        return_lse = bool(self.call.pop("return_lse", False))
+        lse = as_array_arg("lse", empty_like_library(q, (T, Hq), "fp32")) if return_lse else None
+        self.refuse_unknown()
+        self.refuse_aliasing([out, lse], [q, *caches, ind, bt, sl, ks, vs, alibi])
+
+        if checked:
+            self._check_prefill_values(ind, bt, sl, N, M, T)
+
+        P = config["partition_size"]
+        max_parts = -(-M * B // P) if P else 1
+        part_o = part_ml = None
+        if P and T:
+            part_o = as_array_arg("part_o", empty_like_library(q, (T, Hq, max_parts, D), "fp32"))
+            part_ml = as_array_arg("part_ml", empty_like_library(q, (T, Hq, max_parts, 2), "fp32"))
+
+        ptr = self.pointer
+        values = {
+            "out": ptr(out), "q": ptr(q), "k_cache": self.raw(st.k_base), "v_cache": self.raw(st.v_base),
+            "q_indptr": ptr(ind), "block_tables": ptr(bt), "seq_lens": ptr(sl), "k_scale": ptr(ks),
+            "v_scale": ptr(vs), "alibi_slopes": ptr(alibi), "part_o": ptr(part_o), "part_ml": ptr(part_ml),
+            "lse": ptr(lse), "num_seqs": S, "max_blocks_per_seq": M, "max_partitions": max_parts,
+            "q_s_tok": q.strides[0], "q_s_head": q.strides[1], "o_s_tok": out.strides[0],
+            "o_s_head": out.strides[1], **stride_values(st, scale_strides),
+        }
+        rows = kernels[0].block // 32 * 16
+        sizes = {"q_tiles": -(-T * spec.group_size // rows) + S, "num_q_tokens": T,
+                 "z": max_parts * slices(spec)}
+        reached = [c.native for c in caches]  # fused: K/V by address (an isolated child maps them too)
+        launches = [k.launch(sizes, values, reached) for k in kernels] if T else []  # no query row: nothing to launch
+        result = (out.obj, lse.obj) if lse is not None else out.obj
+        return launches, result
+
+    def _check_prefill_values(self, ind: ArrayArg, bt: ArrayArg, sl: ArrayArg, num_blocks: int, max_blocks: int,
+                              num_rows: int):
+        """Host-side checks of the values the kernel trusts: q_indptr, the chunk and KV lengths, the
+        block-table entries the kernel reads."""
+        spec, B = self.spec, self.spec.kv_cache.block_size
+        indptr = host_values(ind).astype(np.int64)
+        lens = host_values(sl).astype(np.int64)
+        table = host_values(bt)
+        if indptr[0] != 0:
+            raise ArgumentError(f"q_indptr[0] = {int(indptr[0])}: must be 0 (sequence 0 starts at query row 0)")
+        q_lens = np.diff(indptr)
+        bad = np.nonzero(q_lens < 0)[0]
+        if bad.size:
+            s = int(bad[0])
+            raise ArgumentError(f"q_indptr[{s + 1}] = {int(indptr[s + 1])} < q_indptr[{s}] = {int(indptr[s])}: "
+                                f"q_indptr must be non-decreasing (sequence {s} would have a negative q_len)")
+        if indptr[-1] != num_rows:
+            raise ArgumentError(f"q_indptr[{len(indptr) - 1}] = {int(indptr[-1])}: must equal the number of query "
+                                f"rows, q.shape[0] = {num_rows}")
+        cap = max_blocks * B
+        bad = np.nonzero((lens < 0) | (lens > cap))[0]
+        if bad.size:
+            i = int(bad[0])
+            raise ArgumentError(f"seq_lens[{i}] = {int(lens[i])}: must be in 0..{cap} "
+                                f"(max_blocks_per_seq {max_blocks} × block_size {B})")
+        bad = np.nonzero(q_lens > lens)[0]
+        if bad.size:
+            s = int(bad[0])
+            raise ArgumentError(f"sequence {s}: q_len = q_indptr[{s + 1}] - q_indptr[{s}] = {int(q_lens[s])} is "
+                                f"larger than seq_lens[{s}] = {int(lens[s])} (seq_lens counts the KV tokens "
+                                "including the chunk)")
+        if not spec.tail_masking:
+            bad = np.nonzero(lens % B)[0]
+            if bad.size:
+                i = int(bad[0])
+                raise ArgumentError(
+                    f"seq_lens[{i}] = {int(lens[i])} is not a multiple of block_size {B}: the spec has "
+                    f"tail_masking: false, a promise that every length is")
+        # The entries the kernel reads: from the window of the chunk's first row to ceil(seq_len / B);
+        # a sequence without query rows reads none.
+        window = spec.attention.sliding_window or 0
+        first = np.maximum(0, lens - q_lens - window + 1) // B if window else np.zeros_like(lens)
+        last = np.where(q_lens > 0, -(-lens // B), 0)
+        cols = np.arange(table.shape[1])
+        used = (cols >= first[:, None]) & (cols < last[:, None])
+        wrong = np.argwhere(used & ((table < 0) | (table >= num_blocks)))
+        if wrong.size:
+            i, j = (int(x) for x in wrong[0])
+            raise ArgumentError(
+                f"block_tables[{i}, {j}] = {int(table[i, j])}: not a block of the pool "
+                f"(0..{num_blocks - 1}); sequence {i} has {int(lens[i])} tokens"
+            )
+
+
+PAGED_PREFILL = PagedPrefillFamily()
