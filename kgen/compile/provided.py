@@ -45,6 +45,7 @@ RESERVED_MACROS = {
     "KGEN_ATOMIC_FETCH": "defines the SIMT runtime's atomic fetch-and-op functions",
     "KGEN_ATOMIC_CAS": "defines the SIMT runtime's compare-and-swap functions",
     "KGEN_MINMAX": "defines the SIMT runtime's atomic min/max functions",
+    "KGEN_PREFILL_HAS_MMA": "the prefill body uses mma.sync (sm_80 and later, and the CPU backend)",
 }
 
 
