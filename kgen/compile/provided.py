@@ -17,7 +17,10 @@ from kgen.paths import templates_dir
 CUDA_HEADERS = ("cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h", "vector_types.h", "vector_functions.h",
                 "math_constants.h")
 # kgen's headers: include name -> file under templates/.
-PROVIDED_HEADERS = {"kgen/platform.cuh": "common/platform.cuh"}
+# (mma.cuh and paged_prefill.cuh hold the GPU/CPU spellings of mma.sync/ldmatrix and the sm_75
+# fallback: provided, so a prefill source from `kgen show` passes the source policy)
+PROVIDED_HEADERS = {"kgen/platform.cuh": "common/platform.cuh", "kgen/mma.cuh": "common/mma.cuh",
+                    "kgen/paged_prefill.cuh": "common/paged_prefill.cuh"}
 ALLOWED_INCLUDES = (*CUDA_HEADERS, *PROVIDED_HEADERS)
 
 # Names kgen reserves in kernel builds: C macros of its headers and compile commands, never read
@@ -42,6 +45,7 @@ RESERVED_MACROS = {
     "KGEN_ATOMIC_FETCH": "defines the SIMT runtime's atomic fetch-and-op functions",
     "KGEN_ATOMIC_CAS": "defines the SIMT runtime's compare-and-swap functions",
     "KGEN_MINMAX": "defines the SIMT runtime's atomic min/max functions",
+    "KGEN_PREFILL_HAS_MMA": "the prefill body uses mma.sync (sm_80 and later, and the CPU backend)",
 }
 
 
