@@ -42,10 +42,12 @@ def compile_cubins(spec, rendered: Rendered, archs: list[str] | None = None,
 
 
 def load_module(backend: str, rendered: Rendered, cubins: dict[str, Any] | None = None,
-                sanitize: bool = False, cache: ArtifactCache | None = None):
-    """A runnable module for `backend` from the rendered source (CPU) or a cubin for this GPU (CUDA)."""
+                sanitize: bool = False, cache: ArtifactCache | None = None, race_check: bool = False):
+    """A runnable module for `backend` from the rendered source (CPU) or a cubin for this GPU (CUDA).
+    `race_check` (CPU only): shared-memory race detection and varied thread schedules."""
     if backend == "cpu":
-        return CpuModule(compile_host(rendered.source, rendered.kernel_names, sanitize=sanitize, cache=cache))
+        return CpuModule(compile_host(rendered.source, rendered.kernel_names, sanitize=sanitize, cache=cache,
+                                      race_check=race_check))
     arch = device_arch()
     art = (cubins or {}).get(arch) or compile_cubin(rendered.source, arch, cache=cache)
     return CudaModule(_cubin_path(cache or ArtifactCache(), art), rendered.kernel_names)
@@ -58,12 +60,13 @@ def _cubin_path(cache: ArtifactCache, art) -> Path:
 
 def build(spec, backend: str = "auto", verify: bool = True, config: Config | None = None,
           archs: list[str] | None = None, sanitize: bool = False, seed: int | None = None,
-          cache: ArtifactCache | None = None) -> Kernel:
-    """Render, compile (cubins for every target arch + the runnable backend), and verify."""
+          cache: ArtifactCache | None = None, race_check: bool = False) -> Kernel:
+    """Render, compile (cubins for every target arch + the runnable backend), and verify
+    (`race_check`: on the CPU backend, with shared-memory race detection)."""
     chosen = select_backend(backend)  # a bad backend or KGEN_BACKEND is refused before any work
     rendered = render(spec, config)
     cubins = compile_cubins(spec, rendered, archs, cache)
-    module = load_module(chosen, rendered, cubins, sanitize=sanitize, cache=cache)
+    module = load_module(chosen, rendered, cubins, sanitize=sanitize, cache=cache, race_check=race_check)
     kernel = Kernel(spec, rendered.source, rendered.config, module, rendered.kernel_names,
                     resources={arch: resources_as_dict(a.resources) for arch, a in cubins.items()},
                     artifacts={"cubins": cubins})

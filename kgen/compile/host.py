@@ -10,6 +10,12 @@ launch shim that exports (C ABI):
         // 0 = ok; nonzero = error, message in err.
     const char* kgen_signature(const char* kernel);   // "p,i4,f4": parameter type codes, NULL if unknown
     void kgen_set_options(unsigned workers, size_t stack_bytes);  // 0 = default
+    void kgen_set_schedule(int schedule, unsigned long long seed);  // thread order in a block; 0 = default
+
+With `race_check=True` the kernels are instrumented for shared-memory race detection
+(templates/simt/kgen_simt_race.h): the source is compiled with g++'s -fsanitize=thread and
+line tables, the SIMT runtime as a second, uninstrumented object linked first (it provides
+the instrumentation callbacks: no TSan runtime, which fibers would break).
 
 Artifacts are cached (kgen.cache) under the key of everything that shapes the library.
 """
@@ -39,6 +45,11 @@ LIB_NAME = "kernel.so"
 BASE_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-pthread",
               "-fstack-clash-protection")  # big frames probe page by page: overflows hit the guard page
 SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g")
+RACE_FLAGS = ("-DKGEN_SIMT_RACECHECK", "-g1")
+# The kernel's object only; linking with -fsanitize=thread would pull in libtsan.
+RACE_KERNEL_FLAGS = ("-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0")
+RACE_LINK_FLAGS = ("-Wl,-z,defs",)  # a compiler callback the runtime lacks fails the build, not the load
+RUNTIME_NAME = "runtime.cpp"
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -53,6 +64,7 @@ class HostArtifact:
     build_seconds: float  # 0.0 on a cache hit
     extra_flags: tuple[str, ...] = ()
     cache_root: Path | None = None  # the ArtifactCache holding it (for rebuild_host)
+    race_check: bool = False  # shared-memory race detection compiled in
 
 
 def compiler() -> str:
@@ -119,6 +131,10 @@ def _shim(kernel_names: Sequence[str]) -> str:
         "  ::kgen_simt::g_options.workers = workers;",
         "  ::kgen_simt::g_options.stack_size = stack_bytes;",
         "}",
+        "KGEN_EXPORT void kgen_set_schedule(int schedule, unsigned long long seed) {",
+        "  ::kgen_simt::g_options.schedule = schedule;",
+        "  ::kgen_simt::g_options.seed = seed;",
+        "}",
         "",
     ]
     return "\n".join(lines)
@@ -149,15 +165,30 @@ def _compile_error(stderr: str, source: str, max_errors: int = 5) -> CompileErro
     return CompileError("\n".join([head, *shown]))
 
 
+def _run_compiler(cxx: str, commands: list[list[str]], cwd: Path, source: str) -> None:
+    """Run the commands side by side; CompileError (the source's diagnostics) if one fails."""
+    try:
+        procs = [subprocess.Popen(c, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for c in commands]
+    except OSError as e:
+        raise ToolchainError(f"C++ compiler {cxx!r} (KGEN_CXX) cannot run: {e}") from e
+    results = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, results, strict=True):
+        if p.returncode != 0:
+            raise _compile_error(err, source)
+
+
 def compile_host(
     source: str,
     kernel_names: Sequence[str],
     *,
     sanitize: bool = False,
+    race_check: bool = False,
     extra_flags: Sequence[str] = (),
     cache: ArtifactCache | None = None,
 ) -> HostArtifact:
-    """Build (or fetch from the cache) the CPU shared library for `source`'s kernels."""
+    """Build (or fetch from the cache) the CPU shared library for `source`'s kernels
+    (`race_check`: with shared-memory race detection, see the module docstring)."""
     names = tuple(kernel_names)
     if not names:
         raise ValueError("compile_host: kernel_names is empty")
@@ -166,11 +197,13 @@ def compile_host(
             raise ValueError(f"compile_host: kernel name {n!r} is not a C identifier")
     if len(set(names)) != len(names):
         raise ValueError(f"compile_host: duplicate kernel names in {names}")
+    if sanitize and race_check:
+        raise ValueError("compile_host: sanitize (ASan) and race_check (TSan instrumentation) cannot be combined")
     cxx = compiler()
     version = compiler_version(cxx)
     inc = cuda_include_dir()
     sdir = simt_dir()
-    flags = [*BASE_FLAGS, *(SANITIZE_FLAGS if sanitize else ()), *extra_flags]
+    flags = [*BASE_FLAGS, *(SANITIZE_FLAGS if sanitize else ()), *(RACE_FLAGS if race_check else ()), *extra_flags]
     headers = simt_headers()
     key = content_key(
         "host-v1",
@@ -181,22 +214,26 @@ def compile_host(
         version,
         headers_fingerprint(inc),
         f"sanitize={int(sanitize)}",
+        f"race_check={int(race_check)}",
     )
     build_time = [0.0]
 
     def build(tmp: Path) -> None:
         (tmp / SOURCE_NAME).write_text(source)
         (tmp / SHIM_NAME).write_text(_shim(names))
-        cmd = [cxx, *flags, "-include", str(sdir / "kgen_simt.h"), "-I", str(sdir), "-I", str(inc),
-               "-x", "c++", SHIM_NAME, "-o", LIB_NAME]
+        head = [cxx, *flags, "-include", str(sdir / "kgen_simt.h"), "-I", str(sdir), "-I", str(inc), "-x", "c++"]
         t0 = time.perf_counter()
-        try:
-            res = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=600)
-        except OSError as e:
-            raise ToolchainError(f"C++ compiler {cxx!r} (KGEN_CXX) cannot run: {e}") from e
+        if not race_check:
+            _run_compiler(cxx, [[*head, SHIM_NAME, "-o", LIB_NAME]], tmp, source)
+        else:  # two objects (instrumented kernel, plain runtime first), linked without the TSan runtime
+            (tmp / RUNTIME_NAME).write_text("// the SIMT runtime, uninstrumented (kgen_simt_tsan.h)\n")
+            _run_compiler(cxx, [[*head, *RACE_KERNEL_FLAGS, "-c", SHIM_NAME, "-o", "kernel.o"],
+                                [*head, "-DKGEN_SIMT_RUNTIME_TU", "-c", RUNTIME_NAME, "-o", "runtime.o"]], tmp, source)
+            _run_compiler(cxx, [[cxx, *BASE_FLAGS, *RACE_LINK_FLAGS, *extra_flags, "runtime.o", "kernel.o",
+                                 "-o", LIB_NAME]], tmp, source)
+            for name in ("kernel.o", "runtime.o"):
+                (tmp / name).unlink()
         build_time[0] = time.perf_counter() - t0
-        if res.returncode != 0:
-            raise _compile_error(res.stderr, source)
 
     cache = cache or ArtifactCache()
     entry, hit = cache.get_or_build(NAMESPACE, key, build)
@@ -205,6 +242,7 @@ def compile_host(
         source_path=entry / SOURCE_NAME,
         kernel_names=names,
         sanitize=sanitize,
+        race_check=race_check,
         key=key,
         cache_hit=hit,
         build_seconds=build_time[0],
@@ -219,5 +257,5 @@ def rebuild_host(artifact: HostArtifact) -> HostArtifact:
     source = artifact.source_path.read_text()
     cache = ArtifactCache(artifact.cache_root)
     cache.discard(NAMESPACE, artifact.key)
-    return compile_host(source, artifact.kernel_names, sanitize=artifact.sanitize,
+    return compile_host(source, artifact.kernel_names, sanitize=artifact.sanitize, race_check=artifact.race_check,
                         extra_flags=artifact.extra_flags, cache=cache)

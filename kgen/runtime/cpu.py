@@ -25,6 +25,7 @@ from kgen.compile.host import HostArtifact, compile_host, compiler, rebuild_host
 from kgen.errors import ArgumentError, KernelRuntimeError, ToolchainError
 from kgen.optional import is_torch_tensor
 from kgen.runtime.base import Launch
+from kgen.runtime.race_report import SCHEDULES, describe
 from kgen.settings import KGEN_CXX, KGEN_SIMT_STACK, KGEN_SIMT_THREADS, child_environment
 
 ERR_LEN = 4096
@@ -58,12 +59,22 @@ class _Library:
         opt.argtypes = [ctypes.c_uint, ctypes.c_size_t]
         self._set_options = opt
         self._options: tuple[int, int] | None = None
+        sched = self.lib.kgen_set_schedule
+        sched.restype = None
+        sched.argtypes = [ctypes.c_int, ctypes.c_ulonglong]
+        self._set_schedule = sched
+        self._schedule: tuple[int, int] | None = None
         self.signatures: dict[str, tuple[str, ...] | None] = {}
 
     def set_options(self, workers: int, stack_size: int) -> None:
         if self._options != (workers, stack_size):
             self._set_options(workers, stack_size)
             self._options = (workers, stack_size)
+
+    def set_schedule(self, schedule: int, seed: int) -> None:
+        if self._schedule != (schedule, seed):
+            self._set_schedule(schedule, seed)
+            self._schedule = (schedule, seed)
 
     def signature(self, kernel: str) -> tuple[str, ...] | None:
         if kernel not in self.signatures:
@@ -185,22 +196,34 @@ def _dims(v: Sequence[int] | int, what: str) -> tuple[int, int, int]:
 
 
 class CpuModule:
-    """Kernels of one compiled artifact, launched on the CPU (implements runtime.base.Module)."""
+    """Kernels of one compiled artifact, launched on the CPU (implements runtime.base.Module).
+
+    `schedule` orders a block's threads: "fifo", "reverse", "shuffle" (seeded by `seed`), or
+    "mixed" (each block one of the three, from (seed, block)); None = "mixed" when the
+    artifact has race detection (`race_check=True`), else "fifo".
+    """
 
     backend = "cpu"
 
-    def __init__(self, artifact: HostArtifact, *, workers: int = 0, stack_size: int = 0):
+    def __init__(self, artifact: HostArtifact, *, workers: int = 0, stack_size: int = 0,
+                 schedule: str | None = None, seed: int = 0):
+        if schedule is not None and schedule not in SCHEDULES:
+            raise ArgumentError(f"schedule must be one of {', '.join(SCHEDULES)} or None, got {schedule!r}")
         self.artifact = artifact
         self.workers = workers
         self.stack_size = stack_size
+        self.schedule = schedule
+        self.seed = seed
         self._lib = None
         if not artifact.sanitize:
             self.artifact, self._lib = _load_or_rebuild(artifact)
 
     @classmethod
     def from_source(cls, source: str, kernel_names: Sequence[str], *, sanitize: bool = False,
-                    extra_flags: Sequence[str] = (), **kw: Any) -> CpuModule:
-        return cls(compile_host(source, kernel_names, sanitize=sanitize, extra_flags=extra_flags), **kw)
+                    race_check: bool = False, extra_flags: Sequence[str] = (), **kw: Any) -> CpuModule:
+        """`race_check=True`: report shared-memory races (KernelRuntimeError naming both lines)."""
+        art = compile_host(source, kernel_names, sanitize=sanitize, race_check=race_check, extra_flags=extra_flags)
+        return cls(art, **kw)
 
     @property
     def kernel_names(self) -> tuple[str, ...]:
@@ -235,6 +258,7 @@ class CpuModule:
             return
         lib = self._lib
         lib.set_options(*self._options())
+        lib.set_schedule(SCHEDULES.get(self.schedule or "", 0), self.seed % (1 << 64))
         err = ctypes.create_string_buffer(ERR_LEN)
         for ln in launches:
             sig = lib.signature(ln.kernel)
@@ -244,7 +268,7 @@ class CpuModule:
             argv, _keep = pack_args(ln.kernel, sig, ln.args)
             rc = lib.launch(ln.kernel.encode(), gx, gy, gz, bx, by, bz, int(ln.smem), argv, err, ERR_LEN)
             if rc != 0:
-                raise KernelRuntimeError(err.value.decode(errors="replace"))
+                raise KernelRuntimeError(describe(err.value.decode(errors="replace"), self.artifact))
 
 
 # ---- sanitize mode: launches in a child python with the ASan runtime preloaded ----

@@ -70,6 +70,49 @@ __device__ __forceinline__ float kv_scale_at(const float* __restrict__ scale, lo
   return scale[phys * s_block + kv_head * s_head + slot * s_token];  // per_token_head
 }
 
+// Online softmax of one row: running max m of the logits seen, running sum l of
+// exp(logit - m). The caller keeps the accumulator (sum of exp(logit - m) * value) and
+// rescales it with the factors merge() returns: acc = acc * f.self + acc_other * f.other.
+// The empty state (no key seen) is m = -inf, l = 0; its factor is 0, never the NaN of
+// exp(-inf - -inf), and its LSE is -inf. Used for every merge: one logit into a token
+// group's state, token groups by shuffles, warps through shared memory, KV partitions.
+struct SoftmaxFactors {
+  float self, other;
+};
+
+struct SoftmaxState {
+  float m, l;
+
+  static __device__ __forceinline__ SoftmaxState empty() { return SoftmaxState{KGEN_NEG_INF, 0.0f}; }
+
+  // exp(m_from - m_to): what a quantity accumulated against max m_from weighs against m_to.
+  static __device__ __forceinline__ float rescale(float m_from, float m_to) {
+    return m_from == KGEN_NEG_INF ? 0.0f : __expf(m_from - m_to);
+  }
+
+  // this := this (+) other; returns the factors for this state's and other's accumulators.
+  __device__ __forceinline__ SoftmaxFactors merge(SoftmaxState other) {
+    const float m_new = fmaxf(m, other.m);
+    const SoftmaxFactors f{rescale(m, m_new), rescale(other.m, m_new)};
+    l = l * f.self + other.l * f.other;
+    m = m_new;
+    return f;
+  }
+
+  // One (finite) logit s: merge() with the single-element state (s, 1), whose own factor
+  // exp(s - m_new) needs no guard.
+  __device__ __forceinline__ SoftmaxFactors add(float s) {
+    const float m_new = fmaxf(m, s);
+    const SoftmaxFactors f{rescale(m, m_new), __expf(s - m_new)};
+    l = l * f.self + f.other;
+    m = m_new;
+    return f;
+  }
+
+  __device__ __forceinline__ float inv_sum() const { return l > 0.0f ? 1.0f / l : 0.0f; }
+  __device__ __forceinline__ float lse() const { return m + logf(l); }  // -inf + log(0) = -inf when empty
+};
+
 // One query head's logit adjustments after the scaled dot product (order: soft-cap, then ALiBi).
 template <class Cfg>
 __device__ __forceinline__ float adjust_logit(float s, float alibi_slope, int pos, int seq_len) {
@@ -132,11 +175,11 @@ __device__ __forceinline__ void paged_decode_body(
 #pragma unroll
   for (int g = 0; g < G; ++g) slope[g] = Cfg::ALIBI ? alibi_slopes[q_head0 + g] : 0.0f;
 
-  float m[G], l[G], o[G][CPL * VEC];
+  SoftmaxState st[G];
+  float o[G][CPL * VEC];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    m[g] = KGEN_NEG_INF;
-    l[g] = 0.0f;
+    st[g] = SoftmaxState::empty();
 #pragma unroll
     for (int i = 0; i < CPL * VEC; ++i) o[g][i] = 0.0f;
   }
@@ -188,16 +231,13 @@ __device__ __forceinline__ void paged_decode_body(
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         const float s = adjust_logit<Cfg>(qk[g] * ks * Cfg::SOFTMAX_SCALE, slope[g], pos, seq_len);
-        const float m_new = fmaxf(m[g], s);
-        const float corr = __expf(m[g] - m_new);  // 0 for the first token (m = -inf)
-        const float p = __expf(s - m_new);
-        l[g] = l[g] * corr + p;
+        const SoftmaxFactors f = st[g].add(s);
+        const float p = f.other;  // this token's weight exp(s - m)
         const float pv = p * vs;
 #pragma unroll
         for (int c = 0; c < CPL; ++c)
 #pragma unroll
-          for (int i = 0; i < VEC; ++i) o[g][c * VEC + i] = o[g][c * VEC + i] * corr + pv * vf[c][i];
-        m[g] = m_new;
+          for (int i = 0; i < VEC; ++i) o[g][c * VEC + i] = o[g][c * VEC + i] * f.self + pv * vf[c][i];
       }
     }
   }
@@ -207,18 +247,14 @@ __device__ __forceinline__ void paged_decode_body(
   for (int offset = LANES; offset < 32; offset <<= 1) {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      const float m_other = __shfl_xor_sync(0xffffffffu, m[g], offset, 32);
-      const float l_other = __shfl_xor_sync(0xffffffffu, l[g], offset, 32);
-      const float m_new = fmaxf(m[g], m_other);
-      const float a = m[g] == KGEN_NEG_INF ? 0.0f : __expf(m[g] - m_new);
-      const float b = m_other == KGEN_NEG_INF ? 0.0f : __expf(m_other - m_new);
-      l[g] = l[g] * a + l_other * b;
+      const SoftmaxState other{__shfl_xor_sync(0xffffffffu, st[g].m, offset, 32),
+                               __shfl_xor_sync(0xffffffffu, st[g].l, offset, 32)};
+      const SoftmaxFactors f = st[g].merge(other);
 #pragma unroll
       for (int i = 0; i < CPL * VEC; ++i) {
         const float o_other = __shfl_xor_sync(0xffffffffu, o[g][i], offset, 32);
-        o[g][i] = o[g][i] * a + o_other * b;
+        o[g][i] = o[g][i] * f.self + o_other * f.other;
       }
-      m[g] = m_new;
     }
   }
 
@@ -226,30 +262,26 @@ __device__ __forceinline__ void paged_decode_body(
   if (lane == 0) {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      warp_m[warp * G + g] = m[g];
-      warp_l[warp * G + g] = l[g];
+      warp_m[warp * G + g] = st[g].m;
+      warp_l[warp * G + g] = st[g].l;
     }
   }
   __syncthreads();
   float* o_s = q_s;
   for (int i = tid; i < G * D; i += Cfg::NUM_THREADS) o_s[i] = 0.0f;
-  float m_blk[G], l_blk[G];
+  SoftmaxState blk[G];  // the block's state: every warp's merged (each thread computes it)
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    m_blk[g] = KGEN_NEG_INF;
-    for (int w = 0; w < S::NUM_WARPS; ++w) m_blk[g] = fmaxf(m_blk[g], warp_m[w * G + g]);
-    l_blk[g] = 0.0f;
-    for (int w = 0; w < S::NUM_WARPS; ++w) {
-      const float mw = warp_m[w * G + g];
-      if (mw != KGEN_NEG_INF) l_blk[g] += warp_l[w * G + g] * __expf(mw - m_blk[g]);
-    }
+    blk[g] = SoftmaxState::empty();
+#pragma unroll 1  // merges interleaved across warps while o[] is live cost registers
+    for (int w = 0; w < S::NUM_WARPS; ++w) blk[g].merge(SoftmaxState{warp_m[w * G + g], warp_l[w * G + g]});
   }
   __syncthreads();
   for (int w = 0; w < S::NUM_WARPS; ++w) {
     if (warp == w && lane < LANES) {
 #pragma unroll
       for (int g = 0; g < G; ++g) {
-        const float a = m[g] == KGEN_NEG_INF ? 0.0f : __expf(m[g] - m_blk[g]);
+        const float a = SoftmaxState::rescale(st[g].m, blk[g].m);
 #pragma unroll
         for (int c = 0; c < CPL; ++c) {
           const int chunk = tlane + c * LANES;
@@ -266,7 +298,7 @@ __device__ __forceinline__ void paged_decode_body(
   // Write out: the final output, or this partition's normalised partial and its (m, l).
   for (int i = tid; i < G * D; i += Cfg::NUM_THREADS) {
     const int g = i / D, d = i % D;
-    const float inv_l = l_blk[g] > 0.0f ? 1.0f / l_blk[g] : 0.0f;
+    const float inv_l = blk[g].inv_sum();
     const int h = q_head0 + g;
     if (P > 0) {
       part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * D + d] = o_s[i] * inv_l;
@@ -278,10 +310,10 @@ __device__ __forceinline__ void paged_decode_body(
     const int h = q_head0 + tid;
     if (P > 0) {
       float* ml = part_ml + (((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * 2;
-      ml[0] = m_blk[tid];
-      ml[1] = l_blk[tid];
+      ml[0] = blk[tid].m;
+      ml[1] = blk[tid].l;
     } else if (lse != nullptr) {
-      lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = m_blk[tid] + logf(l_blk[tid]);
+      lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = blk[tid].lse();
     }
   }
 }
@@ -300,21 +332,19 @@ __device__ __forceinline__ void paged_decode_merge_body(typename Cfg::out_t* __r
   const int num_parts = (seq_lens[seq] + P - 1) / P;
   const long long row = ((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions;
   const float* ml = part_ml + row * 2;
-  float m_max = KGEN_NEG_INF;
-  for (int p = 0; p < num_parts; ++p) m_max = fmaxf(m_max, ml[2 * p]);
-  float denom = 0.0f;
-  for (int p = 0; p < num_parts; ++p)
-    if (ml[2 * p] != KGEN_NEG_INF) denom += ml[2 * p + 1] * __expf(ml[2 * p] - m_max);
-  const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+  SoftmaxState tot = SoftmaxState::empty();  // every partition's state merged
+  for (int p = 0; p < num_parts; ++p) tot.merge(SoftmaxState{ml[2 * p], ml[2 * p + 1]});
+  const float inv = tot.inv_sum();
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.0f;
     for (int p = 0; p < num_parts; ++p) {
-      const float mp = ml[2 * p];
-      if (mp != KGEN_NEG_INF) acc += part_o[(row + p) * D + d] * (ml[2 * p + 1] * __expf(mp - m_max));
+      // Partials are normalised: partition p weighs l_p * exp(m_p - m); an empty one is not read.
+      const float wp = ml[2 * p + 1] * SoftmaxState::rescale(ml[2 * p], tot.m);
+      if (wp != 0.0f) acc += part_o[(row + p) * D + d] * wp;
     }
     out[seq * o_s_seq + (long long)h * o_s_head + d] = from_float<typename Cfg::out_t>(acc * inv);
   }
-  if (threadIdx.x == 0 && lse != nullptr) lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = m_max + logf(denom);
+  if (threadIdx.x == 0 && lse != nullptr) lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = tot.lse();
 }
 
 }  // namespace kgen

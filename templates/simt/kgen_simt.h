@@ -50,5 +50,6 @@ void* dynamic_smem_ptr();
 #include "kgen_simt_sched.h"
 #include "kgen_simt_device.h"
 #include "kgen_simt_launch.h"
+#include "kgen_simt_tsan.h"  // only with KGEN_SIMT_RACECHECK
 
 #endif  // KGEN_SIMT_H

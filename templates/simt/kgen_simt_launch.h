@@ -17,9 +17,17 @@ constexpr size_t kDefaultStack = 512 * 1024;  // ASan's redzones make frames muc
 constexpr size_t kDefaultStack = 64 * 1024;
 #endif
 
+#if defined(KGEN_SIMT_RACECHECK)
+constexpr bool kRaceCheck = true;
+#else
+constexpr bool kRaceCheck = false;
+#endif
+
 struct Options {
   std::atomic<unsigned> workers{0};  // 0: KGEN_SIMT_THREADS or the number of CPUs
   std::atomic<size_t> stack_size{0};  // 0: KGEN_SIMT_STACK or kDefaultStack
+  std::atomic<int> schedule{SCHEDULE_DEFAULT};  // default: mixed with race detection, else FIFO
+  std::atomic<unsigned long long> seed{0};   // of the shuffled and mixed schedules
 };
 inline Options g_options;
 
@@ -80,6 +88,24 @@ inline Worker* this_worker() {
   return tls_w;
 }
 
+// Race detection: this worker's shared-memory ranges and a shadow big enough for them.
+inline bool setup_race(Worker* w, const Job* job) {
+  RaceState& r = w->race;
+  if (!r.tls_len) {  // the TLS block of this library in this OS thread: found once
+    uintptr_t lo, len;
+    if (!find_tls_block(&tls_w, &lo, &len)) return false;
+    r.tls_lo = lo;
+    r.tls_len = len;
+    r.skip_lo = (uintptr_t)&tls_w;
+    r.skip_hi = r.skip_lo + sizeof(tls_w);
+  }
+  r.dyn_lo = (uintptr_t)w->dyn_smem;
+  r.dyn_len = w->dyn_smem ? job->smem : 0;
+  r.resize_shadow(r.tls_words() + r.dyn_words());
+  r.on = true;
+  return true;
+}
+
 // Run blocks of `job` until none are left or one failed.
 inline void run_worker(Job* job) {
   Worker* w = this_worker();
@@ -112,12 +138,23 @@ inline void run_worker(Job* job) {
     }
   }
   w->dyn_smem = smem;
+  if (kRaceCheck && !setup_race(w, job)) {
+    free(smem);
+    record(std::string("kernel '") + job->kernel + "': race detection cannot find the shared-memory range");
+    return;
+  }
+  int mode = g_options.schedule.load();
+  if (mode == SCHEDULE_DEFAULT) mode = kRaceCheck ? SCHEDULE_MIXED : SCHEDULE_FIFO;
+  const unsigned long long seed = g_options.seed.load();
   unsigned long long gx = job->grid.x, gxy = gx * job->grid.y;
   for (;;) {
     if (job->failed.load(std::memory_order_relaxed)) break;
     unsigned long long b = job->next.fetch_add(1);
     if (b >= job->total) break;
     uint3 bidx = make_uint3((unsigned)(b % gx), (unsigned)((b / gx) % job->grid.y), (unsigned)(b / gxy));
+    // Per block, from (seed, block) only: the same blocks get the same orders whatever the worker.
+    w->rng.s = mix64(seed ^ mix64(b + 1));
+    w->sched = mode != SCHEDULE_MIXED ? mode : (int)(SCHEDULE_FIFO + mix64(seed + b) % 3);
     w->failed = false;
     run_block(w, bidx);
     if (w->failed) {
@@ -127,6 +164,7 @@ inline void run_worker(Job* job) {
   }
   free(smem);
   w->dyn_smem = nullptr;
+  w->race.on = false;
 }
 
 // A pool of helper threads, created on demand and kept (idle ones sleep on a condvar).

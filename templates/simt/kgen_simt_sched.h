@@ -2,7 +2,9 @@
 //
 // A worker (one OS thread) runs one thread block at a time: one fiber per CUDA
 // thread, all on that OS thread. A fiber runs until it reaches a barrier, a warp
-// operation or its end; then the next ready fiber runs (FIFO ready queue).
+// operation or its end; then the next ready fiber runs (FIFO ready queue). The order
+// in which fibers start and are released from barriers and warp operations follows
+// the block's schedule (FIFO by default; reverse or shuffled: kgen_simt_race.h).
 // A wait that can never be satisfied is reported as an error naming the kernel,
 // block and thread, and the block is abandoned (no hang, no abort()).
 #pragma once
@@ -14,6 +16,8 @@
 #include <cstdarg>
 #include <string>
 #include <vector>
+
+#include "kgen_simt_race.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define KGEN_SIMT_ASAN 1
@@ -94,6 +98,11 @@ struct Worker {
 #endif
   bool failed = false;
   std::string err;
+  // thread schedule of the running block, and race detection (kgen_simt_race.h)
+  int sched = SCHEDULE_FIFO;
+  Rng rng;
+  std::vector<unsigned> order;
+  RaceState race;
   // stacks
   char* stack_mem = nullptr;
   size_t stack_mem_len = 0, stack_size = 0;
@@ -218,6 +227,16 @@ inline void block_current(Worker* w, const char* what) {
   // resumed: whoever switched to us has set w->cur = f
 }
 
+// The current fiber is in the ready queue: run the queue's head (which may be itself).
+inline void yield_current(Worker* w) {
+  Fiber* f = w->cur;
+  Fiber* n = &w->fibers[w->pop_ready()];
+  n->state = F_RUNNING;
+  if (n == f) return;
+  w->cur = n;
+  switch_ctx(w, f, n);
+}
+
 // ---- __syncthreads ----------------------------------------------------------
 // Block barrier; returns how many threads passed a nonzero `pred` (__syncthreads_count).
 __attribute__((noinline, noipa)) inline int syncthreads_count(int pred) {
@@ -235,14 +254,30 @@ __attribute__((noinline, noipa)) inline int syncthreads_count(int pred) {
   if (w->bar_count + 1 == w->nthreads) {  // last to arrive: release everybody
     unsigned long long count = f->val;
     for (unsigned i = 0; i < w->bar_count; ++i) count += w->fibers[w->bar_list[i]].val;
-    for (unsigned i = 0; i < w->bar_count; ++i) {
+    if (w->race.on) w->race.next_epoch();
+    const unsigned n = w->bar_count;
+    w->bar_count = 0;
+    if (w->sched == SCHEDULE_FIFO) {  // the others in arrival order; the last to arrive goes on
+      for (unsigned i = 0; i < n; ++i) {
+        unsigned j = w->bar_list[i];
+        w->fibers[j].res = count;
+        w->fibers[j].state = F_READY;
+        w->push_ready(j);
+      }
+      asm volatile("" ::: "memory");
+      return (int)count;
+    }
+    // Other schedules order every thread of the block, this one included, by thread index
+    // (all are here): reverse = highest index first, whatever the arrival order.
+    for (unsigned i = 0; i <= n; ++i) w->bar_list[i] = i;
+    schedule_order(w->sched, w->rng, w->bar_list.data(), n + 1);
+    for (unsigned i = 0; i <= n; ++i) {
       unsigned j = w->bar_list[i];
       w->fibers[j].res = count;
       w->fibers[j].state = F_READY;
       w->push_ready(j);
     }
-    w->bar_count = 0;
-    asm volatile("" ::: "memory");
+    yield_current(w);
     return (int)count;
   }
   w->bar_list[w->bar_count++] = f->linear;
@@ -290,13 +325,17 @@ inline void complete_group(Worker* w, unsigned warp, const WarpGroup& g) {
       base[l].res = (mask >> s) & 1u ? base[s].val : base[l].val;
     }
   }
+  if (op == OP_SYNCWARP && w->race.on) w->race.syncwarp(warp, mask);
   Fiber* self = w->cur;
+  unsigned waking[32], n = 0;
   for (unsigned m = mask; m; m &= m - 1) {
     Fiber* f = &base[__builtin_ctz(m)];
-    if (f != self) {
-      f->state = F_READY;
-      w->push_ready(f->linear);
-    }
+    if (f != self) waking[n++] = f->linear;
+  }
+  schedule_order(w->sched, w->rng, waking, n);
+  for (unsigned i = 0; i < n; ++i) {
+    w->fibers[waking[i]].state = F_READY;
+    w->push_ready(waking[i]);
   }
 }
 
@@ -542,11 +581,15 @@ inline void run_block(Worker* w, uint3 bidx) {
   }
   w->rq_head = 0;
   w->rq_count = 0;
-  for (unsigned i = 1; i < n; ++i) w->push_ready(i);
+  w->order.resize(n);
+  for (unsigned i = 0; i < n; ++i) w->order[i] = i;
+  schedule_order(w->sched, w->rng, w->order.data(), n);
+  for (unsigned i = 1; i < n; ++i) w->push_ready(w->order[i]);
   w->bar_count = 0;
   w->n_exited = 0;
-  w->cur = &w->fibers[0];
-  w->fibers[0].state = F_RUNNING;
+  if (w->race.on) w->race.begin_block(n);
+  w->cur = &w->fibers[w->order[0]];
+  w->cur->state = F_RUNNING;
 #if !defined(KGEN_SIMT_ASAN)
   if (sigsetjmp(w->overflow_jb, 1)) {  // a fiber overflowed its stack (segv_handler)
     w->in_block = false;
@@ -555,7 +598,7 @@ inline void run_block(Worker* w, uint3 bidx) {
   }
 #endif
   w->in_block = true;
-  switch_ctx(w, nullptr, &w->fibers[0]);
+  switch_ctx(w, nullptr, w->cur);
   w->in_block = false;
   w->cur = nullptr;
 }

@@ -235,6 +235,14 @@ extern "C" __global__ void vec2_basics(float* out) {
   out[11] = __expf(0.0f) + expf(0.0f) + __logf(1.0f) + logf(1.0f) + tanhf(0.0f) + sqrtf(16.0f) + fabsf(-1.0f);
 }
 
+// ---- thread schedules: the order in which threads start and leave a barrier ----
+extern "C" __global__ void run_order(int* counter, int* first, int* second) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  first[t] = atomicAdd(&counter[2 * blockIdx.x], 1);
+  __syncthreads();
+  second[t] = atomicAdd(&counter[2 * blockIdx.x + 1], 1);
+}
+
 // ---- broken kernels: must fail with a message, never hang ----
 extern "C" __global__ void bad_barrier(int* out) {
   if (threadIdx.x >= 128) return;
@@ -259,7 +267,7 @@ extern "C" __global__ void bad_cross(int* out) {
 
 KERNELS = ["rev256", "sync_preds", "shfl_cfg", "shfl_types", "votes", "warp_sync_order", "atomics", "smem_iso", "dyn_smem",
            "big_local", "overflow_big", "indices", "fmt_convert", "vec2_basics", "bad_barrier", "bad_shfl_exited", "bad_shfl_mask",
-           "bad_cross"]
+           "bad_cross", "run_order"]
 
 
 @pytest.fixture(scope="module")
@@ -658,6 +666,56 @@ def test_torch_tensors_as_arrays(mod):
 
 
 _FORK_MOD: list[CpuModule] = []
+
+
+def _run_order(mod, blocks: int = 3, n: int = 96) -> tuple[np.ndarray, np.ndarray]:
+    counter = np.zeros(2 * blocks, np.int32)
+    first, second = np.full((blocks, n), -1, np.int32), np.full((blocks, n), -1, np.int32)
+    run(mod, "run_order", (blocks, 1, 1), (n, 1, 1), counter, first, second)
+    return first, second
+
+
+def test_schedules_order_threads_at_start_and_at_barriers(mod):
+    n = 96
+    first, second = _run_order(mod)  # default (no race detection): FIFO
+    assert (first == np.arange(n)).all()
+    assert (second == np.roll(np.arange(n), -1)).all()  # the last to arrive goes on first, then arrival order
+    first, second = _run_order(CpuModule(mod.artifact, schedule="reverse"))
+    assert (first == np.arange(n)[::-1]).all() and (second == np.arange(n)[::-1]).all()
+    shuffled = [_run_order(CpuModule(mod.artifact, schedule="shuffle", seed=s)) for s in (1, 1, 2)]
+    for f, g in shuffled:
+        assert all(sorted(row) == list(range(n)) for row in [*f.tolist(), *g.tolist()])
+        assert not (f == np.arange(n)).all(axis=1).any() and not (f[0] == f[1]).all()
+    np.testing.assert_array_equal(shuffled[0][0], shuffled[1][0])  # a seed repeats its orders
+    assert not np.array_equal(shuffled[0][0], shuffled[2][0])
+    first, _ = _run_order(CpuModule(mod.artifact, schedule="mixed", seed=4), blocks=12)
+    kinds = {"fifo" if (r == np.arange(n)).all() else "reverse" if (r == np.arange(n)[::-1]).all() else "shuffle"
+             for r in first}
+    assert kinds == {"fifo", "reverse", "shuffle"}  # mixed: each block one of the three
+
+
+@pytest.fixture(scope="module")
+def race_mod() -> CpuModule:
+    return CpuModule.from_source(SRC, KERNELS, race_check=True)
+
+
+@pytest.mark.parametrize("schedule", ["fifo", "reverse", "shuffle", "mixed"])
+def test_race_mode_keeps_the_runtime_semantics_under_every_schedule(race_mod, schedule):
+    """The runtime's own correct kernels, instrumented: no race reported, same results
+    (barriers, __syncwarp ordering, block-private and dynamic shared memory, shuffles, votes,
+    atomics, 3-D indices), whatever the thread order."""
+    m = CpuModule(race_mod.artifact, schedule=schedule, seed=9)
+    assert m.artifact.race_check
+    test_barrier_reverse_through_shared_memory(m)
+    test_syncthreads_count_and_or(m)
+    test_shared_memory_private_per_block_concurrent(m)
+    test_dynamic_shared_memory(m)
+    test_syncwarp_orders_warp_memory(m)
+    test_shuffles_all_flavours_masks_widths(m)
+    test_votes_and_activemask(m)
+    test_atomics_under_contention(m)
+    test_indices_3d(m)
+    test_divergent_barrier_is_an_error_naming_kernel_block_thread(m)
 
 
 def _fork_child(mod=None):
