@@ -131,7 +131,7 @@ def _shim(kernel_names: Sequence[str]) -> str:
         "  ::kgen_simt::g_options.workers = workers;",
         "  ::kgen_simt::g_options.stack_size = stack_bytes;",
         "}",
-        "KGEN_EXPORT void kgen_set_schedule(int schedule, unsigned long long seed) {",
+        "SHIM_EXPORT void kgen_set_schedule(int schedule, unsigned long long seed) {",
         "  ::kgen_simt::g_options.schedule = schedule;",
         "  ::kgen_simt::g_options.seed = seed;",
         "}",
