@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kgen_simt_race.h"
+#include "kgen_simt_async.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define KGEN_SIMT_ASAN 1
@@ -103,6 +104,7 @@ struct Worker {
   Rng rng;
   std::vector<unsigned> order;
   RaceState race;
+  std::vector<AsyncQueue> async;  // per thread: its pending cp.async copies (kgen_simt_async.h)
   // stacks
   char* stack_mem = nullptr;
   size_t stack_mem_len = 0, stack_size = 0;
@@ -587,6 +589,8 @@ inline void run_block(Worker* w, uint3 bidx) {
   for (unsigned i = 1; i < n; ++i) w->push_ready(w->order[i]);
   w->bar_count = 0;
   w->n_exited = 0;
+  if (w->async.size() < n) w->async.resize(n);
+  for (unsigned i = 0; i < n; ++i) w->async[i].reset();  // copies a thread left pending die with its block
   if (w->race.on) w->race.begin_block(n);
   w->cur = &w->fibers[w->order[0]];
   w->cur->state = F_RUNNING;
