@@ -38,6 +38,9 @@ MERGE_THREADS = 128
 SMEM_LIMIT = 48 * 1024  # static shared memory of one block (every target arch)
 TILE_BYTES_PER_THREAD = 64  # K and V bytes each thread requests per tile, at least
 BATCH_TOKENS = 8  # tokens whose logits a thread holds at once
+# The device code of the kernels, in include order (templates/): platform, cp.async, packed
+# conversions, the decode body.
+DEVICE_HEADERS = ("common/platform.cuh", "common/async_copy.cuh", "common/convert.cuh", "common/paged_decode.cuh")
 
 
 def vector_width(spec) -> int:
@@ -232,6 +235,7 @@ class PagedDecodeFamily(FamilyBase):
         if geo is None:
             raise ValueError("; ".join(problems))  # render() runs check_config first
         return {
+            "headers": DEVICE_HEADERS,
             "q_ctype": dtype(spec.dtype.q).ctype,
             "out_ctype": dtype(spec.dtype.resolved_out).ctype,
             "kv_ctype": dtype(kv.dtype).ctype,

@@ -19,10 +19,9 @@ template <> struct Widen<float> {
 template <> struct Widen<__half> {
   static constexpr int PER_WORD = 2;
   static __device__ __forceinline__ void word(unsigned w, float* d) {
-    __half2_raw r;
-    r.x = (unsigned short)(w & 0xFFFFu);
-    r.y = (unsigned short)(w >> 16);
-    const float2 f = __half22float2(__half2(r));
+    __half2 h;
+    memcpy(&h, &w, 4);  // the word as is: each half converts straight from its register half
+    const float2 f = __half22float2(h);
     d[0] = f.x;
     d[1] = f.y;
   }
@@ -31,10 +30,9 @@ template <> struct Widen<__half> {
 template <> struct Widen<__nv_bfloat16> {
   static constexpr int PER_WORD = 2;
   static __device__ __forceinline__ void word(unsigned w, float* d) {
-    __nv_bfloat162_raw r;
-    r.x = (unsigned short)(w & 0xFFFFu);
-    r.y = (unsigned short)(w >> 16);
-    const float2 f = __bfloat1622float2(__nv_bfloat162(r));
+    __nv_bfloat162 h;
+    memcpy(&h, &w, 4);
+    const float2 f = __bfloat1622float2(h);
     d[0] = f.x;
     d[1] = f.y;
   }
