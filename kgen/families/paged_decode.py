@@ -37,7 +37,7 @@ from kgen.families.layout import (
 MERGE_THREADS = 128
 SMEM_LIMIT = 48 * 1024  # static shared memory of one block (every target arch)
 TILE_BYTES_PER_THREAD = 64  # K and V bytes each thread requests per tile, at least
-BATCH_TOKENS = 8  # tokens whose logits a thread holds at once
+BATCH_TOKENS = 8  # logits a thread holds at once (tokens x its heads)
 # The device code of the kernels, in include order (templates/): platform, cp.async, packed
 # conversions, the decode body.
 DEVICE_HEADERS = ("common/platform.cuh", "common/async_copy.cuh", "common/convert.cuh", "common/paged_decode.cuh")
@@ -91,8 +91,9 @@ class DecodeGeometry:
 
     @property
     def batch_tokens(self) -> int:
-        """A thread's tokens of a tile are computed in batches of this many (registers: logits of a batch)."""
-        return min(self.tokens_per_thread, BATCH_TOKENS)
+        """A thread's tokens of a tile are computed in batches of this many: it holds the batch's logits
+        of each of its heads, BATCH_TOKENS at most in all."""
+        return min(self.tokens_per_thread, max(1, BATCH_TOKENS // self.heads_per_thread))
 
     @property
     def bytes_per_tile(self) -> float:

@@ -158,7 +158,7 @@ __device__ __forceinline__ void issue_tile(
   typedef DecodeShape<Cfg> S;
   typedef typename Cfg::kv_t kv_t;
   constexpr int D = S::D, NT = S::NT, T = S::T, B = Cfg::BLOCK_SIZE, ES = S::ES;
-  const int tid = threadIdx.x;
+  const unsigned tid = threadIdx.x;  // unsigned: index math by shifts and masks
   kv_t* ks = reinterpret_cast<kv_t*>(stage);
   kv_t* vs = reinterpret_cast<kv_t*>(stage + S::K_BYTES);
 
@@ -169,15 +169,15 @@ __device__ __forceinline__ void issue_tile(
   constexpr int COPIES = NT * PER_ROW;
 #pragma unroll
   for (int k = 0; k < (COPIES + T - 1) / T; ++k) {
-    const int c = tid + k * T;
+    const unsigned c = tid + k * T;
     if (COPIES % T == 0 || c < COPIES) {
       const int t = c / PER_ROW, d0 = (c % PER_ROW) * KE, pos = tbase + t;
       const bool valid = pos >= tok_begin && pos < tok_end;
       const kv_t* ksrc = k_cache;
       const kv_t* vsrc = v_cache;
       if (valid) {
-        const long long phys = table[pos / B];
-        const int slot = pos % B;
+        const long long phys = table[(unsigned)pos / B];
+        const int slot = (unsigned)pos % B;
         ksrc = k_cache + phys * k_s_block + kv_head * k_s_head + slot * k_s_token + run_offset<Cfg::K_RUN>(d0, k_s_run);
         vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0;
       }
@@ -194,13 +194,13 @@ __device__ __forceinline__ void issue_tile(
     constexpr int VCOPIES = D * PER_D;
 #pragma unroll
     for (int k = 0; k < (VCOPIES + T - 1) / T; ++k) {
-      const int c = tid + k * T;
+      const unsigned c = tid + k * T;
       if (VCOPIES % T == 0 || c < VCOPIES) {
         const int d = c / PER_D, t0 = (c % PER_D) * VE, pos = tbase + t0;
         const int n = min(VE, tok_end - pos);
         const bool valid = n > 0 && pos + VE > tok_begin;
         const kv_t* vsrc = v_cache;
-        if (valid) vsrc = v_cache + table[pos / B] * v_s_block + kv_head * v_s_head + d * v_s_run + pos % B;
+        if (valid) vsrc = v_cache + table[(unsigned)pos / B] * v_s_block + kv_head * v_s_head + d * v_s_run + (unsigned)pos % B;
         kv_t* dst = vs + d * S::V_ROW + t0;
         if constexpr (S::V_COPY >= 4) {
           cp_async<(S::V_COPY >= 4 ? S::V_COPY : 4)>(dst, vsrc, valid ? n * ES : 0);
@@ -217,13 +217,13 @@ __device__ __forceinline__ void issue_tile(
   // Per-token scales: [0, NT) K, [NT, 2 NT) V.
   if (S::TOKEN_SCALES) {
     float* ss = reinterpret_cast<float*>(stage + S::K_BYTES + S::V_BYTES);
-    for (int c = tid; c < 2 * NT; c += T) {
+    for (unsigned c = tid; c < 2 * NT; c += T) {
       const int t = c % NT, pos = tbase + t;
       const bool valid = pos >= tok_begin && pos < tok_end;
       const float* src = k_scale;
       if (valid) {
-        const long long phys = table[pos / B];
-        const int slot = pos % B;
+        const long long phys = table[(unsigned)pos / B];
+        const int slot = (unsigned)pos % B;
         src = c < NT ? k_scale + phys * ks_s_block + kv_head * ks_s_head + slot * ks_s_token
                      : v_scale + phys * vs_s_block + kv_head * vs_s_head + slot * vs_s_token;
       }
@@ -254,9 +254,9 @@ __device__ __forceinline__ void paged_decode_body(
   const int seq = blockIdx.y;
   const int part = blockIdx.z;
   const int tid = threadIdx.x;
-  const int lane = tid % LANES;             // lane within the row group
-  const int group = tid / LANES;            // row group
-  const int hset = group % S::HEAD_SETS;    // its query heads: hset * HPT ...
+  const int lane = (unsigned)tid % LANES;               // lane within the row group
+  const unsigned group = (unsigned)tid / LANES;         // row group
+  const int hset = group % S::HEAD_SETS;                // its query heads: hset * HPT ...
   const bool counted = group / S::HEAD_SETS < S::SLOTS;  // row groups past the last slot only follow along
   const int slot = counted ? group / S::HEAD_SETS : S::SLOTS - 1;
   const int q_head0 = kv_head * G;
