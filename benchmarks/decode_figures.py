@@ -20,7 +20,7 @@ import numpy as np
 import kgen
 from kgen.dtypes import dtype
 from kgen.families.decode_cases import make_decode_case
-from kgen.families.paged_decode import decode_geometry
+from kgen.families.decode_geometry import decode_geometry
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,7 @@
 // and writes its normalised partial output plus (m, l); the merge kernel combines the
 // partitions with a log-sum-exp merge.
 //
-// Cfg (rendered per spec, geometry from kgen/families/paged_decode.py) supplies the types
+// Cfg (rendered per spec, geometry from kgen/families/decode_geometry.py) supplies the types
 // and compile-time constants.
 #pragma once
 

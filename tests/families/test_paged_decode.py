@@ -15,7 +15,8 @@ from kgen.compile.nvrtc import compile_cubin
 from kgen.dtypes import dtype
 from kgen.families.base import resolve_config
 from kgen.families.decode_cases import make_decode_case
-from kgen.families.paged_decode import PAGED_DECODE, decode_geometry
+from kgen.families.decode_geometry import decode_geometry
+from kgen.families.paged_decode import PAGED_DECODE
 from kgen.render import render
 from kgen.verify.handwritten import kernel_from_source
 from kgen.verify.runner import verify

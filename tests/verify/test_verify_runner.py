@@ -41,7 +41,7 @@ def _kernel(spec, config=None, old: str | None = None, new: str = "") -> Kernel:
 # (id, spec overrides, config, source fragment, replacement, cases that must fail, cases that must pass)
 MUTATIONS = [
     ("v_scale_dropped", {"kv_cache.dtype": "int8", "kv_cache.scale": "per_head"}, None,
-     "s[h][j] = p * (S::TOKEN_SCALES ? ss[NT + t0 + j] : v_sc);", "s[h][j] = p;", {"len_1", "long"}, set()),
+     "s[h][j] = p * (S::TOKEN_SCALES ? ss[NT + t1 + j] : v_sc);", "s[h][j] = p;", {"len_1", "long"}, set()),
     ("k_scale_dropped", {"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_tensor"}, None,
      "s[h][j] * ksj * Cfg::SOFTMAX_SCALE", "s[h][j] * Cfg::SOFTMAX_SCALE", {"long"}, {"len_1"}),
     ("per_head_scale_of_head_0", {"kv_cache.dtype": "int8", "kv_cache.scale": "per_head"}, None,
