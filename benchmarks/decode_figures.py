@@ -1,5 +1,6 @@
-"""Figures for the paged-decode example specs: ptxas registers/spills on sm_90 and the
-KV bytes each decoded token reads.
+"""Figures for the paged-decode example specs: ptxas registers/spills on sm_90 (and sm_80
+where the spec targets it), the main loop's geometry (tile tokens, stages, K/V bytes each
+thread has requested ahead while it computes a tile) and the KV bytes each decoded token reads.
 
 KV bytes per token = num_kv_heads x (K + V row bytes) + the scale bytes that belong to the
 token (per_token_head: one float32 each for K and V per KV head; per_tensor/per_head
@@ -19,6 +20,7 @@ import numpy as np
 import kgen
 from kgen.dtypes import dtype
 from kgen.families.decode_cases import make_decode_case
+from kgen.families.decode_geometry import decode_geometry
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,18 +53,24 @@ def main(paths: list[str]) -> int:
         spec = kgen.load_spec(p)
         if spec.kind != "paged_decode":
             continue
-        kernel = kgen.build(spec, backend="cpu", archs=["sm_90"], verify=False)
-        res = kernel.resources["sm_90"][spec.name]
+        archs = sorted({"sm_90", *(a for a in spec.targets if a == "sm_80")})
+        kernel = kgen.build(spec, backend="cpu", archs=archs, verify=False)
+        res = {arch: kernel.resources[arch][spec.name] for arch in archs}
+        geo, _ = decode_geometry(spec, kernel.config)
         per_tok = kv_bytes_per_token(spec)
         assert per_tok == kv_bytes_from_arrays(spec), spec.name
         per_head_fp16 = 2 * 2 * spec.attention.head_dim * spec.attention.num_kv_heads
-        rows.append((spec.name, spec.kv_cache.dtype, spec.kv_cache.scale, kernel.config["partition_size"],
-                     res["registers"], res["spill_stores"] + res["spill_loads"], per_tok, per_tok / per_head_fp16))
-    head = ("spec", "kv dtype", "scale", "P", "regs sm_90", "spills (st+ld)", "KV B/token", "vs fp16")
+        regs = " / ".join(str(res[a]["registers"]) for a in ("sm_90", "sm_80") if a in res)
+        spills = sum(r["spill_stores"] + r["spill_loads"] + r["stack_frame"] for r in res.values())
+        rows.append((spec.name, spec.kv_cache.dtype, spec.kv_cache.scale, spec.group_size,
+                     kernel.config["partition_size"], regs, spills, geo.tile_tokens, geo.stages,
+                     geo.bytes_in_flight, per_tok, per_tok / per_head_fp16))
+    head = ("spec", "kv dtype", "scale", "GQA", "P", "regs sm_90 / sm_80", "spills+stack", "tile tokens", "stages",
+            "B in flight/thread", "KV B/token", "vs fp16")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]} | {r[7]:.3f} |")
+        print(f"| {' | '.join(str(x) for x in r[:9])} | {r[9]:.0f} | {r[10]} | {r[11]:.3f} |")
     return 0
 
 

@@ -26,8 +26,14 @@ def _fmt(seconds: float) -> str:
     return f"{seconds * 1e3:.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.1f} us"
 
 
-def _ckey(config: dict) -> str:
-    return " ".join(f"{k}={v}" for k, v in sorted(config.items()))
+def _ckey(config: dict, keys: set[str] | None = None) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(config.items()) if keys is None or k in keys)
+
+
+def _varying(configs: list[dict]) -> set[str]:
+    """The parameters whose value differs between configs (all of them when none does): the table's rows."""
+    keys = {k for c in configs for k in c}
+    return {k for k in keys if len({c.get(k) for c in configs}) > 1} or keys
 
 
 @click.command()
@@ -72,13 +78,15 @@ def print_table(results: dict) -> None:
     dev = results["device"]
     title = (f"{results['spec_name']} on {dev.get('name')} ({results['clock']}; {results['strategy']}, "
              f"{len(results['measurements'])} measurements)")
-    table = Table(title=title, caption="columns: batch x context; median per launch; * = the bucket's winner")
+    table = Table(title=title, caption="columns: batch x context; median per launch; * = the bucket's winner; "
+                                       "parameters not shown are the same in every row")
+    shown = _varying([m["config"] for m in results["measurements"]])
     table.add_column("config", no_wrap=True)
     for b in buckets:
         table.add_column(b, justify="right", no_wrap=True)
     cells: dict[str, dict[str, str]] = {}
     for m in results["measurements"]:
-        row = cells.setdefault(_ckey(m["config"]), {})
+        row = cells.setdefault(_ckey(m["config"], shown), {})
         b = f"{m['batch']}x{m['context']}"
         if m["status"] == "ok":
             win = results["winners"].get(b)

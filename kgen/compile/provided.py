@@ -19,7 +19,8 @@ CUDA_HEADERS = ("cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h", "vector_types.h", "v
 # kgen's headers: include name -> file under templates/.
 # (mma.cuh and paged_prefill.cuh hold the GPU/CPU spellings of mma.sync/ldmatrix and the sm_75
 # fallback: provided, so a prefill source from `kgen show` passes the source policy)
-PROVIDED_HEADERS = {"kgen/platform.cuh": "common/platform.cuh", "kgen/mma.cuh": "common/mma.cuh",
+PROVIDED_HEADERS = {"kgen/platform.cuh": "common/platform.cuh", "kgen/async_copy.cuh": "common/async_copy.cuh",
+                    "kgen/convert.cuh": "common/convert.cuh", "kgen/mma.cuh": "common/mma.cuh",
                     "kgen/paged_prefill.cuh": "common/paged_prefill.cuh"}
 ALLOWED_INCLUDES = (*CUDA_HEADERS, *PROVIDED_HEADERS)
 

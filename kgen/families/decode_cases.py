@@ -61,8 +61,8 @@ def _pool_padding(spec) -> dict[str, tuple[int, ...]]:
     16-byte vectors, so the strides stay as aligned as the vector loads need."""
     kv = spec.kv_cache
     v16 = 16 // dtype(kv.dtype).itemsize
-    if kv.layout == "vllm":  # K [N, H, D/x, B, x]; V [N, H, D, B] takes scalar loads: any stride
-        return {"k_cache": (0, 1, 1, 1, 0), "v_cache": (0, 1, 0, 3)}
+    if kv.layout == "vllm":  # K [N, H, D/x, B, x]; V [N, H, D, B], loaded along B: rows grow by whole vectors
+        return {"k_cache": (0, 1, 1, 1, 0), "v_cache": (0, 1, 0, v16)}
     if kv.layout == "fused":  # [N, 2, ...]: a gap between the K and V halves too
         return {"kv_cache": (0, 1, 1, 1, v16)}
     return {"k_cache": (0, 1, 1, v16), "v_cache": (0, 2, 0, 2 * v16) if kv.resolved_order == "HND"

@@ -18,6 +18,7 @@ from kgen.families import decode_cases
 from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
 from kgen.families.base import Config, FamilyBase, TunableParam, threads_problems
 from kgen.families.binding import CallBinder, host_values
+from kgen.families.decode_geometry import decode_geometry, vector_width, vllm_v_copy
 from kgen.families.layout import (
     SCALE_MODES,
     bind_scales,
@@ -35,21 +36,16 @@ from kgen.families.layout import (
 )
 
 MERGE_THREADS = 128
-
-
-def vector_width(spec) -> int:
-    """Elements per load: 16 bytes when head_dim allows, else the widest power of two that divides it."""
-    item = dtype(spec.kv_cache.dtype).itemsize
-    vec = 16 // item
-    while spec.attention.head_dim % vec:
-        vec //= 2
-    return vec
+# The device code of the kernels, in include order (templates/): platform, cp.async, packed
+# conversions, the decode body.
+DEVICE_HEADERS = ("common/platform.cuh", "common/async_copy.cuh", "common/convert.cuh", "common/paged_decode.cuh")
 
 
 class PagedDecodeFamily(FamilyBase):
     kind = "paged_decode"
     template = "paged_decode.cu.j2"
-    params = {"threads": TunableParam("threads", 128), "partition_size": TunableParam("partition_size", 0)}
+    params = {"threads": TunableParam("threads", 128), "partition_size": TunableParam("partition_size", 0),
+              "stages": TunableParam("stages", 2), "heads_per_thread": TunableParam("heads_per_thread", 0)}
 
     # ---- generation -------------------------------------------------------------------
     def unsupported(self, spec) -> list[str]:
@@ -62,13 +58,15 @@ class PagedDecodeFamily(FamilyBase):
             problems.append(
                 f"partition_size must be 0 or a positive multiple of block_size {spec.kv_cache.block_size} (got {p})"
             )
+        if not problems:
+            problems += decode_geometry(spec, config)[1]
         return problems
 
     def abi_config(self, spec) -> Config:
         return {"partition_size": 0}  # a hand-written kernel implements the single-pass launch
 
     def default_space(self, spec) -> dict[str, list[int]]:
-        return {"threads": [64, 128, 256], "partition_size": [0, 256, 512]}
+        return {"threads": [64, 128, 256], "partition_size": [0, 256, 512], "stages": [2, 3]}
 
     def arguments(self, spec, config: Config) -> list[Arg]:
         a, d = spec.attention, spec.dtype
@@ -117,6 +115,9 @@ class PagedDecodeFamily(FamilyBase):
         a, kv = spec.attention, spec.kv_cache
         layout_vllm = kv.layout == "vllm"
         kernels = self.kernels(spec, config)
+        geo, problems = decode_geometry(spec, config)
+        if geo is None:
+            raise ValueError("; ".join(problems))  # render() runs check_config first
         return {
             "q_ctype": dtype(spec.dtype.q).ctype,
             "out_ctype": dtype(spec.dtype.resolved_out).ctype,
@@ -130,6 +131,7 @@ class PagedDecodeFamily(FamilyBase):
             "vec": vector_width(spec),
             "threads": config["threads"],
             "partition_size": config["partition_size"],
+            "geo": geo,
             "main": kernels[0],
             "merge": kernels[1] if len(kernels) > 1 else None,
         }
@@ -156,7 +158,9 @@ class PagedDecodeFamily(FamilyBase):
             "Rules: slots past a sequence's length in its last block hold garbage and must not be read"
             + ("" if spec.tail_masking else
                " (tail_masking: false: every seq_len is promised to be a multiple of block_size)") + ".",
-            f"Loads: {vector_width(spec)} elements per vector load; pointers and strides must keep them aligned.",
+            f"Loads: {vector_width(spec)} elements per vector load; pointers and strides must keep them aligned"
+            + (f" (V: {vllm_v_copy(spec) // dtype(kv.dtype).itemsize} tokens per load along its block_size axis)"
+               if kv.layout == "vllm" else "") + ".",
             "A hand-written kernel implements the single-pass launch below (part_o and part_ml null, max_partitions "
             "1); kgen's split-KV configs add partitions on grid z and a merge kernel.",
         ]
@@ -230,8 +234,9 @@ class _Binder(CallBinder):
             self.check(c, shape, kv.dtype)
         vec = vector_width(spec)
         st = cache_strides(spec, caches)
-        if kv.layout == "vllm":  # K steps by block, head, run (x) and token; V takes scalar loads
+        if kv.layout == "vllm":  # K steps by block, head, run (x) and token; V by block, head and head_dim row
             self._aligned(caches[0], min(vec, vllm_x(spec)), st.k)
+            self._aligned(caches[1], vllm_v_copy(spec) // caches[1].itemsize, (st.v[0], st.v[1], st.v[3]))
         else:
             for c in caches:
                 self._aligned(c, vec, (*st.k[:3], *st.v[:3], 0, st.v_offset))

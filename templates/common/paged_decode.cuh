@@ -1,40 +1,72 @@
 // Paged decode attention: one query token per sequence against its paged KV cache.
 //
-// Work decomposition: one thread block per (KV head, sequence, KV partition).
-// The block serves all GROUP query heads that share its KV head, so every K/V
-// row is read from memory once per group. Threads form "token groups" of LANES
-// lanes; a token group owns one token at a time and its lanes split head_dim
-// into VEC-element chunks (16-byte loads when the layout allows). Each token
-// group keeps its own online-softmax state (running max m, sum l, output o) in
-// registers; the states are merged across token groups by warp shuffles and
-// across warps through shared memory at the end.
+// Work decomposition: one thread block per (KV head, sequence, KV partition); the block
+// serves the GROUP query heads that share its KV head, so every K/V row is read from
+// memory once per group.
 //
-// With PARTITION_SIZE > 0 (flash-decoding) each block covers one partition of
-// the context and writes its normalised partial output plus (m, l); the merge
-// kernel combines the partitions with a log-sum-exp merge.
+// Memory: the block walks its tokens in tiles of TILE_TOKENS. All threads copy a tile's K
+// and V rows (and per-token scales) into shared memory with cp.async (async_copy.cuh),
+// STAGES tiles deep: while tile i is computed, tiles i+1 .. i+STAGES-1 are in flight.
+// K rows land as [token][head_dim]; V rows too, except in the vLLM layout, whose V is
+// head_dim-major in memory: it is copied along the token axis and lands as
+// [head_dim][token] (rows padded against bank conflicts).
 //
-// Cfg (rendered per spec) supplies the types and compile-time constants.
+// Compute: the threads form row groups of LANES lanes that split head_dim (VEC elements a
+// lane, CPL chunks). A row group serves HEADS_PER_THREAD query heads (its "head set") for
+// TOKENS_PER_THREAD consecutive tokens of each tile (its "token slot"), so the registers
+// per thread grow with HEADS_PER_THREAD, not with the GQA group. Each thread keeps its
+// heads' queries and output accumulators in registers (o: OUT = CPL * VEC elements a head)
+// and an online-softmax state. Token slots are merged through shared memory at the end.
+//
+// With PARTITION_SIZE > 0 (flash-decoding) each block covers one partition of the context
+// and writes its normalised partial output plus (m, l); the merge kernel combines the
+// partitions with a log-sum-exp merge.
+//
+// Cfg (rendered per spec, geometry from kgen/families/decode_geometry.py) supplies the types
+// and compile-time constants.
 #pragma once
 
 namespace kgen {
 
-__host__ __device__ constexpr int next_pow2(int x) { return x <= 1 ? 1 : 2 * next_pow2((x + 1) / 2); }
-
 template <class Cfg>
 struct DecodeShape {
+  typedef typename Cfg::kv_t kv_t;
   static constexpr int D = Cfg::HEAD_DIM;
   static constexpr int G = Cfg::GROUP;
+  static constexpr int T = Cfg::NUM_THREADS;
+  static constexpr int ES = (int)sizeof(kv_t);
   static constexpr int VEC = Cfg::VEC;
   static constexpr int CHUNKS = D / VEC;
-  static constexpr int LANES = next_pow2(CHUNKS) < 32 ? next_pow2(CHUNKS) : 32;  // lanes per token group
-  static constexpr int CPL = (CHUNKS + LANES - 1) / LANES;                       // chunks per lane
-  static constexpr int NUM_WARPS = Cfg::NUM_THREADS / 32;
-  static constexpr int TOKEN_GROUPS = Cfg::NUM_THREADS / LANES;
-  static_assert(D % VEC == 0, "head_dim must be a multiple of the vector width");
-  static_assert(Cfg::NUM_THREADS % 32 == 0, "threads must be a multiple of 32");
+  static constexpr int LANES = Cfg::LANES;  // lanes of a row group
+  static constexpr int CPL = Cfg::CPL;      // chunks per lane
+  static constexpr int OUT = CPL * VEC;     // output elements per lane and head
+  static constexpr int HPT = Cfg::HEADS_PER_THREAD;
+  static constexpr int HEAD_SETS = (G + HPT - 1) / HPT;
+  static constexpr int SLOTS = Cfg::TOKEN_SLOTS;
+  static constexpr int NT = Cfg::TILE_TOKENS;
+  static constexpr int TPT = NT / SLOTS;  // tokens per thread and tile
+  static constexpr int SUB = Cfg::BATCH_TOKENS;  // ... computed in batches of SUB
+  static constexpr int STAGES = Cfg::STAGES;
+  static constexpr bool V_BY_TOKEN = Cfg::V_RUN == 1;  // vLLM V: head_dim-major, tokens contiguous
+  static constexpr int V_ROW = Cfg::V_ROW;               // elements per smem V row (vLLM)
+  static constexpr int K_COPY = Cfg::K_COPY;  // bytes per K copy (and V copy unless V_BY_TOKEN)
+  static constexpr int V_COPY = Cfg::V_COPY;  // bytes per V copy
+  static constexpr bool TOKEN_SCALES = Cfg::SCALE_MODE == 3;
+  static constexpr int align16(int x) { return (x + 15) / 16 * 16; }
+  static constexpr int K_BYTES = align16(NT * D * ES);
+  static constexpr int V_BYTES = align16((V_BY_TOKEN ? D * V_ROW : NT * D) * ES);
+  static constexpr int S_BYTES = TOKEN_SCALES ? align16(2 * NT * 4) : 0;
+  static constexpr int STAGE_BYTES = K_BYTES + V_BYTES + S_BYTES;
+  static constexpr int SCRATCH_BYTES = SLOTS * G * (D + 2) * 4;  // the token slots' (o, m, l)
+  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES > SCRATCH_BYTES ? STAGES * STAGE_BYTES : SCRATCH_BYTES;
+  static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's geometry and the template disagree");
+  static_assert(D % VEC == 0 && LANES <= 32 && (LANES & (LANES - 1)) == 0 && LANES * CPL >= CHUNKS, "lanes");
+  static_assert(T % 32 == 0 && T % LANES == 0, "threads must be whole warps of whole row groups");
+  static_assert(HEAD_SETS * SLOTS <= T / LANES && NT % SLOTS == 0, "row groups");
+  static_assert(STAGES >= 1 && TPT % SUB == 0, "stages, batches");
 };
 
-// Sum over the LANES lanes of a token group (xor butterfly: every lane ends with the same value).
+// Sum over the LANES lanes of a row group (xor butterfly: every lane ends with the same value).
 template <int LANES>
 __device__ __forceinline__ float token_group_sum(float v) {
 #pragma unroll
@@ -42,32 +74,11 @@ __device__ __forceinline__ float token_group_sum(float v) {
   return v;
 }
 
-// Load head_dim elements [d0, d0+VEC) of one token row as floats. The layout cuts
-// head_dim into runs of RUN contiguous elements, consecutive runs `run_stride`
-// elements apart (NHD/HND: one run; vLLM K: runs of x; vLLM V: runs of 1).
-template <class T, int VEC, int RUN>
-__device__ __forceinline__ void load_row_chunk(const T* __restrict__ row, int d0, long long run_stride,
-                                               float (&dst)[VEC]) {
-  if (RUN % VEC == 0) {
-    load_vec_as_float<T, VEC>(row + (long long)(d0 / RUN) * run_stride + d0 % RUN, dst);
-  } else {
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      const int d = d0 + i;
-      dst[i] = to_float(row[(long long)(d / RUN) * run_stride + d % RUN]);
-    }
-  }
-}
-
-// Dequantisation scale of one (physical block, slot, KV head) for the spec's granularity.
-template <int SCALE_MODE>
-__device__ __forceinline__ float kv_scale_at(const float* __restrict__ scale, long long phys, int slot,
-                                             int kv_head, long long s_block, long long s_head,
-                                             long long s_token) {
-  if (SCALE_MODE == 0) return 1.0f;                          // float cache
-  if (SCALE_MODE == 1) return scale[0];                      // per_tensor
-  if (SCALE_MODE == 2) return scale[kv_head];                // per_head
-  return scale[phys * s_block + kv_head * s_head + slot * s_token];  // per_token_head
+// Offset of head_dim element d in a token row cut into runs of RUN contiguous elements,
+// consecutive runs `run_stride` elements apart (NHD/HND: one run; vLLM K: runs of x).
+template <int RUN>
+__device__ __forceinline__ long long run_offset(int d, long long run_stride) {
+  return (long long)(d / RUN) * run_stride + d % RUN;
 }
 
 // Online softmax of one row: running max m of the logits seen, running sum l of
@@ -109,6 +120,17 @@ struct SoftmaxState {
     return f;
   }
 
+  // A tile of logits at once: raise m to at least m_tile (nothing added yet) and return the
+  // factor for this state's accumulators; the caller then adds each logit s with weight
+  // exp(s - m) to l itself. m_tile = -inf (no logit) leaves an empty state empty.
+  __device__ __forceinline__ float raise_max(float m_tile) {
+    const float m_new = fmaxf(m, m_tile);
+    const float f = rescale(m, m_new);
+    l *= f;
+    m = m_new;
+    return f;
+  }
+
   __device__ __forceinline__ float inv_sum() const { return l > 0.0f ? 1.0f / l : 0.0f; }
   __device__ __forceinline__ float lse() const { return m + logf(l); }  // -inf + log(0) = -inf when empty
 };
@@ -119,6 +141,95 @@ __device__ __forceinline__ float adjust_logit(float s, float alibi_slope, int po
   if (Cfg::SOFT_CAP > 0.0f) s = Cfg::SOFT_CAP * tanhf(s / Cfg::SOFT_CAP);
   if (Cfg::ALIBI) s += alibi_slope * (float)(pos - (seq_len - 1));
   return s;
+}
+
+// Issue the cp.async copies of one tile (its tokens [tbase, tbase + NT)) into `stage`.
+// Tokens outside [tok_begin, tok_end) are not read: their bytes are zero-filled, so a
+// masked token's K and V are 0 in shared memory, never the poison of an unread slot.
+template <class Cfg>
+__device__ __forceinline__ void issue_tile(
+    unsigned char* __restrict__ stage, int tbase, int tok_begin, int tok_end, int kv_head,
+    const int* __restrict__ table, const typename Cfg::kv_t* __restrict__ k_cache,
+    const typename Cfg::kv_t* __restrict__ v_cache, const float* __restrict__ k_scale,
+    const float* __restrict__ v_scale, long long k_s_block, long long k_s_head, long long k_s_token,
+    long long k_s_run, long long v_s_block, long long v_s_head, long long v_s_token, long long v_s_run,
+    long long ks_s_block, long long ks_s_head, long long ks_s_token, long long vs_s_block, long long vs_s_head,
+    long long vs_s_token) {
+  typedef DecodeShape<Cfg> S;
+  typedef typename Cfg::kv_t kv_t;
+  constexpr int D = S::D, NT = S::NT, T = S::T, B = Cfg::BLOCK_SIZE, ES = S::ES;
+  const unsigned tid = threadIdx.x;  // unsigned: index math by shifts and masks
+  kv_t* ks = reinterpret_cast<kv_t*>(stage);
+  kv_t* vs = reinterpret_cast<kv_t*>(stage + S::K_BYTES);
+
+  // K rows (and V rows, same mapping, unless V_BY_TOKEN): consecutive threads take
+  // consecutive K_COPY-byte pieces of a row.
+  constexpr int KE = S::K_COPY / ES;  // elements per copy
+  constexpr int PER_ROW = D / KE;
+  constexpr int COPIES = NT * PER_ROW;
+#pragma unroll
+  for (int k = 0; k < (COPIES + T - 1) / T; ++k) {
+    const unsigned c = tid + k * T;
+    if (COPIES % T == 0 || c < COPIES) {
+      const int t = c / PER_ROW, d0 = (c % PER_ROW) * KE, pos = tbase + t;
+      const bool valid = pos >= tok_begin && pos < tok_end;
+      const kv_t* ksrc = k_cache;
+      const kv_t* vsrc = v_cache;
+      if (valid) {
+        const long long phys = table[(unsigned)pos / B];
+        const int slot = (unsigned)pos % B;
+        ksrc = k_cache + phys * k_s_block + kv_head * k_s_head + slot * k_s_token + run_offset<Cfg::K_RUN>(d0, k_s_run);
+        vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0;
+      }
+      cp_async<S::K_COPY>(ks + t * D + d0, ksrc, valid ? S::K_COPY : 0);
+      if (!S::V_BY_TOKEN) cp_async<S::K_COPY>(vs + t * D + d0, vsrc, valid ? S::K_COPY : 0);
+    }
+  }
+
+  // vLLM V: V_COPY-byte pieces along the token axis of one head_dim row (VE tokens of one
+  // cache block); a piece that runs past tok_end reads only the tokens before it.
+  if (S::V_BY_TOKEN) {
+    constexpr int VE = S::V_COPY / ES;
+    constexpr int PER_D = NT / VE;
+    constexpr int VCOPIES = D * PER_D;
+#pragma unroll
+    for (int k = 0; k < (VCOPIES + T - 1) / T; ++k) {
+      const unsigned c = tid + k * T;
+      if (VCOPIES % T == 0 || c < VCOPIES) {
+        const int d = c / PER_D, t0 = (c % PER_D) * VE, pos = tbase + t0;
+        const int n = min(VE, tok_end - pos);
+        const bool valid = n > 0 && pos + VE > tok_begin;
+        const kv_t* vsrc = v_cache;
+        if (valid) vsrc = v_cache + table[(unsigned)pos / B] * v_s_block + kv_head * v_s_head + d * v_s_run + (unsigned)pos % B;
+        kv_t* dst = vs + d * S::V_ROW + t0;
+        if constexpr (S::V_COPY >= 4) {
+          cp_async<(S::V_COPY >= 4 ? S::V_COPY : 4)>(dst, vsrc, valid ? n * ES : 0);
+        } else {  // pieces under 4 bytes (tiny blocks): a plain copy, landed at issue
+          unsigned char* db = reinterpret_cast<unsigned char*>(dst);
+          const unsigned char* sb = reinterpret_cast<const unsigned char*>(vsrc);
+#pragma unroll
+          for (int b = 0; b < S::V_COPY; ++b) db[b] = valid && b < n * ES ? sb[b] : (unsigned char)0;
+        }
+      }
+    }
+  }
+
+  // Per-token scales: [0, NT) K, [NT, 2 NT) V.
+  if (S::TOKEN_SCALES) {
+    float* ss = reinterpret_cast<float*>(stage + S::K_BYTES + S::V_BYTES);
+    for (unsigned c = tid; c < 2 * NT; c += T) {
+      const int t = c % NT, pos = tbase + t;
+      const bool valid = pos >= tok_begin && pos < tok_end;
+      const float* src = k_scale;
+      if (valid) {
+        const long long phys = table[(unsigned)pos / B];
+        const int slot = (unsigned)pos % B;
+        src = c < NT ? k_scale + phys * ks_s_block + kv_head * ks_s_head + slot * ks_s_token
+                     : v_scale + phys * vs_s_block + kv_head * vs_s_head + slot * vs_s_token;
+      }
+      cp_async<4>(ss + c, src, valid ? 4 : 0);
+    }
+  }
 }
 
 template <class Cfg>
@@ -134,17 +245,20 @@ __device__ __forceinline__ void paged_decode_body(
     long long v_s_run, long long ks_s_block, long long ks_s_head, long long ks_s_token,
     long long vs_s_block, long long vs_s_head, long long vs_s_token) {
   typedef DecodeShape<Cfg> S;
-  constexpr int D = S::D, G = S::G, VEC = S::VEC, LANES = S::LANES, CPL = S::CPL;
+  typedef typename Cfg::kv_t kv_t;
+  constexpr int D = S::D, G = S::G, VEC = S::VEC, LANES = S::LANES, CPL = S::CPL, OUT = S::OUT;
+  constexpr int HPT = S::HPT, NT = S::NT, TPT = S::TPT, SUB = S::SUB, STAGES = S::STAGES, T = S::T;
   constexpr int B = Cfg::BLOCK_SIZE, P = Cfg::PARTITION_SIZE;
 
   const int kv_head = blockIdx.x;
   const int seq = blockIdx.y;
   const int part = blockIdx.z;
   const int tid = threadIdx.x;
-  const int lane = tid & 31;
-  const int warp = tid >> 5;
-  const int tgroup = tid / LANES;        // token group within the block
-  const int tlane = tid % LANES;         // lane within the token group
+  const int lane = (unsigned)tid % LANES;               // lane within the row group
+  const unsigned group = (unsigned)tid / LANES;         // row group
+  const int hset = group % S::HEAD_SETS;                // its query heads: hset * HPT ...
+  const bool counted = group / S::HEAD_SETS < S::SLOTS;  // row groups past the last slot only follow along
+  const int slot = counted ? group / S::HEAD_SETS : S::SLOTS - 1;
   const int q_head0 = kv_head * G;
 
   const int seq_len = seq_lens[seq];
@@ -160,160 +274,206 @@ __device__ __forceinline__ void paged_decode_body(
     tok_begin = max(ctx_begin, part * P);
     tok_end = min(ctx_end, (part + 1) * P);
   }
+  const int tile0 = tok_begin / NT * NT;  // tiles are aligned to NT tokens
+  const int ntiles = tok_end > tok_begin ? (tok_end - tile0 + NT - 1) / NT : 0;
 
-  // Queries of the group, widened to fp32, in shared memory (reused for the output merge).
-  KGEN_DYNAMIC_SMEM(float, q_s);
-  __shared__ float warp_m[S::NUM_WARPS * G];
-  __shared__ float warp_l[S::NUM_WARPS * G];
-  for (int i = tid; i < G * D; i += Cfg::NUM_THREADS) {
-    const int g = i / D, d = i % D;
-    q_s[i] = to_float(q[seq * q_s_seq + (long long)(q_head0 + g) * q_s_head + d]);
-  }
-  __syncthreads();
-
-  float slope[G];
-#pragma unroll
-  for (int g = 0; g < G; ++g) slope[g] = Cfg::ALIBI ? alibi_slopes[q_head0 + g] : 0.0f;
-
-  SoftmaxState st[G];
-  float o[G][CPL * VEC];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    st[g] = SoftmaxState::empty();
-#pragma unroll
-    for (int i = 0; i < CPL * VEC; ++i) o[g][i] = 0.0f;
-  }
-
+  __shared__ __align__(16) unsigned char smem[S::SMEM_BYTES];
   const int* table = block_tables + (long long)seq * max_blocks_per_seq;
-  // The loop bound is uniform across the block, so every lane reaches every shuffle.
-  for (int base = tok_begin; base < tok_end; base += S::TOKEN_GROUPS) {
-    const int pos = base + tgroup;
-    const bool valid = pos < tok_end;
-    long long phys = 0;
-    int slot = 0;
-    float qk[G];
+  auto issue = [&](int tile) {
+    issue_tile<Cfg>(smem + (tile % STAGES) * S::STAGE_BYTES, tile0 + tile * NT, tok_begin, tok_end, kv_head, table,
+                    k_cache, v_cache, k_scale, v_scale, k_s_block, k_s_head, k_s_token, k_s_run, v_s_block,
+                    v_s_head, v_s_token, v_s_run, ks_s_block, ks_s_head, ks_s_token, vs_s_block, vs_s_head,
+                    vs_s_token);
+  };
+  // The first STAGES - 1 tiles are requested before anything else is done.
 #pragma unroll
-    for (int g = 0; g < G; ++g) qk[g] = 0.0f;
-    if (valid) {
-      phys = table[pos / B];
-      slot = pos % B;
-      const typename Cfg::kv_t* k_row = k_cache + phys * k_s_block + (long long)kv_head * k_s_head + slot * k_s_token;
-#pragma unroll
-      for (int c = 0; c < CPL; ++c) {
-        const int chunk = tlane + c * LANES;
-        if (chunk < S::CHUNKS) {
-          float kf[VEC];
-          load_row_chunk<typename Cfg::kv_t, VEC, Cfg::K_RUN>(k_row, chunk * VEC, k_s_run, kf);
-#pragma unroll
-          for (int g = 0; g < G; ++g)
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) qk[g] += q_s[g * D + chunk * VEC + i] * kf[i];
-        }
-      }
-    }
-#pragma unroll
-    for (int g = 0; g < G; ++g) qk[g] = token_group_sum<LANES>(qk[g]);
-    if (valid) {
-      const float ks = kv_scale_at<Cfg::SCALE_MODE>(k_scale, phys, slot, kv_head, ks_s_block, ks_s_head, ks_s_token);
-      const float vs = kv_scale_at<Cfg::SCALE_MODE>(v_scale, phys, slot, kv_head, vs_s_block, vs_s_head, vs_s_token);
-      const typename Cfg::kv_t* v_row = v_cache + phys * v_s_block + (long long)kv_head * v_s_head + slot * v_s_token;
-      float vf[CPL][VEC];
-#pragma unroll
-      for (int c = 0; c < CPL; ++c) {
-        const int chunk = tlane + c * LANES;
-        if (chunk < S::CHUNKS) {
-          load_row_chunk<typename Cfg::kv_t, VEC, Cfg::V_RUN>(v_row, chunk * VEC, v_s_run, vf[c]);
-        } else {
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) vf[c][i] = 0.0f;
-        }
-      }
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        const float s = adjust_logit<Cfg>(qk[g] * ks * Cfg::SOFTMAX_SCALE, slope[g], pos, seq_len);
-        const SoftmaxFactors f = st[g].add(s);
-        const float p = f.other;  // this token's weight exp(s - m)
-        const float pv = p * vs;
-#pragma unroll
-        for (int c = 0; c < CPL; ++c)
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) o[g][c * VEC + i] = o[g][c * VEC + i] * f.self + pv * vf[c][i];
-      }
-    }
+  for (int t = 0; t < STAGES - 1; ++t) {
+    if (t < ntiles) issue(t);
+    cp_async_commit();
   }
 
-  // Merge the token groups of each warp: lanes that own the same chunks sit LANES apart.
+  // This thread's heads (a head past the group repeats the last one; its results are dropped),
+  // their queries in registers (dims (c * LANES + lane) * VEC + i), slopes, states, outputs.
+  float qr[HPT][OUT];
+  float slope[HPT];
+  SoftmaxState st[HPT];
+  float o[HPT][OUT];
 #pragma unroll
-  for (int offset = LANES; offset < 32; offset <<= 1) {
+  for (int h = 0; h < HPT; ++h) {
+    const int g = min(hset * HPT + h, G - 1);
+    const typename Cfg::q_t* qh = q + seq * q_s_seq + (long long)(q_head0 + g) * q_s_head;
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const SoftmaxState other{__shfl_xor_sync(0xffffffffu, st[g].m, offset, 32),
-                               __shfl_xor_sync(0xffffffffu, st[g].l, offset, 32)};
-      const SoftmaxFactors f = st[g].merge(other);
+    for (int c = 0; c < CPL; ++c) {
+      const int chunk = c * LANES + lane;
 #pragma unroll
-      for (int i = 0; i < CPL * VEC; ++i) {
-        const float o_other = __shfl_xor_sync(0xffffffffu, o[g][i], offset, 32);
-        o[g][i] = o[g][i] * f.self + o_other * f.other;
-      }
+      for (int i = 0; i < VEC; ++i) qr[h][c * VEC + i] = chunk < S::CHUNKS ? to_float(qh[chunk * VEC + i]) : 0.0f;
     }
+    slope[h] = Cfg::ALIBI ? alibi_slopes[q_head0 + g] : 0.0f;
+    st[h] = SoftmaxState::empty();
+#pragma unroll
+    for (int i = 0; i < OUT; ++i) o[h][i] = 0.0f;
   }
+  // Per-tensor / per-head dequantisation scales (per-token ones come with each tile).
+  float k_sc = 1.0f, v_sc = 1.0f;
+  if (Cfg::SCALE_MODE == 1) k_sc = k_scale[0], v_sc = v_scale[0];
+  if (Cfg::SCALE_MODE == 2) k_sc = k_scale[kv_head], v_sc = v_scale[kv_head];
 
-  // Merge the warps through shared memory. q_s is free once every thread is past the loop.
-  if (lane == 0) {
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      warp_m[warp * G + g] = st[g].m;
-      warp_l[warp * G + g] = st[g].l;
+  // The loop bound is uniform across the block, so every lane reaches every shuffle and barrier.
+  for (int tile = 0; tile < ntiles; ++tile) {
+    if (STAGES == 1) {
+      __syncthreads();  // everybody is done with the buffer
+      issue(tile);
+      cp_async_commit();
+      cp_async_wait<0>();
+    } else {
+      cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();  // this thread's copies of `tile` have landed
     }
-  }
-  __syncthreads();
-  float* o_s = q_s;
-  for (int i = tid; i < G * D; i += Cfg::NUM_THREADS) o_s[i] = 0.0f;
-  SoftmaxState blk[G];  // the block's state: every warp's merged (each thread computes it)
+    __syncthreads();  // everybody's have; and everybody is done with tile - 1, whose buffer is refilled next
+    if (STAGES > 1) {
+      if (tile + STAGES - 1 < ntiles) issue(tile + STAGES - 1);
+      cp_async_commit();
+    }
+
+    const unsigned char* stage = smem + (tile % STAGES) * S::STAGE_BYTES;
+    const kv_t* ks = reinterpret_cast<const kv_t*>(stage);
+    const kv_t* vs = reinterpret_cast<const kv_t*>(stage + S::K_BYTES);
+    const float* ss = reinterpret_cast<const float*>(stage + S::K_BYTES + S::V_BYTES);
+    const int t0 = slot * TPT;                 // this slot's first token in the tile
+    const int pos0 = tile0 + tile * NT + t0;   // ... and its position
+
+    // The slot's tokens in batches of SUB (registers hold SUB logits a head, whatever the tile).
+#pragma unroll 1
+    for (int batch = 0; batch < TPT / SUB; ++batch) {
+      const int t1 = t0 + batch * SUB, pos1 = pos0 + batch * SUB;
+      // Logits of the slot's tokens: partial dot products, then a sum over the row group.
+      float s[HPT][SUB];
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    blk[g] = SoftmaxState::empty();
-#pragma unroll 1  // merges interleaved across warps while o[] is live cost registers
-    for (int w = 0; w < S::NUM_WARPS; ++w) blk[g].merge(SoftmaxState{warp_m[w * G + g], warp_l[w * G + g]});
-  }
-  __syncthreads();
-  for (int w = 0; w < S::NUM_WARPS; ++w) {
-    if (warp == w && lane < LANES) {
+      for (int j = 0; j < SUB; ++j) {
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        const float a = SoftmaxState::rescale(st[g].m, blk[g].m);
+        for (int h = 0; h < HPT; ++h) s[h][j] = 0.0f;
 #pragma unroll
         for (int c = 0; c < CPL; ++c) {
-          const int chunk = tlane + c * LANES;
-          if (chunk < S::CHUNKS) {
+          const int chunk = c * LANES + lane;
+          if (S::CHUNKS % LANES == 0 || chunk < S::CHUNKS) {
+            float kf[VEC];
+            load_as_float<kv_t, VEC>(ks + (t1 + j) * D + chunk * VEC, kf);
 #pragma unroll
-            for (int i = 0; i < VEC; ++i) o_s[g * D + chunk * VEC + i] += o[g][c * VEC + i] * a;
+            for (int h = 0; h < HPT; ++h)
+#pragma unroll
+              for (int i = 0; i < VEC; ++i) s[h][j] += qr[h][c * VEC + i] * kf[i];
+          }
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < HPT; ++h)
+#pragma unroll
+        for (int j = 0; j < SUB; ++j) s[h][j] = token_group_sum<LANES>(s[h][j]);
+
+      // Online softmax over the batch: one rescale of o per batch; s becomes each token's
+      // weight exp(s - m) times its V scale (0 for a masked token).
+#pragma unroll
+      for (int h = 0; h < HPT; ++h) {
+        float m_tile = KGEN_NEG_INF;
+#pragma unroll
+        for (int j = 0; j < SUB; ++j) {
+          const int pos = pos1 + j;
+          const float ksj = S::TOKEN_SCALES ? ss[t1 + j] : k_sc;
+          s[h][j] = adjust_logit<Cfg>(s[h][j] * ksj * Cfg::SOFTMAX_SCALE, slope[h], pos, seq_len);
+          if (pos >= tok_begin && pos < tok_end) m_tile = fmaxf(m_tile, s[h][j]);
+        }
+        const float f = st[h].raise_max(m_tile);
+#pragma unroll
+        for (int i = 0; i < OUT; ++i) o[h][i] *= f;
+#pragma unroll
+        for (int j = 0; j < SUB; ++j) {
+          const int pos = pos1 + j;
+          const float p = pos >= tok_begin && pos < tok_end ? __expf(s[h][j] - st[h].m) : 0.0f;
+          st[h].l += p;
+          s[h][j] = p * (S::TOKEN_SCALES ? ss[NT + t1 + j] : v_sc);
+        }
+      }
+
+      // o += weights @ V.
+      if (!S::V_BY_TOKEN) {
+#pragma unroll
+        for (int j = 0; j < SUB; ++j) {
+#pragma unroll
+          for (int c = 0; c < CPL; ++c) {
+            const int chunk = c * LANES + lane;
+            if (S::CHUNKS % LANES == 0 || chunk < S::CHUNKS) {
+              float vf[VEC];
+              load_as_float<kv_t, VEC>(vs + (t1 + j) * D + chunk * VEC, vf);
+#pragma unroll
+              for (int h = 0; h < HPT; ++h)
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) o[h][c * VEC + i] += s[h][j] * vf[i];
+            }
+          }
+        }
+      } else {  // V is [head_dim][token]: this lane's dims are i * LANES + lane
+#pragma unroll
+        for (int i = 0; i < OUT; ++i) {
+          const int d = i * LANES + lane;
+          if (D % LANES == 0 || d < D) {
+            float vf[SUB];
+            load_as_float<kv_t, SUB>(vs + d * S::V_ROW + t1, vf);
+#pragma unroll
+            for (int h = 0; h < HPT; ++h)
+#pragma unroll
+              for (int j = 0; j < SUB; ++j) o[h][i] += s[h][j] * vf[j];
           }
         }
       }
     }
-    __syncthreads();
   }
 
-  // Write out: the final output, or this partition's normalised partial and its (m, l).
-  for (int i = tid; i < G * D; i += Cfg::NUM_THREADS) {
-    const int g = i / D, d = i % D;
-    const float inv_l = blk[g].inv_sum();
-    const int h = q_head0 + g;
-    if (P > 0) {
-      part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * D + d] = o_s[i] * inv_l;
-    } else {
-      out[seq * o_s_seq + (long long)h * o_s_head + d] = from_float<typename Cfg::out_t>(o_s[i] * inv_l);
+  // Merge the token slots through shared memory (the tile buffers are free once every
+  // copy has landed and every thread is past the loop): [slot][g][d] outputs, then
+  // [slot][g] (m, l).
+  cp_async_wait_all();
+  __syncthreads();
+  float* o_s = reinterpret_cast<float*>(smem);
+  float* ml_s = o_s + S::SLOTS * G * D;
+  if (counted) {
+#pragma unroll
+    for (int h = 0; h < HPT; ++h) {
+      const int g = hset * HPT + h;
+      if (HPT * S::HEAD_SETS == G || g < G) {
+#pragma unroll
+        for (int i = 0; i < OUT; ++i) {
+          const int d = S::V_BY_TOKEN ? i * LANES + lane : ((i / VEC) * LANES + lane) * VEC + i % VEC;
+          if (d < D) o_s[(slot * G + g) * D + d] = o[h][i];
+        }
+        if (lane == 0) {
+          ml_s[(slot * G + g) * 2] = st[h].m;
+          ml_s[(slot * G + g) * 2 + 1] = st[h].l;
+        }
+      }
     }
   }
-  if (tid < G) {
-    const int h = q_head0 + tid;
+  __syncthreads();
+
+  // Write out: the final output, or this partition's normalised partial and its (m, l).
+  for (int i = tid; i < G * D; i += T) {
+    const int g = i / D, d = i % D;
+    SoftmaxState blk = SoftmaxState::empty();
+    float acc = 0.0f;
+#pragma unroll
+    for (int z = 0; z < S::SLOTS; ++z) {
+      const SoftmaxFactors f = blk.merge(SoftmaxState{ml_s[(z * G + g) * 2], ml_s[(z * G + g) * 2 + 1]});
+      acc = acc * f.self + o_s[(z * G + g) * D + d] * f.other;
+    }
+    const int h = q_head0 + g;
     if (P > 0) {
-      float* ml = part_ml + (((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * 2;
-      ml[0] = blk[tid].m;
-      ml[1] = blk[tid].l;
-    } else if (lse != nullptr) {
-      lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = blk[tid].lse();
+      part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * D + d] = acc * blk.inv_sum();
+      if (d == 0) {
+        float* ml = part_ml + (((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * 2;
+        ml[0] = blk.m;
+        ml[1] = blk.l;
+      }
+    } else {
+      out[seq * o_s_seq + (long long)h * o_s_head + d] = from_float<typename Cfg::out_t>(acc * blk.inv_sum());
+      if (d == 0 && lse != nullptr) lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = blk.lse();
     }
   }
 }

@@ -172,6 +172,33 @@ __device__ __forceinline__ void store_vec_from_float(T* dst, const float (&src)[
   }
 }
 
+// Dequantisation scale of one (physical block, slot, KV head) for the spec's granularity.
+template <int SCALE_MODE>
+__device__ __forceinline__ float kv_scale_at(const float* __restrict__ scale, long long phys, int slot,
+                                             int kv_head, long long s_block, long long s_head,
+                                             long long s_token) {
+  if (SCALE_MODE == 0) return 1.0f;                          // float cache
+  if (SCALE_MODE == 1) return scale[0];                      // per_tensor
+  if (SCALE_MODE == 2) return scale[kv_head];                // per_head
+  return scale[phys * s_block + kv_head * s_head + slot * s_token];  // per_token_head
+}
+
+// VEC elements [d0, d0 + VEC) of one cached row as floats; the row is stored in runs of RUN
+// elements run_stride apart (the vLLM K layout; RUN = head_dim for every other layout).
+template <class T, int VEC, int RUN>
+__device__ __forceinline__ void load_row_chunk(const T* __restrict__ row, int d0, long long run_stride,
+                                               float (&dst)[VEC]) {
+  if constexpr (RUN % VEC == 0) {
+    load_as_float<T, VEC>(row + (long long)(d0 / RUN) * run_stride + d0 % RUN, dst);
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      const int d = d0 + i;
+      dst[i] = to_float(row[(long long)(d / RUN) * run_stride + d % RUN]);
+    }
+  }
+}
+
 // Gather keys [kv0, kv0 + KT) of one KV head into k_s / v_s (row = key, LD elements per row),
 // dequantized; keys at or past kv_end (and the zero padding of K past head_dim) are zeros, never read.
 // A cache already in q's type, unscaled and with contiguous rows, is copied as raw 16-byte vectors.

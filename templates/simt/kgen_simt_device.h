@@ -171,6 +171,14 @@ inline unsigned __brev(unsigned x) {
 inline int __mul24(int a, int b) { return (int)((long long)(a << 8 >> 8) * (b << 8 >> 8)); }
 inline int __mulhi(int a, int b) { return (int)(((long long)a * b) >> 32); }
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
+// CUDA's definition: result byte n = byte s<4n+2:4n> of the 8 bytes {y, x} (x = bytes 0-3);
+// bit 3 of each selector nibble and the upper 16 bits of s are not used.
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const unsigned long long v = ((unsigned long long)y << 32) | x;
+  unsigned r = 0;
+  for (unsigned n = 0; n < 4; ++n) r |= (unsigned)((v >> (8 * ((s >> (4 * n)) & 7u))) & 0xFFu) << (8 * n);
+  return r;
+}
 
 // ---- min / max (CUDA's global overloads) ---------------------------------------------
 #define KGEN_MINMAX(T)                                  \
@@ -229,3 +237,46 @@ inline unsigned __float2uint_rn(float x) { return (unsigned)nearbyintf(x); }
 inline float __int2float_rn(int x) { return (float)x; }
 inline float __uint2float_rn(unsigned x) { return (float)x; }
 inline void __sincosf(float x, float* s, float* c) { *s = sinf(x); *c = cosf(x); }
+
+// ---- cp.async (templates/common/async_copy.cuh calls these on the CPU; kgen_simt_async.h) ----
+// With race detection, the poison written at issue and the data landed at the wait are
+// writes of the issuing thread (a buffer reused before every thread is done reading it,
+// or read before the owner's wait and a barrier, is reported).
+#if defined(KGEN_SIMT_RACECHECK)
+extern "C" __attribute__((visibility("hidden"))) void __tsan_write_range(void*, unsigned long);
+#define KGEN_SIMT_ASYNC_WRITE(p, n) __tsan_write_range((void*)(p), (unsigned long)(n))
+#else
+#define KGEN_SIMT_ASYNC_WRITE(p, n) ((void)0)
+#endif
+
+namespace kgen_simt {
+// cp.async.{ca,cg}.shared.global [dst], [src], size, src_size
+__attribute__((always_inline)) inline void cp_async(void* dst, const void* src, unsigned size, unsigned src_size,
+                                                    bool cg) {
+  if (cg ? size != 16 : !(size == 4 || size == 8 || size == 16))
+    fail("cp.async.%s: cp-size %u bytes; it must be %s", cg ? "cg" : "ca", size, cg ? "16" : "4, 8 or 16");
+  if (src_size > size) fail("cp.async: src-size %u exceeds cp-size %u", src_size, size);
+  if ((uintptr_t)dst % size || (uintptr_t)src % size)
+    fail("cp.async: misaligned address (shared %p, global %p): both must be aligned to the cp-size, %u bytes", dst,
+         src, size);
+  Worker* w = tls_w;
+  if (!w->async[w->cur->linear].issue(dst, src, size, src_size))
+    fail("cp.async: more than %u copies pending in one thread (the CPU backend's limit); wait for some first",
+         ASYNC_MAX_PENDING);
+  KGEN_SIMT_ASYNC_WRITE(dst, size);
+}
+__attribute__((always_inline)) inline void cp_async_commit() { tls_w->async[tls_w->cur->linear].commit(); }
+// cp.async.wait_group n
+__attribute__((always_inline)) inline void cp_async_wait_group(unsigned n) {
+  tls_w->async[tls_w->cur->linear].wait_group(n, [](unsigned char* p, unsigned size) {
+    KGEN_SIMT_ASYNC_WRITE(p, size);
+    (void)p;
+    (void)size;
+  });
+}
+// cp.async.wait_all
+__attribute__((always_inline)) inline void cp_async_wait_all() {
+  cp_async_commit();
+  cp_async_wait_group(0);
+}
+}  // namespace kgen_simt

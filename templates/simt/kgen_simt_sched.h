@@ -15,9 +15,11 @@
 #include <cstdlib>
 #include <cstdarg>
 #include <string>
+#include <memory>
 #include <vector>
 
 #include "kgen_simt_race.h"
+#include "kgen_simt_async.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define KGEN_SIMT_ASAN 1
@@ -103,6 +105,8 @@ struct Worker {
   Rng rng;
   std::vector<unsigned> order;
   RaceState race;
+  std::vector<AsyncQueue> async;  // per thread: its pending cp.async copies (kgen_simt_async.h)
+  std::unique_ptr<AsyncCopy[]> async_slots;  // their storage, ASYNC_MAX_PENDING per thread
   // stacks
   char* stack_mem = nullptr;
   size_t stack_mem_len = 0, stack_size = 0;
@@ -587,6 +591,12 @@ inline void run_block(Worker* w, uint3 bidx) {
   for (unsigned i = 1; i < n; ++i) w->push_ready(w->order[i]);
   w->bar_count = 0;
   w->n_exited = 0;
+  if (w->async.size() < n) {
+    w->async.resize(n);
+    w->async_slots.reset(new AsyncCopy[(size_t)n * ASYNC_MAX_PENDING]);  // untouched until used
+    for (unsigned i = 0; i < n; ++i) w->async[i].pending = &w->async_slots[(size_t)i * ASYNC_MAX_PENDING];
+  }
+  for (unsigned i = 0; i < n; ++i) w->async[i].reset();  // copies a thread left pending die with its block
   if (w->race.on) w->race.begin_block(n);
   w->cur = &w->fibers[w->order[0]];
   w->cur->state = F_RUNNING;

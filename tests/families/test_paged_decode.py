@@ -4,13 +4,24 @@ split-KV with the LSE return, the tail_masking contract, and every refused argum
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import assert_lse_matches, reference_check
 
 import kgen
+from kgen.compile.nvrtc import compile_cubin
+from kgen.dtypes import dtype
+from kgen.families.base import resolve_config
 from kgen.families.decode_cases import make_decode_case
+from kgen.families.decode_geometry import decode_geometry
+from kgen.families.paged_decode import PAGED_DECODE
+from kgen.render import render
+from kgen.verify.handwritten import kernel_from_source
+from kgen.verify.runner import verify
 
+ROOT = Path(__file__).resolve().parents[2]
 BASE = {
     "kgen": 1, "name": "fam_decode", "kind": "paged_decode",
     "attention": {"num_q_heads": 6, "num_kv_heads": 2, "head_dim": 64},
@@ -209,3 +220,101 @@ def test_per_token_scale_of_wrong_shape():
     args = _args(kernel)
     args["v_scale"] = args["v_scale"].transpose(0, 2, 1)  # HND order given to an NHD cache
     _refused(kernel, args, r"v_scale: expected shape \[\d+, 16, 2\]")
+
+
+# ---------------------------------------------------------------- the pipelined main loop
+# (templates/common/paged_decode.cuh): tunables, geometry, and the cp.async contract
+
+@pytest.mark.parametrize("overrides,config", [
+    ({}, {"stages": 1}),
+    ({}, {"stages": 3, "threads": 256}),
+    ({}, {"stages": 4, "threads": 64}),
+    ({}, {"heads_per_thread": 2}),  # 3 query heads: the second head set has one real head
+    ({"attention.num_q_heads": 16}, {"threads": 64}),  # GQA 8 on 8 row groups
+    ({"kv_cache.layout": "vllm", "kv_cache.order": None, "kv_cache.block_size": 4}, {"stages": 3}),  # 8-byte V copies
+    ({"kv_cache.layout": "vllm", "kv_cache.order": None, "kv_cache.block_size": 1, "kv_cache.dtype": "bf16",
+      "dtype.q": "bf16"}, None),  # 2-byte V pieces: plain copies
+    ({"kv_cache.dtype": "fp8_e5m2", "kv_cache.scale": "per_token_head", "attention.head_dim": 72}, {"stages": 3}),
+    ({"kv_cache.dtype": "fp32", "dtype.q": "fp32", "attention.head_dim": 512, "kv_cache.order": "HND"}, None),
+], ids=["stages1", "stages3-256", "stages4-64", "heads2", "gqa8-64", "vllm-b4", "vllm-b1-bf16", "fp8-hd72",
+        "fp32-hd512"])
+def test_pipeline_configs_verify(overrides, config):
+    kernel = _build(config, verify=True, **overrides)
+    assert kernel.report.passed, kernel.report.summary()
+
+
+@pytest.mark.parametrize("config", [{"stages": 3}, {"partition_size": 32, "heads_per_thread": 3}])
+def test_pipeline_verifies_in_race_mode(config):
+    spec = _spec(**{"kv_cache.layout": "vllm", "kv_cache.order": None})
+    kernel = kgen.build(spec, backend="cpu", config=config, archs=[], race_check=True, seed=5)
+    assert kernel.report.passed, kernel.report.summary()
+
+
+WAIT = "cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();"
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("mid,old,new,must_fail", [
+    ("waits_one_group_short", WAIT, "cp_async_wait<(STAGES >= 2 ? STAGES - 1 : 0)>();", {"len_1", "long"}),
+    ("never_waits", WAIT, "", {"len_1", "long"}),
+    # one token: each lane reads only its own copy of it, so only longer contexts can show this one
+    ("no_barrier_after_the_wait", "__syncthreads();  // everybody's have", "// (barrier dropped) everybody's have",
+     {"long"}),
+])
+def test_reading_a_tile_before_its_copies_land_fails_verification(stages, mid, old, new, must_fail):
+    """The CPU backend lands a cp.async copy only at its wait (issue leaves NaN): a kernel that reads
+    a tile before its own wait, or before the barrier after everybody's, fails the case matrix."""
+    spec = _spec()
+    rendered = render(spec, {"stages": stages})
+    assert rendered.source.count(old) == 1
+    good = kernel_from_source(spec, rendered.source, backend="cpu", config=rendered.config, archs=[])
+    assert verify(good, seed=3).passed
+    mutant = kernel_from_source(spec, rendered.source.replace(old, new), backend="cpu", config=rendered.config,
+                                archs=[])
+    report = verify(mutant, seed=3)
+    assert not report.passed, mid
+    assert must_fail <= {c.name for c in report.failed_cases}, report.summary()
+
+
+def test_bundled_specs_keep_64_bytes_in_flight_per_thread():
+    """While a tile is computed, each thread has requested >= 64 bytes of the next (fp16 and narrower)."""
+    for path in sorted(ROOT.joinpath("specs").glob("*.yaml")):
+        spec = kgen.load_spec(path)
+        if spec.kind != "paged_decode":
+            continue
+        config = resolve_config(PAGED_DECODE, spec, None)
+        geo, problems = decode_geometry(spec, config)
+        assert not problems
+        kv = spec.kv_cache
+        assert geo.bytes_in_flight >= 64, (spec.name, geo)
+        assert geo.tile_tokens * 2 * spec.attention.head_dim * dtype(kv.dtype).itemsize >= 64 * geo.threads
+
+
+@pytest.mark.parametrize("overrides,config,pattern", [
+    ({}, {"stages": 5}, r"stages must be 1 to 4 \(got 5\)"),
+    ({}, {"heads_per_thread": 4}, r"heads_per_thread must be 0 \(auto\) or 1 to the GQA group 3 \(got 4\)"),
+    ({"attention.num_q_heads": 12}, {"threads": 32, "heads_per_thread": 1},
+     r"threads 32 make 4 row groups of 8 lanes, fewer than the 6 that heads_per_thread 1 needs"),
+])
+def test_bad_pipeline_configs_are_refused(overrides, config, pattern):
+    with pytest.raises(kgen.KgenUserError, match=pattern):
+        render(_spec(**overrides), config)
+
+
+def test_shared_memory_limit_is_refused():
+    spec = _spec(**{"kv_cache.dtype": "fp32", "dtype.q": "fp32", "attention.head_dim": 512})
+    with pytest.raises(kgen.KgenUserError, match=r"stages 4 of \d+ tokens need \d+ bytes of shared memory, more than "
+                                                 r"49152"):
+        render(spec, {"stages": 4, "threads": 512})
+
+
+def test_registers_do_not_grow_with_the_gqa_group():
+    """One query head per thread: the sm_90 registers of GQA 1, 4 and 16 stay within a few of each other."""
+    regs = {}
+    for group in (1, 4, 16):
+        spec = _spec(**{"attention.num_q_heads": 2 * group, "attention.head_dim": 128})
+        rendered = render(spec, {"heads_per_thread": 1, "threads": 256})
+        res = compile_cubin(rendered.source, "sm_90").resources[spec.name]
+        assert res.spill_stores == res.spill_loads == res.stack_frame == 0, res
+        regs[group] = res.registers
+    assert max(regs.values()) - min(regs.values()) <= 16 and max(regs.values()) <= 80, regs

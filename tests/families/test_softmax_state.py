@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kgen.families.paged_decode import DEVICE_HEADERS
 from kgen.paths import templates_dir
 from kgen.runtime.base import Launch
 from kgen.runtime.cpu import CpuModule
@@ -51,8 +52,7 @@ extern "C" __global__ void softmax_state(const float* logits, const float* v, in
 
 @pytest.fixture(scope="module")
 def mod() -> CpuModule:
-    common = templates_dir() / "common"
-    src = "\n".join((common / name).read_text() for name in ("platform.cuh", "paged_decode.cuh")) + KERNEL
+    src = "\n".join((templates_dir() / name).read_text() for name in DEVICE_HEADERS) + KERNEL
     return CpuModule.from_source(src, ["softmax_state"])
 
 

@@ -260,19 +260,19 @@ def test_generated_kernels_verify_clean_in_race_mode(spec_name, config):
 
 
 def test_generated_decode_without_a_barrier_is_reported():
-    """The race detector sees the generated kernel's dynamic shared memory: drop the barrier
-    between writing the queries to shared memory and reading them, and it names both lines."""
+    """The race detector sees the generated kernel's shared memory, cp.async copies included: drop
+    the barrier between the wait for a tile's copies and reading the tile, and it names both lines."""
     spec = kgen.load_spec(SPECS / "llama3_8b_decode.yaml")
     kern = kgen.build(spec, backend="cpu", verify=False, race_check=True)
-    first = kern.source.index("__syncthreads();")
-    mutant = kern.source[:first] + kern.source[first + len("__syncthreads();"):]
+    barrier = kern.source.index("__syncthreads();  // everybody's have")
+    mutant = kern.source[:barrier] + kern.source[barrier + len("__syncthreads();"):]
     kern.module = CpuModule.from_source(mutant, kern.kernel_names, race_check=True)
     report = verify(kern, seed=1, cases=["len_B+1"])  # the runtime's error is the case's verdict
     assert not report.passed
     msg = report.cases[-1].note
-    assert "shared-memory race on dynamic shared memory" in msg, msg
+    assert "shared-memory race on __shared__ 'smem'" in msg, msg
     lines = mutant.splitlines()
-    write = next(i for i, ln in enumerate(lines, 1) if "q_s[i] = to_float(" in ln)
-    read = next(i for i, ln in enumerate(lines, 1) if "qk[g] += q_s[" in ln)
+    write = next(i for i, ln in enumerate(lines, 1) if "cp_async<S::K_COPY>(ks" in ln)  # the copy's issue
+    read = next(i for i, ln in enumerate(lines, 1) if "load_as_float<kv_t, VEC>(ks" in ln)
     assert "kernel 'llama3_8b_decode' block (" in msg
     assert f"kernel.cu:{write}" in msg and f"kernel.cu:{read}" in msg, msg

@@ -1,0 +1,103 @@
+// Packed conversions to float: a 32-bit word of elements at a time, bit for bit what the
+// scalar to_float (platform.cuh) gives for each element.
+//   fp16, bf16   a half2 / bfloat162 -> float2 (NVIDIA's __half22float2, __bfloat1622float2)
+//   fp8          two e4m3 / e5m2 -> half2 (__nv_cvt_fp8x2_to_halfraw2: one cvt.rn.f16x2.e4m3x2 on
+//                sm_89+), the scalar path's own fp8 -> half -> float route
+//   int8         four per word by byte permutation: 0x4B000000 | (x + 128) is the float
+//                2^23 + 128 + x exactly, so subtracting 2^23 + 128 gives x (no I2F)
+#pragma once
+
+namespace kgen {
+
+template <class T> struct Widen;  // PER_WORD elements of T in one 32-bit word -> floats
+
+template <> struct Widen<float> {
+  static constexpr int PER_WORD = 1;
+  static __device__ __forceinline__ void word(unsigned w, float* d) { d[0] = __uint_as_float(w); }
+};
+
+template <> struct Widen<__half> {
+  static constexpr int PER_WORD = 2;
+  static __device__ __forceinline__ void word(unsigned w, float* d) {
+    __half2 h;
+    memcpy(&h, &w, 4);  // the word as is: each half converts straight from its register half
+    const float2 f = __half22float2(h);
+    d[0] = f.x;
+    d[1] = f.y;
+  }
+};
+
+template <> struct Widen<__nv_bfloat16> {
+  static constexpr int PER_WORD = 2;
+  static __device__ __forceinline__ void word(unsigned w, float* d) {
+    __nv_bfloat162 h;
+    memcpy(&h, &w, 4);
+    const float2 f = __bfloat1622float2(h);
+    d[0] = f.x;
+    d[1] = f.y;
+  }
+};
+
+template <__nv_fp8_interpretation_t KIND>
+struct WidenFp8 {
+  static constexpr int PER_WORD = 4;
+  static __device__ __forceinline__ void pair(unsigned short two, float* d) {
+    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(two, KIND)));
+    d[0] = f.x;
+    d[1] = f.y;
+  }
+  static __device__ __forceinline__ void word(unsigned w, float* d) {
+    pair((unsigned short)(w & 0xFFFFu), d);
+    pair((unsigned short)(w >> 16), d + 2);
+  }
+};
+template <> struct Widen<__nv_fp8_e4m3> : WidenFp8<__NV_E4M3> {};
+template <> struct Widen<__nv_fp8_e5m2> : WidenFp8<__NV_E5M2> {};
+
+template <> struct Widen<i8> {
+  static constexpr int PER_WORD = 4;
+  static __device__ __forceinline__ void word(unsigned w, float* d) {
+    const unsigned u = w ^ 0x80808080u;  // each byte x + 128, unsigned
+#pragma unroll
+    for (int k = 0; k < 4; ++k) d[k] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440u | k)) - 8388736.0f;
+  }
+};
+
+// Vector types for reinterpreting shared memory (g++: may_alias, the buffer is bytes).
+template <int BYTES> struct AliasVec;
+#if defined(KGEN_SIMT)
+template <> struct AliasVec<16> { typedef uint4 __attribute__((may_alias)) type; };
+template <> struct AliasVec<8> { typedef uint2 __attribute__((may_alias)) type; };
+template <> struct AliasVec<4> { typedef unsigned __attribute__((may_alias)) type; };
+#else
+template <> struct AliasVec<16> { typedef uint4 type; };
+template <> struct AliasVec<8> { typedef uint2 type; };
+template <> struct AliasVec<4> { typedef unsigned type; };
+#endif
+
+// N elements of T at p as floats: vector loads of up to 16 bytes (p aligned to
+// min(16, N * sizeof(T))), packed conversions; element by element when N * sizeof(T)
+// is not a whole number of words.
+template <class T, int N>
+__device__ __forceinline__ void load_as_float(const T* p, float* dst) {
+  constexpr int BYTES = N * (int)sizeof(T);
+  if constexpr (BYTES % 4 != 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = to_float(p[i]);
+  } else {
+    constexpr int PIECE = BYTES >= 16 ? 16 : BYTES;
+    constexpr int WORDS = PIECE / 4;
+    constexpr int PER = Widen<T>::PER_WORD;
+#pragma unroll
+    for (int piece = 0; piece < BYTES / PIECE; ++piece) {
+      typedef typename AliasVec<PIECE>::type V;
+      const V raw = *reinterpret_cast<const V*>(reinterpret_cast<const unsigned char*>(p) + piece * PIECE);
+      unsigned w[WORDS];
+      memcpy(w, &raw, PIECE);
+#pragma unroll
+      for (int k = 0; k < WORDS; ++k) Widen<T>::word(w[k], dst + (piece * WORDS + k) * PER);
+    }
+  }
+}
+
+}  // namespace kgen
