@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from kgen.arrays import checks_values
+import numpy as np
+
+from kgen.arrays import as_array_arg, checks_values
+from kgen.errors import ArgumentError
 from kgen.families.base import Config
+from kgen.families.binding import host_values
 from kgen.families.registry import family_for
+from kgen.plan import DEFAULT_SMS, Plan, PlannedLaunch
 from kgen.runtime.base import Module
+from kgen.runtime.cuda import device_sm_count
 
 
 class Kernel:
@@ -41,12 +47,33 @@ class Kernel:
     def name(self) -> str:
         return self.spec.name
 
-    def __call__(self, **arguments: Any):
+    def __call__(self, plan: Plan | None = None, **arguments: Any):
+        """Run the kernel; with `plan` (from self.plan) the launch sizes and split-KV scratch are the
+        plan's and the call does no planning."""
+        if plan is not None and not isinstance(plan, Plan):
+            raise ArgumentError(f"plan: expected a kgen Plan from kern.plan(seq_lens), got {type(plan).__name__}")
         checked = checks_values(self.backend, self.debug)
-        launches, result = self._family.plan(self.spec, self.config, arguments, checked=checked)
+        launches, result = self._family.bind(self.spec, self.config, arguments, checked=checked, plan=plan)
         for launch in launches:
             self.module.launch(launch)
         return result
+
+    def plan(self, seq_lens: Any, num_sms: int | None = None, partition_tokens: int | None = None) -> Plan:
+        """The launches for a batch with these lengths (host-side: device lengths are copied once).
+        num_sms: the GPU to fill (None: this GPU's, 132 without one). partition_tokens: force
+        the split-KV partition size (a multiple of the config's partition_size), e.g. to test
+        partition boundaries."""
+        lens = np.asarray(host_values(as_array_arg("seq_lens", seq_lens)) if not isinstance(seq_lens, (list, tuple))
+                          else seq_lens)
+        if lens.ndim != 1 or not np.issubdtype(lens.dtype, np.integer) or (lens.size and lens.min() < 0):
+            raise ArgumentError(f"seq_lens: expected a 1-d array of lengths >= 0, got {lens!r:.80}")
+        if num_sms is None:
+            num_sms = device_sm_count() if getattr(self.module, "backend", "cpu") == "cuda" else DEFAULT_SMS
+        if int(num_sms) < 1:
+            raise ArgumentError(f"num_sms: must be >= 1 (got {num_sms})")
+        sizes, kernels = self._family.schedule(self.spec, self.config, lens, int(num_sms), partition_tokens)
+        launches = [PlannedLaunch(k.name, k.grid_for(sizes), (k.block, 1, 1), k.smem) for k in kernels]
+        return Plan(self.name, int(lens.size), dict(sizes), launches, int(num_sms))
 
     def __repr__(self) -> str:
         verdict = "unverified" if self.report is None else ("passed" if self.report.passed else "FAILED")

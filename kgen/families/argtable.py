@@ -74,11 +74,14 @@ class KernelDecl:
         return (f"grid ({', '.join(str(g) for g in self.grid)}), block ({self.block}), "
                 f"dynamic shared memory {self.smem} bytes")
 
+    def grid_for(self, sizes: dict[str, int]) -> tuple[int, int, int]:
+        """The grid with its names resolved from `sizes`."""
+        return tuple(int(sizes[g]) if isinstance(g, str) else g for g in self.grid)
+
     def launch(self, sizes: dict[str, int], values: dict[str, Any], reached: list[Any] | None = None) -> Launch:
         """The launch of this kernel: grid names resolved from `sizes`, arguments packed from `values`;
         `reached`: arrays the kernel reaches by address (see runtime.base.Launch)."""
-        grid = tuple(sizes[g] if isinstance(g, str) else g for g in self.grid)
-        return Launch(self.name, grid, (self.block, 1, 1), self.smem, pack(self.params, values), list(reached or []))
+        return Launch(self.name, self.grid_for(sizes), (self.block, 1, 1), self.smem, pack(self.params, values), list(reached or []))
 
 
 def param_decls(params) -> list[str]:

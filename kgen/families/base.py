@@ -77,8 +77,14 @@ class Family(Protocol):
     def abi_notes(self, spec) -> list[str]:
         """The kind's part of `kgen abi`: the specialised sizes, the call arguments, the rules."""
 
-    def plan(self, spec, config: Config, call: dict[str, Any], checked: bool = True) -> tuple[list[Launch], Any]:
-        """Check one call's arguments; return (launches, the call's result)."""
+    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True,
+             plan: Any = None) -> tuple[list[Launch], Any]:
+        """Check one call's arguments; return (launches, the call's result). `plan`: a kgen.plan.Plan
+        made by schedule(), which fixes the launch sizes (kinds without one refuse it)."""
+
+    def schedule(self, spec, config: Config, seq_lens: np.ndarray, num_sms: int,
+                 partition_tokens: int | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
+        """Call-time plan: (launch sizes, kernels launched) for these lengths and SM count."""
 
     def cases(self, spec, config: Config, rng: np.random.Generator) -> list[Case]:
         """The verification matrix."""
@@ -105,6 +111,11 @@ class FamilyBase:
 
     def kernel_names(self, spec, config: Config) -> list[str]:
         return [k.name for k in self.kernels(spec, config)]
+
+    def schedule(self, spec, config: Config, seq_lens: np.ndarray, num_sms: int,
+                 partition_tokens: int | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
+        raise KgenUserError(f"{spec.name}: kind {spec.kind} has no call-time plan (its launches do not depend "
+                            "on sequence lengths): call the kernel without one")
 
 
 class SingleKernelFamily(FamilyBase):

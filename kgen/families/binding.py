@@ -24,6 +24,12 @@ def host_values(arg: ArrayArg) -> np.ndarray:
     return arg.obj.get()
 
 
+def refuse_plan(spec, plan) -> None:
+    """Kinds whose launches do not depend on the lengths take no plan."""
+    if plan is not None:
+        raise ArgumentError(f"plan: kind {spec.kind} ({spec.name}) has no call-time plan; call it without one")
+
+
 class CallBinder:
     """One call's arguments: take them by name, check them against the ABI, turn them into launch args."""
 

@@ -14,7 +14,7 @@ from kgen.errors import ArgumentError
 from kgen.families import cache_write_cases
 from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
 from kgen.families.base import Config, SingleKernelFamily
-from kgen.families.binding import CallBinder, host_values
+from kgen.families.binding import CallBinder, host_values, refuse_plan
 from kgen.families.layout import (
     SCALE_MODES,
     bind_scales,
@@ -87,8 +87,9 @@ class CacheWriteFamily(SingleKernelFamily):
         ]
         return lines + [*cache_rows(spec), "", "Conversion: " + _rule(kv.dtype), "One warp per K or V row of a token."]
 
-    def plan(self, spec, config: Config, call: dict[str, Any], checked: bool = True):
+    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan=None):
         """Check the call's arguments against the ABI; return (launches, None): the writes are in place."""
+        refuse_plan(spec, plan)
         return _bind(CallBinder(spec, call), self.kernels(spec, config)[0], checked)
 
     # ---- verification and benchmarks (kgen/families/cache_write_cases.py) --------------------

@@ -19,7 +19,7 @@ from kgen.errors import ArgumentError
 from kgen.families import copy_blocks_cases
 from kgen.families.argtable import Arg, KernelDecl, array
 from kgen.families.base import Config, SingleKernelFamily
-from kgen.families.binding import CallArg, CallBinder, host_values
+from kgen.families.binding import CallArg, CallBinder, host_values, refuse_plan
 from kgen.families.layout import cache_names, cache_rows, cache_shapes, describe, scale_shape
 from kgen.optional import is_torch_tensor
 
@@ -70,8 +70,9 @@ class CopyBlocksFamily(SingleKernelFamily):
             lines.append(f"  k_scale, v_scale  [{shape}]  fp32 scale pools (required: copied with the blocks)")
         return lines + ["", "The kernel sees one plane per (pool array, layer); 16-byte copies when aligned."]
 
-    def plan(self, spec, config: Config, call: dict[str, Any], checked: bool = True):
+    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan=None):
         """Check the call's arguments; return (launches, None): the copies are in place."""
+        refuse_plan(spec, plan)
         return _bind(CallBinder(spec, call), self.kernels(spec, config)[0], checked)
 
     # ---- verification and benchmarks (kgen/families/copy_blocks_cases.py) --------------------

@@ -209,18 +209,17 @@ def _case_inputs(spec, case: Case, rng: np.random.Generator) -> tuple[dict, dict
     return args, sparse
 
 
-def _outputs(spec, config: Config, case: Case, args: dict, rng: np.random.Generator) -> list[Guarded]:
-    """out (strided for a strided case), the LSE when the case checks it, and the split-KV scratch:
-    each pre-filled with NaN inside guard bytes."""
+def _outputs(spec, case: Case, args: dict, plan, rng: np.random.Generator) -> list[Guarded]:
+    """out (strided for a strided case), the LSE when the case checks it, and the plan's split-KV
+    scratch: each pre-filled with NaN inside guard bytes."""
     S, (_, Hq, D) = len(case.params["seq_lens"]), args["q"].shape
     out_np = dtype(spec.dtype.resolved_out).numpy
     pad = (1, 2, max(1, 16 // out_np.itemsize)) if case.params.get("strided") else None
     buffers = [guarded("out", (S, Hq, D), out_np, rng, pad=pad)]
     if case.params.get("lse") or case.name == "mixed_batch":
         buffers.append(guarded("lse", (S, Hq), np.float32, rng))
-    P = config.get("partition_size", 0)
-    if P:
-        parts = -(-args["block_tables"].shape[1] * spec.kv_cache.block_size // P)
+    parts = plan.sizes["max_partitions"] if plan is not None else 1
+    if parts > 1:
         buffers += [guarded("part_o", (S, Hq, parts, D), np.float32, rng),
                     guarded("part_ml", (S, Hq, parts, 2), np.float32, rng)]
     return buffers
@@ -232,13 +231,17 @@ def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
     spec, name, lens = kernel.spec, case.name, case.params["seq_lens"]
     args, sparse = _case_inputs(spec, case, rng)
     ref, lowp = _references(spec, args)
-    buffers = _outputs(spec, kernel.config, case, args, rng)
+    # Split configs run with partitions of exactly partition_size, so the len_P cases sit on
+    # partition boundaries (a call without a plan may choose a larger multiple).
+    P = kernel.config.get("partition_size", 0)
+    plan = kernel.plan(lens, partition_tokens=P) if P else None
+    buffers = _outputs(spec, case, args, plan, rng)
     seals = [seal(n, x, byte_ranges(x, sparse[n]) if n in sparse else None)
              for n, x in args.items() if isinstance(x, np.ndarray)]
     given = {n: sparse_to_backend(x, sparse[n], kernel.backend) if n in sparse else to_backend(x, kernel.backend)
              for n, x in args.items()}
     outputs = {g.name: to_backend(g.view, kernel.backend) for g in buffers}
-    kernel(**given, **outputs)
+    kernel(**given, **outputs, plan=plan)
 
     out_dtype = spec.dtype.resolved_out
     result = check_output(name, lens, to_numpy(outputs["out"]), ref.out, lowp.out, out_dtype,

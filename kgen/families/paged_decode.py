@@ -19,6 +19,7 @@ from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
 from kgen.families.base import Config, FamilyBase, TunableParam, threads_problems
 from kgen.families.binding import CallBinder, host_values
 from kgen.families.decode_geometry import decode_geometry, vector_width, vllm_v_copy
+from kgen.families.decode_split import choose_split
 from kgen.families.layout import (
     SCALE_MODES,
     bind_scales,
@@ -34,8 +35,10 @@ from kgen.families.layout import (
     stride_values,
     vllm_x,
 )
+from kgen.plan import DEFAULT_SMS, Plan
 
 MERGE_THREADS = 128
+_PARTITION_TOKENS = scalar("partition_tokens", "int32", "keys per partition, chosen by the call's plan (split only)")
 # The device code of the kernels, in include order (templates/): platform, cp.async, packed
 # conversions, the decode body.
 DEVICE_HEADERS = ("common/platform.cuh", "common/async_copy.cuh", "common/convert.cuh", "common/paged_decode.cuh")
@@ -44,7 +47,7 @@ DEVICE_HEADERS = ("common/platform.cuh", "common/async_copy.cuh", "common/conver
 class PagedDecodeFamily(FamilyBase):
     kind = "paged_decode"
     template = "paged_decode.cu.j2"
-    params = {"threads": TunableParam("threads", 128), "partition_size": TunableParam("partition_size", 0),
+    params = {"threads": TunableParam("threads", 128), "partition_size": TunableParam("partition_size", 256),
               "stages": TunableParam("stages", 2), "heads_per_thread": TunableParam("heads_per_thread", 0)}
 
     # ---- generation -------------------------------------------------------------------
@@ -91,11 +94,11 @@ class PagedDecodeFamily(FamilyBase):
                   "natural-log log-sum-exp of the final logits, -inf for no key (null unless requested)",
                   optional=True),
             scalar("max_blocks_per_seq", "int32", "columns of block_tables"),
-            scalar("max_partitions", "int32", "partitions per sequence: ceil(max_blocks_per_seq * block_size / "
-                   "partition_size); 1 without split"),
+            scalar("max_partitions", "int32", "partitions per sequence (grid z); 1 without split"),
             stride("q_s_seq", "q stride between sequences"), stride("q_s_head", "q stride between heads"),
             stride("o_s_seq", "out stride between sequences"), stride("o_s_head", "out stride between heads"),
             *stride_args(),
+            *([] if single_pass else [_PARTITION_TOKENS]),
         ]
 
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
@@ -108,8 +111,24 @@ class PagedDecodeFamily(FamilyBase):
         by_name = {arg.name: arg for arg in table}
         reads = [replace(by_name[n], ctype="const " + by_name[n].ctype, role="input") for n in ("part_o", "part_ml")]
         merge = KernelDecl(f"{spec.name}_merge", (by_name["out"], *reads, *(by_name[n] for n in (
-            "lse", "seq_lens", "max_partitions", "o_s_seq", "o_s_head"))), (a.num_q_heads, "num_seqs", 1), MERGE_THREADS)
+            "lse", "seq_lens", "max_partitions", "partition_tokens", "o_s_seq", "o_s_head"))),
+            (a.num_q_heads, "num_seqs", 1), MERGE_THREADS)
         return [main, merge]
+
+    def schedule(self, spec, config: Config, seq_lens: np.ndarray, num_sms: int,
+                 partition_tokens: int | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
+        """Launch sizes for these lengths (kgen/families/decode_split.py) and the kernels launched."""
+        granule = config["partition_size"]
+        if partition_tokens is not None and (not granule or partition_tokens <= 0 or partition_tokens % granule):
+            raise ArgumentError(f"partition_tokens {partition_tokens}: must be a positive multiple of the config's "
+                                f"partition_size {granule}" if granule else
+                                f"partition_tokens {partition_tokens}: this config never splits (partition_size 0)")
+        split = choose_split(seq_lens, spec.attention.num_kv_heads, num_sms, granule,
+                             spec.attention.sliding_window or 0, partition_tokens)
+        sizes = {"num_seqs": int(np.size(seq_lens)), "max_partitions": split.max_partitions,
+                 "partition_tokens": split.partition_tokens}
+        kernels = self.kernels(spec, config)
+        return sizes, kernels if split.merged else kernels[:1]
 
     def template_context(self, spec, config: Config) -> dict[str, Any]:
         a, kv = spec.attention, spec.kv_cache
@@ -166,9 +185,10 @@ class PagedDecodeFamily(FamilyBase):
         ]
 
     # ---- the call ---------------------------------------------------------------------
-    def plan(self, spec, config: Config, call: dict[str, Any], checked: bool = True):
-        """Check the call's arguments against the ABI and return (launches, result)."""
-        return _Binder(spec, call).bind(self.kernels(spec, config), config, checked)
+    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan: Plan | None = None):
+        """Check the call's arguments against the ABI and return (launches, result); without a
+        plan the call plans itself from its lengths (host arrays) or its block table's width."""
+        return _Binder(spec, call).bind(self, config, checked, plan)
 
     # ---- verification and benchmarks (kgen/families/decode_cases.py) --------------------
     def cases(self, spec, config: Config, rng: np.random.Generator):
@@ -209,6 +229,26 @@ class _Binder(CallBinder):
                 f"({align} bytes) for the vectorized loads of this kernel"
             )
 
+    def _planned(self, family: PagedDecodeFamily, config: Config, plan: Plan, num_seqs: int):
+        """The plan's sizes and kernels, after checking it was made for this kernel and batch."""
+        if plan.kernel != self.spec.name:
+            raise ArgumentError(f"plan: made for kernel '{plan.kernel}', not '{self.spec.name}'")
+        if num_seqs > plan.num_seqs:
+            raise ArgumentError(f"plan: made for at most {plan.num_seqs} sequences, the call has {num_seqs} "
+                                "(make the plan for the largest batch)")
+        kernels = family.kernels(self.spec, config)
+        return plan.sizes, kernels if plan.sizes["max_partitions"] > 1 else kernels[:1]
+
+    def _scratch(self, plan: Plan | None, like: ArrayArg, given: ArrayArg | None, name: str,
+                 shape: tuple) -> ArrayArg:
+        """Split-KV scratch: the one given (checked), else the plan's (made at its first call), else new."""
+        if given is not None or plan is None:
+            return self._buffer(like, given, name, shape)
+        key = (name, like.device if like.device == "cpu" else str(getattr(like.obj, "device", like.device)))
+        if key not in plan.workspace:
+            plan.workspace[key] = self._buffer(like, None, name, shape)
+        return plan.workspace[key]
+
     def _buffer(self, like: ArrayArg, given: ArrayArg | None, name: str, shape: tuple) -> ArrayArg:
         """A packed fp32 output or scratch array: the one given (checked), else a new one."""
         if given is None:
@@ -216,7 +256,7 @@ class _Binder(CallBinder):
         self.check(given, shape, "fp32", contiguous=True)
         return given
 
-    def bind(self, kernels: list[KernelDecl], config: Config, checked: bool):
+    def bind(self, family: PagedDecodeFamily, config: Config, checked: bool, plan: Plan | None):
         spec, a, kv = self.spec, self.spec.attention, self.spec.kv_cache
         D, B, Hq = a.head_dim, kv.block_size, a.num_q_heads
         q = self.take("q", True)
@@ -268,15 +308,19 @@ class _Binder(CallBinder):
         lse = self.take("lse", False)
         return_lse = bool(self.call.pop("return_lse", False)) or lse is not None
         lse = self._buffer(q, lse, "lse", (S, Hq)) if return_lse else None
-        P = config["partition_size"]
-        max_parts = -(-M * B // P) if P else 1
+        if plan is None:  # lengths known on the host are planned for; a device array's by its table's width
+            lens = host_values(sl) if sl.device == "cpu" else np.full(S, M * B)
+            sizes, kernels = family.schedule(spec, config, lens, DEFAULT_SMS)
+        else:
+            sizes, kernels = self._planned(family, config, plan, S)
+        max_parts, rows = sizes["max_partitions"], sizes["num_seqs"]
         part_o, part_ml = self.take("part_o", False), self.take("part_ml", False)
-        if not P and (part_o is not None or part_ml is not None):
+        if not config["partition_size"] and (part_o is not None or part_ml is not None):
             raise ArgumentError("part_o/part_ml: split-KV scratch given, but this config is single-pass "
                                 "(partition_size 0)")
-        if P:
-            part_o = self._buffer(q, part_o, "part_o", (S, Hq, max_parts, D))
-            part_ml = self._buffer(q, part_ml, "part_ml", (S, Hq, max_parts, 2))
+        if max_parts > 1:  # scratch for the plan's sequences (given: the verifier's guarded buffers)
+            part_o = self._scratch(plan, q, part_o, "part_o", (rows, Hq, max_parts, D))
+            part_ml = self._scratch(plan, q, part_ml, "part_ml", (rows, Hq, max_parts, 2))
         self.refuse_unknown()
         written = [out, lse, part_o, part_ml]
         self.refuse_aliasing(written, [q, *caches, bt, sl, ks, vs, alibi, *written])
@@ -289,11 +333,11 @@ class _Binder(CallBinder):
             "out": ptr(out), "q": ptr(q), "k_cache": self.raw(st.k_base), "v_cache": self.raw(st.v_base),
             "block_tables": ptr(bt), "seq_lens": ptr(sl), "k_scale": ptr(ks), "v_scale": ptr(vs),
             "alibi_slopes": ptr(alibi), "part_o": ptr(part_o), "part_ml": ptr(part_ml), "lse": ptr(lse),
-            "max_blocks_per_seq": M, "max_partitions": max_parts, "q_s_seq": q.strides[0], "q_s_head": q.strides[1],
+            "max_blocks_per_seq": M, "max_partitions": max_parts,
+            "partition_tokens": sizes["partition_tokens"], "q_s_seq": q.strides[0], "q_s_head": q.strides[1],
             "o_s_seq": out.strides[0], "o_s_head": out.strides[1], **stride_values(st, scale_strides),
         }
-        sizes = {"num_seqs": S, "max_partitions": max_parts}
-        launches = [k.launch(sizes, values, reached=[c.native for c in caches]) for k in kernels]  # fused: K/V by address
+        launches = [k.launch({**sizes, "num_seqs": S}, values, reached=[c.native for c in caches]) for k in kernels]  # fused: K/V by address
         result = (out.obj, lse.obj) if lse is not None else out.obj
         return launches, result
 

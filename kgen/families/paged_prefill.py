@@ -17,7 +17,7 @@ from kgen.errors import ArgumentError
 from kgen.families import prefill_cases
 from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
 from kgen.families.base import Config, FamilyBase, TunableParam, resolve_config
-from kgen.families.binding import host_values
+from kgen.families.binding import host_values, refuse_plan
 from kgen.families.layout import (
     SCALE_MODES,
     bind_scales,
@@ -210,8 +210,9 @@ class PagedPrefillFamily(FamilyBase):
         ]
 
     # ---- the call ---------------------------------------------------------------------
-    def plan(self, spec, config: Config, call: dict[str, Any], checked: bool = True):
+    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan=None):
         """Check the call's arguments against the ABI and return (launches, result)."""
+        refuse_plan(spec, plan)
         return _PrefillBinder(spec, call).bind_prefill(self.kernels(spec, config), config, checked)
 
     # ---- verification and benchmarks (kgen/families/prefill_cases.py) -------------------

@@ -52,6 +52,11 @@ def require_gpu() -> None:
                             "use --backend cpu or auto")
 
 
+def device_sm_count() -> int:
+    """Streaming multiprocessors of the current GPU."""
+    return int(cupy_module().cuda.Device().attributes["MultiProcessorCount"])
+
+
 def device_arch() -> str:
     """The current GPU's arch, e.g. "sm_90" (KgenUserError where there is none)."""
     require_gpu()

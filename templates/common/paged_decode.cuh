@@ -18,9 +18,12 @@
 // heads' queries and output accumulators in registers (o: OUT = CPL * VEC elements a head)
 // and an online-softmax state. Token slots are merged through shared memory at the end.
 //
-// With PARTITION_SIZE > 0 (flash-decoding) each block covers one partition of the context
-// and writes its normalised partial output plus (m, l); the merge kernel combines the
-// partitions with a log-sum-exp merge.
+// Split-KV (flash-decoding, Cfg::SPLIT): the call's plan (kgen/families/decode_split.py)
+// chooses partition_tokens and max_partitions = gridDim.z at call time. Block z covers keys
+// [z * partition_tokens, (z + 1) * partition_tokens), the last one everything to seq_len (so
+// a plan made for shorter lengths still gives the right answer), and writes its normalised
+// partial output plus (m, l); the merge kernel combines them by log-sum-exp. With one
+// partition the block writes the final output itself and no merge runs.
 //
 // Cfg (rendered per spec, geometry from kgen/families/decode_geometry.py) supplies the types
 // and compile-time constants.
@@ -243,12 +246,14 @@ __device__ __forceinline__ void paged_decode_body(
     long long q_s_head, long long o_s_seq, long long o_s_head, long long k_s_block, long long k_s_head,
     long long k_s_token, long long k_s_run, long long v_s_block, long long v_s_head, long long v_s_token,
     long long v_s_run, long long ks_s_block, long long ks_s_head, long long ks_s_token,
-    long long vs_s_block, long long vs_s_head, long long vs_s_token) {
+    long long vs_s_block, long long vs_s_head, long long vs_s_token, int partition_tokens = 0) {
   typedef DecodeShape<Cfg> S;
   typedef typename Cfg::kv_t kv_t;
   constexpr int D = S::D, G = S::G, VEC = S::VEC, LANES = S::LANES, CPL = S::CPL, OUT = S::OUT;
   constexpr int HPT = S::HPT, NT = S::NT, TPT = S::TPT, SUB = S::SUB, STAGES = S::STAGES, T = S::T;
-  constexpr int B = Cfg::BLOCK_SIZE, P = Cfg::PARTITION_SIZE;
+  constexpr int B = Cfg::BLOCK_SIZE;
+  const bool split = Cfg::SPLIT && max_partitions > 1;
+  const int P = partition_tokens;
 
   const int kv_head = blockIdx.x;
   const int seq = blockIdx.y;
@@ -268,11 +273,11 @@ __device__ __forceinline__ void paged_decode_body(
   int ctx_begin = 0;
   if (Cfg::SLIDING_WINDOW > 0) ctx_begin = seq_len > Cfg::SLIDING_WINDOW ? seq_len - Cfg::SLIDING_WINDOW : 0;
   int tok_begin = ctx_begin, tok_end = ctx_end;
-  if (P > 0) {
-    const int num_parts = (seq_len + P - 1) / P;
+  if (split) {
+    const int num_parts = min((seq_len + P - 1) / P, max_partitions);
     if (part >= num_parts) return;  // uniform across the block: no barrier is skipped by some threads only
     tok_begin = max(ctx_begin, part * P);
-    tok_end = min(ctx_end, (part + 1) * P);
+    if (part < max_partitions - 1) tok_end = min(ctx_end, (part + 1) * P);
   }
   const int tile0 = tok_begin / NT * NT;  // tiles are aligned to NT tokens
   const int ntiles = tok_end > tok_begin ? (tok_end - tile0 + NT - 1) / NT : 0;
@@ -464,7 +469,7 @@ __device__ __forceinline__ void paged_decode_body(
       acc = acc * f.self + o_s[(z * G + g) * D + d] * f.other;
     }
     const int h = q_head0 + g;
-    if (P > 0) {
+    if (split) {
       part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * D + d] = acc * blk.inv_sum();
       if (d == 0) {
         float* ml = part_ml + (((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * 2;
@@ -485,11 +490,13 @@ __device__ __forceinline__ void paged_decode_merge_body(typename Cfg::out_t* __r
                                                         const float* __restrict__ part_ml,
                                                         float* __restrict__ lse,
                                                         const int* __restrict__ seq_lens, int max_partitions,
-                                                        long long o_s_seq, long long o_s_head) {
-  constexpr int D = Cfg::HEAD_DIM, P = Cfg::PARTITION_SIZE;
+                                                        int partition_tokens, long long o_s_seq,
+                                                        long long o_s_head) {
+  constexpr int D = Cfg::HEAD_DIM;
+  const int P = partition_tokens;
   const int h = blockIdx.x;
   const int seq = blockIdx.y;
-  const int num_parts = (seq_lens[seq] + P - 1) / P;
+  const int num_parts = min((seq_lens[seq] + P - 1) / P, max_partitions);
   const long long row = ((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions;
   const float* ml = part_ml + row * 2;
   SoftmaxState tot = SoftmaxState::empty();  // every partition's state merged

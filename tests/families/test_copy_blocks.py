@@ -68,7 +68,7 @@ def test_torch_layers_in_one_launch(fp16_kernel):
     k, v = _pools(rng), _pools(rng)
     kt, vt = [torch.from_numpy(x.copy()) for x in k], [torch.from_numpy(x.copy()) for x in v]
     pairs = np.asarray([[0, 4], [1, 5], [0, 2]], np.int32)
-    launches, _ = fp16_kernel._family.plan(fp16_kernel.spec, fp16_kernel.config,
+    launches, _ = fp16_kernel._family.bind(fp16_kernel.spec, fp16_kernel.config,
                                            {"k_cache": kt, "v_cache": vt, "pairs": torch.from_numpy(pairs)})
     assert len(launches) == 1 and launches[0].grid[:2] == (3, 4)  # pairs × (2 arrays × 2 layers)
     fp16_kernel(k_cache=kt, v_cache=vt, pairs=torch.from_numpy(pairs))
