@@ -197,7 +197,7 @@ def kgen_planner(spec, rendered) -> tuple[Callable[[int, int], list[pm.Launch]],
 
         def planned(batch: int, context: int) -> list[pm.Launch]:
             plan = kern.plan(np.full(batch, context, dtype=np.int32), num_sms=DEV.sms)
-            return [pm.Launch(ln.kernel, _prod(ln.grid), _prod(ln.block), int(ln.smem)) for ln in plan.launches]
+            return [pm.Launch(ln.kernel, _prod(ln.grid), _prod(ln.block), int(ln.smem_bytes)) for ln in plan.launches]
 
         return planned, "kern.plan(seq_lens, num_sms=132)"
     decls = family_for(spec).kernels(spec, rendered.config)

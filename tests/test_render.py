@@ -29,11 +29,12 @@ def test_config_constants_come_from_the_spec(llama):
 
 
 def test_source_is_self_contained(llama):
-    """Only CUDA's own number-format headers and kgen's provided platform header (which both
-    compilers resolve to kgen's copy) are included: the device headers are inlined."""
+    """Only CUDA's own number-format headers and kgen's provided headers (which both compilers
+    resolve to kgen's copies: docs/abi.md) are included; the decode body is inlined."""
     src = render(llama).source
     includes = re.findall(r"#include\s*[<\"]([^>\"]+)", src)
-    assert sorted(includes) == ["cuda_bf16.h", "cuda_fp16.h", "cuda_fp8.h", "kgen/platform.cuh"]
+    assert sorted(includes) == ["cuda_bf16.h", "cuda_fp16.h", "cuda_fp8.h", "kgen/async_copy.cuh",
+                                "kgen/convert.cuh", "kgen/platform.cuh"]
     assert "paged_decode_body" in src
 
 
@@ -45,9 +46,10 @@ def test_rendering_is_deterministic_and_path_free(llama, tmp_path):
 
 def test_config_changes_source_and_adds_merge_kernel(llama):
     split = render(llama, {"partition_size": 256, "threads": 256})
-    assert "PARTITION_SIZE = 256;" in split.source and "__launch_bounds__(256)" in split.source
+    assert "SPLIT = true;" in split.source and "__launch_bounds__(256)" in split.source
     assert split.kernel_names == ["llama3_8b_decode", "llama3_8b_decode_merge"]
-    assert render(llama).kernel_names == ["llama3_8b_decode"]
+    single = render(llama, {"partition_size": 0})
+    assert "SPLIT = false;" in single.source and single.kernel_names == ["llama3_8b_decode"]
 
 
 def test_spec_tuning_defaults_are_used(llama):

@@ -37,6 +37,7 @@ RESERVED_MACROS = {
     "KGEN_SIMT_ASM_SWITCH": "the SIMT runtime switches fibers with its own x86-64 code",
     "KGEN_SIMT_RACECHECK": "the CPU build carries shared-memory race detection",
     "KGEN_SIMT_RUNTIME_TU": "the translation unit that defines the race detector's callbacks",
+    "KGEN_SIMT_ASYNC_WRITE": "tells the race detector where a cp.async copy writes (SIMT runtime)",
     "KGEN_SIMT_NOTSAN": "marks SIMT runtime code the race detector must not instrument",
     "KGEN_TSAN_CB": "declares one race-detector callback (SIMT runtime)",
     "KGEN_TSAN_ACCESS": "defines the race detector's plain-access callbacks (SIMT runtime)",

@@ -175,7 +175,7 @@ def test_verify_command_reports_and_passes(tmp_path):
 def test_verify_handwritten_kernel_that_ignores_tail_fails(tmp_path):
     """A hand-written kernel (here: kgen's own source with the tail mask dropped) is caught: exit 1."""
     spec = write(tmp_path, GOOD)
-    source = run_kgen("show", str(spec)).stdout
+    source = run_kgen("show", str(spec), "--config", "partition_size=0").stdout  # the ABI 1 (single-pass) launch
     broken = source.replace("TAIL_MASK = true", "TAIL_MASK = false")
     assert broken != source
     cu = write(tmp_path, broken, "hand.cu")

@@ -90,7 +90,10 @@ def test_generated_declarations_are_abi_1(path, overrides, config):
     threads = rendered.config["threads"]
     want = {spec.name: (threads, _old(spec.kind, spec))}
     if rendered.config.get("partition_size"):
-        want[f"{spec.name}_merge"] = (128, _old("paged_decode_merge", spec))
+        # kgen's split-KV configs (not the ABI 1 launch) also take the plan's partition size
+        want[spec.name] = (threads, want[spec.name][1] + ", int partition_tokens")
+        want[f"{spec.name}_merge"] = (128, _old("paged_decode_merge", spec).replace(
+            "int max_partitions,", "int max_partitions, int partition_tokens,"))
     assert got == want
 
 

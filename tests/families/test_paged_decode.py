@@ -273,7 +273,11 @@ def test_reading_a_tile_before_its_copies_land_fails_verification(stages, mid, o
                                 archs=[])
     report = verify(mutant, seed=3)
     assert not report.passed, mid
-    assert must_fail <= {c.name for c in report.failed_cases}, report.summary()
+    # A hand-written source runs with race detection, which stops the matrix at the first case
+    # with a race (reading a buffer before its copies land, or before the barrier, is one);
+    # where it sees none, the NaN an unlanded copy leaves fails the cases themselves.
+    failed, summary = {c.name for c in report.failed_cases}, report.summary()
+    assert must_fail <= failed or (failed and "shared-memory race on __shared__ 'smem'" in summary), summary
 
 
 def test_bundled_specs_keep_64_bytes_in_flight_per_thread():

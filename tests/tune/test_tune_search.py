@@ -34,7 +34,7 @@ def tiny(tuning: dict | None) -> object:
 def test_llama_space_is_the_product_of_its_params():
     space = expand_space(load_spec(LLAMA))
     assert space.size == 9 and len(space.configs) == 9 and not space.pruned
-    assert space.defaults == {"threads": 128, "partition_size": 0, "stages": 2, "heads_per_thread": 0}
+    assert space.defaults == {"threads": 128, "partition_size": 256, "stages": 2, "heads_per_thread": 0}
 
 
 def test_constraints_and_template_checks_prune_with_reasons():

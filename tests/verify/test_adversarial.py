@@ -17,6 +17,7 @@ import kgen
 from kgen.arrays import host_owner, to_backend, to_numpy
 from kgen.families.decode_adversarial_cases import WRAP, build_pool_case
 from kgen.families.decode_cases import decode_case_matrix, matrix_cases
+from kgen.families.registry import family_for
 from kgen.reference import decode_reference
 from kgen.render import render
 from kgen.verify.bounds import check_output
@@ -39,7 +40,9 @@ def _spec(**overrides):
 
 
 def _mutant(spec, old: str, new: str, config=None):
-    r = render(spec, config)
+    """kgen's source for `spec` with one edit, as a hand-written kernel. Without a config the
+    ABI's (decode: single pass, whose main kernel writes out and lse itself)."""
+    r = render(spec, config or family_for(spec).abi_config(spec))
     assert r.source.count(old) == 1, f"mutation target not found exactly once: {old!r}"
     return kernel_from_source(spec, r.source.replace(old, new), backend="cpu", config=r.config, archs=[])
 
@@ -49,57 +52,60 @@ def _run(kernel, names: set[str]):
     return verify(kernel, seed=SEED, cases=sorted({n.removesuffix("_lse") for n in names}))
 
 
-OUT_WRITE = "out[seq * o_s_seq + (long long)h * o_s_head + d] = from_float<typename Cfg::out_t>(o_s[i] * inv_l);"
-K_ROW = ("const typename Cfg::kv_t* k_row = k_cache + phys * k_s_block + (long long)kv_head * k_s_head + "
-         "slot * k_s_token;")
-LSE_WRITE = "lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = blk[tid].lse();"
-Q_LOADED = "  __syncthreads();\n\n  float slope[G];"
+OUT_WRITE = "out[seq * o_s_seq + (long long)h * o_s_head + d] = from_float<typename Cfg::out_t>(acc * blk.inv_sum());"
+K_ROW = ("ksrc = k_cache + phys * k_s_block + kv_head * k_s_head + slot * k_s_token + "
+         "run_offset<Cfg::K_RUN>(d0, k_s_run);")
+V_ROW = "vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0;"
+LSE_WRITE = "lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = blk.lse();"
+SCALES = "  // Per-tensor / per-head dequantisation scales (per-token ones come with each tile).\n"
+WRITE_OUT = "  // Write out: the final output, or this partition's normalised partial and its (m, l).\n"
+O_ACC = "for (int i = 0; i < VEC; ++i) o[h][c * VEC + i] += s[h][j] * vf[i];"
+NTILES = "const int ntiles = tok_end > tok_begin ? (tok_end - tile0 + NT - 1) / NT : 0;"
 
 # (id, spec overrides, config, old, new, cases that must fail, cases that must pass, words of the failure)
 MUTANTS = [
-    ("no_max_subtraction", {}, None, "    const float m_new = fmaxf(m, s);\n    const SoftmaxFactors f{",
-     "    const float m_new = 0.0f;\n    const SoftmaxFactors f{",
+    ("no_max_subtraction", {}, None, "    const float m_new = fmaxf(m, m_tile);\n    const float f = rescale(",
+     "    const float m_new = 0.0f;\n    const float f = rescale(",
      {"large_logits"}, {"long", "mixed_batch", "mixed_batch_lse"}, ()),
-    ("stops_at_512_tokens", {}, None, "base < tok_end;", "base < min(tok_end, 512);",
+    ("stops_at_512_tokens", {}, None, NTILES, NTILES.replace("(tok_end - tile0", "(min(tok_end, 512) - tile0"),
      {"long_uniform", "long_32k"}, {"long", "mixed_batch"}, ()),
-    ("stops_at_32768_tokens", {}, None, "base < tok_end;", "base < min(tok_end, 32768);",
+    ("stops_at_32768_tokens", {}, None, NTILES, NTILES.replace("(tok_end - tile0", "(min(tok_end, 32768) - tile0"),
      {"long_32k"}, {"long_uniform", "long"}, ()),
-    ("fp16_sum_accumulator", {}, None, "    l = l * f.self + f.other;\n    m = m_new;",
-     "    l = __half2float(__float2half(l * f.self + f.other));\n    m = m_new;", {"long_32k"}, {"len_1"}, ()),
-    ("fp16_output_accumulator", {}, None,
-     "o[g][c * VEC + i] = o[g][c * VEC + i] * f.self + pv * vf[c][i];",
-     "o[g][c * VEC + i] = __half2float(__float2half(o[g][c * VEC + i] * f.self + pv * vf[c][i]));",
+    ("fp16_sum_accumulator", {}, None, "          st[h].l += p;",
+     "          st[h].l = __half2float(__float2half(st[h].l + p));", {"long_32k"}, {"len_1"}, ()),
+    ("fp16_output_accumulator", {}, None, O_ACC,
+     O_ACC.replace("o[h][c * VEC + i] += s[h][j] * vf[i];",
+                   "o[h][c * VEC + i] = __half2float(__float2half(o[h][c * VEC + i] + s[h][j] * vf[i]));"),
      {"long_32k"}, {"len_1"}, ()),
-    ("ignores_q_strides", {}, None, "q[seq * q_s_seq + (long long)(q_head0 + g) * q_s_head + d]",
-     "q[((long long)seq * Cfg::NUM_Q_HEADS + q_head0 + g) * Cfg::HEAD_DIM + d]",
+    ("ignores_q_strides", {}, None, "q + seq * q_s_seq + (long long)(q_head0 + g) * q_s_head;",
+     "q + ((long long)seq * Cfg::NUM_Q_HEADS + q_head0 + g) * Cfg::HEAD_DIM;",
      {"strided_q_out"}, {"long", "mixed_batch", "large_logits"}, ()),
     ("ignores_out_strides", {}, None, OUT_WRITE,
      OUT_WRITE.replace("seq * o_s_seq + (long long)h * o_s_head + d", "((long long)seq * Cfg::NUM_Q_HEADS + h) * D + d"),
      {"strided_q_out"}, {"long", "mixed_batch"}, ("outside 'out'",)),
     ("int32_pool_offsets", {}, None, K_ROW,
-     K_ROW.replace("k_cache + phys", "k_cache + (int)(phys").replace("slot * k_s_token;", "slot * k_s_token);"),
+     K_ROW.replace("k_cache + phys", "k_cache + (int)(phys").replace("slot * k_s_token +", "slot * k_s_token) +"),
      {"huge_pool"}, {"long", "mixed_batch", "padded_pool"}, ()),
-    ("writes_input_q", {}, None, Q_LOADED,
-     "  __syncthreads();\n  if (tid == 0) const_cast<typename Cfg::q_t*>(q)[seq * q_s_seq + (long long)q_head0 * q_s_head]"
-     " = from_float<typename Cfg::q_t>(0.0f);\n  __syncthreads();\n\n  float slope[G];",
+    ("writes_input_q", {}, None, SCALES,
+     "  if (tid == 0) const_cast<typename Cfg::q_t*>(q)[seq * q_s_seq + (long long)q_head0 * q_s_head]"
+     " = from_float<typename Cfg::q_t>(0.0f);\n" + SCALES,
      {"len_1", "long"}, set(), ("input 'q'",)),
-    ("writes_input_k_cache_tail", {}, None, K_ROW,
-     K_ROW + "\n      if (tlane == 0 && pos == seq_len - 1 && slot + 1 < B) "
-     "const_cast<typename Cfg::kv_t*>(k_row)[k_s_token] = k_row[0];",
+    ("writes_input_k_cache_tail", {}, None, V_ROW,
+     V_ROW + "\n        if (d0 == 0 && pos == tok_end - 1 && slot + 1 < B) const_cast<kv_t*>(ksrc)[k_s_token] = ksrc[0];",
      {"len_1", "len_B+1"}, {"len_B"}, ("input 'k_cache'",)),
-    ("writes_past_out", {}, None, "  if (tid < G) {\n    const int h = q_head0 + tid;",
-     "  if (P == 0 && tid == 0 && seq == (int)gridDim.y - 1 && kv_head == (int)gridDim.x - 1)\n"
+    ("writes_past_out", {}, None, WRITE_OUT,
+     "  if (!split && tid == 0 && seq == (int)gridDim.y - 1 && kv_head == (int)gridDim.x - 1)\n"
      "    out[seq * o_s_seq + (long long)Cfg::NUM_Q_HEADS * o_s_head] = from_float<typename Cfg::out_t>(0.0f);\n"
-     "  if (tid < G) {\n    const int h = q_head0 + tid;",
+     + WRITE_OUT,
      {"len_1", "long"}, set(), ("past the end of 'out'",)),
     ("lse_of_one_head_unwritten", {}, None, LSE_WRITE, f"if (h != 1) {LSE_WRITE}",
      {"mixed_batch_lse"}, {"mixed_batch"}, ("lse[",)),
     ("split_scratch_written_one_partition_late", {}, {"partition_size": 32},
      "part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * D + d]",
      "part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part + 1) * D + d]",
-     {"len_1"}, set(), ("outside 'part_o'",)),
+     {"len_P+1"}, set(), ("outside 'part_o'",)),
     ("one_head_one_percent_off", {}, None, OUT_WRITE,
-     OUT_WRITE.replace("o_s[i] * inv_l)", "o_s[i] * inv_l * (h == Cfg::NUM_Q_HEADS - 1 ? 1.01f : 1.0f))"),
+     OUT_WRITE.replace("acc * blk.inv_sum())", "acc * blk.inv_sum() * (h == Cfg::NUM_Q_HEADS - 1 ? 1.01f : 1.0f))"),
      {"long", "mixed_batch"}, set(), ("head 7",)),
 ]
 
@@ -119,9 +125,9 @@ def test_adversarial_case_catches_its_mutant(mid, overrides, config, old, new, m
 def test_unmutated_kernel_passes_the_same_cases():
     """The cases of every mutant above pass on the unmutated source (same seed)."""
     names = set().union(*(m[5] | m[6] for m in MUTANTS if m[2] is None))
-    report = _run(_mutant(_spec(), "base < tok_end;", "base < tok_end;"), names)
+    report = _run(_mutant(_spec(), NTILES, NTILES), names)
     assert report.passed, report.summary()
-    split = _run(_mutant(_spec(), "base < tok_end;", "base < tok_end;", {"partition_size": 32}), {"len_1", "long_32k"})
+    split = _run(_mutant(_spec(), NTILES, NTILES, {"partition_size": 32}), {"len_1", "len_P+1", "long_32k"})
     assert split.passed, split.summary()
 
 
@@ -223,8 +229,9 @@ def test_cli_names_case_sequence_head_length_element_expected_and_got(tmp_path):
     spec_path = tmp_path / "adv.yaml"
     spec_path.write_text(json.dumps({**BASE, "name": "adv_cli"}))
     spec = kgen.load_spec(spec_path)
-    src = render(spec).source.replace(OUT_WRITE, OUT_WRITE.replace(
-        "o_s[i] * inv_l)", "o_s[i] * inv_l * (h == 5 ? 1.5f : 1.0f))"))
+    src = render(spec, {"partition_size": 0}).source
+    assert src.count(OUT_WRITE) == 1
+    src = src.replace(OUT_WRITE, OUT_WRITE.replace("acc * blk.inv_sum())", "acc * blk.inv_sum() * (h == 5 ? 1.5f : 1.0f))"))
     (tmp_path / "k.cu").write_text(src)
     r = run_kgen("verify", str(spec_path), "--source", str(tmp_path / "k.cu"), "--backend", "cpu", "--seed", "5",
                  "--json")
@@ -251,7 +258,7 @@ def test_cli_names_case_sequence_head_length_element_expected_and_got(tmp_path):
 def test_wrong_signature_names_parameter_type_and_abi_version(tmp_path, decl_edit, call_edit, param, ctype):
     spec_path = tmp_path / "sig.yaml"
     spec_path.write_text(json.dumps({**BASE, "name": "adv_sig"}))
-    src = render(kgen.load_spec(spec_path)).source
+    src = render(kgen.load_spec(spec_path), {"partition_size": 0}).source  # the ABI 1 launch
     start = src.index('extern "C"')
     end = src.index(") {", start) + 1  # the declaration of the kernel, then its body
     head, decl, body = src[:start], src[start:end], src[end:]
