@@ -58,23 +58,30 @@ class Kernel:
             self.module.launch(launch)
         return result
 
-    def plan(self, seq_lens: Any, num_sms: int | None = None, partition_tokens: int | None = None) -> Plan:
+    def plan(self, seq_lens: Any, num_sms: int | None = None, partition_tokens: int | None = None,
+             q_indptr: Any = None) -> Plan:
         """The launches for a batch with these lengths (host-side: device lengths are copied once).
         num_sms: the GPU to fill (None: this GPU's, 132 without one). partition_tokens: force
         the split-KV partition size (a multiple of the config's partition_size), e.g. to test
-        partition boundaries."""
-        lens = np.asarray(host_values(as_array_arg("seq_lens", seq_lens)) if not isinstance(seq_lens, (list, tuple))
-                          else seq_lens)
+        partition boundaries. q_indptr: the query rows of each sequence, for kinds whose calls
+        have them (paged_prefill needs it; the others refuse it)."""
+        lens = _host_ints("seq_lens", seq_lens)
         if lens.ndim != 1 or not np.issubdtype(lens.dtype, np.integer) or (lens.size and lens.min() < 0):
             raise ArgumentError(f"seq_lens: expected a 1-d array of lengths >= 0, got {lens!r:.80}")
         if num_sms is None:
             num_sms = device_sm_count() if getattr(self.module, "backend", "cpu") == "cuda" else DEFAULT_SMS
         if int(num_sms) < 1:
             raise ArgumentError(f"num_sms: must be >= 1 (got {num_sms})")
-        sizes, kernels = self._family.schedule(self.spec, self.config, lens, int(num_sms), partition_tokens)
+        extra = {} if q_indptr is None else {"q_indptr": _host_ints("q_indptr", q_indptr)}
+        sizes, kernels = self._family.schedule(self.spec, self.config, lens, int(num_sms), partition_tokens, **extra)
         launches = [PlannedLaunch(k.name, k.grid_for(sizes), (k.block, 1, 1), k.smem) for k in kernels]
         return Plan(self.name, int(lens.size), dict(sizes), launches, int(num_sms))
 
     def __repr__(self) -> str:
         verdict = "unverified" if self.report is None else ("passed" if self.report.passed else "FAILED")
         return f"<kgen.Kernel {self.name} kind={self.spec.kind} backend={self.backend} config={self.config} {verdict}>"
+
+
+def _host_ints(name: str, values: Any) -> np.ndarray:
+    """A list, host or device array of integers as a host numpy array (a device one is copied)."""
+    return np.asarray(host_values(as_array_arg(name, values)) if not isinstance(values, (list, tuple)) else values)

@@ -83,8 +83,10 @@ class Family(Protocol):
         made by schedule(), which fixes the launch sizes (kinds without one refuse it)."""
 
     def schedule(self, spec, config: Config, seq_lens: np.ndarray, num_sms: int,
-                 partition_tokens: int | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
-        """Call-time plan: (launch sizes, kernels launched) for these lengths and SM count."""
+                 partition_tokens: int | None = None,
+                 q_indptr: np.ndarray | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
+        """Call-time plan: (launch sizes, kernels launched) for these lengths and SM count;
+        q_indptr: each sequence's query rows, for kinds with several per sequence (prefill)."""
 
     def cases(self, spec, config: Config, rng: np.random.Generator) -> list[Case]:
         """The verification matrix."""
@@ -113,7 +115,8 @@ class FamilyBase:
         return [k.name for k in self.kernels(spec, config)]
 
     def schedule(self, spec, config: Config, seq_lens: np.ndarray, num_sms: int,
-                 partition_tokens: int | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
+                 partition_tokens: int | None = None,
+                 q_indptr: np.ndarray | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
         raise KgenUserError(f"{spec.name}: kind {spec.kind} has no call-time plan (its launches do not depend "
                             "on sequence lengths): call the kernel without one")
 

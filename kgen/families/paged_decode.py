@@ -115,9 +115,12 @@ class PagedDecodeFamily(FamilyBase):
             (a.num_q_heads, "num_seqs", 1), MERGE_THREADS)
         return [main, merge]
 
-    def schedule(self, spec, config: Config, seq_lens: np.ndarray, num_sms: int,
-                 partition_tokens: int | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
+    def schedule(self, spec, config: Config, seq_lens: np.ndarray, num_sms: int, partition_tokens: int | None = None,
+                 q_indptr: np.ndarray | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
         """Launch sizes for these lengths (kgen/families/decode_split.py) and the kernels launched."""
+        if q_indptr is not None:
+            raise ArgumentError(f"q_indptr: {spec.kind} has one query row per sequence; plan it with "
+                                "kern.plan(seq_lens) alone")
         granule = config["partition_size"]
         if partition_tokens is not None and (not granule or partition_tokens <= 0 or partition_tokens % granule):
             raise ArgumentError(f"partition_tokens {partition_tokens}: must be a positive multiple of the config's "

@@ -1,8 +1,9 @@
 """The paged-prefill family (docs/prefill-family.md, docs/abi.md): chunks of query tokens, packed
 by sequence (q_indptr), against their sequences' paged KV caches, the chunk's own K/V included
 (seq_lens counts them). Tensor cores (mma.sync m16n8k16) for fp16/bf16 q, fp32 FMAs for fp32 q;
-optionally split over KV partitions with a merge kernel. The argument table here is the kernel
-ABI; the call binding checks a call against it and packs the launches."""
+K/V tiles streamed by a cp.async pipeline (`stages`); split over KV partitions chosen at call time
+by the plan (decode's planner, kgen/families/decode_split.py) with a merge kernel. The argument
+table here is the kernel ABI; the call binding checks a call against it and packs the launches."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from kgen.errors import ArgumentError
 from kgen.families import prefill_cases
 from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
 from kgen.families.base import Config, FamilyBase, TunableParam, resolve_config
-from kgen.families.binding import host_values, refuse_plan
+from kgen.families.binding import host_values
+from kgen.families.decode_split import choose_split
 from kgen.families.layout import (
     SCALE_MODES,
     bind_scales,
@@ -33,10 +35,13 @@ from kgen.families.layout import (
     stride_values,
     vllm_x,
 )
-from kgen.families.paged_decode import MERGE_THREADS, _Binder, _c_float, vector_width
+from kgen.families.paged_decode import _PARTITION_TOKENS, MERGE_THREADS, _Binder, _c_float, vector_width
+from kgen.plan import DEFAULT_SMS, Plan
 
 WARPS = (1, 2, 4, 8)
 KV_TILES = (16, 32, 64, 128)
+STAGES = (1, 2, 3, 4)
+KV_PATHS = ("copy", "stage", "gather")  # the template's KV_PATH is the index
 SMEM_TARGET = 96 * 1024  # the automatic tile choice stays under this (occupancy)
 SMEM_LIMIT = 163 * 1024  # opt-in dynamic shared memory of sm_80 (sm_90: 227 KiB)
 OUT_SLICE = 256  # output columns per block: larger heads are sliced over grid z
@@ -44,26 +49,58 @@ OUT_SLICE = 256  # output columns per block: larger heads are sliced over grid z
 
 def tiles(spec, config: Config) -> tuple[int, int]:
     """(warps, kv_tile) of a config; 0 means automatic: 4 warps and 64-key tiles (32 past head_dim
-    128), halved (warps first) while the shared memory exceeds SMEM_TARGET."""
+    128), halved while the shared memory exceeds SMEM_TARGET: the one with more rows in shared
+    memory first (the Q tile's 16 * warps, or the stages' 2 * stages * kv_tile), warps on a tie."""
+    auto_w, auto_t = not config.get("warps", 0), not config.get("kv_tile", 0)
     warps = config.get("warps", 0) or 4
     kv_tile = config.get("kv_tile", 0) or (64 if spec.attention.head_dim <= 128 else 32)
-    while smem_bytes(spec, warps, kv_tile) > SMEM_TARGET:
-        if not config.get("warps", 0) and warps > 1:
+    stages = config.get("stages", 2)
+    while smem_bytes(spec, warps, kv_tile, stages) > SMEM_TARGET:
+        can_w, can_t = auto_w and warps > 1, auto_t and kv_tile > 16
+        if can_w and (not can_t or 16 * warps >= 2 * stages * kv_tile):
             warps //= 2
-        elif not config.get("kv_tile", 0) and kv_tile > 16:
+        elif can_t:
             kv_tile //= 2
         else:
             break
     return warps, kv_tile
 
 
-def smem_bytes(spec, warps: int, kv_tile: int) -> int:
-    """Q tile, K and V tiles in q's type (rows padded by 16 bytes), plus fp32 P per warp where the
-    products are fp32 FMAs (fp32 q, or a target older than sm_80: no mma.sync m16n8k16)."""
+def kv_path(spec) -> str:
+    """How K/V tiles reach the MMA operand tiles in shared memory: "copy", cp.async straight into
+    them (a cache in q's type, unscaled, 16-byte vectors); "stage", cp.async of the stored bytes
+    into a staging tile, then one pass dequantizes it with the packed conversions (quantized or
+    wider caches); "gather", plain loads that dequantize on the way (a VEC-element chunk of a key's
+    row that is not contiguous in memory, as in vLLM's head_dim-major V, or a copy of 1 or 2 bytes)."""
+    kv, D = spec.kv_cache, spec.attention.head_dim
+    vec, item = vector_width(spec), dtype(kv.dtype).itemsize
+    k_run, v_run = (vllm_x(spec), 1) if kv.layout == "vllm" else (D, D)
+    if k_run % vec or v_run % vec or vec * item not in (4, 8, 16):
+        return "gather"
+    if kv.dtype == spec.dtype.q and kv.scale == "none" and vec * item == 16:
+        return "copy"
+    return "stage"
+
+
+def smem_bytes(spec, warps: int, kv_tile: int, stages: int = 2) -> int:
+    """The Q tile, then K/V (templates/common/paged_prefill.cuh, PrefillShape): operand tiles in q's
+    type with rows padded by 16 bytes, `stages` of them on the copy path; on the stage path one
+    operand pair plus `stages` staging tiles as stored (and per-token scales); on the gather path one
+    operand pair. Plus fp32 P per warp where the products are fp32 FMAs (fp32 q, or a target older
+    than sm_80: no mma.sync m16n8k16)."""
     item = dtype(spec.dtype.q).itemsize
     ld = -(-spec.attention.head_dim // 16) * 16 + 16 // item
+    tile = kv_tile * ld * item
+    path = kv_path(spec)
+    if path == "copy":
+        kv = stages * 2 * tile
+    elif path == "stage":
+        raw = -(-kv_tile * spec.attention.head_dim * dtype(spec.kv_cache.dtype).itemsize // 16) * 16
+        kv = 2 * tile + stages * (2 * raw + (8 * kv_tile if spec.kv_cache.scale == "per_token_head" else 0))
+    else:
+        kv = 2 * tile
     fma = item == 4 or any(int(arch.removeprefix("sm_")) < 80 for arch in spec.targets)
-    return (16 * warps + 2 * kv_tile) * ld * item + (warps * 16 * kv_tile * 4 if fma else 0)
+    return 16 * warps * ld * item + kv + (warps * 16 * kv_tile * 4 if fma else 0)
 
 
 def slices(spec) -> int:
@@ -74,7 +111,7 @@ class PagedPrefillFamily(FamilyBase):
     kind = "paged_prefill"
     template = "paged_prefill.cu.j2"
     params = {"warps": TunableParam("warps", 0), "kv_tile": TunableParam("kv_tile", 0),
-              "partition_size": TunableParam("partition_size", 0)}
+              "stages": TunableParam("stages", 2), "partition_size": TunableParam("partition_size", 256)}
 
     # ---- generation -------------------------------------------------------------------
     def unsupported(self, spec) -> list[str]:
@@ -88,21 +125,23 @@ class PagedPrefillFamily(FamilyBase):
         if config["kv_tile"] and config["kv_tile"] not in KV_TILES:
             problems.append(f"kv_tile must be 0 (automatic) or one of {', '.join(map(str, KV_TILES))} "
                             f"(got {config['kv_tile']})")
+        if config["stages"] not in STAGES:
+            problems.append(f"stages must be 1 to 4 (got {config['stages']})")
         p = config["partition_size"]
         if p < 0 or p % 16:
             problems.append(f"partition_size must be 0 or a positive multiple of 16 (got {p})")
         if not problems:
-            need = smem_bytes(spec, *tiles(spec, config))
+            need = smem_bytes(spec, *tiles(spec, config), config["stages"])
             if need > SMEM_LIMIT:
-                problems.append(f"warps and kv_tile need {need} bytes of shared memory, more than {SMEM_LIMIT}: "
-                                "use fewer warps or a smaller kv_tile")
+                problems.append(f"warps, kv_tile and stages need {need} bytes of shared memory, more than "
+                                f"{SMEM_LIMIT}: use fewer warps or stages or a smaller kv_tile")
         return problems
 
     def abi_config(self, spec) -> Config:
         return {"partition_size": 0}  # a hand-written kernel implements the single-pass launch
 
     def default_space(self, spec) -> dict[str, list[int]]:
-        return {"warps": [2, 4], "kv_tile": [32, 64], "partition_size": [0, 512]}
+        return {"warps": [2, 4], "kv_tile": [32, 64], "stages": [1, 2], "partition_size": [0, 256]}
 
     def arguments(self, spec, config: Config) -> list[Arg]:
         a, d = spec.attention, spec.dtype
@@ -131,11 +170,11 @@ class PagedPrefillFamily(FamilyBase):
                   optional=True),
             scalar("num_seqs", "int32", "sequences in the batch"),
             scalar("max_blocks_per_seq", "int32", "columns of block_tables"),
-            scalar("max_partitions", "int32", "partitions per sequence: ceil(max_blocks_per_seq * block_size / "
-                   "partition_size); 1 without split"),
+            scalar("max_partitions", "int32", "partitions per sequence (grid z / head_dim slices); 1 without split"),
             stride("q_s_tok", "q stride between query rows"), stride("q_s_head", "q stride between heads"),
             stride("o_s_tok", "out stride between query rows"), stride("o_s_head", "out stride between heads"),
             *stride_args(),
+            *([] if single_pass else [_PARTITION_TOKENS]),
         ]
 
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
@@ -143,13 +182,14 @@ class PagedPrefillFamily(FamilyBase):
         warps, kv_tile = tiles(spec, config)
         table = self.arguments(spec, config)
         main = KernelDecl(spec.name, tuple(table), ("q_tiles", a.num_kv_heads, "z"), 32 * warps,
-                          smem=smem_bytes(spec, warps, kv_tile))
+                          smem=smem_bytes(spec, warps, kv_tile, config["stages"]))
         if not P:
             return [main]
         by_name = {arg.name: arg for arg in table}
         reads = [replace(by_name[n], ctype="const " + by_name[n].ctype, role="input") for n in ("part_o", "part_ml")]
         merge = KernelDecl(f"{spec.name}_merge", (by_name["out"], *reads, *(by_name[n] for n in (
-            "lse", "q_indptr", "seq_lens", "num_seqs", "max_partitions", "o_s_tok", "o_s_head"))),
+            "lse", "q_indptr", "seq_lens", "num_seqs", "max_partitions", "partition_tokens", "o_s_tok",
+            "o_s_head"))),
             (a.num_q_heads, "num_q_tokens", 1), MERGE_THREADS)
         return [main, merge]
 
@@ -171,6 +211,9 @@ class PagedPrefillFamily(FamilyBase):
             "vec": vector_width(spec),
             "warps": warps,
             "kv_tile": kv_tile,
+            "stages": config["stages"],
+            "kv_path": KV_PATHS.index(kv_path(spec)),
+            "smem_bytes": kernels[0].smem,
             "partition_size": config["partition_size"],
             "main": kernels[0],
             "merge": kernels[1] if len(kernels) > 1 else None,
@@ -210,10 +253,43 @@ class PagedPrefillFamily(FamilyBase):
         ]
 
     # ---- the call ---------------------------------------------------------------------
-    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan=None):
-        """Check the call's arguments against the ABI and return (launches, result)."""
-        refuse_plan(spec, plan)
-        return _PrefillBinder(spec, call).bind_prefill(self.kernels(spec, config), config, checked)
+    def schedule(self, spec, config: Config, seq_lens: np.ndarray, num_sms: int, partition_tokens: int | None = None,
+                 q_indptr: np.ndarray | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
+        """Launch sizes for these lengths and chunks (decode's planner, kgen/families/decode_split.py:
+        one block per (tile of query rows, KV head, partition)) and the kernels launched."""
+        if q_indptr is None:
+            raise ArgumentError(f"q_indptr: required to plan a {spec.kind} call: kern.plan(seq_lens, q_indptr=...)")
+        granule = config["partition_size"]
+        if partition_tokens is not None and (not granule or partition_tokens <= 0 or partition_tokens % granule):
+            raise ArgumentError(f"partition_tokens {partition_tokens}: must be a positive multiple of the config's "
+                                f"partition_size {granule}" if granule else
+                                f"partition_tokens {partition_tokens}: this config never splits (partition_size 0)")
+        lens = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
+        ind = np.asarray(q_indptr, dtype=np.int64).reshape(-1)
+        if ind.size != lens.size + 1 or ind[0] != 0 or np.any(np.diff(ind) < 0):
+            raise ArgumentError(f"q_indptr: expected {lens.size + 1} non-decreasing offsets from 0 (one more than "
+                                f"seq_lens), got {ind.tolist()!r:.80}")
+        q_lens = np.diff(ind)
+        bad = np.nonzero(q_lens > lens)[0]
+        if bad.size:
+            s = int(bad[0])
+            raise ArgumentError(f"sequence {s}: q_len = {int(q_lens[s])} is larger than seq_lens[{s}] = {int(lens[s])}")
+        warps, _ = tiles(spec, config)
+        row_tiles = -(-q_lens * spec.group_size // (16 * warps))
+        window = spec.attention.sliding_window or 0
+        split = choose_split(np.where(q_lens > 0, lens, 0), spec.attention.num_kv_heads, num_sms, granule,
+                             q_lens + window - 1 if window else 0, partition_tokens, row_tiles)
+        T = int(ind[-1])
+        sizes = {"num_seqs": int(lens.size), "num_q_tokens": T, "max_partitions": split.max_partitions,
+                 "partition_tokens": split.partition_tokens, "q_tiles": int(np.sum(row_tiles)) + int(lens.size),
+                 "z": split.max_partitions * slices(spec)}
+        kernels = self.kernels(spec, config)
+        return sizes, kernels if split.merged else kernels[:1]
+
+    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan: Plan | None = None):
+        """Check the call's arguments against the ABI and return (launches, result); without a plan
+        the call plans itself from its lengths (host arrays) or its shapes."""
+        return _PrefillBinder(spec, call).bind_prefill(self, config, checked, plan)
 
     # ---- verification and benchmarks (kgen/families/prefill_cases.py) -------------------
     def cases(self, spec, config: Config, rng: np.random.Generator):
@@ -237,7 +313,7 @@ class _PrefillBinder(_Binder):
     """Checks one prefill call's arguments and plans its launches (decode's checks of caches,
     alignment and scales; q_indptr and the chunk lengths in addition)."""
 
-    def bind_prefill(self, kernels: list[KernelDecl], config: Config, checked: bool):
+    def bind_prefill(self, family: PagedPrefillFamily, config: Config, checked: bool, plan: Plan | None):
         spec, a, kv = self.spec, self.spec.attention, self.spec.kv_cache
         D, B, Hq = a.head_dim, kv.block_size, a.num_q_heads
         q = self.take("q", True)
@@ -286,18 +362,29 @@ class _PrefillBinder(_Binder):
         self.check(out, (T, Hq, D), out_dtype)
         return_lse = bool(self.call.pop("return_lse", False))
         lse = as_array_arg("lse", empty_like_library(q, (T, Hq), "fp32")) if return_lse else None
+        if checked:  # before planning: the plan trusts q_indptr and seq_lens
+            self._check_prefill_values(ind, bt, sl, N, M, T)
+        if plan is None:  # host lengths are planned for; device ones by shapes (full tables, rows spread evenly)
+            if sl.device == "cpu" and ind.device == "cpu":
+                lens, indptr = host_values(sl), host_values(ind)
+            else:
+                per_seq = -(-T // max(S, 1))
+                lens, indptr = np.full(S, max(M * B, per_seq)), np.minimum(np.arange(S + 1) * per_seq, T)
+            sizes, kernels = family.schedule(spec, config, lens, DEFAULT_SMS, q_indptr=indptr)
+            rows_planned = T
+        else:
+            sizes, kernels = self._planned(family, config, plan, S)
+            rows_planned = plan.sizes["num_q_tokens"]
+            if T > rows_planned:
+                raise ArgumentError(f"plan: made for at most {rows_planned} query rows, the call has {T} "
+                                    "(make the plan for the largest batch)")
+        max_parts = sizes["max_partitions"]
+        part_o = part_ml = None
+        if max_parts > 1 and T:  # scratch for the plan's rows: the plan's own (made at its first call)
+            part_o = self._scratch(plan, q, None, "part_o", (rows_planned, Hq, max_parts, D))
+            part_ml = self._scratch(plan, q, None, "part_ml", (rows_planned, Hq, max_parts, 2))
         self.refuse_unknown()
         self.refuse_aliasing([out, lse], [q, *caches, ind, bt, sl, ks, vs, alibi])
-
-        if checked:
-            self._check_prefill_values(ind, bt, sl, N, M, T)
-
-        P = config["partition_size"]
-        max_parts = -(-M * B // P) if P else 1
-        part_o = part_ml = None
-        if P and T:
-            part_o = as_array_arg("part_o", empty_like_library(q, (T, Hq, max_parts, D), "fp32"))
-            part_ml = as_array_arg("part_ml", empty_like_library(q, (T, Hq, max_parts, 2), "fp32"))
 
         ptr = self.pointer
         values = {
@@ -305,14 +392,14 @@ class _PrefillBinder(_Binder):
             "q_indptr": ptr(ind), "block_tables": ptr(bt), "seq_lens": ptr(sl), "k_scale": ptr(ks),
             "v_scale": ptr(vs), "alibi_slopes": ptr(alibi), "part_o": ptr(part_o), "part_ml": ptr(part_ml),
             "lse": ptr(lse), "num_seqs": S, "max_blocks_per_seq": M, "max_partitions": max_parts,
+            "partition_tokens": sizes["partition_tokens"],
             "q_s_tok": q.strides[0], "q_s_head": q.strides[1], "o_s_tok": out.strides[0],
             "o_s_head": out.strides[1], **stride_values(st, scale_strides),
         }
-        rows = kernels[0].block // 32 * 16
-        sizes = {"q_tiles": -(-T * spec.group_size // rows) + S, "num_q_tokens": T,
-                 "z": max_parts * slices(spec)}
+        rows = kernels[0].block // 32 * 16  # grid x from the call's shapes (a plan may be for other chunks)
+        grid = {"q_tiles": -(-T * spec.group_size // rows) + S, "num_q_tokens": T, "z": max_parts * slices(spec)}
         reached = [c.native for c in caches]  # fused: K/V by address (an isolated child maps them too)
-        launches = [k.launch(sizes, values, reached) for k in kernels] if T else []  # no query row: nothing to launch
+        launches = [k.launch(grid, values, reached) for k in kernels] if T else []  # no query row: nothing to launch
         result = (out.obj, lse.obj) if lse is not None else out.obj
         return launches, result
 

@@ -169,7 +169,11 @@ def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
     (ref, ref_lse), (lowp, lowp_lse) = _references(spec, args, decode=p.get("decode", False))
     want_lse = p.get("lse", False)
     dev_args = args_to_backend(args, kernel.backend)
-    result = kernel(**dev_args, return_lse=True) if want_lse else kernel(**dev_args)
+    # Split configs run with partitions of exactly partition_size, so the partition cases sit on
+    # partition boundaries (a call without a plan may choose a larger multiple).
+    P = kernel.config.get("partition_size", 0)
+    plan = kernel.plan(args["seq_lens"], q_indptr=args["q_indptr"], partition_tokens=P) if P else None
+    result = kernel(**dev_args, return_lse=True, plan=plan) if want_lse else kernel(**dev_args, plan=plan)
     out = result[0] if want_lse else result
     results = [check_rows(case.name, p["seq_lens"], args["q_indptr"], to_numpy(out), ref, lowp.astype(np.float64),
                           spec.dtype.resolved_out)]

@@ -11,8 +11,12 @@
 // accumulator stays in registers). Each warp owns 16 rows. The block walks its keys in tiles of
 // KV_TILE: only keys some row of the block can see are loaded (tiles wholly above the causal
 // diagonal or before the window are never visited); a warp whose rows see none of a tile skips
-// it. K and V of a tile are gathered through the block table, dequantized (real = stored * scale)
-// and stored in shared memory in the MMA input type (q's type).
+// it. K and V of a tile are gathered through the block table and stored in shared memory in the
+// MMA input type (q's type), dequantized (real = stored * scale). Tiles are streamed with cp.async
+// (async_copy.cuh), STAGES deep: while tile i is computed, tiles i+1 .. i+STAGES-1 are in flight.
+// A cache in q's type lands straight in the operand tiles; a quantized (or wider) one lands as
+// stored in a staging tile and one pass dequantizes it into the operand tile (convert.cuh);
+// vLLM's V (head_dim-major: a key's row is not contiguous) takes plain loads (see kv_path).
 //
 // Math. With 16-bit q: S = Q K^T and O += P V on the tensor cores (mma.sync m16n8k16, fp32
 // accumulate, operands from ldmatrix; P goes from the S accumulators to A fragments in
@@ -20,8 +24,11 @@
 // FMAs, which keeps fp32 accuracy. Softmax is online per row (SoftmaxState), its max reduced over
 // the four lanes that share a row.
 //
-// Split-KV (PARTITION_SIZE > 0): each block covers one partition of the keys and writes its
-// normalised partial output and (m, l); the merge kernel combines them per (token, head).
+// Split-KV (Cfg::SPLIT): the call's plan (kgen/families/decode_split.py) chooses partition_tokens
+// and max_partitions at call time. Partition z holds keys [z * P, (z + 1) * P), the last one the
+// rest of the sequence (a plan made for shorter lengths stays exact); each block writes its
+// normalised partial output and (m, l), and the merge kernel combines them per (token, head).
+// With one partition the block writes the final output itself and no merge runs.
 #pragma once
 
 namespace kgen {
@@ -31,6 +38,9 @@ namespace kgen {
 #else
 #define KGEN_PREFILL_HAS_MMA 1
 #endif
+
+template <class A, class B> struct SameType { static constexpr bool value = false; };
+template <class A> struct SameType<A, A> { static constexpr bool value = true; };
 
 template <class Cfg>
 struct PrefillShape {
@@ -47,6 +57,26 @@ struct PrefillShape {
   static constexpr int SLICES = (D + DS - 1) / DS;
   static constexpr int ONT = DS / 8;                         // n8 tiles of the output slice
   static constexpr int VEC = Cfg::VEC, CHUNKS = D / VEC;
+  // How K/V tiles reach the operand tiles (kgen/families/paged_prefill.py, kv_path): PATH_COPY,
+  // cp.async straight into STAGES operand tiles (a cache in q's type, unscaled); PATH_STAGE, cp.async
+  // of the stored bytes into STAGES staging tiles, then one dequantizing pass into the operand tile;
+  // PATH_GATHER, plain loads that dequantize on the way (a row chunk not contiguous in memory: vLLM's V).
+  typedef typename Cfg::kv_t KV;
+  static constexpr int PATH = Cfg::KV_PATH, STAGES = PATH == 2 ? 1 : Cfg::STAGES;
+  static constexpr int COPY = VEC * (int)sizeof(KV);  // bytes per cp.async
+  static constexpr bool TOKEN_SCALES = Cfg::SCALE_MODE == 3;
+  static constexpr int align16(int x) { return (x + 15) / 16 * 16; }
+  static constexpr int Q_BYTES = ROWS * LD * (int)sizeof(T);
+  static constexpr int TILE_BYTES = KT * LD * (int)sizeof(T);            // one operand tile (K or V)
+  static constexpr int RAW_BYTES = align16(KT * D * (int)sizeof(KV));     // one staged tile, as stored
+  static constexpr int STAGE_BYTES = PATH == 0 ? 2 * TILE_BYTES : PATH == 1 ? 2 * RAW_BYTES + (TOKEN_SCALES ? 8 * KT : 0) : 0;
+  static constexpr int OPERAND_BYTES = PATH == 0 ? 0 : 2 * TILE_BYTES;   // the converted K and V tiles
+  static constexpr int KV_BYTES = OPERAND_BYTES + STAGES * STAGE_BYTES;
+  static constexpr int SMEM_BYTES = Q_BYTES + KV_BYTES + (MMA ? 0 : WARPS * 16 * KT * 4);
+  static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's smem_bytes and the template disagree");
+  static_assert(PATH == 2 || COPY == 4 || COPY == 8 || COPY == 16, "cp.async copies 4, 8 or 16 bytes");
+  static_assert(PATH != 0 || (SameType<KV, T>::value && COPY == 16), "the copy path needs a cache in q's type");
+  static_assert(STAGES >= 1 && STAGES <= 4, "stages");
   static_assert(KT % 16 == 0, "KV_TILE must be a multiple of 16");
   static_assert(D % 8 == 0 && D % VEC == 0, "head_dim must be a multiple of 8 and of the vector width");
 };
@@ -153,9 +183,6 @@ struct PrefillMath<Cfg, false> {
   }
 };
 
-template <class A, class B> struct SameType { static constexpr bool value = false; };
-template <class A> struct SameType<A, A> { static constexpr bool value = true; };
-
 // Store N floats as N elements of T at dst (aligned to min(16, N * sizeof(T)) bytes), 16 bytes at a time.
 template <class T, int N>
 __device__ __forceinline__ void store_vec_from_float(T* dst, const float (&src)[N]) {
@@ -199,9 +226,9 @@ __device__ __forceinline__ void load_row_chunk(const T* __restrict__ row, int d0
   }
 }
 
-// Gather keys [kv0, kv0 + KT) of one KV head into k_s / v_s (row = key, LD elements per row),
-// dequantized; keys at or past kv_end (and the zero padding of K past head_dim) are zeros, never read.
-// A cache already in q's type, unscaled and with contiguous rows, is copied as raw 16-byte vectors.
+// Gather keys [kv0, kv0 + KT) of one KV head into k_s / v_s (row = key, LD elements per row) with
+// plain loads, dequantized (PATH_GATHER: a row chunk that is not contiguous in memory); keys at or
+// past kv_end are zeros, never read.
 template <class Cfg>
 __device__ __forceinline__ void prefill_load_kv_tile(
     typename Cfg::q_t* k_s, typename Cfg::q_t* v_s, int kv0, int kv_end, const int* __restrict__ table, int kv_head,
@@ -214,54 +241,109 @@ __device__ __forceinline__ void prefill_load_kv_tile(
   typedef typename S::T T;
   typedef typename Cfg::kv_t KV;
   constexpr int B = Cfg::BLOCK_SIZE, VEC = S::VEC;
-  constexpr bool RAW = SameType<KV, T>::value && Cfg::SCALE_MODE == 0 && Cfg::K_RUN % VEC == 0 &&
-                       Cfg::V_RUN % VEC == 0 && VEC * (int)sizeof(T) == 16;
-  if constexpr (RAW) {
-    for (int idx = threadIdx.x; idx < S::KT * S::CHUNKS; idx += S::THREADS) {
-      const int i = idx / S::CHUNKS, c = idx % S::CHUNKS, key = kv0 + i;
-      uint4 kr = make_uint4(0u, 0u, 0u, 0u), vr = kr;
-      if (key < kv_end) {
-        const long long phys = table[key / B];
-        const int slot = key % B;
-        kr = *reinterpret_cast<const uint4*>(k_cache + phys * k_s_block + (long long)kv_head * k_s_head +
-                                             slot * k_s_token + c * VEC);
-        vr = *reinterpret_cast<const uint4*>(v_cache + phys * v_s_block + (long long)kv_head * v_s_head +
-                                             slot * v_s_token + c * VEC);
+  for (int idx = threadIdx.x; idx < S::KT * S::CHUNKS; idx += S::THREADS) {
+    const int i = idx / S::CHUNKS, c = idx % S::CHUNKS, key = kv0 + i;
+    float kf[VEC], vf[VEC];
+    if (key < kv_end) {
+      const long long phys = table[key / B];
+      const int slot = key % B;
+      load_row_chunk<KV, VEC, Cfg::K_RUN>(k_cache + phys * k_s_block + (long long)kv_head * k_s_head +
+                                              slot * k_s_token, c * VEC, k_s_run, kf);
+      load_row_chunk<KV, VEC, Cfg::V_RUN>(v_cache + phys * v_s_block + (long long)kv_head * v_s_head +
+                                              slot * v_s_token, c * VEC, v_s_run, vf);
+      const float ks = kv_scale_at<Cfg::SCALE_MODE>(k_scale, phys, slot, kv_head, ks_s_block, ks_s_head, ks_s_token);
+      const float vs = kv_scale_at<Cfg::SCALE_MODE>(v_scale, phys, slot, kv_head, vs_s_block, vs_s_head, vs_s_token);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        kf[e] *= ks;
+        vf[e] *= vs;
       }
-      *reinterpret_cast<uint4*>(k_s + i * S::LD + c * VEC) = kr;
-      *reinterpret_cast<uint4*>(v_s + i * S::LD + c * VEC) = vr;
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) kf[e] = vf[e] = 0.0f;
     }
-  } else {
-    for (int idx = threadIdx.x; idx < S::KT * S::CHUNKS; idx += S::THREADS) {
-      const int i = idx / S::CHUNKS, c = idx % S::CHUNKS, key = kv0 + i;
-      T* k_dst = k_s + i * S::LD + c * VEC;
-      T* v_dst = v_s + i * S::LD + c * VEC;
-      float kf[VEC], vf[VEC];
-      if (key < kv_end) {
+    store_vec_from_float<T, VEC>(k_s + i * S::LD + c * VEC, kf);
+    store_vec_from_float<T, VEC>(v_s + i * S::LD + c * VEC, vf);
+  }
+}
+
+// Issue the cp.async copies of keys [kv0, kv0 + KT) of one KV head into `stage` (PATH_COPY: K and V
+// operand tiles, LD elements a row; PATH_STAGE: K and V as stored, D elements a row, then the
+// per-token scales, K's KT then V's KT). Keys at or past kv_end are not read: their bytes are
+// zero-filled, so they are 0 in shared memory, never the poison of a slot past seq_len.
+template <class Cfg>
+__device__ __forceinline__ void prefill_issue_tile(
+    unsigned char* __restrict__ stage, int kv0, int kv_end, const int* __restrict__ table, int kv_head,
+    const typename Cfg::kv_t* __restrict__ k_cache, const typename Cfg::kv_t* __restrict__ v_cache,
+    const float* __restrict__ k_scale, const float* __restrict__ v_scale, long long k_s_block, long long k_s_head,
+    long long k_s_token, long long k_s_run, long long v_s_block, long long v_s_head, long long v_s_token,
+    long long v_s_run, long long ks_s_block, long long ks_s_head, long long ks_s_token, long long vs_s_block,
+    long long vs_s_head, long long vs_s_token) {
+  typedef PrefillShape<Cfg> S;
+  typedef typename Cfg::kv_t KV;
+  constexpr int B = Cfg::BLOCK_SIZE, VEC = S::VEC, KT = S::KT;
+  constexpr bool COPY = S::PATH == 0;
+  constexpr int ROW = COPY ? S::LD : S::D;  // elements per shared-memory row
+  KV* ks = reinterpret_cast<KV*>(stage);
+  KV* vs = reinterpret_cast<KV*>(stage + (COPY ? S::TILE_BYTES : S::RAW_BYTES));
+  for (int idx = threadIdx.x; idx < KT * S::CHUNKS; idx += S::THREADS) {
+    const int i = idx / S::CHUNKS, d0 = (idx % S::CHUNKS) * VEC, key = kv0 + i;
+    const bool valid = key < kv_end;
+    const KV* ksrc = k_cache;
+    const KV* vsrc = v_cache;
+    if (valid) {
+      const long long phys = table[key / B];
+      const int slot = key % B;
+      ksrc = k_cache + phys * k_s_block + (long long)kv_head * k_s_head + slot * k_s_token +
+             run_offset<Cfg::K_RUN>(d0, k_s_run);
+      vsrc = v_cache + phys * v_s_block + (long long)kv_head * v_s_head + slot * v_s_token +
+             run_offset<Cfg::V_RUN>(d0, v_s_run);
+    }
+    cp_async<S::COPY>(ks + i * ROW + d0, ksrc, valid ? S::COPY : 0);
+    cp_async<S::COPY>(vs + i * ROW + d0, vsrc, valid ? S::COPY : 0);
+  }
+  if (!COPY && S::TOKEN_SCALES) {
+    float* ss = reinterpret_cast<float*>(stage + 2 * S::RAW_BYTES);
+    for (int c = threadIdx.x; c < 2 * KT; c += S::THREADS) {
+      const int key = kv0 + c % KT;
+      const bool valid = key < kv_end;
+      const float* src = k_scale;
+      if (valid) {
         const long long phys = table[key / B];
         const int slot = key % B;
-        load_row_chunk<KV, VEC, Cfg::K_RUN>(k_cache + phys * k_s_block + (long long)kv_head * k_s_head +
-                                                slot * k_s_token, c * VEC, k_s_run, kf);
-        load_row_chunk<KV, VEC, Cfg::V_RUN>(v_cache + phys * v_s_block + (long long)kv_head * v_s_head +
-                                                slot * v_s_token, c * VEC, v_s_run, vf);
-        const float ks = kv_scale_at<Cfg::SCALE_MODE>(k_scale, phys, slot, kv_head, ks_s_block, ks_s_head, ks_s_token);
-        const float vs = kv_scale_at<Cfg::SCALE_MODE>(v_scale, phys, slot, kv_head, vs_s_block, vs_s_head, vs_s_token);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          kf[e] *= ks;
-          vf[e] *= vs;
-        }
-      } else {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) kf[e] = vf[e] = 0.0f;
+        src = c < KT ? k_scale + phys * ks_s_block + (long long)kv_head * ks_s_head + slot * ks_s_token
+                     : v_scale + phys * vs_s_block + (long long)kv_head * vs_s_head + slot * vs_s_token;
       }
-      store_vec_from_float<T, VEC>(k_dst, kf);
-      store_vec_from_float<T, VEC>(v_dst, vf);
+      cp_async<4>(ss + c, src, valid ? 4 : 0);
     }
   }
-  if (S::DK > S::D)
-    for (int idx = threadIdx.x; idx < S::KT * (S::DK - S::D); idx += S::THREADS)
-      k_s[(idx / (S::DK - S::D)) * S::LD + S::D + idx % (S::DK - S::D)] = from_float<T>(0.0f);
+}
+
+// PATH_STAGE: dequantize a landed staging tile into the operand tiles (packed conversions).
+// Zero-filled keys stay zeros (their scales are zero-filled too: 0 * 0).
+template <class Cfg>
+__device__ __forceinline__ void prefill_convert_tile(typename Cfg::q_t* k_s, typename Cfg::q_t* v_s,
+                                                     const unsigned char* stage, float k_sc, float v_sc) {
+  typedef PrefillShape<Cfg> S;
+  typedef typename Cfg::kv_t KV;
+  constexpr int VEC = S::VEC, KT = S::KT;
+  const KV* ks = reinterpret_cast<const KV*>(stage);
+  const KV* vs = reinterpret_cast<const KV*>(stage + S::RAW_BYTES);
+  const float* ss = reinterpret_cast<const float*>(stage + 2 * S::RAW_BYTES);
+  for (int idx = threadIdx.x; idx < KT * S::CHUNKS; idx += S::THREADS) {
+    const int i = idx / S::CHUNKS, d0 = (idx % S::CHUNKS) * VEC;
+    float kf[VEC], vf[VEC];
+    load_as_float<KV, VEC>(ks + i * S::D + d0, kf);
+    load_as_float<KV, VEC>(vs + i * S::D + d0, vf);
+    const float kx = S::TOKEN_SCALES ? ss[i] : k_sc, vx = S::TOKEN_SCALES ? ss[KT + i] : v_sc;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      kf[e] *= kx;
+      vf[e] *= vx;
+    }
+    store_vec_from_float<typename Cfg::q_t, VEC>(k_s + i * S::LD + d0, kf);
+    store_vec_from_float<typename Cfg::q_t, VEC>(v_s + i * S::LD + d0, vf);
+  }
 }
 
 template <class Cfg>
@@ -274,11 +356,14 @@ __device__ __forceinline__ void paged_prefill_body(
     int max_blocks_per_seq, int max_partitions, long long q_s_tok, long long q_s_head, long long o_s_tok,
     long long o_s_head, long long k_s_block, long long k_s_head, long long k_s_token, long long k_s_run,
     long long v_s_block, long long v_s_head, long long v_s_token, long long v_s_run, long long ks_s_block,
-    long long ks_s_head, long long ks_s_token, long long vs_s_block, long long vs_s_head, long long vs_s_token) {
+    long long ks_s_head, long long ks_s_token, long long vs_s_block, long long vs_s_head, long long vs_s_token,
+    int partition_tokens = 0) {
   typedef PrefillShape<Cfg> S;
   typedef typename S::T T;
   typedef PrefillMath<Cfg, S::MMA> Math;
-  constexpr int G = S::G, ROWS = S::ROWS, KT = S::KT, P = Cfg::PARTITION_SIZE, W = Cfg::SLIDING_WINDOW;
+  constexpr int G = S::G, ROWS = S::ROWS, KT = S::KT, W = Cfg::SLIDING_WINDOW, STAGES = S::STAGES;
+  const bool split = Cfg::SPLIT && max_partitions > 1;
+  const int P = partition_tokens;
   constexpr bool CAUSAL = Cfg::CAUSAL;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int kv_head = blockIdx.y;
@@ -303,16 +388,48 @@ __device__ __forceinline__ void paged_prefill_body(
   // Keys some row of the block sees: [lo, hi).
   int lo = W > 0 ? max(0, pos0 + r0 / G - W + 1) : 0;
   int hi = CAUSAL ? pos0 + (r0 + rows - 1) / G + 1 : kv_len;
-  if (P > 0) {
-    if (part >= (kv_len + P - 1) / P) return;  // uniform; the merge reads ceil(kv_len / P) partitions
+  if (split) {  // partition `part` holds keys [part * P, (part + 1) * P), the last one the rest
+    if (part >= min((kv_len + P - 1) / P, max_partitions)) return;  // uniform; the merge reads the same count
     lo = max(lo, part * P);
-    hi = min(hi, (part + 1) * P);
+    if (part < max_partitions - 1) hi = min(hi, (part + 1) * P);
   }
+  const int ntiles = hi > lo ? (hi - lo + KT - 1) / KT : 0;  // tile i: keys lo + i * KT ..
 
+  // Shared memory: Q | operand K, V (stage and gather paths) | STAGES stages | fp32 P per warp.
   KGEN_DYNAMIC_SMEM(T, q_s);
-  T* k_s = q_s + ROWS * S::LD;
-  T* v_s = k_s + KT * S::LD;
-  float* p_w = reinterpret_cast<float*>(v_s + KT * S::LD) + warp * 16 * KT;  // fp32 math only
+  unsigned char* smem = reinterpret_cast<unsigned char*>(q_s);
+  T* k_op = reinterpret_cast<T*>(smem + S::Q_BYTES);
+  T* v_op = k_op + KT * S::LD;
+  unsigned char* stages = smem + S::Q_BYTES + S::OPERAND_BYTES;
+  float* p_w = reinterpret_cast<float*>(smem + S::Q_BYTES + S::KV_BYTES) + warp * 16 * KT;  // fp32 math only
+  const int* table = block_tables + (long long)seq * max_blocks_per_seq;
+  auto issue = [&](int i) {
+    prefill_issue_tile<Cfg>(stages + (i % STAGES) * S::STAGE_BYTES, lo + i * KT, hi, table, kv_head, k_cache,
+                            v_cache, k_scale, v_scale, k_s_block, k_s_head, k_s_token, k_s_run, v_s_block, v_s_head,
+                            v_s_token, v_s_run, ks_s_block, ks_s_head, ks_s_token, vs_s_block, vs_s_head,
+                            vs_s_token);
+  };
+  // The first STAGES - 1 tiles are requested before anything else is done (Q's loads overlap them).
+  if constexpr (S::PATH != 2) {
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+      if (i < ntiles) issue(i);
+      cp_async_commit();
+    }
+  }
+  // K's zero padding past head_dim (columns D .. DK of every K operand tile): copies never touch it.
+  if (S::DK > S::D) {
+    constexpr int PAD = S::DK - S::D, NK = S::PATH == 0 ? STAGES : 1;
+    for (int idx = tid; idx < NK * KT * PAD; idx += S::THREADS) {
+      const int k = idx / (KT * PAD), r = idx % (KT * PAD);
+      T* k_tile = S::PATH == 0 ? reinterpret_cast<T*>(stages + k * S::STAGE_BYTES) : k_op;
+      k_tile[(r / PAD) * S::LD + S::D + r % PAD] = from_float<T>(0.0f);
+    }
+  }
+  // Per-tensor / per-head dequantisation scales (per-token ones come with each staged tile).
+  float k_sc = 1.0f, v_sc = 1.0f;
+  if (Cfg::SCALE_MODE == 1) k_sc = k_scale[0], v_sc = v_scale[0];
+  if (Cfg::SCALE_MODE == 2) k_sc = k_scale[kv_head], v_sc = v_scale[kv_head];
 
   // Q of the block's rows (zeros past the last row and past head_dim).
   for (int idx = tid; idx < ROWS * S::DK; idx += S::THREADS) {
@@ -349,13 +466,40 @@ __device__ __forceinline__ void paged_prefill_body(
 #pragma unroll
     for (int i = 0; i < 4; ++i) o[nt][i] = 0.0f;
 
-  const int* table = block_tables + (long long)seq * max_blocks_per_seq;
-  for (int kv0 = lo; kv0 < hi; kv0 += KT) {
-    __syncthreads();  // Q is stored; every warp is done with the previous tile
-    prefill_load_kv_tile<Cfg>(k_s, v_s, kv0, hi, table, kv_head, k_cache, v_cache, k_scale, v_scale, k_s_block,
-                              k_s_head, k_s_token, k_s_run, v_s_block, v_s_head, v_s_token, v_s_run, ks_s_block,
-                              ks_s_head, ks_s_token, vs_s_block, vs_s_head, vs_s_token);
-    __syncthreads();
+  // The loop bound is uniform across the block, so every thread reaches every barrier.
+  for (int tile = 0; tile < ntiles; ++tile) {
+    const int kv0 = lo + tile * KT;
+    const T* k_s = k_op;
+    const T* v_s = v_op;
+    if constexpr (S::PATH == 2) {
+      __syncthreads();  // Q is stored; every warp is done with the previous tile
+      prefill_load_kv_tile<Cfg>(k_op, v_op, kv0, hi, table, kv_head, k_cache, v_cache, k_scale, v_scale, k_s_block,
+                                k_s_head, k_s_token, k_s_run, v_s_block, v_s_head, v_s_token, v_s_run, ks_s_block,
+                                ks_s_head, ks_s_token, vs_s_block, vs_s_head, vs_s_token);
+      __syncthreads();
+    } else {
+      if (STAGES == 1) {
+        __syncthreads();  // everybody is done with the buffer
+        issue(tile);
+        cp_async_commit();
+        cp_async_wait<0>();
+      } else {
+        cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();  // this thread's copies of `tile` have landed
+      }
+      __syncthreads();  // everybody's have; Q is stored; everybody is done with tile - 1, whose buffers are refilled next
+      if (STAGES > 1) {
+        if (tile + STAGES - 1 < ntiles) issue(tile + STAGES - 1);
+        cp_async_commit();
+      }
+      const unsigned char* stage = stages + (tile % STAGES) * S::STAGE_BYTES;
+      if constexpr (S::PATH == 0) {
+        k_s = reinterpret_cast<const T*>(stage);
+        v_s = reinterpret_cast<const T*>(stage + S::TILE_BYTES);
+      } else {
+        prefill_convert_tile<Cfg>(k_op, v_op, stage, k_sc, v_sc);
+        __syncthreads();  // the operand tiles are written
+      }
+    }
     // Warp-uniform: a warp whose rows see none of this tile's keys skips it.
     if (warp_rows <= 0 || (CAUSAL && kv0 > warp_pos_last) || (W > 0 && kv0 + KT - 1 <= warp_pos_first - W)) continue;
     float s[S::NT][4];
@@ -413,7 +557,7 @@ __device__ __forceinline__ void paged_prefill_body(
       const int rr = i >> 1, d = d0 + 8 * nt + 2 * t + (i & 1);
       if (!row_ok[rr]) continue;
       const float x = o[nt][i] * inv[rr];
-      if (P > 0)
+      if (split)
         part_o[(((long long)row_tok[rr] * Cfg::NUM_Q_HEADS + row_head[rr]) * max_partitions + part) * S::D + d] = x;
       else
         out[(long long)row_tok[rr] * o_s_tok + (long long)row_head[rr] * o_s_head + d] =
@@ -425,7 +569,7 @@ __device__ __forceinline__ void paged_prefill_body(
     for (int rr = 0; rr < 2; ++rr) {
       if (!row_ok[rr]) continue;
       const long long row = (long long)row_tok[rr] * Cfg::NUM_Q_HEADS + row_head[rr];
-      if (P > 0) {
+      if (split) {
         part_ml[(row * max_partitions + part) * 2] = st[rr].m;
         part_ml[(row * max_partitions + part) * 2 + 1] = st[rr].l;
       } else if (lse != nullptr) {
@@ -442,15 +586,17 @@ __device__ __forceinline__ void paged_prefill_merge_body(typename Cfg::out_t* __
                                                          const float* __restrict__ part_ml, float* __restrict__ lse,
                                                          const int* __restrict__ q_indptr,
                                                          const int* __restrict__ seq_lens, int num_seqs,
-                                                         int max_partitions, long long o_s_tok, long long o_s_head) {
-  constexpr int D = Cfg::HEAD_DIM, P = Cfg::PARTITION_SIZE;
+                                                         int max_partitions, int partition_tokens, long long o_s_tok,
+                                                         long long o_s_head) {
+  constexpr int D = Cfg::HEAD_DIM;
+  const int P = partition_tokens;
   const int h = blockIdx.x, tok = blockIdx.y;
   int lo = 0, hi = num_seqs;  // the token's sequence: the last s with q_indptr[s] <= tok
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
     if (q_indptr[mid] <= tok) lo = mid; else hi = mid;
   }
-  const int num_parts = (seq_lens[lo] + P - 1) / P;
+  const int num_parts = min((seq_lens[lo] + P - 1) / P, max_partitions);
   const long long row = ((long long)tok * Cfg::NUM_Q_HEADS + h) * max_partitions;
   const float* ml = part_ml + row * 2;
   SoftmaxState tot = SoftmaxState::empty();

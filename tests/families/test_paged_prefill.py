@@ -86,7 +86,8 @@ def test_feature_verifies(overrides, config):
 def test_the_matrix_catches_a_wrong_mask():
     """The non-causal kernel, verified against the causal spec's contract (as a hand-written kernel
     would be), fails the chunks but not decode equivalence (a q_len = 1 row sees every key anyway)."""
-    wrong = kernel_from_source(_spec(), render(_spec(**{"attention.causal": False})).source, backend="cpu", archs=[])
+    wrong = kernel_from_source(_spec(), render(_spec(**{"attention.causal": False}), {"partition_size": 0}).source,
+                               backend="cpu", archs=[])  # the single-pass ABI launch
     report = kgen.verify(wrong, seed=5)
     assert not report.passed
     failed = {c.name for c in report.failed_cases}
@@ -238,7 +239,8 @@ def test_kgen_abi_prints_the_prefill_contract():
         assert needle in text, needle
     spec = kgen.load_spec(SPECS / "llama3_8b_prefill.yaml")
     declaration = text[text.index('extern "C"'):].split(";")[0]
-    assert declaration in render(spec).source  # the generated kernel has exactly the printed signature
+    # the generated single-pass kernel (the ABI launch) has exactly the printed signature
+    assert declaration in render(spec, {"partition_size": 0}).source
 
 
 # ---- refused arguments --------------------------------------------------------------------------
