@@ -484,7 +484,7 @@ __device__ __forceinline__ void paged_prefill_body(
         cp_async_commit();
         cp_async_wait<0>();
       } else {
-        cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();  // this thread's copies of `tile` have landed
+        cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();  // this thread's copies of the tile have landed
       }
       __syncthreads();  // everybody's have; Q is stored; everybody is done with tile - 1, whose buffers are refilled next
       if (STAGES > 1) {
