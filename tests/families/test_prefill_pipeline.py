@@ -17,8 +17,8 @@ from kgen.families.paged_prefill import PAGED_PREFILL, kv_path, smem_bytes, tile
 from kgen.families.prefill_cases import check_rows, make_prefill_case
 from kgen.families.prefill_reference import attention_prefill
 from kgen.render import render
-from kgen.verify.runner import verify
 from kgen.verify.handwritten import kernel_from_source
+from kgen.verify.runner import verify
 
 BASE = {
     "kgen": 1, "name": "pipe_prefill", "kind": "paged_prefill",
