@@ -14,7 +14,7 @@ from rich.table import Table
 from kgen.build import select_backend
 from kgen.cli.common import SEED, err, guard, load_specs, out
 from kgen.errors import KgenUserError
-from kgen.tune.ray_executor import require_ray
+from kgen.tune.ray_executor import connect, require_ray
 from kgen.tune.results import device_info, read_results, results_path
 from kgen.tune.runner import DEFAULT_BUDGET_S, tune_spec
 from kgen.tune.search import parse_buckets
@@ -46,15 +46,23 @@ def _varying(configs: list[dict]) -> set[str]:
 @click.option("--strategy", type=click.Choice(["auto", "exhaustive", "hillclimb"]), default="auto", show_default=True)
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="where measurements run (ray: one task per GPU on an existing Ray cluster)")
+@click.option("--ray-address", default=None, metavar="HOST:PORT",
+              help="the Ray cluster to join (implies --executor ray; default: RAY_ADDRESS, else a local one)")
 @click.option("--seed", type=SEED, default=None)
 @click.option("--json", "as_json", is_flag=True, help="print the results as JSON")
 @guard
-def tune(spec, backend, buckets, budget_s, measure_s, strategy, executor, seed, as_json):
+def tune(spec, backend, buckets, budget_s, measure_s, strategy, executor, ray_address, seed, as_json):
     """Time every config of SPEC's tuning space over shape buckets; save the results."""
     (loaded,) = load_specs((spec,))
     parsed = parse_buckets(buckets) if buckets else None
+    if ray_address is not None:
+        executor = "ray"
     if executor == "ray":
         require_ray()
+    if ray_address is not None:
+        resources = connect(ray_address).cluster_resources()
+        err.print(f"ray: joined the cluster at {ray_address}: {resources.get('CPU', 0):g} CPUs, "
+                  f"{resources.get('GPU', 0):g} GPUs", markup=False)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True) as progress:
         bar = progress.add_task(f"{loaded.name}: configs x buckets", total=None)

@@ -3,8 +3,9 @@
 Each (spec, config, bucket) measurement is one task over plain data (kgen/tune/measure.py),
 so Ray only schedules: one task per GPU on the CUDA backend (num_gpus=1, so two timings
 never share a device), one per CPU otherwise. Results come back as the same dicts the
-local executor produces and are merged into the same JSON. kgen connects to a running
-cluster when RAY_ADDRESS is set (Ray's own convention), else starts a local instance.
+local executor produces and are merged into the same JSON. kgen joins the cluster given to
+connect() (`kgen tune --ray-address`), else the one RAY_ADDRESS names (Ray's own convention),
+else starts a local instance; a caller that ran ray.init() itself keeps its cluster.
 """
 
 from __future__ import annotations
@@ -22,11 +23,21 @@ def require_ray():
     return ray
 
 
-def ray_map(tasks: list[dict]) -> list[dict]:
-    """Run `run_task` on every task through Ray; results in task order."""
+def connect(address: str | None = None):
+    """Ray, joined to the cluster at `address` ("host:port", "ray://host:port", "auto"; None:
+    RAY_ADDRESS, else a new local instance) unless this process already joined one."""
     ray = require_ray()
     if not ray.is_initialized():
-        ray.init(ignore_reinit_error=True, log_to_driver=False)
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except ConnectionError as e:
+            raise KgenUserError(f"cannot reach the Ray cluster at {address}: {e}") from None
+    return ray
+
+
+def ray_map(tasks: list[dict]) -> list[dict]:
+    """Run `run_task` on every task through Ray; results in task order."""
+    ray = connect()
     gpu = bool(tasks) and tasks[0]["backend"] == "cuda"
     remote = ray.remote(num_gpus=1 if gpu else 0, num_cpus=0 if gpu else 1, max_retries=0)(run_task)
     return ray.get([remote.remote(t) for t in tasks])
