@@ -1,6 +1,6 @@
 """A static performance model of memory-bound decode kernels on one GPU (no GPU needed).
 
-Nothing here imports kgen: it reads SASS text (`cuobjdump -sass`), ptxas figures and launch
+It reads SASS text (`cuobjdump -sass`), ptxas figures and launch
 geometry, and returns ESTIMATES. Used by benchmarks/static_perf.py; docs/performance.md states
 the assumptions. The pieces:
 
@@ -10,7 +10,8 @@ the assumptions. The pieces:
 - `streaming_loops` / `loop_mlp`: the loops that stream global memory, and how many bytes
   each thread keeps in flight in them (a scoreboard walk of the loop body, repeated until
   the pipeline is in steady state).
-- `occupancy`: resident blocks per SM from threads, registers and shared memory.
+- `occupancy`: resident blocks per SM from threads, registers and shared memory (kgen.occupancy,
+  the rules kgen's call-time planner uses too).
 - `estimate_seconds`: Little's law per wave of thread blocks, capped by the copy bandwidth.
 - `flashinfer_geometry` / `flashinfer_split`, `vllm_*`: the launch geometry those libraries
   choose, re-stated from their source (the file each rule comes from is named).
@@ -22,6 +23,9 @@ import math
 import re
 from collections import deque
 from dataclasses import dataclass, field
+
+from kgen.occupancy import Occupancy, SmLimits
+from kgen.occupancy import occupancy as kgen_occupancy
 
 
 @dataclass(frozen=True)
@@ -260,33 +264,18 @@ def thread_in_flight(fn: SassFunction, dev: Device = H200) -> tuple[float, list[
     return sum(m.bytes_per_iter for m in mlps) / sum(m.bytes_per_iter / m.in_flight for m in mlps), mlps
 
 
-# ---- occupancy -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Occupancy:
-    blocks: int        # resident blocks per SM
-    warps: int         # resident warps per SM
-    limiter: str       # registers | shared memory | threads | blocks
-
-
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
+# ---- occupancy ----------------------------------------------------------------------------------
 def occupancy(threads: int, registers: int, smem_bytes: int, dev: Device = H200) -> Occupancy:
-    """Resident blocks per SM (the CUDA occupancy calculator's rules for sm_90). `smem_bytes`:
-    static + dynamic shared memory of one block."""
-    warps = -(-threads // 32)
-    per_warp = _round_up(max(registers, 1) * 32, dev.reg_alloc_per_warp)
-    warps_by_regs = (dev.regs_per_sm // dev.sub_partitions // per_warp) * dev.sub_partitions
-    smem = _round_up(smem_bytes, dev.smem_granularity) + dev.smem_reserved_per_block
-    limits = {
-        "registers": warps_by_regs // warps,
-        "shared memory": dev.smem_per_sm // smem if smem_bytes <= dev.smem_per_block else 0,
-        "threads": dev.max_threads_per_sm // (warps * 32),
-        "blocks": dev.max_blocks_per_sm,
-    }
-    limiter = min(limits, key=lambda k: limits[k])
-    return Occupancy(limits[limiter], limits[limiter] * warps, limiter)
+    """Resident blocks per SM (kgen.occupancy: the CUDA occupancy calculator's rules) on `dev`.
+    `smem_bytes`: static + dynamic shared memory of one block."""
+    limits = SmLimits(dev.regs_per_sm, dev.sub_partitions, dev.reg_alloc_per_warp, dev.max_threads_per_sm,
+                      dev.max_blocks_per_sm, dev.smem_per_sm, dev.smem_per_block, dev.smem_reserved_per_block,
+                      dev.smem_granularity)
+    return kgen_occupancy(threads, registers, smem_bytes, limits)
 
 
 # ---- time ----------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from decode_figures import kv_bytes_per_token  # noqa: E402
 
 from kgen.build import build  # noqa: E402
 from kgen.cache import ArtifactCache, content_key  # noqa: E402
-from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report  # noqa: E402
+from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report, resources_as_dict  # noqa: E402
 from kgen.families.paged_decode import PAGED_DECODE  # noqa: E402
 from kgen.families.registry import family_for  # noqa: E402
 from kgen.kernel import Kernel  # noqa: E402
@@ -181,8 +181,9 @@ def _prod(x) -> int:
 def planning_kernel(spec, rendered) -> Kernel:
     """A Kernel to plan with: one without a module (planning launches nothing), or, where the planner
     wants more of it, one built for the CPU backend (a g++ build, cached)."""
-    try:
-        kern = Kernel(spec, rendered.source, rendered.config, None, rendered.kernel_names)
+    try:  # with the sm_90 ptxas figures, so the plan fills the SMs by the kernel's own occupancy
+        figures = resources_as_dict(compile_cubin(rendered.source, ARCH).resources)
+        kern = Kernel(spec, rendered.source, rendered.config, None, rendered.kernel_names, resources={ARCH: figures})
         kern.plan(np.full(1, spec.kv_cache.block_size, dtype=np.int32), num_sms=DEV.sms)
         return kern
     except Exception:  # a genuine planner error surfaces again from the built kernel's plan

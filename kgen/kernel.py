@@ -11,9 +11,10 @@ from kgen.errors import ArgumentError
 from kgen.families.base import Config
 from kgen.families.binding import host_values
 from kgen.families.registry import family_for
-from kgen.plan import DEFAULT_SMS, Plan, PlannedLaunch
+from kgen.occupancy import SM_LIMITS, occupancy
+from kgen.plan import BLOCKS_PER_SM, DEFAULT_SMS, Plan, PlannedLaunch, target_blocks
 from kgen.runtime.base import Module
-from kgen.runtime.cuda import device_sm_count
+from kgen.runtime.cuda import device_arch, device_sm_count
 
 
 class Kernel:
@@ -38,6 +39,7 @@ class Kernel:
         self.artifacts = artifacts or {}
         self.debug: bool | None = None
         self._family = family_for(spec)
+        self._default_target: int | None = None
 
     @property
     def backend(self) -> str:
@@ -53,7 +55,11 @@ class Kernel:
         if plan is not None and not isinstance(plan, Plan):
             raise ArgumentError(f"plan: expected a kgen Plan from kern.plan(seq_lens), got {type(plan).__name__}")
         checked = checks_values(self.backend, self.debug)
-        launches, result = self._family.bind(self.spec, self.config, arguments, checked=checked, plan=plan)
+        if plan is None and self._default_target is None:  # a call without a plan plans for this GPU
+            sms = self._gpu_sms()
+            self._default_target = target_blocks(sms, self.resident_blocks(sms))
+        launches, result = self._family.bind(self.spec, self.config, arguments, checked=checked, plan=plan,
+                                             target_blocks=self._default_target)
         for launch in launches:
             self.module.launch(launch)
         return result
@@ -68,18 +74,42 @@ class Kernel:
         lens = _host_ints("seq_lens", seq_lens)
         if lens.ndim != 1 or not np.issubdtype(lens.dtype, np.integer) or (lens.size and lens.min() < 0):
             raise ArgumentError(f"seq_lens: expected a 1-d array of lengths >= 0, got {lens!r:.80}")
-        if num_sms is None:
-            num_sms = device_sm_count() if getattr(self.module, "backend", "cpu") == "cuda" else DEFAULT_SMS
-        if int(num_sms) < 1:
+        num_sms = self._gpu_sms() if num_sms is None else int(num_sms)
+        if num_sms < 1:
             raise ArgumentError(f"num_sms: must be >= 1 (got {num_sms})")
+        resident = self.resident_blocks(num_sms)
+        target = target_blocks(num_sms, resident)
         extra = {} if q_indptr is None else {"q_indptr": _host_ints("q_indptr", q_indptr)}
-        sizes, kernels = self._family.schedule(self.spec, self.config, lens, int(num_sms), partition_tokens, **extra)
+        sizes, kernels = self._family.schedule(self.spec, self.config, lens, target, partition_tokens, **extra)
         launches = [PlannedLaunch(k.name, k.grid_for(sizes), (k.block, 1, 1), k.smem) for k in kernels]
-        return Plan(self.name, int(lens.size), dict(sizes), launches, int(num_sms))
+        return Plan(self.name, int(lens.size), dict(sizes), launches, num_sms, resident, target)
+
+    def resident_blocks(self, num_sms: int) -> int:
+        """Blocks of the main (first) kernel a GPU with `num_sms` SMs holds at once: the occupancy of
+        its ptxas figures for this GPU's arch (without a GPU: sm_90 when built, else the newest
+        target), BLOCKS_PER_SM per SM when none were recorded."""
+        main = self._family.kernels(self.spec, self.config)[0]
+        arch = device_arch() if getattr(self.module, "backend", "cpu") == "cuda" else None
+        by_arch = self.resources or {}
+        arch = arch if arch in by_arch else ("sm_90" if "sm_90" in by_arch else max(by_arch, default=None,
+                                                                                     key=_arch_number))
+        figures = by_arch.get(arch, {}).get(main.name) if arch else None
+        if not figures:
+            return num_sms * BLOCKS_PER_SM
+        limits = SM_LIMITS.get(arch, SM_LIMITS["sm_90"])
+        per_sm = occupancy(main.block, figures["registers"], figures["static_smem"] + main.smem, limits).blocks
+        return num_sms * max(1, per_sm)
+
+    def _gpu_sms(self) -> int:
+        return device_sm_count() if getattr(self.module, "backend", "cpu") == "cuda" else DEFAULT_SMS
 
     def __repr__(self) -> str:
         verdict = "unverified" if self.report is None else ("passed" if self.report.passed else "FAILED")
         return f"<kgen.Kernel {self.name} kind={self.spec.kind} backend={self.backend} config={self.config} {verdict}>"
+
+
+def _arch_number(arch: str) -> int:
+    return int("".join(ch for ch in arch if ch.isdigit()) or 0)
 
 
 def _host_ints(name: str, values: Any) -> np.ndarray:

@@ -15,6 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_SMS = 132  # H100 / H200 SXM: the SM count a plan fills when there is no GPU to ask
+BLOCKS_PER_SM = 2  # the least a plan aims for per SM, where the work allows; and the resident
+#                    blocks per SM assumed when a kernel's ptxas figures are unknown
+DEFAULT_TARGET_BLOCKS = DEFAULT_SMS * BLOCKS_PER_SM
+
+
+def target_blocks(num_sms: int, resident_blocks: int) -> int:
+    """Thread blocks with work a split-KV plan aims for on a GPU with `num_sms` SMs that holds
+    `resident_blocks` of the kernel's blocks at once: a quarter of those (in the static model of
+    docs/performance.md that keeps enough bytes in flight, and each further partition costs its
+    partial results and their merge), at least BLOCKS_PER_SM per SM, at most one wave."""
+    return min(resident_blocks, max(BLOCKS_PER_SM * num_sms, resident_blocks // 4))
 
 
 @dataclass(frozen=True)
@@ -32,10 +43,13 @@ class Plan:
     sizes: dict[str, int]  # the launch sizes it fixes (e.g. partition_tokens, max_partitions)
     launches: list[PlannedLaunch]  # in launch order, for num_seqs sequences
     num_sms: int  # the SM count it filled
+    resident_blocks: int  # blocks of the main kernel that GPU holds at once (kgen/occupancy.py)
+    target_blocks: int  # blocks with work the split aimed for (target_blocks)
     # Scratch arrays of the plan's calls, by (name, device): made at the first call.
     workspace: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __str__(self) -> str:
         sizes = ", ".join(f"{k} {v}" for k, v in self.sizes.items())
         grids = "; ".join(f"{ln.kernel} grid {ln.grid} block {ln.block[0]}" for ln in self.launches)
-        return f"plan for {self.kernel} ({self.num_seqs} sequences, {self.num_sms} SMs: {sizes}): {grids}"
+        return (f"plan for {self.kernel} ({self.num_seqs} sequences, {self.num_sms} SMs holding "
+                f"{self.resident_blocks} blocks, aiming for {self.target_blocks}: {sizes}): {grids}")

@@ -27,7 +27,7 @@ def test_plan_lists_every_launch_with_its_geometry(kern):
     plan = kern.plan(np.array([2000, 5, 300], dtype=np.int64))
     assert plan.num_sms == DEFAULT_SMS and plan.num_seqs == 3
     P, parts = plan.sizes["partition_tokens"], plan.sizes["max_partitions"]
-    assert P % 64 == 0 and parts == -(-2000 // P) > 1
+    assert P % 16 == 0 and P >= 64 and parts == -(-2000 // P) > 1
     main, merge = plan.launches
     assert (main.kernel, main.grid, main.block) == ("tiny_decode", (2, 3, parts), (128, 1, 1))
     assert main.smem_bytes == kern._family.kernels(kern.spec, kern.config)[0].smem
@@ -76,8 +76,8 @@ def test_bad_plans_are_refused(kern):
         kern(**args, plan=other.plan([100, 100, 100]))
     with pytest.raises(ArgumentError, match="expected a kgen Plan"):
         kern(**args, plan={"partition_tokens": 64})
-    with pytest.raises(ArgumentError, match="positive multiple of the config's partition_size 64"):
-        kern.plan([100], partition_tokens=96)
+    with pytest.raises(ArgumentError, match="multiple of 16 of at least the config's partition_size 64"):
+        kern.plan([100], partition_tokens=48)
     with pytest.raises(ArgumentError, match="1-d array of lengths >= 0"):
         kern.plan([[1, 2]])
     with pytest.raises(ArgumentError, match="num_sms: must be >= 1"):

@@ -78,14 +78,16 @@ class Family(Protocol):
         """The kind's part of `kgen abi`: the specialised sizes, the call arguments, the rules."""
 
     def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True,
-             plan: Any = None) -> tuple[list[Launch], Any]:
+             plan: Any = None, target_blocks: int | None = None) -> tuple[list[Launch], Any]:
         """Check one call's arguments; return (launches, the call's result). `plan`: a kgen.plan.Plan
-        made by schedule(), which fixes the launch sizes (kinds without one refuse it)."""
+        made by schedule(), which fixes the launch sizes (kinds without one refuse it); without
+        one a kind that plans aims for `target_blocks` blocks with work (kgen.plan.target_blocks)."""
 
-    def schedule(self, spec, config: Config, seq_lens: np.ndarray, num_sms: int,
+    def schedule(self, spec, config: Config, seq_lens: np.ndarray, target_blocks: int,
                  partition_tokens: int | None = None,
                  q_indptr: np.ndarray | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
-        """Call-time plan: (launch sizes, kernels launched) for these lengths and SM count;
+        """Call-time plan: (launch sizes, kernels launched) for these lengths, aiming for
+        `target_blocks` thread blocks with work (kgen.plan.target_blocks);
         q_indptr: each sequence's query rows, for kinds with several per sequence (prefill)."""
 
     def cases(self, spec, config: Config, rng: np.random.Generator) -> list[Case]:
@@ -114,7 +116,7 @@ class FamilyBase:
     def kernel_names(self, spec, config: Config) -> list[str]:
         return [k.name for k in self.kernels(spec, config)]
 
-    def schedule(self, spec, config: Config, seq_lens: np.ndarray, num_sms: int,
+    def schedule(self, spec, config: Config, seq_lens: np.ndarray, target_blocks: int,
                  partition_tokens: int | None = None,
                  q_indptr: np.ndarray | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
         raise KgenUserError(f"{spec.name}: kind {spec.kind} has no call-time plan (its launches do not depend "

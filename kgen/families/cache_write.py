@@ -87,7 +87,8 @@ class CacheWriteFamily(SingleKernelFamily):
         ]
         return lines + [*cache_rows(spec), "", "Conversion: " + _rule(kv.dtype), "One warp per K or V row of a token."]
 
-    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan=None):
+    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan=None,
+             target_blocks: int | None = None):
         """Check the call's arguments against the ABI; return (launches, None): the writes are in place."""
         refuse_plan(spec, plan)
         return _bind(CallBinder(spec, call), self.kernels(spec, config)[0], checked)

@@ -70,7 +70,8 @@ class CopyBlocksFamily(SingleKernelFamily):
             lines.append(f"  k_scale, v_scale  [{shape}]  fp32 scale pools (required: copied with the blocks)")
         return lines + ["", "The kernel sees one plane per (pool array, layer); 16-byte copies when aligned."]
 
-    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan=None):
+    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan=None,
+             target_blocks: int | None = None):
         """Check the call's arguments; return (launches, None): the copies are in place."""
         refuse_plan(spec, plan)
         return _bind(CallBinder(spec, call), self.kernels(spec, config)[0], checked)

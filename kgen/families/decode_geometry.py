@@ -12,6 +12,9 @@ from kgen.families.base import Config
 
 SMEM_LIMIT = 48 * 1024  # static shared memory of one block (every target arch)
 TILE_BYTES_PER_THREAD = 64  # K and V bytes each thread requests per tile, at least
+# Pipeline depth of `stages: 0`: two tiles in flight while one is computed (the static model of
+# docs/performance.md: 48 bytes in flight per thread with 2 stages, 96 with 3, on sm_90).
+AUTO_STAGES = 3
 BATCH_TOKENS = 8  # logits a thread holds at once (tokens x its heads)
 
 
@@ -85,8 +88,8 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
     es = dtype(kv.dtype).itemsize
     problems = []
     stages, hpt = config["stages"], config["heads_per_thread"]
-    if not 1 <= stages <= 4:
-        problems.append(f"stages must be 1 to 4 (got {stages})")
+    if not 0 <= stages <= 4:
+        problems.append(f"stages must be 0 (auto) or 1 to 4 (got {stages})")
     if not 0 <= hpt <= G:
         problems.append(f"heads_per_thread must be 0 (auto) or 1 to the GQA group {G} (got {hpt})")
     if problems:
@@ -118,7 +121,10 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
 
     scales = kv.scale == "per_token_head"
     stage = a16(tile * D * es) + a16((D * v_row if vllm else tile * D) * es) + (a16(2 * tile * 4) if scales else 0)
-    smem = max(stages * stage, slots * G * (D + 2) * 4)
+    merge_bytes = slots * G * (D + 2) * 4
+    if not stages:  # auto: the deepest pipeline up to AUTO_STAGES that fits
+        stages = next((n for n in range(AUTO_STAGES, 1, -1) if max(n * stage, merge_bytes) <= SMEM_LIMIT), 1)
+    smem = max(stages * stage, merge_bytes)
     if smem > SMEM_LIMIT:
         return None, [f"stages {stages} of {tile} tokens need {smem} bytes of shared memory, more than "
                       f"{SMEM_LIMIT}: use fewer stages or fewer threads"]

@@ -3,10 +3,14 @@
 A decode call has one thread block per (KV head, sequence, partition). Without a split a
 batch of few sequences leaves most of the GPU idle (batch 1 with 8 KV heads: 8 blocks on
 132 SMs), so the plan cuts each sequence's keys into partitions of `partition_tokens`:
-the largest multiple of the config's `partition_size` (the granule) that still gives at
-least `BLOCKS_PER_SM` thread blocks with work per SM. One size for every sequence also
-balances a batch of very different lengths: no block gets more than `partition_tokens`
-keys, a long sequence gets many blocks and a short one a single block.
+the largest multiple of 16 tokens, at least the config's `partition_size` (the granule),
+whose thread blocks with work reach the plan's target (kgen.plan.target_blocks: a quarter
+of the blocks the GPU holds at once, at least 2 per SM).
+A latency-bound kernel streams at the rate of the bytes it has in flight, so too few blocks
+leave bandwidth unused; each further partition costs its partial results and the merge.
+One size for every sequence also balances a batch of very different lengths: no block gets
+more than `partition_tokens` keys, a long sequence gets many blocks and a short one a single
+block.
 
 Prefill (kgen/families/paged_prefill.py) plans with the same rule: each (sequence, KV head,
 partition) there is one block per tile of query rows (`weights`), and a chunk's first row sees
@@ -19,7 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-BLOCKS_PER_SM = 2  # blocks with work per SM the plan aims for: one computes while another loads
+from kgen.errors import ArgumentError
+
+STEP_TOKENS = 16  # partition sizes are multiples of this (whole tiles of kgen's decode kernel)
 
 
 @dataclass(frozen=True)
@@ -42,9 +48,21 @@ def working_partitions(seq_lens: np.ndarray, partition_tokens: int, window, weig
     return int(np.sum((last - first) * (1 if weights is None else np.asarray(weights, dtype=np.int64))))
 
 
-def choose_split(seq_lens: np.ndarray, num_kv_heads: int, num_sms: int, granule: int, window=0,
+def check_forced_partition(partition_tokens: int | None, granule: int) -> None:
+    """A partition size given to kern.plan: a multiple of STEP_TOKENS of at least the granule."""
+    if partition_tokens is None:
+        return
+    if not granule:
+        raise ArgumentError(f"partition_tokens {partition_tokens}: this config never splits (partition_size 0)")
+    if partition_tokens < granule or partition_tokens % STEP_TOKENS:
+        raise ArgumentError(f"partition_tokens {partition_tokens}: must be a multiple of {STEP_TOKENS} of at least "
+                            f"the config's partition_size {granule}")
+
+
+def choose_split(seq_lens: np.ndarray, num_kv_heads: int, target: int, granule: int, window=0,
                  partition_tokens: int | None = None, weights=None) -> Split:
-    """The partition size for these lengths (granule 0: the config never splits).
+    """The partition size for these lengths: partitions of at least `granule` tokens (0: the config
+    never splits) giving `target` blocks with work (kgen.plan.target_blocks).
     `partition_tokens` forces a size (a positive multiple of the granule); `window` and `weights`
     as in working_partitions."""
     lens = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
@@ -52,26 +70,30 @@ def choose_split(seq_lens: np.ndarray, num_kv_heads: int, num_sms: int, granule:
     if not granule or longest <= 0:
         return Split(0, 1)
     if partition_tokens is None:
-        partition_tokens = _fill_size(lens, longest, num_kv_heads, num_sms, granule, window, weights)
+        partition_tokens = _fill_size(lens, longest, num_kv_heads, target, granule, window, weights)
     if partition_tokens >= longest:
         return Split(0, 1)
     return Split(partition_tokens, -(-longest // partition_tokens))
 
 
-def _fill_size(lens: np.ndarray, longest: int, num_kv_heads: int, num_sms: int, granule: int, window,
+def _fill_size(lens: np.ndarray, longest: int, num_kv_heads: int, target_blocks: int, granule: int, window,
                weights) -> int:
-    """The largest multiple of `granule` whose blocks with work reach BLOCKS_PER_SM per SM (the
-    granule itself when even that does not; the whole length when one block per sequence does)."""
-    target = BLOCKS_PER_SM * num_sms
-    if num_kv_heads * (lens.size if weights is None else int(np.sum(weights))) >= target:
-        return longest  # enough (KV head, sequence) blocks without a split
-    lo, hi = 1, max(1, -(-longest // granule))  # multiples k of the granule; blocks fall as k grows
-    if num_kv_heads * working_partitions(lens, lo * granule, window, weights) < target:
+    """The largest partition, a multiple of STEP_TOKENS of at least `granule`, whose blocks with work
+    reach `target_blocks` (the granule when even it does not; the whole length when the (KV head,
+    sequence) blocks alone do)."""
+    if num_kv_heads * (lens.size if weights is None else int(np.sum(weights))) >= target_blocks:
+        return longest  # enough blocks without a split
+
+    def blocks(k: int) -> int:
+        return num_kv_heads * working_partitions(lens, k * STEP_TOKENS, window, weights)
+
+    lo, hi = -(-granule // STEP_TOKENS), max(-(-granule // STEP_TOKENS), -(-longest // STEP_TOKENS))
+    if blocks(lo) < target_blocks:
         return granule
-    while lo < hi:  # the largest k that still reaches the target
+    while lo < hi:  # blocks fall as the partition grows: the largest k that still reaches the target
         mid = (lo + hi + 1) // 2
-        if num_kv_heads * working_partitions(lens, mid * granule, window, weights) >= target:
+        if blocks(mid) >= target_blocks:
             lo = mid
         else:
             hi = mid - 1
-    return lo * granule
+    return max(granule, lo * STEP_TOKENS)

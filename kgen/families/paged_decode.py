@@ -19,7 +19,7 @@ from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
 from kgen.families.base import Config, FamilyBase, TunableParam, threads_problems
 from kgen.families.binding import CallBinder, host_values
 from kgen.families.decode_geometry import decode_geometry, vector_width, vllm_v_copy
-from kgen.families.decode_split import choose_split
+from kgen.families.decode_split import check_forced_partition, choose_split
 from kgen.families.layout import (
     SCALE_MODES,
     bind_scales,
@@ -35,7 +35,7 @@ from kgen.families.layout import (
     stride_values,
     vllm_x,
 )
-from kgen.plan import DEFAULT_SMS, Plan
+from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 
 MERGE_THREADS = 128
 _PARTITION_TOKENS = scalar("partition_tokens", "int32", "keys per partition, chosen by the call's plan (split only)")
@@ -47,8 +47,8 @@ DEVICE_HEADERS = ("common/platform.cuh", "common/async_copy.cuh", "common/conver
 class PagedDecodeFamily(FamilyBase):
     kind = "paged_decode"
     template = "paged_decode.cu.j2"
-    params = {"threads": TunableParam("threads", 128), "partition_size": TunableParam("partition_size", 256),
-              "stages": TunableParam("stages", 2), "heads_per_thread": TunableParam("heads_per_thread", 0)}
+    params = {"threads": TunableParam("threads", 128), "partition_size": TunableParam("partition_size", 64),
+              "stages": TunableParam("stages", 0), "heads_per_thread": TunableParam("heads_per_thread", 0)}
 
     # ---- generation -------------------------------------------------------------------
     def unsupported(self, spec) -> list[str]:
@@ -57,10 +57,8 @@ class PagedDecodeFamily(FamilyBase):
     def check_config(self, spec, config: Config) -> list[str]:
         problems = threads_problems(config["threads"])
         p = config["partition_size"]
-        if p < 0 or (p and p % spec.kv_cache.block_size):
-            problems.append(
-                f"partition_size must be 0 or a positive multiple of block_size {spec.kv_cache.block_size} (got {p})"
-            )
+        if p < 0 or p % 16:
+            problems.append(f"partition_size must be 0 or a positive multiple of 16 tokens (got {p})")
         if not problems:
             problems += decode_geometry(spec, config)[1]
         return problems
@@ -69,7 +67,7 @@ class PagedDecodeFamily(FamilyBase):
         return {"partition_size": 0}  # a hand-written kernel implements the single-pass launch
 
     def default_space(self, spec) -> dict[str, list[int]]:
-        return {"threads": [64, 128, 256], "partition_size": [0, 256, 512], "stages": [2, 3]}
+        return {"threads": [64, 128, 256], "partition_size": [0, 64, 256], "stages": [2, 3, 4]}
 
     def arguments(self, spec, config: Config) -> list[Arg]:
         a, d = spec.attention, spec.dtype
@@ -104,8 +102,10 @@ class PagedDecodeFamily(FamilyBase):
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
         a, P = spec.attention, config["partition_size"]
         table = self.arguments(spec, config)
+        # ABI 1 launches G x head_dim fp32 of dynamic shared memory (the group's queries); kgen's own
+        # split configs keep everything in static shared memory and launch none, for occupancy.
         main = KernelDecl(spec.name, tuple(table), (a.num_kv_heads, "num_seqs", "max_partitions" if P else 1),
-                          config["threads"], smem=spec.group_size * a.head_dim * 4)  # fp32 q of the group
+                          config["threads"], smem=0 if P else spec.group_size * a.head_dim * 4)
         if not P:
             return [main]
         by_name = {arg.name: arg for arg in table}
@@ -115,18 +115,15 @@ class PagedDecodeFamily(FamilyBase):
             (a.num_q_heads, "num_seqs", 1), MERGE_THREADS)
         return [main, merge]
 
-    def schedule(self, spec, config: Config, seq_lens: np.ndarray, num_sms: int, partition_tokens: int | None = None,
+    def schedule(self, spec, config: Config, seq_lens: np.ndarray, target_blocks: int, partition_tokens: int | None = None,
                  q_indptr: np.ndarray | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
         """Launch sizes for these lengths (kgen/families/decode_split.py) and the kernels launched."""
         if q_indptr is not None:
             raise ArgumentError(f"q_indptr: {spec.kind} has one query row per sequence; plan it with "
                                 "kern.plan(seq_lens) alone")
         granule = config["partition_size"]
-        if partition_tokens is not None and (not granule or partition_tokens <= 0 or partition_tokens % granule):
-            raise ArgumentError(f"partition_tokens {partition_tokens}: must be a positive multiple of the config's "
-                                f"partition_size {granule}" if granule else
-                                f"partition_tokens {partition_tokens}: this config never splits (partition_size 0)")
-        split = choose_split(seq_lens, spec.attention.num_kv_heads, num_sms, granule,
+        check_forced_partition(partition_tokens, granule)
+        split = choose_split(seq_lens, spec.attention.num_kv_heads, target_blocks, granule,
                              spec.attention.sliding_window or 0, partition_tokens)
         sizes = {"num_seqs": int(np.size(seq_lens)), "max_partitions": split.max_partitions,
                  "partition_tokens": split.partition_tokens}
@@ -188,10 +185,11 @@ class PagedDecodeFamily(FamilyBase):
         ]
 
     # ---- the call ---------------------------------------------------------------------
-    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan: Plan | None = None):
+    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan: Plan | None = None,
+             target_blocks: int | None = None):
         """Check the call's arguments against the ABI and return (launches, result); without a
         plan the call plans itself from its lengths (host arrays) or its block table's width."""
-        return _Binder(spec, call).bind(self, config, checked, plan)
+        return _Binder(spec, call).bind(self, config, checked, plan, target_blocks or DEFAULT_TARGET_BLOCKS)
 
     # ---- verification and benchmarks (kgen/families/decode_cases.py) --------------------
     def cases(self, spec, config: Config, rng: np.random.Generator):
@@ -259,7 +257,8 @@ class _Binder(CallBinder):
         self.check(given, shape, "fp32", contiguous=True)
         return given
 
-    def bind(self, family: PagedDecodeFamily, config: Config, checked: bool, plan: Plan | None):
+    def bind(self, family: PagedDecodeFamily, config: Config, checked: bool, plan: Plan | None,
+             target_blocks: int):
         spec, a, kv = self.spec, self.spec.attention, self.spec.kv_cache
         D, B, Hq = a.head_dim, kv.block_size, a.num_q_heads
         q = self.take("q", True)
@@ -313,7 +312,7 @@ class _Binder(CallBinder):
         lse = self._buffer(q, lse, "lse", (S, Hq)) if return_lse else None
         if plan is None:  # lengths known on the host are planned for; a device array's by its table's width
             lens = host_values(sl) if sl.device == "cpu" else np.full(S, M * B)
-            sizes, kernels = family.schedule(spec, config, lens, DEFAULT_SMS)
+            sizes, kernels = family.schedule(spec, config, lens, target_blocks)
         else:
             sizes, kernels = self._planned(family, config, plan, S)
         max_parts, rows = sizes["max_partitions"], sizes["num_seqs"]

@@ -19,7 +19,7 @@ from kgen.families import prefill_cases
 from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
 from kgen.families.base import Config, FamilyBase, TunableParam, resolve_config
 from kgen.families.binding import host_values
-from kgen.families.decode_split import choose_split
+from kgen.families.decode_split import check_forced_partition, choose_split
 from kgen.families.layout import (
     SCALE_MODES,
     bind_scales,
@@ -36,7 +36,7 @@ from kgen.families.layout import (
     vllm_x,
 )
 from kgen.families.paged_decode import _PARTITION_TOKENS, MERGE_THREADS, _Binder, _c_float, vector_width
-from kgen.plan import DEFAULT_SMS, Plan
+from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 
 WARPS = (1, 2, 4, 8)
 KV_TILES = (16, 32, 64, 128)
@@ -253,17 +253,14 @@ class PagedPrefillFamily(FamilyBase):
         ]
 
     # ---- the call ---------------------------------------------------------------------
-    def schedule(self, spec, config: Config, seq_lens: np.ndarray, num_sms: int, partition_tokens: int | None = None,
+    def schedule(self, spec, config: Config, seq_lens: np.ndarray, target_blocks: int, partition_tokens: int | None = None,
                  q_indptr: np.ndarray | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
         """Launch sizes for these lengths and chunks (decode's planner, kgen/families/decode_split.py:
         one block per (tile of query rows, KV head, partition)) and the kernels launched."""
         if q_indptr is None:
             raise ArgumentError(f"q_indptr: required to plan a {spec.kind} call: kern.plan(seq_lens, q_indptr=...)")
         granule = config["partition_size"]
-        if partition_tokens is not None and (not granule or partition_tokens <= 0 or partition_tokens % granule):
-            raise ArgumentError(f"partition_tokens {partition_tokens}: must be a positive multiple of the config's "
-                                f"partition_size {granule}" if granule else
-                                f"partition_tokens {partition_tokens}: this config never splits (partition_size 0)")
+        check_forced_partition(partition_tokens, granule)
         lens = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
         ind = np.asarray(q_indptr, dtype=np.int64).reshape(-1)
         if ind.size != lens.size + 1 or ind[0] != 0 or np.any(np.diff(ind) < 0):
@@ -277,7 +274,7 @@ class PagedPrefillFamily(FamilyBase):
         warps, _ = tiles(spec, config)
         row_tiles = -(-q_lens * spec.group_size // (16 * warps))
         window = spec.attention.sliding_window or 0
-        split = choose_split(np.where(q_lens > 0, lens, 0), spec.attention.num_kv_heads, num_sms, granule,
+        split = choose_split(np.where(q_lens > 0, lens, 0), spec.attention.num_kv_heads, target_blocks, granule,
                              q_lens + window - 1 if window else 0, partition_tokens, row_tiles)
         T = int(ind[-1])
         sizes = {"num_seqs": int(lens.size), "num_q_tokens": T, "max_partitions": split.max_partitions,
@@ -286,10 +283,12 @@ class PagedPrefillFamily(FamilyBase):
         kernels = self.kernels(spec, config)
         return sizes, kernels if split.merged else kernels[:1]
 
-    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan: Plan | None = None):
+    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan: Plan | None = None,
+             target_blocks: int | None = None):
         """Check the call's arguments against the ABI and return (launches, result); without a plan
         the call plans itself from its lengths (host arrays) or its shapes."""
-        return _PrefillBinder(spec, call).bind_prefill(self, config, checked, plan)
+        return _PrefillBinder(spec, call).bind_prefill(self, config, checked, plan,
+                                                       target_blocks or DEFAULT_TARGET_BLOCKS)
 
     # ---- verification and benchmarks (kgen/families/prefill_cases.py) -------------------
     def cases(self, spec, config: Config, rng: np.random.Generator):
@@ -313,7 +312,8 @@ class _PrefillBinder(_Binder):
     """Checks one prefill call's arguments and plans its launches (decode's checks of caches,
     alignment and scales; q_indptr and the chunk lengths in addition)."""
 
-    def bind_prefill(self, family: PagedPrefillFamily, config: Config, checked: bool, plan: Plan | None):
+    def bind_prefill(self, family: PagedPrefillFamily, config: Config, checked: bool, plan: Plan | None,
+                     target_blocks: int):
         spec, a, kv = self.spec, self.spec.attention, self.spec.kv_cache
         D, B, Hq = a.head_dim, kv.block_size, a.num_q_heads
         q = self.take("q", True)
@@ -370,7 +370,7 @@ class _PrefillBinder(_Binder):
             else:
                 per_seq = -(-T // max(S, 1))
                 lens, indptr = np.full(S, max(M * B, per_seq)), np.minimum(np.arange(S + 1) * per_seq, T)
-            sizes, kernels = family.schedule(spec, config, lens, DEFAULT_SMS, q_indptr=indptr)
+            sizes, kernels = family.schedule(spec, config, lens, target_blocks, q_indptr=indptr)
             rows_planned = T
         else:
             sizes, kernels = self._planned(family, config, plan, S)

@@ -12,10 +12,11 @@ from conftest import tiny_decode
 
 import kgen
 from kgen.families.base import resolve_config
-from kgen.families.decode_split import BLOCKS_PER_SM
+from kgen.families.decode_split import STEP_TOKENS
 from kgen.families.paged_prefill import PAGED_PREFILL, kv_path, smem_bytes, tiles
 from kgen.families.prefill_cases import check_rows, make_prefill_case
 from kgen.families.prefill_reference import attention_prefill
+from kgen.plan import BLOCKS_PER_SM
 from kgen.render import render
 from kgen.verify.handwritten import kernel_from_source
 from kgen.verify.runner import verify
@@ -47,22 +48,24 @@ def _indptr(q_lens):
 # ---- the planner (no kernel built) ---------------------------------------------------------------
 def test_a_16_token_chunk_over_a_32k_prefix_fills_the_gpu():
     """Llama 3 8B shapes: 16 tokens x 4 heads = one 64-row tile per KV head, 8 blocks unsplit; the plan
-    splits the prefix into granule multiples until >= 2 blocks per SM of 132 have keys to read."""
+    splits the prefix into the largest partitions that still give >= 2 blocks per SM of 132 with keys."""
     spec = _spec(LLAMA)
     config = resolve_config(PAGED_PREFILL, spec, None)
     lens, q_lens = np.array([32768 + 16]), [16]
-    sizes, kernels = PAGED_PREFILL.schedule(spec, config, lens, 132, q_indptr=_indptr(q_lens))
+    target = BLOCKS_PER_SM * 132
+    sizes, kernels = PAGED_PREFILL.schedule(spec, config, lens, target, q_indptr=_indptr(q_lens))
     P, parts = sizes["partition_tokens"], sizes["max_partitions"]
-    assert P % config["partition_size"] == 0 and parts == -(-int(lens[0]) // P)
+    assert P % STEP_TOKENS == 0 and P >= config["partition_size"] and parts == -(-int(lens[0]) // P)
     assert len(kernels) == 2 and sizes["q_tiles"] == 1 + 1  # one row tile (+ one spare block per sequence)
-    assert 8 * parts >= BLOCKS_PER_SM * 132
-    assert 8 * -(-int(lens[0]) // (P + config["partition_size"])) < BLOCKS_PER_SM * 132  # the largest such size
+    assert 8 * parts >= target
+    assert 8 * -(-int(lens[0]) // (P + STEP_TOKENS)) < target  # the largest such size
 
 
 def test_a_big_prompt_batch_is_not_split():
     spec = _spec(LLAMA)
     config = resolve_config(PAGED_PREFILL, spec, None)
-    sizes, kernels = PAGED_PREFILL.schedule(spec, config, np.array([2048] * 8), 132, q_indptr=_indptr([2048] * 8))
+    sizes, kernels = PAGED_PREFILL.schedule(spec, config, np.array([2048] * 8), BLOCKS_PER_SM * 132,
+                                            q_indptr=_indptr([2048] * 8))
     assert sizes["max_partitions"] == 1 and sizes["partition_tokens"] == 0 and len(kernels) == 1
 
 
@@ -70,8 +73,8 @@ def test_a_mixed_batch_splits_only_as_far_as_it_needs():
     """One long prompt's many row tiles count: a small chunk next to it is split less than alone."""
     spec = _spec(LLAMA)
     config = resolve_config(PAGED_PREFILL, spec, None)
-    alone, _ = PAGED_PREFILL.schedule(spec, config, np.array([32784]), 132, q_indptr=_indptr([16]))
-    mixed, _ = PAGED_PREFILL.schedule(spec, config, np.array([32784, 256]), 132, q_indptr=_indptr([16, 256]))
+    alone, _ = PAGED_PREFILL.schedule(spec, config, np.array([32784]), BLOCKS_PER_SM * 132, q_indptr=_indptr([16]))
+    mixed, _ = PAGED_PREFILL.schedule(spec, config, np.array([32784, 256]), BLOCKS_PER_SM * 132, q_indptr=_indptr([16, 256]))
     assert 1 < mixed["max_partitions"] < alone["max_partitions"]
 
 
@@ -121,8 +124,8 @@ def test_bad_plans_are_refused(kern):
         kern.plan([100, 100], q_indptr=[0, 5])
     with pytest.raises(kgen.ArgumentError, match=r"sequence 1: q_len = 50 is larger than seq_lens\[1\] = 40"):
         kern.plan([100, 40], q_indptr=[0, 5, 55])
-    with pytest.raises(kgen.ArgumentError, match="positive multiple of the config's partition_size 32"):
-        kern.plan([100], q_indptr=[0, 4], partition_tokens=48)
+    with pytest.raises(kgen.ArgumentError, match="multiple of 16 of at least the config's partition_size 32"):
+        kern.plan([100], q_indptr=[0, 4], partition_tokens=40)
 
 
 def test_decode_refuses_q_indptr_in_its_plan():
