@@ -96,3 +96,26 @@ def test_kinds_without_lengths_have_no_plan():
     kern = kgen.build(kgen.load_spec(ROOT / "specs" / "copy_blocks_fp16.yaml"), backend="cpu", verify=False)
     with pytest.raises(KgenUserError, match="no call-time plan"):
         kern.plan([1, 2])
+
+
+@pytest.mark.gpu
+def test_a_planned_call_captures_in_a_cuda_graph():
+    """kern(..., plan=plan) does no host work that a capture would break (no planning, no value
+    reads, the plan's scratch made at the warm-up call), and the replay gives the warm-up's output."""
+    torch = pytest.importorskip("torch")
+    kern = kgen.build(tiny_decode("graph_decode"), backend="cuda", verify=False, config={"partition_size": 64})
+    lens = [900, 70, 2000]
+    args = {n: torch.from_numpy(v).cuda() for n, v in call_args(kern.spec, lens).items()}
+    plan = kern.plan(lens, partition_tokens=64)
+    out = torch.empty_like(args["q"])
+    kern(**args, out=out, plan=plan)  # warm-up: makes the plan's scratch
+    want = out.clone()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kern(**args, out=out, plan=plan)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+    assert reference_check(kern.spec, {n: v.cpu().numpy() for n, v in args.items()}, want.cpu().numpy()).passed

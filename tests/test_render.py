@@ -56,13 +56,13 @@ def test_spec_tuning_defaults_are_used(llama):
     assert render(llama).config == {
         "threads": llama.tuning.defaults.get("threads", 128),
         "partition_size": llama.tuning.defaults.get("partition_size", 0),
-        "stages": 2, "heads_per_thread": 0,  # the family's defaults: the spec does not set them
+        "stages": 0, "heads_per_thread": 0,  # the family's defaults: the spec does not set them
     }
 
 
 @pytest.mark.parametrize("config,words", [
     ({"threads": 48}, "threads must be a multiple of 32"),
-    ({"partition_size": 100}, "multiple of block_size"),
+    ({"partition_size": 100}, "multiple of 16 tokens"),
     ({"warps": 4}, "not known to the paged_decode template"),
 ])
 def test_bad_config_is_refused(llama, config, words):

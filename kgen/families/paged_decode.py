@@ -67,7 +67,7 @@ class PagedDecodeFamily(FamilyBase):
         return {"partition_size": 0}  # a hand-written kernel implements the single-pass launch
 
     def default_space(self, spec) -> dict[str, list[int]]:
-        return {"threads": [64, 128, 256], "partition_size": [0, 64, 256], "stages": [2, 3, 4]}
+        return {"threads": [64, 128, 256], "partition_size": [0, 64, 256], "stages": [2, 3]}
 
     def arguments(self, spec, config: Config) -> list[Arg]:
         a, d = spec.attention, spec.dtype

@@ -295,7 +295,7 @@ def test_bundled_specs_keep_64_bytes_in_flight_per_thread():
 
 
 @pytest.mark.parametrize("overrides,config,pattern", [
-    ({}, {"stages": 5}, r"stages must be 1 to 4 \(got 5\)"),
+    ({}, {"stages": 5}, r"stages must be 0 \(auto\) or 1 to 4 \(got 5\)"),
     ({}, {"heads_per_thread": 4}, r"heads_per_thread must be 0 \(auto\) or 1 to the GQA group 3 \(got 4\)"),
     ({"attention.num_q_heads": 12}, {"threads": 32, "heads_per_thread": 1},
      r"threads 32 make 4 row groups of 8 lanes, fewer than the 6 that heads_per_thread 1 needs"),
@@ -322,3 +322,15 @@ def test_registers_do_not_grow_with_the_gqa_group():
         assert res.spill_stores == res.spill_loads == res.stack_frame == 0, res
         regs[group] = res.registers
     assert max(regs.values()) - min(regs.values()) <= 16 and max(regs.values()) <= 80, regs
+
+
+@pytest.mark.parametrize("threads,stages", [(128, 3), (256, 3), (512, 1)])
+def test_auto_stages_take_the_deepest_pipeline_that_fits(threads, stages):
+    """stages 0 (the default): 3 where the static shared memory allows, else fewer."""
+    spec = kgen.load_spec(ROOT / "specs" / "llama3_8b_decode.yaml")
+    geo, problems = decode_geometry(spec, resolve_config(PAGED_DECODE, spec, {"threads": threads, "stages": 0}))
+    assert not problems and geo.stages == stages
+    if stages < 3:  # one stage more than auto chose does not fit
+        deeper, why = decode_geometry(spec, resolve_config(PAGED_DECODE, spec, {"threads": threads,
+                                                                               "stages": stages + 1}))
+        assert deeper is None and "shared memory" in why[0]

@@ -383,7 +383,7 @@ def test_examples_load(path):
 def test_example_values():
     llama, bf16 = (load_spec(p) for p in EXAMPLES)
     assert (llama.group_size, llama.kv_cache.resolved_order, llama.dtype.resolved_out) == (4, "NHD", "fp16")
-    assert llama.tuning.params == {"threads": [64, 128, 256], "partition_size": [0, 256, 512]}
+    assert llama.tuning.params == {"threads": [64, 128, 256], "partition_size": [0, 64, 256]}
     assert llama.tuning.constraints == ["threads >= 32"]
     assert math.isclose(llama.softmax_scale_value, 128 ** -0.5)
     assert (bf16.group_size, bf16.kv_cache.resolved_order, bf16.kv_cache.block_size) == (8, "HND", 32)
