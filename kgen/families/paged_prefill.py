@@ -41,6 +41,7 @@ from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 WARPS = (1, 2, 4, 8)
 KV_TILES = (16, 32, 64, 128)
 STAGES = (1, 2, 3, 4)
+AUTO_STAGES = 2  # `stages: 0`: one tile in flight while one is computed, where shared memory allows
 KV_PATHS = ("copy", "stage", "gather")  # the template's KV_PATH is the index
 SMEM_TARGET = 96 * 1024  # the automatic tile choice stays under this (occupancy)
 SMEM_LIMIT = 163 * 1024  # opt-in dynamic shared memory of sm_80 (sm_90: 227 KiB)
@@ -54,7 +55,7 @@ def tiles(spec, config: Config) -> tuple[int, int]:
     auto_w, auto_t = not config.get("warps", 0), not config.get("kv_tile", 0)
     warps = config.get("warps", 0) or 4
     kv_tile = config.get("kv_tile", 0) or (64 if spec.attention.head_dim <= 128 else 32)
-    stages = config.get("stages", 2)
+    stages = stages_of(spec, config)
     while smem_bytes(spec, warps, kv_tile, stages) > SMEM_TARGET:
         can_w, can_t = auto_w and warps > 1, auto_t and kv_tile > 16
         if can_w and (not can_t or 16 * warps >= 2 * stages * kv_tile):
@@ -64,6 +65,16 @@ def tiles(spec, config: Config) -> tuple[int, int]:
         else:
             break
     return warps, kv_tile
+
+
+def stages_of(spec, config: Config) -> int:
+    """The pipeline depth of a config: its `stages`, or for 0 (automatic) AUTO_STAGES, one stage
+    when even the smallest automatic tiles need more shared memory than SMEM_LIMIT with it (wide
+    heads of a staged cache: head_dim 512 of an fp32 cache)."""
+    if config.get("stages", 0):
+        return config["stages"]
+    fits = smem_bytes(spec, *tiles(spec, {**config, "stages": AUTO_STAGES}), AUTO_STAGES) <= SMEM_LIMIT
+    return AUTO_STAGES if fits else 1
 
 
 def kv_path(spec) -> str:
@@ -111,7 +122,7 @@ class PagedPrefillFamily(FamilyBase):
     kind = "paged_prefill"
     template = "paged_prefill.cu.j2"
     params = {"warps": TunableParam("warps", 0), "kv_tile": TunableParam("kv_tile", 0),
-              "stages": TunableParam("stages", 2), "partition_size": TunableParam("partition_size", 256)}
+              "stages": TunableParam("stages", 0), "partition_size": TunableParam("partition_size", 256)}
 
     # ---- generation -------------------------------------------------------------------
     def unsupported(self, spec) -> list[str]:
@@ -125,13 +136,13 @@ class PagedPrefillFamily(FamilyBase):
         if config["kv_tile"] and config["kv_tile"] not in KV_TILES:
             problems.append(f"kv_tile must be 0 (automatic) or one of {', '.join(map(str, KV_TILES))} "
                             f"(got {config['kv_tile']})")
-        if config["stages"] not in STAGES:
-            problems.append(f"stages must be 1 to 4 (got {config['stages']})")
+        if config["stages"] and config["stages"] not in STAGES:
+            problems.append(f"stages must be 0 (automatic) or 1 to 4 (got {config['stages']})")
         p = config["partition_size"]
         if p < 0 or p % 16:
             problems.append(f"partition_size must be 0 or a positive multiple of 16 (got {p})")
         if not problems:
-            need = smem_bytes(spec, *tiles(spec, config), config["stages"])
+            need = smem_bytes(spec, *tiles(spec, config), stages_of(spec, config))
             if need > SMEM_LIMIT:
                 problems.append(f"warps, kv_tile and stages need {need} bytes of shared memory, more than "
                                 f"{SMEM_LIMIT}: use fewer warps or stages or a smaller kv_tile")
@@ -182,7 +193,7 @@ class PagedPrefillFamily(FamilyBase):
         warps, kv_tile = tiles(spec, config)
         table = self.arguments(spec, config)
         main = KernelDecl(spec.name, tuple(table), ("q_tiles", a.num_kv_heads, "z"), 32 * warps,
-                          smem=smem_bytes(spec, warps, kv_tile, config["stages"]))
+                          smem=smem_bytes(spec, warps, kv_tile, stages_of(spec, config)))
         if not P:
             return [main]
         by_name = {arg.name: arg for arg in table}
@@ -211,7 +222,7 @@ class PagedPrefillFamily(FamilyBase):
             "vec": vector_width(spec),
             "warps": warps,
             "kv_tile": kv_tile,
-            "stages": config["stages"],
+            "stages": stages_of(spec, config),
             "kv_path": KV_PATHS.index(kv_path(spec)),
             "smem_bytes": kernels[0].smem,
             "partition_size": config["partition_size"],

@@ -13,7 +13,7 @@ from conftest import tiny_decode
 import kgen
 from kgen.families.base import resolve_config
 from kgen.families.decode_split import STEP_TOKENS
-from kgen.families.paged_prefill import PAGED_PREFILL, kv_path, smem_bytes, tiles
+from kgen.families.paged_prefill import PAGED_PREFILL, SMEM_LIMIT, kv_path, smem_bytes, stages_of, tiles
 from kgen.families.prefill_cases import check_rows, make_prefill_case
 from kgen.families.prefill_reference import attention_prefill
 from kgen.plan import BLOCKS_PER_SM
@@ -144,6 +144,18 @@ def test_kv_paths_and_shared_memory():
     # Q 64 rows + 2 stages x (K, V) of 64 keys, rows of 128 + 8 halves
     assert smem_bytes(spec, 4, 64, 2) == (64 + 2 * 2 * 64) * 136 * 2
     assert tiles(spec, {"stages": 4}) == (4, 32)  # automatic tiles shrink the key tile first under deep pipelines
+
+
+def test_automatic_stages_fall_back_to_one_where_two_do_not_fit():
+    """stages 0 (the default) is 2, or 1 when even the smallest automatic tiles of 2 stages need more
+    than SMEM_LIMIT: head_dim 512 of an fp32 cache staged for fp16 q, which then builds."""
+    assert stages_of(_spec(LLAMA), {"stages": 0}) == 2
+    wide = _spec(**{"attention.head_dim": 512, "kv_cache.dtype": "fp32"})
+    assert smem_bytes(wide, *tiles(wide, {"stages": 2}), 2) > SMEM_LIMIT
+    assert stages_of(wide, {"stages": 0}) == 1
+    config = resolve_config(PAGED_PREFILL, wide, None)
+    assert PAGED_PREFILL.check_config(wide, config) == []
+    assert smem_bytes(wide, *tiles(wide, config), stages_of(wide, config)) <= SMEM_LIMIT
 
 
 @pytest.mark.parametrize("overrides,config", [
