@@ -24,25 +24,17 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
-from kgen.occupancy import Occupancy, SmLimits
+from kgen.occupancy import SM_LIMITS, Occupancy, SmLimits
 from kgen.occupancy import occupancy as kgen_occupancy
 
 
 @dataclass(frozen=True)
 class Device:
-    """sm_90 limits (CUDA occupancy rules) and the H200 memory figures the model uses."""
+    """sm_90 limits (CUDA occupancy rules, kgen.occupancy) and the H200 memory figures the model uses."""
 
     name: str = "H200 SXM (sm_90)"
     sms: int = 132
-    regs_per_sm: int = 65536
-    sub_partitions: int = 4            # registers are allocated per SM sub-partition (16384 each)
-    reg_alloc_per_warp: int = 256      # allocation granularity: 8 registers per thread
-    max_threads_per_sm: int = 2048
-    max_blocks_per_sm: int = 32
-    smem_per_sm: int = 228 * 1024
-    smem_per_block: int = 227 * 1024
-    smem_reserved_per_block: int = 1024  # the runtime's per-block reservation on sm_80+
-    smem_granularity: int = 128
+    limits: SmLimits = SM_LIMITS["sm_90"]
     copy_bw: float = 4.3e12            # measured device-to-device copy on this workplace's H200s (read + write)
     peak_bw: float = 4.8e12            # datasheet HBM3e bandwidth
     latency_s: float = 0.8e-6          # DRAM round trip under load
@@ -272,10 +264,7 @@ def _round_up(x: int, m: int) -> int:
 def occupancy(threads: int, registers: int, smem_bytes: int, dev: Device = H200) -> Occupancy:
     """Resident blocks per SM (kgen.occupancy: the CUDA occupancy calculator's rules) on `dev`.
     `smem_bytes`: static + dynamic shared memory of one block."""
-    limits = SmLimits(dev.regs_per_sm, dev.sub_partitions, dev.reg_alloc_per_warp, dev.max_threads_per_sm,
-                      dev.max_blocks_per_sm, dev.smem_per_sm, dev.smem_per_block, dev.smem_reserved_per_block,
-                      dev.smem_granularity)
-    return kgen_occupancy(threads, registers, smem_bytes, limits)
+    return kgen_occupancy(threads, registers, smem_bytes, dev.limits)
 
 
 # ---- time ----------------------------------------------------------------------------------------

@@ -455,16 +455,17 @@ def register_rows(subjects: list[Subject]) -> list[list[str]]:
 
 def assumptions(subjects: list[Subject]) -> str:
     d = DEV
+    lim = d.limits
     group = LLAMA["num_q_heads"] // LLAMA["num_kv_heads"]
     lines = [
         "Every figure in these tables is an ESTIMATE from static figures (ptxas, SASS, launch geometry), "
         "not a measurement.",
         "",
-        f"- **Device**: {d.name}, {d.sms} SMs. Occupancy by the CUDA occupancy rules for sm_90: {d.regs_per_sm} "
-        f"registers per SM in {d.sub_partitions} sub-partitions, allocated {d.reg_alloc_per_warp} per warp; "
-        f"{d.smem_per_sm // 1024} KB shared memory per SM ({d.smem_per_block // 1024} KB per block, "
-        f"{d.smem_reserved_per_block} B reserved per block, {d.smem_granularity} B granularity); "
-        f"{d.max_threads_per_sm} threads and {d.max_blocks_per_sm} blocks per SM.",
+        f"- **Device**: {d.name}, {d.sms} SMs. Occupancy by the CUDA occupancy rules for sm_90: {lim.regs_per_sm} "
+        f"registers per SM in {lim.sub_partitions} sub-partitions, allocated {lim.reg_alloc_per_warp} per warp; "
+        f"{lim.smem_per_sm // 1024} KB shared memory per SM ({lim.smem_per_block // 1024} KB per block, "
+        f"{lim.smem_reserved_per_block} B reserved per block, {lim.smem_granularity} B granularity); "
+        f"{lim.max_threads_per_sm} threads and {lim.max_blocks_per_sm} blocks per SM.",
         f"- **Memory**: {d.copy_bw / 1e12:.1f} TB/s copy bandwidth (a device-to-device copy measured on this "
         f"workplace's H200s; datasheet peak {d.peak_bw / 1e12:.1f} TB/s) and {d.latency_s * 1e6:.1f} us DRAM "
         "latency. A decode kernel is modeled as latency-bound streaming: bandwidth = min(copy bandwidth, bytes in "
