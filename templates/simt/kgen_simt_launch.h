@@ -71,7 +71,7 @@ struct Job {
 
 inline Worker* this_worker() {
   if (!tls_w) {
-    tls_w = new Worker();  // one per OS thread, kept for the thread's life (stacks reused)
+    tls_w = new Worker();  // one per OS thread, kept for the thread's life (stacks are not: see release_stacks)
     install_overflow_guard();
 #if defined(KGEN_SIMT_ASAN)
     pthread_attr_t attr;
@@ -134,6 +134,7 @@ inline void run_worker(Job* job) {
   if (job->smem) {
     if (posix_memalign(&smem, 64, job->smem) != 0) {
       record(std::string("kernel '") + job->kernel + "': cannot allocate dynamic shared memory");
+      release_stacks(w);
       return;
     }
   }
@@ -141,6 +142,7 @@ inline void run_worker(Job* job) {
   if (kRaceCheck && !setup_race(w, job)) {
     free(smem);
     record(std::string("kernel '") + job->kernel + "': race detection cannot find the shared-memory range");
+    release_stacks(w);
     return;
   }
   int mode = g_options.schedule.load();
@@ -165,6 +167,7 @@ inline void run_worker(Job* job) {
   free(smem);
   w->dyn_smem = nullptr;
   w->race.on = false;
+  release_stacks(w);
 }
 
 // A pool of helper threads, created on demand and kept (idle ones sleep on a condvar).

@@ -461,13 +461,23 @@ inline size_t page_size() {
   return p;
 }
 
+// Unmap a worker's stacks. Called when the worker's share of a launch ends: the guard pages split
+// the mapping into two maps per stack, and every kernel library loaded into a process has its own
+// workers, so stacks kept between launches would exhaust vm.max_map_count (65,530) after a few
+// dozen libraries ("failed to map segment from shared object" at the next dlopen).
+inline void release_stacks(Worker* w) {
+  if (w->stack_mem) munmap(w->stack_mem, w->stack_mem_len);
+  w->stack_mem = nullptr;
+  w->stack_mem_len = 0;
+  w->stack_count = 0;
+}
+
 // One mapping holding `count` stacks of `size` bytes, each with a PROT_NONE guard page below it.
 inline bool ensure_stacks(Worker* w, unsigned count, size_t size) {
   size_t pg = page_size();
   size = (size + pg - 1) / pg * pg;
   if (w->stack_mem && w->stack_count >= count && w->stack_size == size) return true;
-  if (w->stack_mem) munmap(w->stack_mem, w->stack_mem_len);
-  w->stack_mem = nullptr;
+  release_stacks(w);
   size_t slot = size + pg;
   size_t len = slot * count;
   void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

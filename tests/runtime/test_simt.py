@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 
 import ml_dtypes
 import numpy as np
@@ -350,6 +351,33 @@ def test_stack_size_and_workers_from_the_environment(mod, monkeypatch):
     monkeypatch.delenv("KGEN_SIMT_STACK")
     monkeypatch.delenv("KGEN_SIMT_THREADS")
     test_barrier_reverse_through_shared_memory(mod)
+
+
+def _process_maps() -> int:
+    with open("/proc/self/maps") as f:
+        return sum(1 for _ in f)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps (Linux)")
+def test_a_launch_leaves_no_fiber_stack_mappings_behind(mod):
+    """Each fiber stack has a guard page, two maps per thread; a launch must unmap them when it ends.
+
+    Kept between launches, 1,024-thread blocks left 2,048 maps per worker in every kernel library
+    loaded; a few dozen libraries in one process reached vm.max_map_count and the next dlopen failed
+    ("failed to map segment from shared object")."""
+    out = np.zeros(4 * 1024, np.float32)
+    mis = np.zeros(1, np.uint32)
+    mod.workers = 2
+    try:
+        run(mod, "dyn_smem", (4, 1, 1), (1024, 1, 1), out, mis, smem=1024 * 4)  # pool thread started
+        before = _process_maps()
+        run(mod, "dyn_smem", (4, 1, 1), (1024, 1, 1), out, mis, smem=1024 * 4)
+        after = _process_maps()
+    finally:
+        mod.workers = 0
+    assert mis[0] == 0
+    assert after - before < 64, f"{after - before} mappings left by one launch"
+    assert after < 4096, f"{after} mappings after 1,024-thread launches on 2 workers"
 
 
 def test_indices_3d(mod):
