@@ -136,7 +136,7 @@ def fingerprint(m: KVCacheManager) -> tuple:
     st = m._store
     seqs = tuple(
         (sid, s.on_cpu, st.tokens[s.slot, : st.lens[s.slot]].tobytes(), st.blocks(s.slot, m.block_size).tobytes(),
-         tuple(s.hashes), s.arrival)
+         tuple(s.hashes), s.arrival, s.computed)
         for sid, s in sorted(m._seqs.items())
     )  # fmt: skip
     cache = () if m._cache is None else (tuple(m._cache.lru), tuple(sorted(m._cache.hash_of.items())))

@@ -32,8 +32,11 @@ def check(m, deep: bool = True) -> None:
         held[s.on_cpu].append(blocks)
         if cache is None:
             continue
-        if len(s.hashes) > n // B or (s.on_cpu and len(s.hashes) != n // B):
-            _fail(f"sequence {sid} has {len(s.hashes)} block hashes for {n // B} full blocks")
+        done = s.computed_tokens(n) // B  # full blocks with K/V
+        if s.computed > n:
+            _fail(f"sequence {sid} has more tokens marked computed than it holds: {s.computed} > {n}")
+        if len(s.hashes) > done or (s.on_cpu and len(s.hashes) != done):
+            _fail(f"sequence {sid} has {len(s.hashes)} block hashes for {done} full computed blocks")
         hashes = chain_hashes(s.root, st.tokens[s.slot, :n], B) if deep else s.hashes
         if deep and s.hashes != hashes[: len(s.hashes)]:
             _fail(f"sequence {sid} has stale block hashes")

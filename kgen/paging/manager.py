@@ -40,8 +40,15 @@ class _Seq:
     slot: int
     arrival: int
     root: bytes  # parent hash of block 0 (from the salt)
-    hashes: list[bytes] = field(default_factory=list)  # one per full block (caching on)
+    prompt_len: int = 0
+    computed: int = 0  # leading tokens whose K/V the caller declared written (mark_computed)
+    hashes: list[bytes] = field(default_factory=list)  # one per full computed block (caching on)
     on_cpu: bool = False
+
+    def computed_tokens(self, length: int) -> int:
+        """Tokens with K/V in the cache: once the prompt is computed, every appended token is
+        too (a decode step writes its token's K/V before attention reads it)."""
+        return length if self.computed >= self.prompt_len else self.computed
 
 
 class KVCacheManager:
@@ -202,13 +209,21 @@ class KVCacheManager:
 
     # ---- public API: lifecycle ----------------------------------------------------
 
-    def add_sequence(self, seq_id: int, prompt_tokens: object, salt: str | bytes | None = None) -> int:
+    def add_sequence(self, seq_id: int, prompt_tokens: object, salt: str | bytes | None = None,
+                     computed: int | None = None) -> int:
         """Allocate blocks for a prompt. Returns how many leading prompt tokens already
         have KV in reused prefix-cache blocks (a multiple of block_size; always fewer
-        than the prompt length, so at least one token is computed for its logits)."""
+        than the prompt length, so at least one token is computed for its logits).
+
+        `computed`: how many leading prompt tokens will have K/V before any other request
+        reads this one's blocks; their full blocks are named in the prefix cache now. None
+        means the whole prompt (one prefill this step, run in admission order). An engine
+        with chunked prefill passes 0 and calls mark_computed as chunks are written, so no
+        block is found by another request, or parked by free(), before its K/V exists."""
         sid = self._new_id(seq_id)
         toks = validate.tokens(prompt_tokens, "prompt_tokens")
         B, n = self.block_size, len(toks)
+        declared = n if computed is None else validate.token_count(computed, "computed", n)
         nb = -(-n // B)
         root = chain_root(salt) if self._cache is not None else b""
         hashes = chain_hashes(root, toks, B) if self._cache is not None else []
@@ -216,6 +231,8 @@ class KVCacheManager:
         self._check_room(nb - len(hits), hits, "add_sequence")
         self._reuse(hits)
         blocks = np.concatenate([np.asarray(hits, dtype=np.int32), self._take(nb - len(hits))])
+        done = max(declared, len(hits) * B)
+        hashes = hashes[: done // B]
         for j in range(len(hits), len(hashes)):
             self._cache.register(int(blocks[j]), hashes[j])  # type: ignore[union-attr]
         st = self._store
@@ -224,7 +241,7 @@ class KVCacheManager:
         st.table[slot, :nb] = blocks
         st.tokens[slot, :n] = toks
         st.lens[slot] = n
-        s = _Seq(sid, slot, next(self._arrivals), root, hashes)
+        s = _Seq(sid, slot, next(self._arrivals), root, n, done, hashes)
         self._seqs[sid] = self._by_slot[slot] = s
         if self._cache is not None:
             self._n["prefix_queried_blocks"] += (n - 1) // B if n else 0
@@ -319,7 +336,7 @@ class KVCacheManager:
         st.tokens[slot] = st.tokens[p.slot]
         st.lens[slot] = st.lens[p.slot]
         self._gpu.refcount[blocks] += 1
-        c = _Seq(cid, slot, next(self._arrivals), p.root, list(p.hashes))
+        c = _Seq(cid, slot, next(self._arrivals), p.root, p.prompt_len, p.computed, list(p.hashes))
         self._seqs[cid] = self._by_slot[slot] = c
         self._batch = None  # the parent's tail is shared now
         self._n["forks"] += 1
@@ -331,18 +348,32 @@ class KVCacheManager:
         if s.on_cpu:
             self._release_cpu(blocks)
         else:
-            self._hash_decoded_blocks(s)
+            self._name_computed_blocks(s)
             self._release_gpu(blocks)
         self._forget(s)
 
-    def _hash_decoded_blocks(self, s: _Seq) -> None:
-        """Name the blocks that filled up during decode so that later prompts (the next
-        turn of a chat) and swap_in can find them. Done when the sequence leaves the
-        GPU rather than on every decode step, which keeps hashing off the hot path."""
+    def mark_computed(self, seq_id: int, num_tokens: int) -> None:
+        """Declare that the first `num_tokens` tokens of a resident sequence have K/V in the
+        cache (their cache_write has run, or is enqueued before any kernel that could read
+        them): its full blocks up to there are named in the prefix cache. Counts only grow;
+        a smaller count than before changes nothing. Needed only after add_sequence(...,
+        computed=k) with k below the prompt length; decode tokens count as computed."""
+        s = self._resident(seq_id, "marking its tokens computed")
+        n = validate.token_count(num_tokens, "num_tokens", int(self._store.lens[s.slot]))
+        if n > s.computed:
+            s.computed = n
+            self._name_computed_blocks(s)
+
+    def _name_computed_blocks(self, s: _Seq) -> None:
+        """Name the full blocks whose K/V is computed and not named yet, so that later
+        prompts (the next turn of a chat) and swap_in can find them. Blocks filled during
+        decode are named when the sequence leaves the GPU rather than on every decode step,
+        which keeps hashing off the hot path. Blocks never computed are never named: freed,
+        they go back to the free list instead of the cache."""
         if self._cache is None:
             return
         B, st = self.block_size, self._store
-        j0, full = len(s.hashes), int(st.lens[s.slot]) // B
+        j0, full = len(s.hashes), s.computed_tokens(int(st.lens[s.slot])) // B
         if full <= j0:
             return
         parent = s.hashes[-1] if s.hashes else s.root
@@ -421,7 +452,7 @@ class KVCacheManager:
         gpu = st.blocks(s.slot, self.block_size).copy()
         if len(gpu) > self._cpu.num_free:
             raise SwapSpaceExhausted(len(gpu), self._cpu.num_free)
-        self._hash_decoded_blocks(s)
+        self._name_computed_blocks(s)
         cpu = self._cpu.take(len(gpu))
         self._release_gpu(gpu[::-1])
         st.table[s.slot, : len(gpu)] = cpu

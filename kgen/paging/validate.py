@@ -45,3 +45,16 @@ def tokens(x: object, what: str = "tokens") -> np.ndarray:
     if a.size and (a.min() < 0 or a.max() > _INT32_MAX):
         raise InvalidTokens(f"{what} must lie in [0, 2**31), got range [{a.min()}, {a.max()}]")
     return a.astype(np.int32, copy=False)
+
+
+def token_count(x: object, what: str, upto: int) -> int:
+    """A count of tokens in [0, upto]: an integer (not a bool)."""
+    if isinstance(x, bool | np.bool_):
+        raise InvalidTokens(f"{what} must be an integer, got {x!r}")
+    try:
+        n = operator.index(x)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidTokens(f"{what} must be an integer, got {type(x).__name__} {x!r}") from None
+    if not 0 <= n <= upto:
+        raise InvalidTokens(f"{what} must lie in [0, {upto}] (the sequence's tokens), got {n}")
+    return n

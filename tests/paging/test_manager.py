@@ -194,6 +194,66 @@ def test_freed_blocks_stay_cached_and_decoded_blocks_serve_the_next_turn():
     assert m.block_table(2)[:3] == old
 
 
+def test_chunked_prompt_blocks_are_found_only_once_marked_computed():
+    m = KVCacheManager(num_blocks=32, block_size=4, enable_prefix_caching=True)
+    assert m.add_sequence(1, range(10), computed=0) == 0
+    assert m.add_sequence(2, range(10), computed=0) == 0  # 1's blocks hold no K/V yet
+    m.free(2)  # preempted before any chunk ran: its blocks go back unnamed
+    m.mark_computed(1, 6)  # the first chunk: one full block
+    assert m.add_sequence(3, range(10)) == 4
+    m.mark_computed(1, 5)  # counts only grow
+    m.mark_computed(1, 10)
+    assert m.add_sequence(4, range(10)) == 8
+    # block 0 is 1's; block 1's content was named first by 3 (a whole-prompt prefill)
+    assert m.block_table(4)[:2] == [m.block_table(1)[0], m.block_table(3)[1]]
+    m.check_invariants()
+
+
+def test_a_prompt_freed_before_its_k_v_was_written_leaves_nothing_in_the_cache():
+    """A request preempted in the middle of its prompt: its unwritten blocks go back to the free
+    list, so no later request reads their stale contents as a prefix hit."""
+    m = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    m.add_sequence(1, range(12), computed=0)
+    m.mark_computed(1, 4)
+    m.free(1)
+    s = m.stats()
+    assert s["cached_blocks"] == 1 and s["free_blocks"] == 7
+    assert m.add_sequence(2, range(12)) == 4  # the one written block, not the two after it
+    m.check_invariants()
+
+
+def test_tokens_appended_after_a_computed_prompt_count_as_computed():
+    m = KVCacheManager(num_blocks=32, block_size=4, enable_prefix_caching=True)
+    m.add_sequence(1, range(6), computed=0)
+    m.mark_computed(1, 6)
+    for t in range(6):
+        step(m, [1], [100 + t])
+    history = m.tokens(1).tolist()
+    m.free(1)
+    assert m.add_sequence(2, history + [7]) == 12
+
+
+def test_swapping_a_half_computed_prompt_names_only_its_computed_blocks():
+    m = KVCacheManager(num_blocks=16, block_size=4, num_cpu_blocks=8, enable_prefix_caching=True)
+    m.add_sequence(1, range(10), computed=0)
+    m.mark_computed(1, 4)
+    assert len(m.swap_out(1)) == 3
+    m.check_invariants()
+    assert len(m.swap_in(1)) == 2  # block 0 is still cached; the others come back from the CPU tier
+    assert m.add_sequence(2, range(10)) == 4
+    m.mark_computed(1, 10)
+    assert m.add_sequence(3, range(10)) == 8
+    m.check_invariants()
+
+
+def test_mark_computed_needs_a_resident_sequence():
+    m = KVCacheManager(num_blocks=16, block_size=4, num_cpu_blocks=8, enable_prefix_caching=True)
+    m.add_sequence(1, range(10), computed=0)
+    m.swap_out(1)
+    with pytest.raises(NotResident, match="swap_in before marking its tokens computed"):
+        m.mark_computed(1, 4)
+
+
 def test_eviction_is_lru_and_tail_first_within_a_chain():
     m = KVCacheManager(num_blocks=6, block_size=2, enable_prefix_caching=True)
     m.add_sequence(1, [1, 1, 2, 2, 3])  # blocks a1 a2 (cached) + tail
@@ -355,6 +415,12 @@ def _bad_calls():
         ("str id", lambda m: m.add_sequence("a", [1]), InvalidTokens),
         ("float ids", lambda m: m.append_tokens([1.0], [1]), InvalidTokens),
         ("swap in resident", lambda m: m.swap_in(1), AlreadyResident),
+        ("computed past the prompt", lambda m: m.add_sequence(7, range(5), computed=6), InvalidTokens),
+        ("negative computed", lambda m: m.add_sequence(7, range(5), computed=-1), InvalidTokens),
+        ("float computed", lambda m: m.add_sequence(7, range(5), computed=2.0), InvalidTokens),
+        ("mark past the end", lambda m: m.mark_computed(1, 8), InvalidTokens),
+        ("mark with a bool", lambda m: m.mark_computed(1, True), InvalidTokens),
+        ("mark unknown", lambda m: m.mark_computed(99, 1), UnknownSequence),
         ("no cpu tier", lambda m: m.swap_out(1), SwapSpaceExhausted),
     ]
 

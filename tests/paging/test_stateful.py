@@ -3,8 +3,10 @@
 The machine keeps the tokens of every sequence and a simulated device KV pool (GPU and
 CPU tiers, one token id per slot). It plays the engine: after each call it runs the
 block copies the manager handed out, in order, then "writes KV" for new tokens through
-the block table (only ever into private blocks). Reading every sequence back through
-its table must give its tokens, which checks copy-on-write, prefix-cache reuse,
+the block table (only ever into private blocks). Some prompts are added as chunked prefills
+(`computed=0`): their KV is written a chunk at a time, each chunk declared with mark_computed.
+Reading every sequence back through its table must give its tokens, up to what has been
+written, which checks copy-on-write, prefix-cache reuse (a hit must hold written KV),
 eviction and swapping end to end.
 
 Each operation is one manager call. Hypothesis picks operations one by one (good
@@ -88,6 +90,7 @@ class PagingMachine(RuleBasedStateMachine):
         self.m = KVCacheManager(num_blocks, block_size, num_cpu_blocks=num_cpu, enable_prefix_caching=caching)
         self.B = block_size
         self.shadow: dict[int, list[int]] = {}
+        self.written: dict[int, int] = {}  # leading tokens of each sequence whose KV is written
         self.dev = {
             False: np.full((num_blocks, block_size), -1),
             True: np.full((max(num_cpu, 1), block_size), -1),
@@ -106,14 +109,20 @@ class PagingMachine(RuleBasedStateMachine):
         for src, dst in copies:
             self.dev[dst_cpu][dst] = self.dev[src_cpu][src]
 
-    def write(self, sid: int, start: int) -> None:
-        """The kernel: pending copies first, then KV of tokens start.. of sid."""
+    def write(self, sid: int, start: int, end: int | None = None) -> None:
+        """The kernel: pending copies first, then KV of tokens start..end of sid."""
         self.run_copies(self.m.pending_copies(), False, False)
         table, toks = self.m.block_table(sid), self.shadow[sid]
-        for p in range(start, len(toks)):
+        end = len(toks) if end is None else end
+        for p in range(start, end):
             blk = table[p // self.B]
             assert self.m._gpu.refcount[blk] == 1, "a write into a shared block"
             self.dev[False][blk, p % self.B] = toks[p]
+        self.written[sid] = end
+
+    def complete(self) -> list[int]:
+        """Resident sequences whose prompt is all written: the ones an engine decodes or forks."""
+        return [s for s in self.resident() if self.written[s] == len(self.shadow[s])]
 
     def attempt(self, call, exc) -> tuple[bool, object]:
         """Run call; if it raises exc the manager must be exactly as before."""
@@ -131,8 +140,9 @@ class PagingMachine(RuleBasedStateMachine):
             s = self.m._seqs[sid]
             assert self.m._store.tokens[s.slot, : self.m._store.lens[s.slot]].tolist() == toks
             table = self.m._store.blocks(s.slot, self.B)
-            got = self.dev[s.on_cpu][table].reshape(-1)[: len(toks)]
-            assert got.tolist() == toks, f"sequence {sid} reads back wrong KV"
+            n = self.written[sid]
+            got = self.dev[s.on_cpu][table].reshape(-1)[:n]
+            assert got.tolist() == toks[:n], f"sequence {sid} reads back wrong KV"
 
     # ---- operations (one manager call each) ------------------------------------------------
 
@@ -141,14 +151,28 @@ class PagingMachine(RuleBasedStateMachine):
         self.next_id += 1
         prompt = src.pick(PREFIXES) + src.tokens(src.int(0, 9))
         salt = src.pick([None, "s"])
-        ok, cached = self.attempt(lambda: self.m.add_sequence(sid, prompt, salt=salt), PoolExhausted)
+        chunked = src.pick([False, True])
+        ok, cached = self.attempt(
+            lambda: self.m.add_sequence(sid, prompt, salt=salt, computed=0 if chunked else None), PoolExhausted
+        )
         if ok:
             assert cached % self.B == 0 and (cached < len(prompt) or not prompt)
             self.shadow[sid] = list(prompt)
-            self.write(sid, cached)  # prefill computes only what the cache lacks
+            # prefill computes only what the cache lacks; a chunked one nothing yet (op_chunk)
+            self.write(sid, cached, cached if chunked else None)
+
+    def op_chunk(self, src) -> None:
+        """One chunk of a chunked prefill: write its KV, then declare it computed."""
+        todo = [s for s in self.resident() if self.written[s] < len(self.shadow[s])]
+        if todo:
+            sid = src.pick(todo)
+            start = self.written[sid]
+            end = start + src.int(1, len(self.shadow[sid]) - start)
+            self.write(sid, start, end)
+            self.m.mark_computed(sid, end)
 
     def op_append(self, src, batch=None) -> None:
-        live = self.resident()
+        live = self.complete()
         if batch is None:
             if not live:
                 return
@@ -167,7 +191,7 @@ class PagingMachine(RuleBasedStateMachine):
 
     def op_decode(self, src) -> None:
         """Several steps of one batch: exercises the in-place batch table."""
-        live = self.resident()
+        live = self.complete()
         for _ in range(src.int(1, 9)):
             if live:
                 COUNT["ops"] += 1  # each step is one append_tokens call
@@ -175,18 +199,19 @@ class PagingMachine(RuleBasedStateMachine):
                 self.check()
 
     def op_fork(self, src) -> None:
-        live = self.resident()
+        live = self.complete()
         if live:
             parent, child = src.pick(live), self.next_id
             self.next_id += 1
             self.m.fork(parent, child)
             self.shadow[child] = list(self.shadow[parent])
+            self.written[child] = self.written[parent]
 
     def op_free(self, src) -> None:
         if self.shadow:
             sid = src.pick(sorted(self.shadow))
             self.m.free(sid)
-            del self.shadow[sid]
+            del self.shadow[sid], self.written[sid]
 
     def op_swap_out(self, src) -> None:
         live = self.resident()
@@ -208,7 +233,7 @@ class PagingMachine(RuleBasedStateMachine):
         r = preempt(self.m, src.int(0, 8), mode=src.pick(["swap", "recompute"]))
         self.run_copies(r.copies, False, True)
         for s in r.freed:
-            del self.shadow[s]
+            del self.shadow[s], self.written[s]
 
     def op_bad_input(self, src) -> None:
         m = self.m
@@ -234,6 +259,7 @@ class PagingMachine(RuleBasedStateMachine):
         for s in list(self.shadow):
             self.m.free(s)
         self.shadow.clear()
+        self.written.clear()
         s = self.m.stats()
         assert s["free_blocks"] + s["cached_blocks"] == self.m.num_blocks and s["used_blocks"] == 0
         assert s["cpu_free_blocks"] == self.m.num_cpu_blocks
@@ -242,7 +268,8 @@ class PagingMachine(RuleBasedStateMachine):
         COUNT["ops"] += op != "decode"  # decode counts its steps
         getattr(self, f"op_{op}")(src)
 
-    OPS = ("add", "add", "append", "decode", "fork", "free", "swap_out", "swap_in", "preempt", "bad_input")
+    OPS = ("add", "add", "chunk", "chunk", "append", "decode", "fork", "free", "swap_out", "swap_in", "preempt",
+           "bad_input")
 
     # ---- rules --------------------------------------------------------------------------------
 
