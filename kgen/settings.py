@@ -146,6 +146,19 @@ KGEN_DEBUG = _declare(Setting(
     default=None, default_text="unset: checked for host arrays, not for device arrays",
 ))
 
+KGEN_VLLM_BACKEND = _declare(Setting(
+    "KGEN_VLLM_BACKEND", "str",
+    "a vLLM attention backend (CPU_ATTN, FLASH_ATTN, ...) that kgen's vLLM plugin replaces through vLLM's "
+    "registry; unset, the plugin only registers CUSTOM (docs/vllm.md)",
+    default=None, default_text="unset: register CUSTOM only",
+))
+KGEN_VLLM_SPEC_DIR = _declare(Setting(
+    "KGEN_VLLM_SPEC_DIR", "path",
+    "a folder of kgen specs (as `kgen specs-for-model` writes them) that the vLLM backend uses in place of "
+    "the specs it derives, matched by name: tuned configs or edited specs go into service this way",
+    default=None, default_text="unset: the derived specs",
+))
+
 
 def cache_dir() -> Path:
     return KGEN_CACHE_DIR.value()

@@ -1,0 +1,107 @@
+"""The kgen kernels the vLLM backend serves with: built once per layer type and process (compiled
+artifacts are cached on disk across processes by kgen's artifact cache), verified before use,
+and counted per layer as they launch.
+
+A spec that fails verification is never served: `kernels_for` raises instead. With
+KGEN_VLLM_SPEC_DIR set, a spec file of the derived name in that folder replaces the derived one
+(its tuning defaults included), after a check that it is still the same contract.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from dataclasses import dataclass
+
+from kgen.errors import KgenUserError
+from kgen.model_specs import KINDS, LayerAttention, layer_specs
+from kgen.settings import KGEN_VLLM_SPEC_DIR
+
+log = logging.getLogger("kgen.vllm")
+_LOCK = threading.Lock()
+_BUILT: dict[str, object] = {}  # spec name -> verified Kernel
+_LAUNCHES: Counter[tuple[str, str]] = Counter()  # (layer name, kind) -> launches
+
+
+@dataclass(frozen=True)
+class LayerKernels:
+    """The three kernels of one layer type."""
+
+    layer: LayerAttention
+    cache_write: object
+    decode: object
+    prefill: object
+
+    @property
+    def name(self) -> str:
+        return self.decode.spec.name.removesuffix("_decode")
+
+
+def _override(spec):
+    """The spec of KGEN_VLLM_SPEC_DIR/<name>.yaml in place of `spec`, when there is one."""
+    folder = KGEN_VLLM_SPEC_DIR.value()
+    if folder is None:
+        return spec
+    path = folder / f"{spec.name}.yaml"
+    if not path.is_file():
+        return spec
+    from kgen.spec.models import load_spec
+
+    replaced = load_spec(path)
+    contract = ("kind", "attention", "kv_cache", "dtype", "tail_masking")
+    if replaced.model_dump(include=set(contract)) != spec.model_dump(include=set(contract)):
+        raise KgenUserError(f"{path}: not the contract vLLM's layer needs (kind, attention, kv_cache, dtype and "
+                            "tail_masking must stay as `kgen specs-for-model` wrote them; edit tuning only)")
+    log.info("kgen: %s from %s", spec.name, path)
+    return replaced
+
+
+def _build(spec, backend: str):
+    import kgen
+
+    with _LOCK:
+        kern = _BUILT.get(spec.name)
+        if kern is None:
+            kern = kgen.build(spec, backend=backend, archs=_archs(backend))
+            if not kern.report.passed:
+                raise KgenUserError(f"kgen: {spec.name} failed verification, so it will not serve: "
+                                    f"{kern.report.summary()}")
+            _BUILT[spec.name] = kern
+    return kern
+
+
+def _archs(backend: str) -> list[str] | None:
+    """One cubin for this GPU; on the CPU backend sm_90's, whose ptxas figures the planner reads."""
+    if backend == "cuda":
+        from kgen.runtime.cuda import device_arch
+
+        return [device_arch()]
+    return ["sm_90"]
+
+
+def kernels_for(layer: LayerAttention, backend: str = "auto") -> LayerKernels:
+    """The verified kernels of a layer type (built on first use in this process)."""
+    from kgen.build import select_backend
+
+    chosen = select_backend(backend)
+    specs = {kind: _override(spec) for kind, spec in layer_specs(layer, prefix="vllm").items()}
+    built = {kind: _build(specs[kind], chosen) for kind in KINDS}
+    return LayerKernels(layer, built["cache_write"], built["decode"], built["prefill"])
+
+
+def count_launch(layer_name: str, kind: str) -> None:
+    _LAUNCHES[(layer_name, kind)] += 1
+
+
+def launch_counts() -> dict[str, dict[str, int]]:
+    """{layer name: {"cache_write" | "decode" | "prefill": launches}} in this process: the proof that
+    kgen's kernels, not vLLM's, served each layer."""
+    result: dict[str, dict[str, int]] = {}
+    for (layer, kind), n in sorted(_LAUNCHES.items()):
+        result.setdefault(layer, {})[kind] = n
+    return result
+
+
+def reset_launch_counts() -> None:
+    _LAUNCHES.clear()
