@@ -20,6 +20,7 @@ from kgen.errors import (
     UnsupportedError,
 )
 from kgen.kernel import Kernel
+from kgen.model_specs import specs_for_model
 from kgen.spec.models import Spec, json_schema, load_spec, parse_spec, spec_from_dict
 from kgen.verify.report import CaseResult, VerificationReport
 from kgen.verify.runner import verify
@@ -28,5 +29,6 @@ from kgen.version import __version__
 __all__ = [
     "ArgumentError", "CaseResult", "CompileError", "Kernel", "KernelRuntimeError", "KgenError", "KgenUserError",
     "Spec", "SpecError", "ToolchainError", "UnsupportedError", "VerificationReport", "__version__", "build",
-    "interop", "json_schema", "load_spec", "parse_spec", "spec_from_dict", "torch_ops", "verify",
+    "interop", "json_schema", "load_spec", "parse_spec", "spec_from_dict", "specs_for_model", "torch_ops",
+    "verify",
 ]

@@ -92,6 +92,8 @@ def layer_spec_dicts(layer: LayerAttention, prefix: str = "kgen") -> dict[str, d
     for kind in KINDS:
         doc: dict[str, Any] = {"kgen": 1, "name": f"{prefix}_{layer.key()}_{kind}", "kind": _KIND_OF[kind],
                                "kv_cache": dict(kv), "dtype": {"q": layer.dtype}, "tail_masking": True}
+        if quantized:  # fp8 conversions need sm_89 or newer
+            doc["targets"] = ["sm_89", "sm_90"]
         if kind == "cache_write":  # the write kernel knows nothing of the attention math
             doc["attention"] = {k: attention[k] for k in ("num_q_heads", "num_kv_heads", "head_dim")}
         else:
@@ -183,12 +185,12 @@ def model_layers(config: Any, kv_dtype: str = "auto", block_size: int = 16, dtyp
 def specs_for_model(config: Any, kv_dtype: str = "auto", block_size: int = 16, dtype: str | None = None,
                     prefix: str | None = None) -> dict[str, Spec]:
     """The kgen specs a Hugging Face model's attention needs: {"decode", "prefill", "cache_write"}
-    for its first layer type; a model with a second type (windowed and full layers) also gets
-    "decode_<type>", ... with type "full" or "window<W>". `config`: a config.json path, the folder
+    for its full-attention layers (or its only layer type); a model with windowed layers beside
+    them also gets "decode_window<W>", "prefill_window<W>", "cache_write_window<W>". `config`: a config.json path, the folder
     holding it, or the parsed dict."""
     model_type, layers = model_layers(config, kv_dtype, block_size, dtype)
     prefix = prefix or model_type
-    distinct = list(dict.fromkeys(layers))
+    distinct = sorted(dict.fromkeys(layers), key=lambda layer: layer.sliding_window is not None)  # full first
     result: dict[str, Spec] = {}
     for i, layer in enumerate(distinct):
         suffix = "" if i == 0 else ("_full" if not layer.sliding_window else f"_window{layer.sliding_window}")

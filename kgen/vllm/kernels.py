@@ -39,13 +39,16 @@ class LayerKernels:
 
 
 def _override(spec):
-    """The spec of KGEN_VLLM_SPEC_DIR/<name>.yaml in place of `spec`, when there is one."""
+    """The spec of KGEN_VLLM_SPEC_DIR/<prefix>_<layer key>_<kind>.yaml in place of `spec`, when there
+    is one (any prefix: `kgen specs-for-model` names files after the model type)."""
     folder = KGEN_VLLM_SPEC_DIR.value()
     if folder is None:
         return spec
-    path = folder / f"{spec.name}.yaml"
-    if not path.is_file():
+    suffix = spec.name.removeprefix("vllm")  # _<layer key>_<kind>
+    found = sorted(folder.glob(f"*{suffix}.yaml"))
+    if not found:
         return spec
+    path = found[0]
     from kgen.spec.models import load_spec
 
     replaced = load_spec(path)

@@ -1,0 +1,37 @@
+"""Tiny models written as real checkpoints (transformers, random weights, `save_pretrained`): what
+vLLM loads in the end-to-end tests and the benchmark. No download: the configs are made here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+COMMON = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=32, max_position_embeddings=1024, initializer_range=0.08,
+              tie_word_embeddings=False)
+
+MODELS = {
+    # GQA (4 query heads over 2 KV heads), full attention on every layer
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    # a 48-token sliding window on every layer: the chunked prompts of the tests run past it
+    "mistral_window": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 48}),
+    # Gemma 2: logit soft-cap, windowed and full layers alternating, scale from query_pre_attn_scalar
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"sliding_window": 48, "attn_logit_softcapping": 20.0,
+                                                     "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 24,
+                                                     "num_hidden_layers": 4, "tie_word_embeddings": True}),
+    # Qwen 2 (attention biases), served in bf16
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+}
+
+
+def write_model(name: str, folder: Path, dtype: str = "float32") -> Path:
+    """Write model `name` of MODELS to folder/name (weights seeded, so every run writes the same model)."""
+    import torch
+    import transformers
+
+    config_cls, model_cls, extra = MODELS[name]
+    config = getattr(transformers, config_cls)(**(COMMON | extra))
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(config).to(getattr(torch, dtype))
+    path = Path(folder) / f"{name}_{dtype}"
+    model.save_pretrained(path)
+    return path
