@@ -159,6 +159,13 @@ KGEN_VLLM_SPEC_DIR = _declare(Setting(
     default=None, default_text="unset: the derived specs",
 ))
 
+KGEN_VLLM_MIXED = _declare(Setting(
+    "KGEN_VLLM_MIXED", "choice",
+    "how the vLLM backend serves a batch of one-token requests and prefill chunks: split (paged_decode for the "
+    "one-token rows, paged_prefill for the chunks) or prefill (every row through paged_prefill)",
+    default="split", choices=("split", "prefill"),
+))
+
 
 def cache_dir() -> Path:
     return KGEN_CACHE_DIR.value()

@@ -35,7 +35,7 @@ def test_first_block_installs_and_builds_then_tests():
     assert install.startswith("python3 -m venv .venv && ") and "pip install -e ." in install
     build = re.search(r"\bkgen build (\S+)$", install)
     assert build and (ROOT / build.group(1)).is_file(), install
-    assert "pip install -e '.[test]'" in tests and "-m pytest" in tests
+    assert "pip install -e '.[test" in tests and "-m pytest" in tests
     assert shlex.split(install) and shlex.split(tests)  # both are well-formed shell words
 
 

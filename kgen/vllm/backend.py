@@ -30,6 +30,7 @@ from vllm.v1.kv_cache_interface import KVCacheLayout
 
 from kgen.errors import KgenError
 from kgen.model_specs import LayerAttention, kgen_dtype, kv_cache_dtype, layer_specs
+from kgen.settings import KGEN_VLLM_MIXED
 from kgen.vllm.kernels import LayerKernels, count_launch, kernels_for
 from kgen.vllm.metadata import KgenAttentionMetadata, translate
 
@@ -85,7 +86,6 @@ class KgenMetadataBuilder(AttentionMetadataBuilder[KgenAttentionMetadata]):
     # kgen's plans are capture-safe (docs/abi.md, Plans), but this backend has not been run under
     # vLLM's CUDA graphs: it declares none rather than a support nobody has tested.
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
-    split_decodes: ClassVar[bool] = True  # False: every row through paged_prefill (benchmarks/vllm_cpu.py)
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -101,7 +101,7 @@ class KgenMetadataBuilder(AttentionMetadataBuilder[KgenAttentionMetadata]):
                 self.kernel_sets.setdefault(kernels.name, kernels)
 
     def build(self, common_prefix_len: int, common_attn_metadata, fast_build: bool = False):
-        meta = translate(common_attn_metadata, split=self.split_decodes)
+        meta = translate(common_attn_metadata, split=KGEN_VLLM_MIXED.value() == "split")
         for name, kernels in self.kernel_sets.items():
             meta.plans[name] = (
                 kernels.decode.plan(meta.decode.seq_lens) if meta.decode else None,
@@ -163,12 +163,7 @@ class KgenAttentionImpl(AttentionImpl):
         return self.kernels
 
     def _pools(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V pools [num_blocks, H, B, D] (strided views of vLLM's page; fp8 read as uint8)."""
-        nb, h, b, _ = kv_cache.shape
-        if kv_cache.element_size() == 1:
-            kv_cache = kv_cache.view(torch.uint8)
-        rows = kv_cache.view(nb, h, 2 * b, self.head_size)
-        return rows[:, :, :b], rows[:, :, b:]
+        return page_pools(kv_cache, self.head_size)
 
     def _scales(self, layer) -> dict[str, float]:
         if not self.layer.kv_dtype.startswith("fp8"):
@@ -207,6 +202,16 @@ class KgenAttentionImpl(AttentionImpl):
                                  plan=prefill_plan, **common)
             count_launch(self.layer_name, "prefill")
         return output
+
+
+def page_pools(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V pools [num_blocks, H, B, D] of one layer's vLLM pages [num_blocks, H, B, 2 * D]: strided
+    views, no copy (an fp8 cache is read as uint8, which kgen takes as the spec's fp8 type)."""
+    nb, h, b, _ = kv_cache.shape
+    if kv_cache.element_size() == 1:
+        kv_cache = kv_cache.view(torch.uint8)
+    rows = kv_cache.view(nb, h, 2 * b, head_size)
+    return rows[:, :, :b], rows[:, :, b:]
 
 
 def _constructing_layer_name() -> str:

@@ -1,0 +1,90 @@
+"""kgen/model_specs.py and `kgen specs-for-model`: specs from Hugging Face model configs."""
+
+import json
+import math
+
+import pytest
+import yaml
+from conftest import run_kgen
+
+import kgen
+from kgen.errors import KgenUserError, UnsupportedError
+
+LLAMA = {"model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "hidden_size": 4096, "torch_dtype": "bfloat16"}
+
+
+def test_a_llama_config_gives_one_set_of_three_specs():
+    specs = kgen.specs_for_model(LLAMA, block_size=16)
+    assert sorted(specs) == ["cache_write", "decode", "prefill"]
+    d = specs["decode"]
+    assert (d.kind, d.attention.num_q_heads, d.attention.num_kv_heads, d.attention.head_dim) == ("paged_decode", 32, 8, 128)
+    assert d.dtype.q == "bf16" and d.kv_cache.dtype == "bf16" and d.kv_cache.block_size == 16
+    assert specs["prefill"].attention.causal and specs["cache_write"].kind == "cache_write"
+    assert d.attention.sliding_window is None and d.softmax_scale_value == pytest.approx(1 / math.sqrt(128))
+
+
+def test_fp8_caches_get_per_tensor_scales_and_fp8_targets():
+    specs = kgen.specs_for_model(LLAMA, kv_dtype="fp8")
+    for spec in specs.values():
+        assert spec.kv_cache.dtype == "fp8_e4m3" and spec.kv_cache.scale == "per_tensor"
+        assert "sm_80" not in spec.targets
+
+
+def test_gemma2_alternates_windowed_and_full_layers_with_its_scale_and_cap():
+    cfg = {"model_type": "gemma2", "num_hidden_layers": 6, "num_attention_heads": 8, "num_key_value_heads": 4,
+           "head_dim": 256, "hidden_size": 2304, "query_pre_attn_scalar": 224, "attn_logit_softcapping": 50.0,
+           "sliding_window": 4096, "torch_dtype": "bfloat16"}
+    specs = kgen.specs_for_model(cfg)
+    assert sorted(specs) == ["cache_write", "cache_write_window4096", "decode", "decode_window4096", "prefill",
+                             "prefill_window4096"]
+    assert specs["decode"].attention.sliding_window is None
+    assert specs["decode_window4096"].attention.sliding_window == 4096
+    for key in ("decode", "prefill_window4096"):
+        a = specs[key].attention
+        assert a.logits_soft_cap == 50.0 and a.softmax_scale == pytest.approx(224 ** -0.5)
+    assert len({s.name for s in specs.values()}) == 6
+
+
+def test_layer_types_and_qwen2_window_layers_are_read():
+    qwen = {"model_type": "qwen2", "num_hidden_layers": 4, "num_attention_heads": 4, "hidden_size": 256,
+            "use_sliding_window": True, "sliding_window": 64, "max_window_layers": 2, "torch_dtype": "float16"}
+    specs = kgen.specs_for_model(qwen)
+    assert specs["decode"].attention.sliding_window is None and specs["decode_window64"].attention.sliding_window == 64
+    typed = dict(LLAMA, model_type="gemma3_text", layer_types=["full_attention"] * 4, sliding_window=512)
+    assert "decode_window512" not in kgen.specs_for_model(typed)
+
+
+@pytest.mark.parametrize("cfg, match", [
+    ({**LLAMA, "model_type": "gpt_oss"}, "sinks"),
+    ({**LLAMA, "model_type": "mamba"}, "model_type mamba"),
+    ({**LLAMA, "torch_dtype": "float64"}, "dtype float64"),
+])
+def test_what_kgen_cannot_serve_is_refused_with_the_reason(cfg, match):
+    with pytest.raises(UnsupportedError, match=match):
+        kgen.specs_for_model(cfg)
+
+
+def test_head_dims_kgen_refuses_name_the_field():
+    with pytest.raises(kgen.SpecError, match="head_dim"):
+        kgen.specs_for_model(dict(LLAMA, head_dim=20))
+
+
+def test_a_missing_config_is_a_user_error(tmp_path):
+    with pytest.raises(KgenUserError, match="no such model config"):
+        kgen.specs_for_model(tmp_path / "absent")
+
+
+def test_cli_writes_specs_that_validate_and_refuses_bad_input(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    r = run_kgen("specs-for-model", str(tmp_path), "-o", str(tmp_path / "specs"), "--block-size", "32")
+    assert r.returncode == 0, r.stderr
+    files = sorted((tmp_path / "specs").glob("*.yaml"))
+    assert len(files) == 3
+    assert yaml.safe_load(files[0].read_text())["kv_cache"]["block_size"] == 32
+    assert run_kgen("validate", *map(str, files)).returncode == 0
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{not json")
+    r = run_kgen("specs-for-model", str(tmp_path / "bad"), "-o", str(tmp_path / "out2"))
+    assert r.returncode == 2 and "not valid JSON" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out2").exists()

