@@ -22,6 +22,9 @@ from kgen.spec.models import Spec, spec_from_dict
 
 KINDS = ("cache_write", "decode", "prefill")  # the set every layer type gets, in build order
 _KIND_OF = {"cache_write": "cache_write", "decode": "paged_decode", "prefill": "paged_prefill"}
+# The attention fields each kernel takes (None: all); the write kernel knows nothing of the attention math.
+_ATTENTION_FIELDS = {"cache_write": ("num_q_heads", "num_kv_heads", "head_dim"), "decode": None, "prefill": None}
+_ATTENTION_EXTRA = {"prefill": {"causal": True}}  # chunks attend causally to their prefix and themselves
 KV_DTYPES = ("auto", "fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2")
 _TORCH_DTYPES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32", "float": "fp32"}
 # Model types whose attention is the plain decoder attention kgen derives (others are refused by name).
@@ -94,12 +97,9 @@ def layer_spec_dicts(layer: LayerAttention, prefix: str = "kgen") -> dict[str, d
                                "kv_cache": dict(kv), "dtype": {"q": layer.dtype}, "tail_masking": True}
         if quantized:  # fp8 conversions need sm_89 or newer
             doc["targets"] = ["sm_89", "sm_90"]
-        if kind == "cache_write":  # the write kernel knows nothing of the attention math
-            doc["attention"] = {k: attention[k] for k in ("num_q_heads", "num_kv_heads", "head_dim")}
-        else:
-            doc["attention"] = dict(attention)
-        if kind == "prefill":
-            doc["attention"]["causal"] = True
+        fields = _ATTENTION_FIELDS[kind]
+        doc["attention"] = {k: v for k, v in attention.items() if fields is None or k in fields}
+        doc["attention"].update(_ATTENTION_EXTRA.get(kind, {}))
         docs[kind] = doc
     return docs
 

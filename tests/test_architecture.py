@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 KGEN = ROOT / "kgen"
-HEAVY = {"torch", "cupy", "cupyx", "ray", "matplotlib"}
+HEAVY = {"torch", "cupy", "cupyx", "ray", "matplotlib", "vllm"}
 KINDS = ("paged_decode", "paged_prefill", "cache_write", "copy_blocks")
 
 

@@ -9,6 +9,8 @@ import vLLM; `register()` and the backend module do.
 
 from __future__ import annotations
 
+from kgen.errors import KgenUserError
+from kgen.settings import KGEN_VLLM_BACKEND
 from kgen.vllm.kernels import launch_counts, reset_launch_counts
 
 BACKEND_CLASS = "kgen.vllm.backend.KgenAttentionBackend"
@@ -19,9 +21,6 @@ __all__ = ["BACKEND_CLASS", "launch_counts", "register", "reset_launch_counts"]
 def register() -> str:
     """Register kgen's backend with vLLM's registry; returns the vLLM backend name it serves as."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
-
-    from kgen.errors import KgenUserError
-    from kgen.settings import KGEN_VLLM_BACKEND
 
     name = KGEN_VLLM_BACKEND.value() or "CUSTOM"
     try:

@@ -30,7 +30,7 @@ from vllm.v1.kv_cache_interface import KVCacheLayout
 
 from kgen.errors import KgenError
 from kgen.model_specs import LayerAttention, kgen_dtype, kv_cache_dtype, layer_specs
-from kgen.settings import KGEN_VLLM_MIXED
+from kgen.settings import KGEN_VLLM_BACKEND, KGEN_VLLM_MIXED
 from kgen.vllm.kernels import LayerKernels, count_launch, kernels_for
 from kgen.vllm.metadata import KgenAttentionMetadata, translate
 
@@ -42,8 +42,6 @@ HEAD_SIZES = list(range(32, 513, 8))  # kgen: a multiple of 8 in 32..512
 
 def registered_name() -> str:
     """The vLLM backend name kgen serves as (CUSTOM, or KGEN_VLLM_BACKEND's)."""
-    from kgen.settings import KGEN_VLLM_BACKEND
-
     return KGEN_VLLM_BACKEND.value() or "CUSTOM"
 
 

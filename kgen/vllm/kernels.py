@@ -14,9 +14,12 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 
+from kgen.build import build, select_backend
 from kgen.errors import KgenUserError
 from kgen.model_specs import KINDS, LayerAttention, layer_specs
+from kgen.runtime.cuda import device_arch
 from kgen.settings import KGEN_VLLM_SPEC_DIR
+from kgen.spec.models import load_spec
 
 log = logging.getLogger("kgen.vllm")
 _LOCK = threading.Lock()
@@ -49,8 +52,6 @@ def _override(spec):
     if not found:
         return spec
     path = found[0]
-    from kgen.spec.models import load_spec
-
     replaced = load_spec(path)
     contract = ("kind", "attention", "kv_cache", "dtype", "tail_masking")
     if replaced.model_dump(include=set(contract)) != spec.model_dump(include=set(contract)):
@@ -61,12 +62,10 @@ def _override(spec):
 
 
 def _build(spec, backend: str):
-    import kgen
-
     with _LOCK:
         kern = _BUILT.get(spec.name)
         if kern is None:
-            kern = kgen.build(spec, backend=backend, archs=_archs(backend))
+            kern = build(spec, backend=backend, archs=_archs(backend))
             if not kern.report.passed:
                 raise KgenUserError(f"kgen: {spec.name} failed verification, so it will not serve: "
                                     f"{kern.report.summary()}")
@@ -77,16 +76,12 @@ def _build(spec, backend: str):
 def _archs(backend: str) -> list[str] | None:
     """One cubin for this GPU; on the CPU backend sm_90's, whose ptxas figures the planner reads."""
     if backend == "cuda":
-        from kgen.runtime.cuda import device_arch
-
         return [device_arch()]
     return ["sm_90"]
 
 
 def kernels_for(layer: LayerAttention, backend: str = "auto") -> LayerKernels:
     """The verified kernels of a layer type (built on first use in this process)."""
-    from kgen.build import select_backend
-
     chosen = select_backend(backend)
     specs = {kind: _override(spec) for kind, spec in layer_specs(layer, prefix="vllm").items()}
     built = {kind: _build(specs[kind], chosen) for kind in KINDS}
