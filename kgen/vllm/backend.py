@@ -34,7 +34,7 @@ from kgen.settings import KGEN_VLLM_BACKEND, KGEN_VLLM_MIXED
 from kgen.vllm.kernels import LayerKernels, count_launch, kernels_for
 from kgen.vllm.metadata import KgenAttentionMetadata, translate
 
-log = logging.getLogger("kgen.vllm")
+log = logging.getLogger("vllm.kgen")  # under vLLM's logger: its handler and level apply
 
 BLOCK_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]  # kgen: a power of two up to 256
 HEAD_SIZES = list(range(32, 513, 8))  # kgen: a multiple of 8 in 32..512

