@@ -162,8 +162,9 @@ KGEN_VLLM_SPEC_DIR = _declare(Setting(
 KGEN_VLLM_MIXED = _declare(Setting(
     "KGEN_VLLM_MIXED", "choice",
     "how the vLLM backend serves a batch of one-token requests and prefill chunks: split (paged_decode for the "
-    "one-token rows, paged_prefill for the chunks) or prefill (every row through paged_prefill)",
-    default="split", choices=("split", "prefill"),
+    "one-token rows, paged_prefill for the chunks), prefill (every row through paged_prefill) or auto (split on "
+    "the CUDA backend, prefill on the CPU backend, where it is the faster: benchmarks/vllm_cpu.py)",
+    default="auto", choices=("auto", "split", "prefill"),
 ))
 
 

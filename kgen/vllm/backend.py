@@ -91,15 +91,21 @@ class KgenMetadataBuilder(AttentionMetadataBuilder[KgenAttentionMetadata]):
         # Build (or load) and verify every layer's kernels now, at start-up, with the block size the
         # KV cache really has, so that a layer kgen cannot serve stops start-up naming the layer.
         self.kernel_sets: dict[str, LayerKernels] = {}
+        self.split_decodes = True
         layers = get_layers_from_vllm_config(vllm_config, torch.nn.Module, layer_names)
         for name in layer_names:
             impl = getattr(layers.get(name), "impl", None)
             if isinstance(impl, KgenAttentionImpl):
                 kernels = impl.prepare(name, kv_cache_spec.block_size)
                 self.kernel_sets.setdefault(kernels.name, kernels)
+        # On a GPU one-token rows go to paged_decode (paged_prefill would pad each to a 16-row MMA tile);
+        # on the CPU backend paged_prefill serves them faster (benchmarks/vllm_cpu.py, docs/vllm.md).
+        mode = KGEN_VLLM_MIXED.value()
+        backends = {k.decode.backend for k in self.kernel_sets.values()}
+        self.split_decodes = mode == "split" or (mode == "auto" and backends != {"cpu"})
 
     def build(self, common_prefix_len: int, common_attn_metadata, fast_build: bool = False):
-        meta = translate(common_attn_metadata, split=KGEN_VLLM_MIXED.value() == "split")
+        meta = translate(common_attn_metadata, split=self.split_decodes)
         for name, kernels in self.kernel_sets.items():
             meta.plans[name] = (
                 kernels.decode.plan(meta.decode.seq_lens) if meta.decode else None,
