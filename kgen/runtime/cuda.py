@@ -13,11 +13,10 @@ from typing import Any
 import numpy as np
 
 from kgen.errors import ArgumentError, KernelRuntimeError, KgenUserError, ToolchainError, UnsupportedError
+from kgen.plan.arch import limits_for
 from kgen.runtime.base import Launch
 from kgen.runtime.cpu import _dims
 from kgen.runtime.isolated import Child, Limits
-
-STATIC_SMEM_LIMIT = 48 * 1024
 
 
 def cupy_module():
@@ -70,15 +69,29 @@ class CudaModule:
         require_gpu()
         self._module = cupy_module().RawModule(path=str(cubin_path))
         self._functions = {name: self._module.get_function(name) for name in kernel_names}
+        self.arch = device_arch()
+        self._limits = limits_for(self.arch)
 
     def launch(self, launch: Launch) -> None:
         fn = self._functions[launch.kernel]
-        if launch.smem > STATIC_SMEM_LIMIT and fn.max_dynamic_shared_size_bytes < launch.smem:
-            fn.max_dynamic_shared_size_bytes = launch.smem  # opt in to > 48 KiB of dynamic smem
+        if launch.smem > self._limits.dynamic_smem_default and fn.max_dynamic_shared_size_bytes < launch.smem:
+            opt_in_dynamic_smem(fn, launch, self.arch)
         try:
             fn(launch.grid, launch.block, tuple(launch.args), shared_mem=launch.smem)
         except Exception as e:
             raise KernelRuntimeError(f"launch of {launch.kernel} failed: {e}") from e
+
+
+def opt_in_dynamic_smem(fn, launch: Launch, arch: str) -> None:
+    """Let `fn` take the launch's dynamic shared memory past the default (48 KiB): the opt-in
+    attribute, up to the arch's limit of static + dynamic (kgen/plan/arch.py); past it a clear
+    error instead of CUDA's "invalid argument"."""
+    limit = limits_for(arch).smem_per_block
+    static = int(fn.shared_size_bytes)
+    if static + launch.smem > limit:
+        raise KernelRuntimeError(f"launch of {launch.kernel}: {static} + {launch.smem} bytes of shared memory "
+                                 f"(static + dynamic) > {limit}, the opt-in limit of {arch}")
+    fn.max_dynamic_shared_size_bytes = launch.smem
 
 
 # ---- untrusted kernels: every launch in a child process (kgen/runtime/_isolated_cuda_child.py) ----

@@ -27,10 +27,9 @@ from kgen.arrays import args_to_backend, to_numpy
 from kgen.build import build
 from kgen.errors import CompileError, KgenError, KgenUserError
 from kgen.families.registry import family_for
+from kgen.plan.arch import launch_problems
 from kgen.spec.models import spec_from_dict
 
-REGISTERS_PER_BLOCK = 65536
-DEFAULT_SMEM_LIMIT = 48 * 1024  # without the opt-in attribute
 ROTATE = 2  # input sets cycled between launches (defeats caches holding the last launch's data)
 WARMUP = 2
 MIN_REPS, MAX_REPS = 3, 10_000
@@ -50,18 +49,16 @@ def failed(task: dict, status: str, reason: str) -> dict:
 
 
 def resource_problems(kernel) -> list[str]:
-    """Reasons the config cannot launch on one of the spec's target archs (ptxas figures, and the
-    family's block size and dynamic shared memory of each kernel)."""
+    """Reasons the config cannot launch on one of the spec's target archs: each kernel's ptxas
+    figures with the family's block size and dynamic shared memory, against the arch table as the
+    CUDA launcher launches it (kgen.plan.arch.launch_problems: it opts in to dynamic shared memory
+    past 48 KiB, up to the arch's limit)."""
     out = []
     for decl in family_for(kernel.spec).kernels(kernel.spec, kernel.config):
         for arch, kernels in kernel.resources.items():
             res = kernels.get(decl.name, {})
-            regs, smem = res.get("registers", 0), res.get("static_smem", 0) + decl.smem
-            if regs * decl.block > REGISTERS_PER_BLOCK:
-                out.append(f"{arch}: {decl.name}: {regs} registers x {decl.block} threads > {REGISTERS_PER_BLOCK} "
-                           "per block")
-            if smem > DEFAULT_SMEM_LIMIT:
-                out.append(f"{arch}: {decl.name}: {smem} bytes of shared memory > {DEFAULT_SMEM_LIMIT}")
+            out += launch_problems(arch, decl.name, decl.block, res.get("registers", 0), res.get("static_smem", 0),
+                                   decl.smem)
     return out
 
 

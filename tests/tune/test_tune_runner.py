@@ -3,6 +3,7 @@ the per-bucket kernel, and the Ray executor on a local Ray cluster."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -16,6 +17,7 @@ from kgen.build import build
 from kgen.errors import KernelRuntimeError, KgenUserError
 from kgen.families.decode_cases import make_decode_case
 from kgen.families.paged_decode import PAGED_DECODE
+from kgen.plan import arch as arch_table
 from kgen.spec.models import load_spec
 from kgen.tune import measure as tune_measure
 from kgen.tune.measure import make_task, run_task
@@ -127,14 +129,20 @@ def test_measurement_rejects_a_fast_but_wrong_kernel(spec):
     assert "does not match the reference" in result["reason"]
 
 
+def _tiny_register_file(monkeypatch):
+    """Every arch of the table with 64 registers per block: no config fits."""
+    for arch, lim in list(arch_table.ARCH_LIMITS.items()):
+        monkeypatch.setitem(arch_table.ARCH_LIMITS, arch, dataclasses.replace(lim, regs_per_block=64))
+
+
 def test_resource_overflow_scores_inf_with_the_reason(spec, monkeypatch):
-    monkeypatch.setattr(tune_measure, "REGISTERS_PER_BLOCK", 64)
+    _tiny_register_file(monkeypatch)
     result = run_task(make_task(spec, {"threads": 64, "partition_size": 0}, (1, 16), "cpu", 0.001, seed=1))
     assert result["status"] == "resources" and "registers x 64 threads > 64" in result["reason"]
 
 
 def test_every_config_failing_is_an_error_not_a_silent_default(spec, monkeypatch, tmp_path):
-    monkeypatch.setattr(tune_measure, "REGISTERS_PER_BLOCK", 64)
+    _tiny_register_file(monkeypatch)
     with pytest.raises(KernelRuntimeError, match="every config failed"):
         tune_spec(spec, backend="cpu", seed=1, root=tmp_path, save=True, **FAST)
     assert not list(tmp_path.rglob("*.json"))
