@@ -30,6 +30,7 @@ from kgen.families.registry import family_for
 from kgen.plan.arch import launch_problems
 from kgen.spec.models import spec_from_dict
 
+BUDGET = "not_run"  # the status of a task the tuning budget did not reach (not a measurement)
 ROTATE = 2  # input sets cycled between launches (defeats caches holding the last launch's data)
 WARMUP = 2
 MIN_REPS, MAX_REPS = 3, 10_000
@@ -38,14 +39,21 @@ _KERNELS: OrderedDict[tuple, Any] = OrderedDict()  # in-process builds: one per 
 _KERNEL_SLOTS = 16
 
 
-def make_task(spec, config: dict, bucket: tuple[int, int], backend: str, measure_s: float, seed: int) -> dict:
+def make_task(spec, config: dict, bucket: tuple[int, int], backend: str, measure_s: float, seed: int,
+              deadline: float | None = None) -> dict:
+    """One measurement as plain data; `deadline` (time.time() epoch): the run's budget ends then."""
     return {"spec": spec.canonical(), "config": dict(config), "batch": int(bucket[0]), "context": int(bucket[1]),
-            "backend": backend, "measure_s": float(measure_s), "seed": int(seed)}
+            "backend": backend, "measure_s": float(measure_s), "seed": int(seed), "deadline": deadline}
 
 
-def failed(task: dict, status: str, reason: str) -> dict:
+def failed(task: dict, status: str, reason: str, compile_s: float = 0.0) -> dict:
     return {"config": task["config"], "batch": task["batch"], "context": task["context"], "status": status,
-            "reason": reason, "median_s": math.inf, "min_s": math.inf, "max_s": math.inf, "reps": 0}
+            "reason": reason, "median_s": math.inf, "min_s": math.inf, "max_s": math.inf, "reps": 0,
+            "compile_s": round(compile_s, 3)}
+
+
+def _spent(task: dict) -> bool:
+    return task.get("deadline") is not None and time.time() >= task["deadline"]
 
 
 def resource_problems(kernel) -> list[str]:
@@ -107,16 +115,22 @@ class _CudaTimer:
 
 
 def run_task(task: dict) -> dict:
-    """Measure one (config, bucket); never raises for a bad config (status + reason instead)."""
+    """Measure one (config, bucket); never raises for a bad config (status + reason instead).
+    Past the task's deadline nothing starts (status BUDGET); one that starts compiles, then times
+    at least one launch and re-verifies it even when the deadline passes meanwhile."""
+    if _spent(task):
+        return failed(task, BUDGET, "the tuning budget was spent before it started")
     spec = spec_from_dict(task["spec"], filename="<tuning task>")
     backend = task["backend"]
+    compile_started = time.perf_counter()
     kernel = _kernel(spec, task["config"], backend)
+    compile_s = time.perf_counter() - compile_started
     if isinstance(kernel, Exception):
         first = str(kernel).strip().splitlines()[0] if str(kernel).strip() else type(kernel).__name__
-        return failed(task, "compile_failed", first[:300])
+        return failed(task, "compile_failed", first[:300], compile_s)
     problems = resource_problems(kernel)
     if problems:
-        return failed(task, "resources", "; ".join(problems))
+        return failed(task, "resources", "; ".join(problems), compile_s)
     rng = np.random.default_rng(task["seed"])
     benches = [family_for(spec).bench(spec, kernel.config, (task["batch"], task["context"]), rng)
                for _ in range(ROTATE)]
@@ -128,17 +142,18 @@ def run_task(task: dict) -> dict:
             kernel(**sets[i % ROTATE])
         last = 0
         started = time.perf_counter()
-        while len(times) < MAX_REPS and (len(times) < MIN_REPS or time.perf_counter() - started < task["measure_s"]):
+        while len(times) < MAX_REPS and (not times or not _spent(task) and (
+                len(times) < MIN_REPS or time.perf_counter() - started < task["measure_s"])):
             last = len(times) % ROTATE
             times.append(timer.time(lambda a=sets[last]: kernel(**a)))
     except KgenError as e:
-        return failed(task, "launch_failed", str(e).splitlines()[0][:300])
+        return failed(task, "launch_failed", str(e).splitlines()[0][:300], compile_s)
     # Re-verify what the timed launches wrote, as the family judges it.
     check = benches[last].check({name: to_numpy(sets[last][name]) for name in benches[last].outputs})
     if not check.passed:
         return failed(task, "wrong", f"output does not match the reference: error {check.max_error:.3g} > "
-                                     f"bound {check.bound:.3g} {check.note}".strip())
+                                     f"bound {check.bound:.3g} {check.note}".strip(), compile_s)
     return {"config": task["config"], "batch": task["batch"], "context": task["context"], "status": "ok",
             "reason": "", "median_s": float(np.median(times)), "min_s": float(min(times)),
-            "max_s": float(max(times)), "reps": len(times), "clock": timer.clock,
+            "max_s": float(max(times)), "reps": len(times), "clock": timer.clock, "compile_s": round(compile_s, 3),
             "max_error": check.max_error, "bound": check.bound}

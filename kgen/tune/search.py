@@ -145,8 +145,12 @@ def parse_buckets(text: str) -> dict:
 
 # ------------------------------------------------------------------ strategies
 
-def exhaustive(configs: Sequence[dict], buckets: Sequence[Bucket], evaluate: Evaluate) -> dict:
-    pairs = [(c, b) for c in configs for b in buckets]
+def exhaustive(configs: Sequence[dict], buckets: Sequence[Bucket], evaluate: Evaluate,
+               start: dict | None = None) -> dict:
+    """Every config on every bucket, config by config, `start` (the defaults) first: a run the
+    budget cuts short has whole configs measured, the default among them."""
+    first = [c for c in configs if start is not None and config_key(c) == config_key(start)]
+    pairs = [(c, b) for c in first + [c for c in configs if c not in first] for b in buckets]
     return dict(zip(((config_key(c), b) for c, b in pairs), evaluate(pairs), strict=True))
 
 
@@ -217,5 +221,5 @@ def search(strategy: str, configs: Sequence[dict], buckets: Sequence[Bucket], ev
     if strategy == "auto":
         strategy = "exhaustive" if len(configs) * len(buckets) <= max_evals else "hillclimb"
     if strategy == "exhaustive":
-        return strategy, exhaustive(configs, buckets, evaluate)
+        return strategy, exhaustive(configs, buckets, evaluate, start=start)
     return strategy, hill_climb(configs, buckets, evaluate, max_evals, start=start)

@@ -6,7 +6,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kgen.plan.arch import ARCH_LIMITS, DEFAULT_SMS, launch_problems, limits_for, smem_limit, static_smem_limit
+from kgen.plan.arch import (
+    ARCH_LIMITS,
+    DEFAULT_SMS,
+    launch_problems,
+    limits_for,
+    smem_limit,
+    static_smem_limit,
+)
 from kgen.plan.occupancy import occupancy
 
 ROOT = Path(__file__).resolve().parents[2]
