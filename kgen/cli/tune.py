@@ -90,10 +90,11 @@ def progress_line(record: dict, state: dict) -> str | None:
     """One line per measurement as it finishes (stderr): what it did and how long the run has taken;
     one line when the budget is first found spent."""
     at = f"[{state['elapsed_s']:7.1f} s] {state['done']}/{state['planned']}"
-    if record["status"] == "not_run":
-        return f"{at} budget spent: no new measurements" if state["not_run"] == 1 else None
-    compiled = f"built in {record.get('compile_s', 0.0):.1f} s"  # compile, or load of a cached build
     where = f"{_ckey(record['config'])} @ {record['batch']}x{record['context']}"
+    if record["status"] == "not_run":
+        stopped = f"{at} {where}: {record['reason']}\n" if record["reason"].startswith("stopped") else ""
+        return f"{stopped}{at} budget spent: no new measurements" if state["not_run"] == 1 else None
+    compiled = f"built in {record.get('compile_s', 0.0):.1f} s"  # compile, or load of a cached build
     if record["status"] == "ok":
         return (f"{at} {where}: {compiled}, timed {record['reps']} launches (median {_fmt(record['median_s'])}), "
                 "output verified")

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
+import os
 import time
 from collections import OrderedDict
 from typing import Any
@@ -112,6 +114,54 @@ class _CudaTimer:
         self.stop.record()
         self.stop.synchronize()
         return self.cupy.cuda.get_elapsed_time(self.start, self.stop) / 1e3
+
+
+GRACE_S = 2.0  # what a bounded measurement may take past the deadline (its result on the way back)
+
+
+def run_bounded(task: dict) -> dict:
+    """run_task in a forked child that is stopped when the run's deadline passes: a CPU-backend
+    launch of a large bucket (or a compile) takes minutes and cannot be interrupted in-process.
+    A measurement stopped this way is not run (status BUDGET), like one that never started. The
+    child shares this process's state (builds in memory, monkeypatches); its builds reach the
+    parent through the disk cache. Without a deadline, or where fork is unsafe (a CUDA context:
+    use run_task), this is run_task."""
+    if task.get("deadline") is None:
+        return run_task(task)
+    if _spent(task):
+        return failed(task, BUDGET, "the tuning budget was spent before it started")
+    started = time.perf_counter()
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_bounded_child, args=(task, send), daemon=True)
+    child.start()
+    send.close()
+    try:
+        if receive.poll(max(0.0, task["deadline"] - time.time()) + GRACE_S):
+            try:
+                return receive.recv()
+            except EOFError:  # the child died without an answer (a crash in a launch)
+                child.join(5)
+                return failed(task, "launch_failed", f"the measurement's process ended (exit code {child.exitcode})")
+        return failed(task, BUDGET, f"stopped when the tuning budget ran out, {time.perf_counter() - started:.1f} s "
+                                    "into the measurement")
+    finally:
+        receive.close()
+        if child.is_alive():
+            child.kill()
+        child.join()
+
+
+def _bounded_child(task: dict, send) -> None:
+    try:
+        result = run_task(task)
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, never raised in a fork
+        result = failed(task, "launch_failed", f"{type(e).__name__}: {e}"[:300])
+    try:
+        send.send(result)
+        send.close()
+    finally:
+        os._exit(0)  # no atexit handlers of the parent's (Ray, rich, temp dirs) in a fork
 
 
 def run_task(task: dict) -> dict:

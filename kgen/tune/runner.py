@@ -15,7 +15,7 @@ from pathlib import Path
 from kgen.build import select_backend
 from kgen.errors import KernelRuntimeError, KgenUserError
 from kgen.seeds import fresh_seed
-from kgen.tune.measure import BUDGET, make_task, run_task
+from kgen.tune.measure import BUDGET, make_task, run_bounded, run_task
 from kgen.tune.ray_executor import ray_map
 from kgen.tune.results import FORMAT, bucket_name, device_info, results_path, save_results
 from kgen.tune.search import config_key, expand_space, resolve_buckets, search, winners
@@ -90,7 +90,9 @@ def tune_spec(spec, backend: str = "auto", buckets: dict | None = None, budget_s
         made += len(tasks)
         results = []
         for t in tasks if run is None else []:
-            results.append(run_task(t))
+            # CPU backend: a measurement past the deadline is stopped (run_bounded); CUDA launches
+            # are short and a CUDA context must not be forked.
+            results.append(run_bounded(t) if backend == "cpu" else run_task(t))
             record(results[-1])
         if run is not None:
             results = run(tasks)

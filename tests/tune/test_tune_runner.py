@@ -338,3 +338,24 @@ def test_a_budget_spent_before_anything_was_timed_says_so(spec, tmp_path):
     with pytest.raises(KernelRuntimeError, match=r"budget of 1e-06 s was spent before any config was timed"):
         tune_spec(spec, backend="cpu", seed=8, root=tmp_path, budget_s=1e-6, measure_s=0.001)
     assert not list(tmp_path.rglob("*.json"))
+
+
+def test_a_measurement_running_past_the_budget_is_stopped(spec, tmp_path, monkeypatch):
+    """A CPU-backend launch cannot be interrupted in-process: the measurement runs in a child that is
+    stopped at the deadline, and counts as not run."""
+    real = tune_measure.run_task
+
+    def slow(task):  # a launch of minutes, as a large prefill bucket on the fiber runtime
+        if task["config"]["partition_size"] == 32:
+            time.sleep(60)
+        return real(task)
+
+    for config in ({"threads": 64, "partition_size": 0}, {"threads": 64, "partition_size": 32}):
+        tune_measure._kernel(spec, config, "cpu")  # compiled before the clock starts (the disk cache)
+    monkeypatch.setattr(tune_measure, "run_task", slow)
+    started = time.perf_counter()
+    results = tune_spec(spec, backend="cpu", seed=9, root=tmp_path, budget_s=6.0, measure_s=0.001,
+                        strategy="exhaustive")
+    assert time.perf_counter() - started < 6.0 + tune_measure.GRACE_S + 5
+    assert {m["config"]["partition_size"] for m in results["measurements"]} <= {0}
+    assert results["not_run"] >= 1 and not results["complete"]
