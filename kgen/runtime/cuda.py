@@ -82,6 +82,26 @@ class CudaModule:
             raise KernelRuntimeError(f"launch of {launch.kernel} failed: {e}") from e
 
 
+POINTER_BYTES = 8  # a device address (sm_80 and newer are 64-bit only)
+
+
+def argument_layout(value: Any) -> tuple[int, int]:
+    """(bytes, alignment) of one launch argument as CudaModule hands it to CuPy, which passes the
+    driver a pointer to a value of that size: a device array (CuPy, or anything with
+    __cuda_array_interface__) or None as a device address; a numpy scalar (kgen's by-value
+    parameters, and np.uint64 device addresses) as its dtype; a Python int, float or bool as CuPy
+    converts it (int64, float64, bool)."""
+    if value is None or hasattr(value, "__cuda_array_interface__"):
+        return POINTER_BYTES, POINTER_BYTES
+    if isinstance(value, np.generic):
+        return value.dtype.itemsize, value.dtype.alignment
+    if isinstance(value, bool | int | float):
+        dt = np.dtype({bool: np.bool_, int: np.int64, float: np.float64}[type(value)])
+        return dt.itemsize, dt.alignment
+    raise ArgumentError(f"a launch argument of type {type(value).__name__}: kgen's CUDA launcher passes device "
+                        "arrays, device addresses (np.uint64) and numpy scalars")
+
+
 def opt_in_dynamic_smem(fn, launch: Launch, arch: str) -> None:
     """Let `fn` take the launch's dynamic shared memory past the default (48 KiB): the opt-in
     attribute, up to the arch's limit of static + dynamic (kgen/plan/arch.py); past it a clear

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kgen.build import compile_cubins, load_module, select_backend
+from kgen.compile.launch_contract import check_source_contract
 from kgen.compile.nvrtc import resources_as_dict
 from kgen.errors import KgenUserError
 from kgen.families.base import Config, resolve_config
@@ -48,6 +49,9 @@ def kernel_from_source(spec, source: str, backend: str = "auto", config: Config 
         )
     rendered = Rendered(prepared.text, names, config)
     cubins = compile_cubins(spec, rendered, archs)
+    # The cubin's own parameter table against what the CUDA launcher packs, and the launch's shared
+    # memory against the arch (kgen/compile/launch_contract.py; needs cuobjdump).
+    check_source_contract(spec, config, cubins, origin)
     chosen = select_backend(backend)
     # Untrusted: its own process; on the CPU also race detection and varied thread schedules.
     module = load_module(chosen, rendered, cubins, isolated=True, race_check=chosen == "cpu")
