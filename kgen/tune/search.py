@@ -147,10 +147,12 @@ def parse_buckets(text: str) -> dict:
 
 def exhaustive(configs: Sequence[dict], buckets: Sequence[Bucket], evaluate: Evaluate,
                start: dict | None = None) -> dict:
-    """Every config on every bucket, config by config, `start` (the defaults) first: a run the
-    budget cuts short has whole configs measured, the default among them."""
+    """Every config on every bucket, bucket by bucket from the cheapest (batch x context), `start`
+    (the defaults) first in each: a run the budget cuts short has compared the configs on the
+    buckets it reached (on the CPU backend one launch of a large prefill bucket takes minutes)."""
     first = [c for c in configs if start is not None and config_key(c) == config_key(start)]
-    pairs = [(c, b) for c in first + [c for c in configs if c not in first] for b in buckets]
+    order = first + [c for c in configs if c not in first]
+    pairs = [(c, b) for b in sorted(buckets, key=lambda b: (b[0] * b[1], b)) for c in order]
     return dict(zip(((config_key(c), b) for c, b in pairs), evaluate(pairs), strict=True))
 
 
