@@ -43,11 +43,12 @@ def tune_spec(spec, backend: str = "auto", buckets: dict | None = None, budget_s
               progress: Callable[[dict, dict], None] | None = None) -> dict:
     """Tune `spec` and return the results (see docs/tuning.md for the format).
 
-    budget_s bounds the whole run, compiles included: no measurement starts once it is spent
-    (one in flight finishes its compile and times at least one launch), and the results say
-    what was done (`complete`, `not_run`). It also sizes the search: when every config on every
-    bucket does not fit in budget_s / (measure_s + overhead) measurements, the search is a hill
-    climb (kgen/tune/search.py); exhaustive runs the default config first.
+    budget_s bounds the whole run, compiles included: no measurement starts once it is spent;
+    on the CPU backend one still running is stopped (kgen.tune.measure.run_bounded; a CUDA one
+    finishes: milliseconds); the results say what was done (`complete`, `not_run`). It also
+    sizes the search: when every config on every bucket does not fit in
+    budget_s / (measure_s + overhead) measurements, the search is a hill climb
+    (kgen/tune/search.py); exhaustive goes bucket by bucket from the cheapest, defaults first.
     `executor` is "local", "ray" or a callable mapping a list of task dicts to result dicts.
     `progress(record, state)` is called after each measurement (local; a batch executor: after
     its batch) with the measurement's record and the run's state (done, not_run, planned,
@@ -88,13 +89,14 @@ def tune_spec(spec, backend: str = "auto", buckets: dict | None = None, budget_s
         nonlocal made
         tasks = [make_task(spec, c, b, backend, measure_s, seed + made + i, deadline) for i, (c, b) in enumerate(pairs)]
         made += len(tasks)
-        results = []
-        for t in tasks if run is None else []:
-            # CPU backend: a measurement past the deadline is stopped (run_bounded); CUDA launches
-            # are short and a CUDA context must not be forked.
-            results.append(run_bounded(t) if backend == "cpu" else run_task(t))
-            record(results[-1])
-        if run is not None:
+        if run is None:  # here, one at a time: progress after each
+            results = []
+            for t in tasks:
+                # CPU backend: a measurement past the deadline is stopped (run_bounded); CUDA launches
+                # are short and a CUDA context must not be forked.
+                results.append(run_bounded(t) if backend == "cpu" else run_task(t))
+                record(results[-1])
+        else:
             results = run(tasks)
             for r in results:
                 record(r)
