@@ -36,6 +36,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from kgen.abi import ABI_VERSION
 from kgen.build import compile_cubins
 from kgen.errors import KgenUserError, ToolchainError
 from kgen.families.argtable import KernelDecl, pack
@@ -57,6 +58,7 @@ class Param:
     size: int
     align: int = 0  # the launcher's side only (the cubin records offsets, not alignments)
     name: str = ""  # the launcher's side: the ABI name
+    ctype: str = ""  # the launcher's side: the C type the ABI gives it
 
 
 @dataclass(frozen=True)
@@ -133,13 +135,17 @@ def launcher_params(spec, decl: KernelDecl) -> tuple[Param, ...]:
     for i, (arg, value) in enumerate(zip(decl.params, pack(decl.params, values), strict=True)):
         size, align = argument_layout(value)
         offset = -(-offset // align) * align
-        out.append(Param(i, offset, size, align, arg.name))
+        out.append(Param(i, offset, size, align, arg.name, arg.ctype))
         offset += size
     return tuple(out)
 
 
 def _describe(p: Param) -> str:
     return f"{p.size} bytes at offset {p.offset}"
+
+
+def _named(p: Param) -> str:
+    return f"parameter ordinal {p.ordinal} '{p.name}'" + (f" (`{p.ctype}` under kgen ABI {ABI_VERSION})" if p.ctype else "")
 
 
 def param_problems(kernel: str, arch: str, ours: tuple[Param, ...], theirs: CubinKernel) -> list[str]:
@@ -153,11 +159,11 @@ def param_problems(kernel: str, arch: str, ours: tuple[Param, ...], theirs: Cubi
     for p in ours:
         got = by_ordinal.get(p.ordinal)
         if got is None:
-            problems.append(f"{where}: parameter ordinal {p.ordinal} '{p.name}': the launcher packs "
-                            f"{_describe(p)}, the cubin has no such parameter")
+            problems.append(f"{where}: {_named(p)}: the launcher packs {_describe(p)}, the cubin has no such "
+                            "parameter")
         elif (got.offset, got.size) != (p.offset, p.size):
-            problems.append(f"{where}: parameter ordinal {p.ordinal} '{p.name}': expected {_describe(p)} "
-                            f"(what the launcher packs), the cubin has {_describe(got)}")
+            problems.append(f"{where}: {_named(p)}: expected {_describe(p)} (what the launcher packs), the cubin "
+                            f"has {_describe(got)}")
     for got in theirs.params[len(ours):]:
         problems.append(f"{where}: parameter ordinal {got.ordinal} ({_describe(got)}) is not packed by the launcher")
     end = max((p.offset + p.size for p in ours), default=0)
@@ -199,7 +205,8 @@ def check_source_contract(spec, config: Config, cubins: dict, origin: str) -> No
     if problems:
         shown = "\n  ".join(problems[:12])
         raise KgenUserError(f"{origin}: the compiled kernel does not take the arguments kgen launches it with "
-                            f"(kgen ABI; `kgen abi {spec.source_path or spec.name}` prints the signature):\n  {shown}")
+                            f"under kgen ABI {ABI_VERSION} (`kgen abi {spec.source_path or spec.name}` prints the "
+                            f"signature):\n  {shown}")
 
 
 def main(argv: list[str] | None = None) -> int:
