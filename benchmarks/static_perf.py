@@ -4,7 +4,7 @@ For every bundled paged-decode spec, FlashInfer's batch decode kernel (paged KV,
 GQA 4: Llama-3-8B) compiled here from the headers the flashinfer-python wheel carries, and vLLM's
 paged_attention v1/v2 kernels when a vLLM source tree that has them is given: registers, spills,
 local-memory instructions in the SASS, shared memory, occupancy, bytes in flight per thread and per
-SM (read from the SASS, benchmarks/perf_model.py), and an estimated fraction of H200 copy bandwidth
+SM (read from the SASS, kgen/perf/model.py), and an estimated fraction of H200 copy bandwidth
 at batch {1, 16, 64, 256} x context {512, 4096, 32768}, grid fill included. kgen's grid comes from
 `kern.plan(seq_lens, num_sms=132)` when kgen has a planner, else from the fixed launch geometry.
 
@@ -37,7 +37,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import perf_model as pm  # noqa: E402
 from decode_figures import kv_bytes_per_token  # noqa: E402
 
 from kgen.build import build  # noqa: E402
@@ -46,6 +45,7 @@ from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report, resources_as_d
 from kgen.families.paged_decode import PAGED_DECODE  # noqa: E402
 from kgen.families.registry import family_for  # noqa: E402
 from kgen.kernel import Kernel  # noqa: E402
+from kgen.perf import model as pm  # noqa: E402
 from kgen.render import render  # noqa: E402
 from kgen.spec.models import load_spec  # noqa: E402
 

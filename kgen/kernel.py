@@ -11,8 +11,9 @@ from kgen.errors import ArgumentError
 from kgen.families.base import Config
 from kgen.families.binding import host_values
 from kgen.families.registry import family_for
-from kgen.occupancy import SM_LIMITS, occupancy
 from kgen.plan import BLOCKS_PER_SM, DEFAULT_SMS, Plan, PlannedLaunch, target_blocks
+from kgen.plan.arch import DEFAULT_ARCH, limits_for
+from kgen.plan.occupancy import occupancy
 from kgen.runtime.base import Module
 from kgen.runtime.cuda import device_arch, device_sm_count
 
@@ -91,13 +92,13 @@ class Kernel:
         main = self._family.kernels(self.spec, self.config)[0]
         arch = device_arch() if getattr(self.module, "backend", "cpu") == "cuda" else None
         by_arch = self.resources or {}
-        arch = arch if arch in by_arch else ("sm_90" if "sm_90" in by_arch else max(by_arch, default=None,
-                                                                                     key=_arch_number))
+        if arch not in by_arch:
+            arch = DEFAULT_ARCH if DEFAULT_ARCH in by_arch else max(by_arch, default=None, key=_arch_number)
         figures = by_arch.get(arch, {}).get(main.name) if arch else None
         if not figures:
             return num_sms * BLOCKS_PER_SM
-        limits = SM_LIMITS.get(arch, SM_LIMITS["sm_90"])
-        per_sm = occupancy(main.block, figures["registers"], figures["static_smem"] + main.smem, limits).blocks
+        smem = figures["static_smem"] + main.smem
+        per_sm = occupancy(main.block, figures["registers"], smem, limits_for(arch)).blocks
         return num_sms * max(1, per_sm)
 
     def _gpu_sms(self) -> int:

@@ -41,7 +41,8 @@ def _varying(configs: list[dict]) -> set[str]:
 @click.option("--backend", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--buckets", default=None, metavar="BATCHES x CONTEXTS",
               help="shape buckets, e.g. '1,8x128,1024' (default: the spec's, else the backend's)")
-@click.option("--budget-s", type=float, default=None, help="time budget in seconds (bounds the measurements)")
+@click.option("--budget-s", type=float, default=None,
+              help=f"time budget of the whole run in seconds, compiles included (default {DEFAULT_BUDGET_S:g})")
 @click.option("--measure-s", type=float, default=None, help="timing budget per (config, bucket)")
 @click.option("--strategy", type=click.Choice(["auto", "exhaustive", "hillclimb"]), default="auto", show_default=True)
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
@@ -67,9 +68,13 @@ def tune(spec, backend, buckets, budget_s, measure_s, strategy, executor, ray_ad
     with Progress(*columns, console=err, transient=True) as progress:
         bar = progress.add_task(f"{loaded.name}: configs x buckets", total=None)
 
-        def update(_event, state):
+        def update(record, state):
+            line = progress_line(record, state)
+            if line:
+                progress.console.print(line, markup=False, highlight=False)
             best = ", ".join(f"{b}: {_fmt(t)} ({_ckey(c)})" for b, (t, c) in sorted(state["best"].items())[:3])
-            progress.update(bar, completed=state["done"], total=max(state["planned"], state["done"]),
+            progress.update(bar, completed=state["done"] + state["not_run"],
+                            total=max(state["planned"], state["done"] + state["not_run"]),
                             description=f"{loaded.name}: configs x buckets  best {best or '-'}")
 
         results = tune_spec(loaded, backend=backend, buckets=parsed, budget_s=budget_s or DEFAULT_BUDGET_S,
@@ -79,6 +84,21 @@ def tune(spec, backend, buckets, budget_s, measure_s, strategy, executor, ray_ad
         return
     print_table(results)
     out.print(f"saved {results_path(loaded, device_info(results['device']['backend']))}", markup=False)
+
+
+def progress_line(record: dict, state: dict) -> str | None:
+    """One line per measurement as it finishes (stderr): what it did and how long the run has taken;
+    one line when the budget is first found spent."""
+    at = f"[{state['elapsed_s']:7.1f} s] {state['done']}/{state['planned']}"
+    where = f"{_ckey(record['config'])} @ {record['batch']}x{record['context']}"
+    if record["status"] == "not_run":
+        stopped = f"{at} {where}: {record['reason']}\n" if record["reason"].startswith("stopped") else ""
+        return f"{stopped}{at} budget spent: no new measurements" if state["not_run"] == 1 else None
+    compiled = f"built in {record.get('compile_s', 0.0):.1f} s"  # compile, or load of a cached build
+    if record["status"] == "ok":
+        return (f"{at} {where}: {compiled}, timed {record['reps']} launches (median {_fmt(record['median_s'])}), "
+                "output verified")
+    return f"{at} {where}: {compiled}, {record['status']}: {record['reason']}"
 
 
 def print_table(results: dict) -> None:
@@ -114,6 +134,13 @@ def print_table(results: dict) -> None:
         out.print(f"  pruned {_ckey(p['config'])}: {p['reason']}", markup=False)
     for key, status, reason in sorted(failed):
         out.print(f"  {status} {key}: {reason}", markup=False)
+    if results.get("not_run"):
+        out.print(f"budget spent: {len(results['measurements'])} measurements in {results['seconds']:.1f} s "
+                  f"(budget {results['budget_s']:g} s); {results['not_run']} planned ones not run: the winners are "
+                  "the best of what was measured (raise --budget-s for more)", markup=False)
+    else:
+        out.print(f"{len(results['measurements'])} measurements in {results['seconds']:.1f} s "
+                  f"(budget {results['budget_s']:g} s)", markup=False)
     if results.get("note"):
         out.print(f"note: {results['note']}", markup=False)
 

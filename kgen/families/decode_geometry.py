@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from kgen.dtypes import dtype
 from kgen.families.base import Config
+from kgen.plan.arch import static_smem_limit
 
-SMEM_LIMIT = 48 * 1024  # static shared memory of one block (every target arch)
 TILE_BYTES_PER_THREAD = 64  # K and V bytes each thread requests per tile, at least
 # Pipeline depth of `stages: 0`: two tiles in flight while one is computed (the static model of
 # docs/performance.md: 48 bytes in flight per thread with 2 stages, 96 with 3, on sm_90).
@@ -122,12 +122,13 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
     scales = kv.scale == "per_token_head"
     stage = a16(tile * D * es) + a16((D * v_row if vllm else tile * D) * es) + (a16(2 * tile * 4) if scales else 0)
     merge_bytes = slots * G * (D + 2) * 4
+    limit = static_smem_limit(spec.targets)  # the kernel's shared memory is static: 48 KiB on every arch
     if not stages:  # auto: the deepest pipeline up to AUTO_STAGES that fits
-        stages = next((n for n in range(AUTO_STAGES, 1, -1) if max(n * stage, merge_bytes) <= SMEM_LIMIT), 1)
+        stages = next((n for n in range(AUTO_STAGES, 1, -1) if max(n * stage, merge_bytes) <= limit), 1)
     smem = max(stages * stage, merge_bytes)
-    if smem > SMEM_LIMIT:
+    if smem > limit:
         return None, [f"stages {stages} of {tile} tokens need {smem} bytes of shared memory, more than "
-                      f"{SMEM_LIMIT}: use fewer stages or fewer threads"]
+                      f"{limit}: use fewer stages or fewer threads"]
     geometry = DecodeGeometry(
         threads=T, vec=vec, lanes=lanes, chunks_per_lane=-(-chunks // lanes), heads_per_thread=hpt,
         head_sets=head_sets, token_slots=slots, tile_tokens=tile, stages=stages,

@@ -19,7 +19,6 @@ from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
 from kgen.families.base import Config, FamilyBase, TunableParam, threads_problems
 from kgen.families.binding import CallBinder, host_values
 from kgen.families.decode_geometry import decode_geometry, vector_width, vllm_v_copy
-from kgen.families.decode_split import check_forced_partition, choose_split
 from kgen.families.layout import (
     SCALE_MODES,
     bind_scales,
@@ -36,6 +35,7 @@ from kgen.families.layout import (
     vllm_x,
 )
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
+from kgen.plan.split import check_forced_partition, choose_split
 
 MERGE_THREADS = 128
 _PARTITION_TOKENS = scalar("partition_tokens", "int32", "keys per partition, chosen by the call's plan (split only)")
@@ -117,7 +117,7 @@ class PagedDecodeFamily(FamilyBase):
 
     def schedule(self, spec, config: Config, seq_lens: np.ndarray, target_blocks: int, partition_tokens: int | None = None,
                  q_indptr: np.ndarray | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
-        """Launch sizes for these lengths (kgen/families/decode_split.py) and the kernels launched."""
+        """Launch sizes for these lengths (kgen/plan/split.py) and the kernels launched."""
         if q_indptr is not None:
             raise ArgumentError(f"q_indptr: {spec.kind} has one query row per sequence; plan it with "
                                 "kern.plan(seq_lens) alone")

@@ -2,7 +2,7 @@
 by sequence (q_indptr), against their sequences' paged KV caches, the chunk's own K/V included
 (seq_lens counts them). Tensor cores (mma.sync m16n8k16) for fp16/bf16 q, fp32 FMAs for fp32 q;
 K/V tiles streamed by a cp.async pipeline (`stages`); split over KV partitions chosen at call time
-by the plan (decode's planner, kgen/families/decode_split.py) with a merge kernel. The argument
+by the plan (decode's planner, kgen/plan/split.py) with a merge kernel. The argument
 table here is the kernel ABI; the call binding checks a call against it and packs the launches."""
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from kgen.families import prefill_cases
 from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
 from kgen.families.base import Config, FamilyBase, TunableParam, resolve_config
 from kgen.families.binding import host_values
-from kgen.families.decode_split import check_forced_partition, choose_split
 from kgen.families.layout import (
     SCALE_MODES,
     bind_scales,
@@ -37,6 +36,8 @@ from kgen.families.layout import (
 )
 from kgen.families.paged_decode import _PARTITION_TOKENS, MERGE_THREADS, _Binder, _c_float, vector_width
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
+from kgen.plan.arch import smem_limit
+from kgen.plan.split import check_forced_partition, choose_split
 
 WARPS = (1, 2, 4, 8)
 KV_TILES = (16, 32, 64, 128)
@@ -44,7 +45,6 @@ STAGES = (1, 2, 3, 4)
 AUTO_STAGES = 2  # `stages: 0`: one tile in flight while one is computed, where shared memory allows
 KV_PATHS = ("copy", "stage", "gather")  # the template's KV_PATH is the index
 SMEM_TARGET = 96 * 1024  # the automatic tile choice stays under this (occupancy)
-SMEM_LIMIT = 163 * 1024  # opt-in dynamic shared memory of sm_80 (sm_90: 227 KiB)
 OUT_SLICE = 256  # output columns per block: larger heads are sliced over grid z
 
 
@@ -69,11 +69,11 @@ def tiles(spec, config: Config) -> tuple[int, int]:
 
 def stages_of(spec, config: Config) -> int:
     """The pipeline depth of a config: its `stages`, or for 0 (automatic) AUTO_STAGES, one stage
-    when even the smallest automatic tiles need more shared memory than SMEM_LIMIT with it (wide
-    heads of a staged cache: head_dim 512 of an fp32 cache)."""
+    when even the smallest automatic tiles need more shared memory than the targets' opt-in limit
+    (kgen.plan.arch.smem_limit) with it (wide heads of a staged cache: head_dim 512 of an fp32 cache)."""
     if config.get("stages", 0):
         return config["stages"]
-    fits = smem_bytes(spec, *tiles(spec, {**config, "stages": AUTO_STAGES}), AUTO_STAGES) <= SMEM_LIMIT
+    fits = smem_bytes(spec, *tiles(spec, {**config, "stages": AUTO_STAGES}), AUTO_STAGES) <= smem_limit(spec.targets)
     return AUTO_STAGES if fits else 1
 
 
@@ -143,9 +143,10 @@ class PagedPrefillFamily(FamilyBase):
             problems.append(f"partition_size must be 0 or a positive multiple of 16 (got {p})")
         if not problems:
             need = smem_bytes(spec, *tiles(spec, config), stages_of(spec, config))
-            if need > SMEM_LIMIT:
+            if need > smem_limit(spec.targets):
                 problems.append(f"warps, kv_tile and stages need {need} bytes of shared memory, more than "
-                                f"{SMEM_LIMIT}: use fewer warps or stages or a smaller kv_tile")
+                                f"{smem_limit(spec.targets)} (the opt-in limit of {', '.join(spec.targets)}): "
+                                "use fewer warps or stages or a smaller kv_tile")
         return problems
 
     def abi_config(self, spec) -> Config:
@@ -266,7 +267,7 @@ class PagedPrefillFamily(FamilyBase):
     # ---- the call ---------------------------------------------------------------------
     def schedule(self, spec, config: Config, seq_lens: np.ndarray, target_blocks: int, partition_tokens: int | None = None,
                  q_indptr: np.ndarray | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
-        """Launch sizes for these lengths and chunks (decode's planner, kgen/families/decode_split.py:
+        """Launch sizes for these lengths and chunks (decode's planner, kgen/plan/split.py:
         one block per (tile of query rows, KV head, partition)) and the kernels launched."""
         if q_indptr is None:
             raise ArgumentError(f"q_indptr: required to plan a {spec.kind} call: kern.plan(seq_lens, q_indptr=...)")

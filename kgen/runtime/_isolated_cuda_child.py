@@ -34,8 +34,6 @@ def _sibling(name: str):
 
 _wire = _sibling("_wire")
 
-STATIC_SMEM_LIMIT = 48 * 1024
-
 
 def set_soft(which, value):
     _, hard = resource.getrlimit(which)
@@ -71,7 +69,7 @@ def run_launch(cupy, functions, req):
             bases.append(runtime.ipcOpenMemHandle(bytes.fromhex(handle)))
         fn = functions[req["kernel"]]
         smem = req["smem"]
-        if smem > STATIC_SMEM_LIMIT and fn.max_dynamic_shared_size_bytes < smem:
+        if smem and fn.max_dynamic_shared_size_bytes < smem:  # opt in past the default (kgen/plan/arch.py)
             fn.max_dynamic_shared_size_bytes = smem
         set_soft(resource.RLIMIT_CPU, math.ceil(cpu_seconds() + req["cpu_seconds"]))
         fn(tuple(req["grid"]), tuple(req["block"]), tuple(decode_args(req, bases)), shared_mem=smem)

@@ -13,11 +13,10 @@ from typing import Any
 import numpy as np
 
 from kgen.errors import ArgumentError, KernelRuntimeError, KgenUserError, ToolchainError, UnsupportedError
+from kgen.plan.arch import limits_for
 from kgen.runtime.base import Launch
 from kgen.runtime.cpu import _dims
 from kgen.runtime.isolated import Child, Limits
-
-STATIC_SMEM_LIMIT = 48 * 1024
 
 
 def cupy_module():
@@ -70,15 +69,49 @@ class CudaModule:
         require_gpu()
         self._module = cupy_module().RawModule(path=str(cubin_path))
         self._functions = {name: self._module.get_function(name) for name in kernel_names}
+        self.arch = device_arch()
+        self._limits = limits_for(self.arch)
 
     def launch(self, launch: Launch) -> None:
         fn = self._functions[launch.kernel]
-        if launch.smem > STATIC_SMEM_LIMIT and fn.max_dynamic_shared_size_bytes < launch.smem:
-            fn.max_dynamic_shared_size_bytes = launch.smem  # opt in to > 48 KiB of dynamic smem
+        if launch.smem > self._limits.dynamic_smem_default and fn.max_dynamic_shared_size_bytes < launch.smem:
+            opt_in_dynamic_smem(fn, launch, self.arch)
         try:
             fn(launch.grid, launch.block, tuple(launch.args), shared_mem=launch.smem)
         except Exception as e:
             raise KernelRuntimeError(f"launch of {launch.kernel} failed: {e}") from e
+
+
+POINTER_BYTES = 8  # a device address (sm_80 and newer are 64-bit only)
+
+
+def argument_layout(value: Any) -> tuple[int, int]:
+    """(bytes, alignment) of one launch argument as CudaModule hands it to CuPy, which passes the
+    driver a pointer to a value of that size: a device array (CuPy, or anything with
+    __cuda_array_interface__) or None as a device address; a numpy scalar (kgen's by-value
+    parameters, and np.uint64 device addresses) as its dtype; a Python int, float or bool as CuPy
+    converts it (int64, float64, bool)."""
+    if value is None or hasattr(value, "__cuda_array_interface__"):
+        return POINTER_BYTES, POINTER_BYTES
+    if isinstance(value, np.generic):
+        return value.dtype.itemsize, value.dtype.alignment
+    if isinstance(value, bool | int | float):
+        dt = np.dtype({bool: np.bool_, int: np.int64, float: np.float64}[type(value)])
+        return dt.itemsize, dt.alignment
+    raise ArgumentError(f"a launch argument of type {type(value).__name__}: kgen's CUDA launcher passes device "
+                        "arrays, device addresses (np.uint64) and numpy scalars")
+
+
+def opt_in_dynamic_smem(fn, launch: Launch, arch: str) -> None:
+    """Let `fn` take the launch's dynamic shared memory past the default (48 KiB): the opt-in
+    attribute, up to the arch's limit of static + dynamic (kgen/plan/arch.py); past it a clear
+    error instead of CUDA's "invalid argument"."""
+    limit = limits_for(arch).smem_per_block
+    static = int(fn.shared_size_bytes)
+    if static + launch.smem > limit:
+        raise KernelRuntimeError(f"launch of {launch.kernel}: {static} + {launch.smem} bytes of shared memory "
+                                 f"(static + dynamic) > {limit}, the opt-in limit of {arch}")
+    fn.max_dynamic_shared_size_bytes = launch.smem
 
 
 # ---- untrusted kernels: every launch in a child process (kgen/runtime/_isolated_cuda_child.py) ----

@@ -15,7 +15,7 @@ from pathlib import Path
 from kgen.build import select_backend
 from kgen.errors import KernelRuntimeError, KgenUserError
 from kgen.seeds import fresh_seed
-from kgen.tune.measure import make_task, run_task
+from kgen.tune.measure import BUDGET, make_task, run_bounded, run_task
 from kgen.tune.ray_executor import ray_map
 from kgen.tune.results import FORMAT, bucket_name, device_info, results_path, save_results
 from kgen.tune.search import config_key, expand_space, resolve_buckets, search, winners
@@ -29,8 +29,9 @@ DEFAULT_BUDGET_S = 120.0
 # ------------------------------------------------------------------ tuning
 
 def _executor(name: str):
+    """A batch executor (tasks -> results), or None for "local": this process, one task at a time."""
     if name == "local":
-        return lambda tasks: [run_task(t) for t in tasks]
+        return None
     if name == "ray":
         return ray_map
     raise KgenUserError(f"executor must be local or ray (got {name!r})")
@@ -42,42 +43,77 @@ def tune_spec(spec, backend: str = "auto", buckets: dict | None = None, budget_s
               progress: Callable[[dict, dict], None] | None = None) -> dict:
     """Tune `spec` and return the results (see docs/tuning.md for the format).
 
-    budget_s bounds the number of measurements (budget_s / (measure_s + overhead)); when
-    every config on every bucket does not fit, the search is a hill climb (kgen/tune/search.py).
+    budget_s bounds the whole run, compiles included: no measurement starts once it is spent;
+    on the CPU backend one still running is stopped (kgen.tune.measure.run_bounded; a CUDA one
+    finishes: milliseconds); the results say what was done (`complete`, `not_run`). It also
+    sizes the search: when every config on every bucket does not fit in
+    budget_s / (measure_s + overhead) measurements, the search is a hill climb
+    (kgen/tune/search.py); exhaustive goes bucket by bucket from the cheapest, defaults first.
     `executor` is "local", "ray" or a callable mapping a list of task dicts to result dicts.
-    `progress(event, state)` is called after each batch of measurements."""
+    `progress(record, state)` is called after each measurement (local; a batch executor: after
+    its batch) with the measurement's record and the run's state (done, not_run, planned,
+    elapsed_s, best per bucket)."""
+    started = time.perf_counter()
+    if budget_s <= 0:
+        raise KgenUserError(f"budget_s must be positive (got {budget_s})")
+    deadline = time.time() + budget_s  # wall-clock epoch: tasks may run in other processes
     backend = select_backend(backend)
     space = expand_space(spec)
     bucket_list = resolve_buckets(spec, backend, buckets)
-    if budget_s <= 0:
-        raise KgenUserError(f"budget_s must be positive (got {budget_s})")
     measure_s = MEASURE_S[backend] if measure_s is None else float(measure_s)
     max_evals = max(1, int(budget_s / (measure_s + OVERHEAD_S[backend])))
     seed = fresh_seed() if seed is None else int(seed)
     run = _executor(executor) if isinstance(executor, str) else executor
     info = device_info(backend)
     records: list[dict] = []
-    state = {"done": 0, "planned": len(space.configs) * len(bucket_list), "best": {}}
+    skipped: list[dict] = []  # tasks the budget did not reach
+    state = {"done": 0, "not_run": 0, "planned": len(space.configs) * len(bucket_list), "best": {},
+             "elapsed_s": 0.0}
+    made = 0
 
-    def evaluate(pairs):
-        tasks = [make_task(spec, c, b, backend, measure_s, seed + len(records) + i) for i, (c, b) in enumerate(pairs)]
-        results = run(tasks)
-        for r in results:
+    def record(r: dict) -> None:
+        if r["status"] == BUDGET:
+            skipped.append(r)
+            state["not_run"] += 1
+        else:
             records.append(r)
             state["done"] += 1
             b = bucket_name((r["batch"], r["context"]))
             if r["status"] == "ok" and r["median_s"] < state["best"].get(b, (math.inf,))[0]:
                 state["best"][b] = (r["median_s"], r["config"])
+        state["elapsed_s"] = time.perf_counter() - started
         if progress is not None:
-            progress({"batch": len(pairs)}, state)
+            progress(r, state)
+
+    def evaluate(pairs):
+        nonlocal made
+        tasks = [make_task(spec, c, b, backend, measure_s, seed + made + i, deadline) for i, (c, b) in enumerate(pairs)]
+        made += len(tasks)
+        if run is None:  # here, one at a time: progress after each
+            results = []
+            for t in tasks:
+                # CPU backend: a measurement past the deadline is stopped (run_bounded); CUDA launches
+                # are short and a CUDA context must not be forked.
+                results.append(run_bounded(t) if backend == "cpu" else run_task(t))
+                record(results[-1])
+        else:
+            results = run(tasks)
+            for r in results:
+                record(r)
         return [r["median_s"] for r in results]
 
-    started = time.perf_counter()
     used, measured = search(strategy, space.configs, bucket_list, evaluate, max_evals, start=space.defaults)
+    for r in skipped:  # never run: not a measurement (and not a failure) of its config
+        measured.pop((config_key(r["config"]), (r["batch"], r["context"])), None)
     best = winners(measured, bucket_list)
     by_key = {config_key(c): c for c in space.configs}
     if all(k is None for k in best.values()):
         reasons = sorted({f"{r['status']}: {r['reason']}" for r in records})
+        if skipped:
+            raise KernelRuntimeError(
+                f"{spec.name}: the budget of {budget_s:g} s was spent before any config was timed "
+                f"({len(records)} measurement(s) run, none successful; {len(skipped)} not run): raise --budget-s"
+                + "".join(f"\n  {r}" for r in reasons[:8]))
         raise KernelRuntimeError(f"{spec.name}: every config failed on every bucket; nothing to choose:\n  "
                                  + "\n  ".join(reasons[:8]))
     win = {bucket_name(b): (by_key[k] if k is not None else None) for b, k in best.items()}
@@ -88,6 +124,7 @@ def tune_spec(spec, backend: str = "auto", buckets: dict | None = None, budget_s
         "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": round(time.perf_counter() - started, 3), "seed": seed, "strategy": used,
         "budget_s": budget_s, "measure_s": measure_s,
+        "complete": not skipped, "not_run": len(skipped),
         "buckets": {"batch": sorted({b for b, _ in bucket_list}), "context": sorted({c for _, c in bucket_list})},
         "space": {"params": {k: list(v) for k, v in spec.tuning.params.items()},
                   "constraints": list(spec.tuning.constraints), "configs": space.configs,

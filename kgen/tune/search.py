@@ -145,8 +145,14 @@ def parse_buckets(text: str) -> dict:
 
 # ------------------------------------------------------------------ strategies
 
-def exhaustive(configs: Sequence[dict], buckets: Sequence[Bucket], evaluate: Evaluate) -> dict:
-    pairs = [(c, b) for c in configs for b in buckets]
+def exhaustive(configs: Sequence[dict], buckets: Sequence[Bucket], evaluate: Evaluate,
+               start: dict | None = None) -> dict:
+    """Every config on every bucket, bucket by bucket from the cheapest (batch x context), `start`
+    (the defaults) first in each: a run the budget cuts short has compared the configs on the
+    buckets it reached (on the CPU backend one launch of a large prefill bucket takes minutes)."""
+    first = [c for c in configs if start is not None and config_key(c) == config_key(start)]
+    order = first + [c for c in configs if c not in first]
+    pairs = [(c, b) for b in sorted(buckets, key=lambda b: (b[0] * b[1], b)) for c in order]
     return dict(zip(((config_key(c), b) for c, b in pairs), evaluate(pairs), strict=True))
 
 
@@ -217,5 +223,5 @@ def search(strategy: str, configs: Sequence[dict], buckets: Sequence[Bucket], ev
     if strategy == "auto":
         strategy = "exhaustive" if len(configs) * len(buckets) <= max_evals else "hillclimb"
     if strategy == "exhaustive":
-        return strategy, exhaustive(configs, buckets, evaluate)
+        return strategy, exhaustive(configs, buckets, evaluate, start=start)
     return strategy, hill_climb(configs, buckets, evaluate, max_evals, start=start)

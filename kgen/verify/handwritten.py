@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kgen.build import compile_cubins, load_module, select_backend
+from kgen.compile.launch_contract import check_source_contract
 from kgen.compile.nvrtc import resources_as_dict
 from kgen.errors import KgenUserError
 from kgen.families.base import Config, resolve_config
@@ -52,6 +53,10 @@ def kernel_from_source(spec, source: str, backend: str = "auto", config: Config 
     # Untrusted: its own process; on the CPU also race detection and varied thread schedules.
     module = load_module(chosen, rendered, cubins, isolated=True, race_check=chosen == "cpu")
     check_signature(spec, config, module, origin)
+    # Then each cubin's own parameter table against what the CUDA launcher packs, and the launch's
+    # shared memory against the arch (kgen/compile/launch_contract.py; needs cuobjdump): the check
+    # a CUDA module cannot make (it reports no parameter types), and what only a cubin shows.
+    check_source_contract(spec, config, cubins, origin)
     return Kernel(spec, source, config, module, names,
                   resources={arch: resources_as_dict(a.resources) for arch, a in cubins.items()},
                   artifacts={"cubins": cubins})

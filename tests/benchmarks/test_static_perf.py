@@ -1,4 +1,4 @@
-"""The static performance model (benchmarks/perf_model.py, benchmarks/static_perf.py) on a real kgen
+"""The static performance model (kgen/perf/model.py, benchmarks/static_perf.py) on a real kgen
 cubin and on small SASS listings, and benchmarks/gpu_decode.py's refusal without a GPU and its CPU
 dry run."""
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kgen.compile.nvrtc import compile_cubin
+from kgen.perf import model as pm
 from kgen.render import render
 from kgen.runtime.cuda import gpu_available
 from kgen.spec.models import load_spec
@@ -19,7 +20,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_decode  # noqa: E402
-import perf_model as pm  # noqa: E402
 import static_perf as sp  # noqa: E402
 
 LLAMA = ROOT / "specs" / "llama3_8b_decode.yaml"

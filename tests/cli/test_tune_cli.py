@@ -37,6 +37,9 @@ def tuned(work):
 def test_tune_prints_the_table_and_saves(work, tuned):
     assert tuned.returncode == 0, tuned.stderr
     assert "cpu-wall" in tuned.stdout and "2 pruned before compiling" in tuned.stdout
+    assert "8 measurements in" in tuned.stdout  # what the budget allowed, and how long it took
+    progress = [line for line in tuned.stderr.splitlines() if "output verified" in line]
+    assert len(progress) == 8 and all("built in" in line and "timed" in line for line in progress), tuned.stderr
     saved = list((work / "cache" / "tuning" / "tiny_cli_tune").glob("*.json"))
     assert len(saved) == 1
     data = json.loads(saved[0].read_text())

@@ -12,11 +12,12 @@ from conftest import tiny_decode
 
 import kgen
 from kgen.families.base import resolve_config
-from kgen.families.decode_split import STEP_TOKENS
-from kgen.families.paged_prefill import PAGED_PREFILL, SMEM_LIMIT, kv_path, smem_bytes, stages_of, tiles
+from kgen.families.paged_prefill import PAGED_PREFILL, kv_path, smem_bytes, stages_of, tiles
 from kgen.families.prefill_cases import check_rows, make_prefill_case
 from kgen.families.prefill_reference import attention_prefill
 from kgen.plan import BLOCKS_PER_SM
+from kgen.plan.arch import smem_limit
+from kgen.plan.split import STEP_TOKENS
 from kgen.render import render
 from kgen.verify.handwritten import kernel_from_source
 from kgen.verify.runner import verify
@@ -148,14 +149,17 @@ def test_kv_paths_and_shared_memory():
 
 def test_automatic_stages_fall_back_to_one_where_two_do_not_fit():
     """stages 0 (the default) is 2, or 1 when even the smallest automatic tiles of 2 stages need more
-    than SMEM_LIMIT: head_dim 512 of an fp32 cache staged for fp16 q, which then builds."""
+    than the targets' opt-in limit (kgen/plan/arch.py; 163 KiB with sm_80 among them): head_dim 512 of
+    an fp32 cache staged for fp16 q, which then builds. Targeting sm_90 alone (227 KiB) keeps 2 stages."""
     assert stages_of(_spec(LLAMA), {"stages": 0}) == 2
-    wide = _spec(**{"attention.head_dim": 512, "kv_cache.dtype": "fp32"})
-    assert smem_bytes(wide, *tiles(wide, {"stages": 2}), 2) > SMEM_LIMIT
+    wide_sm90 = _spec(**{"attention.head_dim": 512, "kv_cache.dtype": "fp32", "targets": ["sm_90"]})
+    assert stages_of(wide_sm90, {"stages": 0}) == 2
+    wide = _spec(**{"attention.head_dim": 512, "kv_cache.dtype": "fp32", "targets": ["sm_80", "sm_90"]})
+    assert smem_bytes(wide, *tiles(wide, {"stages": 2}), 2) > smem_limit(wide.targets) == 163 * 1024
     assert stages_of(wide, {"stages": 0}) == 1
     config = resolve_config(PAGED_PREFILL, wide, None)
     assert PAGED_PREFILL.check_config(wide, config) == []
-    assert smem_bytes(wide, *tiles(wide, config), stages_of(wide, config)) <= SMEM_LIMIT
+    assert smem_bytes(wide, *tiles(wide, config), stages_of(wide, config)) <= smem_limit(wide.targets)
 
 
 @pytest.mark.parametrize("overrides,config", [

@@ -3,9 +3,11 @@ the per-bucket kernel, and the Ray executor on a local Ray cluster."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -14,9 +16,11 @@ from conftest import reference_check, tiny_decode
 
 from kgen.build import build
 from kgen.errors import KernelRuntimeError, KgenUserError
+from kgen.families.base import resolve_config
 from kgen.families.decode_cases import make_decode_case
 from kgen.families.paged_decode import PAGED_DECODE
-from kgen.spec.models import load_spec
+from kgen.plan import arch as arch_table
+from kgen.spec.models import load_spec, spec_from_dict
 from kgen.tune import measure as tune_measure
 from kgen.tune.measure import make_task, run_task
 from kgen.tune.results import (
@@ -127,14 +131,20 @@ def test_measurement_rejects_a_fast_but_wrong_kernel(spec):
     assert "does not match the reference" in result["reason"]
 
 
+def _tiny_register_file(monkeypatch):
+    """Every arch of the table with 64 registers per block: no config fits."""
+    for arch, lim in list(arch_table.ARCH_LIMITS.items()):
+        monkeypatch.setitem(arch_table.ARCH_LIMITS, arch, dataclasses.replace(lim, regs_per_block=64))
+
+
 def test_resource_overflow_scores_inf_with_the_reason(spec, monkeypatch):
-    monkeypatch.setattr(tune_measure, "REGISTERS_PER_BLOCK", 64)
+    _tiny_register_file(monkeypatch)
     result = run_task(make_task(spec, {"threads": 64, "partition_size": 0}, (1, 16), "cpu", 0.001, seed=1))
     assert result["status"] == "resources" and "registers x 64 threads > 64" in result["reason"]
 
 
 def test_every_config_failing_is_an_error_not_a_silent_default(spec, monkeypatch, tmp_path):
-    monkeypatch.setattr(tune_measure, "REGISTERS_PER_BLOCK", 64)
+    _tiny_register_file(monkeypatch)
     with pytest.raises(KernelRuntimeError, match="every config failed"):
         tune_spec(spec, backend="cpu", seed=1, root=tmp_path, save=True, **FAST)
     assert not list(tmp_path.rglob("*.json"))
@@ -272,3 +282,80 @@ def test_cache_kind_measurement_rejects_a_wrong_write(kind):
     finally:
         tune_measure._KERNELS[key] = good
     assert result["status"] == "wrong" and "element(s) wrong" in result["reason"], result
+
+
+# ---- prefill, and the budget ------------------------------------------------------------------
+
+PREFILL = {"kgen": 1, "name": "tiny_tune_prefill", "kind": "paged_prefill",
+           "attention": {"num_q_heads": 2, "num_kv_heads": 1, "head_dim": 128},
+           "kv_cache": {"block_size": 16, "layout": "separate", "dtype": "fp16"},
+           "dtype": {"q": "fp16"}, "tail_masking": True, "targets": ["sm_80", "sm_90"],
+           "tuning": {"params": {"warps": [2, 4], "kv_tile": [64], "stages": [2], "partition_size": [0]},
+                      "defaults": {"warps": 4, "kv_tile": 64, "stages": 2, "partition_size": 0},
+                      "buckets": {"batch": [1], "context": [40]}}}
+
+
+def test_a_prefill_spec_tunes(tmp_path):
+    """Every config of a head_dim 128 prefill space needs more than 48 KiB of dynamic shared memory
+    (78,336 and 87,040 bytes): the launcher opts in, and so does the tuner's resource check (it
+    refused them all, "every config failed")."""
+    from kgen.families.paged_prefill import PAGED_PREFILL
+
+    spec = spec_from_dict(PREFILL)
+    assert [d.smem for d in PAGED_PREFILL.kernels(spec, resolve_config(PAGED_PREFILL, spec, {"warps": 4}))][0] == 87_040
+    results = tune_spec(spec, backend="cpu", seed=6, root=tmp_path, budget_s=600, measure_s=0.001)
+    assert [(m["config"]["warps"], m["status"]) for m in results["measurements"]] == [(4, "ok"), (2, "ok")]
+    assert results["complete"] and results["not_run"] == 0
+    assert results["winners"]["1x40"] in results["space"]["configs"]
+    assert results["default_winner"] == results["winners"]["1x40"]
+
+
+def test_a_tiny_budget_returns_promptly_with_what_was_done(spec, tmp_path):
+    """The budget bounds the whole run: past it no measurement starts (compiles included), and the
+    results say how many were not run; the winners come from what was measured."""
+    seen = []
+
+    def slow_progress(record, state):  # each measurement takes at least 0.4 s of the budget
+        seen.append((record["status"], state["elapsed_s"]))
+        time.sleep(0.4)
+
+    tune_measure._KERNELS.clear()
+    started = time.perf_counter()
+    results = tune_spec(spec, backend="cpu", seed=7, root=tmp_path, budget_s=1.0, measure_s=0.001,
+                        strategy="exhaustive", progress=slow_progress)
+    took = time.perf_counter() - started
+    done, not_run = len(results["measurements"]), results["not_run"]
+    assert done >= 1 and not_run >= 1 and done + not_run == 8, (done, not_run)
+    assert not results["complete"] and [s for s, _ in seen].count("not_run") == not_run
+    # the first measurement may compile (a few seconds); nothing starts after the budget
+    assert took < 1.0 + max(r["compile_s"] for r in results["measurements"]) + 0.4 * done + 10
+    measured = {json.dumps(m["config"], sort_keys=True) for m in results["measurements"] if m["status"] == "ok"}
+    assert all(json.dumps(w, sort_keys=True) in measured for w in results["winners"].values() if w is not None)
+    assert results["measurements"][0]["config"] == results["space"]["defaults"]  # the default is timed first
+
+
+def test_a_budget_spent_before_anything_was_timed_says_so(spec, tmp_path):
+    with pytest.raises(KernelRuntimeError, match=r"budget of 1e-06 s was spent before any config was timed"):
+        tune_spec(spec, backend="cpu", seed=8, root=tmp_path, budget_s=1e-6, measure_s=0.001)
+    assert not list(tmp_path.rglob("*.json"))
+
+
+def test_a_measurement_running_past_the_budget_is_stopped(spec, tmp_path, monkeypatch):
+    """A CPU-backend launch cannot be interrupted in-process: the measurement runs in a child that is
+    stopped at the deadline, and counts as not run."""
+    real = tune_measure.run_task
+
+    def slow(task):  # a launch of minutes, as a large prefill bucket on the fiber runtime
+        if task["config"]["partition_size"] == 32:
+            time.sleep(60)
+        return real(task)
+
+    for config in ({"threads": 64, "partition_size": 0}, {"threads": 64, "partition_size": 32}):
+        tune_measure._kernel(spec, config, "cpu")  # compiled before the clock starts (the disk cache)
+    monkeypatch.setattr(tune_measure, "run_task", slow)
+    started = time.perf_counter()
+    results = tune_spec(spec, backend="cpu", seed=9, root=tmp_path, budget_s=6.0, measure_s=0.001,
+                        strategy="exhaustive")
+    assert time.perf_counter() - started < 6.0 + tune_measure.GRACE_S + 5
+    assert {m["config"]["partition_size"] for m in results["measurements"]} <= {0}
+    assert results["not_run"] >= 1 and not results["complete"]

@@ -1,4 +1,4 @@
-"""kern.plan and kern(..., plan=plan) (kgen/plan.py, kgen/kernel.py) on the CPU backend."""
+"""kern.plan and kern(..., plan=plan) (kgen/plan/plan.py, kgen/kernel.py) on the CPU backend."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """A static performance model of memory-bound decode kernels on one GPU (no GPU needed).
 
 It reads SASS text (`cuobjdump -sass`), ptxas figures and launch
-geometry, and returns ESTIMATES. Used by benchmarks/static_perf.py; docs/performance.md states
+geometry, and returns ESTIMATES. Used by benchmarks/static_perf.py and benchmarks/gpu_decode.py
+(`from kgen.perf import model as pm`); docs/performance.md states
 the assumptions. The pieces:
 
 - `parse_sass`: the instructions of each function with their scheduling controls (the
@@ -10,7 +11,7 @@ the assumptions. The pieces:
 - `streaming_loops` / `loop_mlp`: the loops that stream global memory, and how many bytes
   each thread keeps in flight in them (a scoreboard walk of the loop body, repeated until
   the pipeline is in steady state).
-- `occupancy`: resident blocks per SM from threads, registers and shared memory (kgen.occupancy,
+- `occupancy`: resident blocks per SM from threads, registers and shared memory (kgen.plan.occupancy,
   the rules kgen's call-time planner uses too).
 - `estimate_seconds`: Little's law per wave of thread blocks, capped by the copy bandwidth.
 - `flashinfer_geometry` / `flashinfer_split`, `vllm_*`: the launch geometry those libraries
@@ -24,17 +25,18 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
-from kgen.occupancy import SM_LIMITS, Occupancy, SmLimits
-from kgen.occupancy import occupancy as kgen_occupancy
+from kgen.plan.arch import ArchLimits, limits_for
+from kgen.plan.occupancy import Occupancy
+from kgen.plan.occupancy import occupancy as kgen_occupancy
 
 
 @dataclass(frozen=True)
 class Device:
-    """sm_90 limits (CUDA occupancy rules, kgen.occupancy) and the H200 memory figures the model uses."""
+    """sm_90 limits (the arch table, kgen/plan/arch.py) and the H200 memory figures the model uses."""
 
     name: str = "H200 SXM (sm_90)"
-    sms: int = 132
-    limits: SmLimits = SM_LIMITS["sm_90"]
+    sms: int = limits_for("sm_90").sm_count
+    limits: ArchLimits = limits_for("sm_90")
     copy_bw: float = 4.3e12            # measured device-to-device copy on this workplace's H200s (read + write)
     peak_bw: float = 4.8e12            # datasheet HBM3e bandwidth
     latency_s: float = 0.8e-6          # DRAM round trip under load
@@ -262,7 +264,7 @@ def _round_up(x: int, m: int) -> int:
 
 # ---- occupancy ----------------------------------------------------------------------------------
 def occupancy(threads: int, registers: int, smem_bytes: int, dev: Device = H200) -> Occupancy:
-    """Resident blocks per SM (kgen.occupancy: the CUDA occupancy calculator's rules) on `dev`.
+    """Resident blocks per SM (kgen.plan.occupancy: the CUDA occupancy calculator's rules) on `dev`.
     `smem_bytes`: static + dynamic shared memory of one block."""
     return kgen_occupancy(threads, registers, smem_bytes, dev.limits)
 

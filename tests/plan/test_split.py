@@ -1,4 +1,4 @@
-"""The split-KV planner's choices (kgen/families/decode_split.py, kgen/plan.target_blocks),
+"""The split-KV planner's choices (kgen/plan/split.py, kgen.plan.target_blocks),
 without building a kernel."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from kgen.errors import ArgumentError
-from kgen.families.decode_split import STEP_TOKENS, check_forced_partition, choose_split, working_partitions
 from kgen.plan import BLOCKS_PER_SM, target_blocks
+from kgen.plan.split import STEP_TOKENS, check_forced_partition, choose_split, working_partitions
 
 
 def blocks(split, lens, kv_heads, window=0):

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_SMS = 132  # H100 / H200 SXM: the SM count a plan fills when there is no GPU to ask
+from kgen.plan.arch import DEFAULT_SMS  # the SM count a plan fills when there is no GPU to ask (sm_90's)
+
 BLOCKS_PER_SM = 2  # the least a plan aims for per SM, where the work allows; and the resident
 #                    blocks per SM assumed when a kernel's ptxas figures are unknown
 DEFAULT_TARGET_BLOCKS = DEFAULT_SMS * BLOCKS_PER_SM
@@ -43,7 +44,7 @@ class Plan:
     sizes: dict[str, int]  # the launch sizes it fixes (e.g. partition_tokens, max_partitions)
     launches: list[PlannedLaunch]  # in launch order, for num_seqs sequences
     num_sms: int  # the SM count it filled
-    resident_blocks: int  # blocks of the main kernel that GPU holds at once (kgen/occupancy.py)
+    resident_blocks: int  # blocks of the main kernel that GPU holds at once (kgen/plan/occupancy.py)
     target_blocks: int  # blocks with work the split aimed for (target_blocks)
     # Scratch arrays of the plan's calls, by (name, device): made at the first call.
     workspace: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False, compare=False)

@@ -1,4 +1,4 @@
-"""Call-time split-KV planning for decode (docs/decode-family.md, "Planning").
+"""Call-time split-KV planning for both attention kinds (docs/decode-family.md, "Planning").
 
 A decode call has one thread block per (KV head, sequence, partition). Without a split a
 batch of few sequences leaves most of the GPU idle (batch 1 with 8 KV heads: 8 blocks on
