@@ -35,7 +35,13 @@ from kgen.families.layout import (
     stride_values,
     vllm_x,
 )
-from kgen.families.paged_decode import _PARTITION_TOKENS, MERGE_THREADS, _Binder, _c_float, vector_width
+from kgen.families.paged_decode import (
+    _PARTITION_TOKENS,
+    MERGE_THREADS,
+    _Binder,
+    _c_float,
+    vector_width,
+)
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 
 WARPS = (1, 2, 4, 8)

@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 
 from kgen.errors import ArgumentError
-from kgen.families.decode_split import STEP_TOKENS, check_forced_partition, choose_split, working_partitions
+from kgen.families.decode_split import (
+    STEP_TOKENS,
+    check_forced_partition,
+    choose_split,
+    working_partitions,
+)
 from kgen.plan import BLOCKS_PER_SM, target_blocks
 
 

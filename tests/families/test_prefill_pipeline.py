@@ -13,7 +13,14 @@ from conftest import inline_provided, tiny_decode
 import kgen
 from kgen.families.base import resolve_config
 from kgen.families.decode_split import STEP_TOKENS
-from kgen.families.paged_prefill import PAGED_PREFILL, SMEM_LIMIT, kv_path, smem_bytes, stages_of, tiles
+from kgen.families.paged_prefill import (
+    PAGED_PREFILL,
+    SMEM_LIMIT,
+    kv_path,
+    smem_bytes,
+    stages_of,
+    tiles,
+)
 from kgen.families.prefill_cases import check_rows, make_prefill_case
 from kgen.families.prefill_reference import attention_prefill
 from kgen.plan import BLOCKS_PER_SM
