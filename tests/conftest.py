@@ -107,11 +107,12 @@ def tiny_decode(name: str = "tiny_decode", tuning: dict | None = None, **overrid
 
 
 def inline_provided(source: str, header: str = "kgen/softmax.cuh") -> str:
-    """`source` with kgen's provided `header` copied in where it is included, as a hand-written
-    kernel that changes that code would do: a mutant of shared device code (the online softmax
-    and split-KV merge in softmax.cuh) edits the copy."""
+    """`source` with kgen's provided `header` copied in where it is included (a source that does
+    not include it comes back unchanged), as a hand-written kernel that changes that code would do:
+    a mutant of shared device code (the online softmax and split-KV merge in softmax.cuh) edits
+    the copy."""
     include = f'#include "{header}"\n'
-    assert source.count(include) == 1, f"{header} is not included exactly once"
+    assert source.count(include) <= 1, f"{header} is included more than once"
     return source.replace(include, kgen_headers()[header])
 
 
