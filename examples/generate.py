@@ -175,7 +175,7 @@ class Request:
     prompt: list[int]
     max_new: int
     out: list[int] = field(default_factory=list)
-    computed: int = 0  # leading tokens whose K/V this request can read from its blocks
+    computed: int = 0  # leading tokens whose K/V is in this request's blocks (prefix-cache hits included)
     appended: bool = True  # False: the last sampled token is not in the block manager yet
 
     @property
@@ -210,11 +210,6 @@ class Engine:
         # per_token_head scale pools [N, B, H], written by cache_write next to the fp8 cache
         self.scales = [{"k_scale": torch.ones(pool[:3], device=dev), "v_scale": torch.ones(pool[:3], device=dev)}
                        for _ in range(s.layers)] if kv_dtype == "fp8_e4m3" else [{}] * s.layers
-        # Which slots of each block hold K/V, and who writes the rest: the manager names a prompt's
-        # blocks when it allocates them, so another request can hit a block whose K/V a chunk of
-        # its first holder has not written yet (docs/serving.md, "Prefix caching and chunked prefill").
-        self.written = np.zeros(num_blocks, np.int64)
-        self.owner = np.full(num_blocks, -1, np.int64)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.done: list[Request] = []
@@ -222,35 +217,14 @@ class Engine:
         self.seconds = 0.0
         self.usage: list[tuple[float, float]] = []  # per step: blocks in use / pool, token share of used slots
 
-    # ---- block bookkeeping -----------------------------------------------------------------
-    def _fresh(self, req: Request, first_block: int) -> None:
-        """Blocks from `first_block` on in req's table were just allocated: nothing written, req writes them."""
-        table = self.mgr.block_table(req.rid)[first_block:]
-        self.written[table] = 0
-        self.owner[table] = req.rid
-
+    # ---- prompt chunks ---------------------------------------------------------------------
     def _plan_chunk(self, req: Request, budget: int) -> Chunk | None:
-        """The tokens req computes this step: from the first slot of its blocks that holds no K/V, up
-        to a block that another running request is still writing (it waits for that one)."""
-        table, B, live = self.mgr.block_table(req.rid), self.B, {r.rid for r in self.running}
-        i = req.computed // B
-        while i < len(table) and self.written[table[i]] == B:  # blocks someone else already filled
-            i += 1
-        start = max(req.computed, i * B + (int(self.written[table[i]]) if i < len(table) else 0))
-        start = min(start, len(req.tokens) - 1)
-        self.cached_tokens += start - req.computed  # K/V that other requests wrote into shared blocks
-        req.computed = start
-        end = min(len(req.tokens), start + min(budget, self.chunk))
-        p = start
-        while p < end:
-            b = table[p // B]
-            if self.owner[b] != req.rid:
-                if self.owner[b] in live and self.written[b] < B:
-                    break  # its writer is running: it fills the block, req reads it later
-                self.owner[b] = req.rid  # the writer is gone (finished or preempted): req fills the rest
-            p = (p // B + 1) * B
-        end = min(end, p)
-        return Chunk(req, start, end - start) if end > start else None
+        """The tokens req computes this step: the next ones without K/V, up to the budget and the chunk
+        size. Every block the prefix cache gave req holds K/V already: the manager names a block only
+        once its K/V is computed (add_sequence(..., computed=0), then mark_computed after each chunk;
+        docs/serving.md, "Prefix caching and chunked prefill")."""
+        end = min(len(req.tokens), req.computed + min(budget, self.chunk))
+        return Chunk(req, req.computed, end - req.computed) if end > req.computed else None
 
     # ---- scheduling ------------------------------------------------------------------------
     def _preempt_for(self, needed: int, batch: list[Request]) -> None:
@@ -273,7 +247,6 @@ class Engine:
         decode = [r for r in self.running if not r.appended]
         while decode:
             ids = np.array([r.rid for r in decode], np.int64)
-            before = {r.rid: len(r.tokens) - 1 for r in decode}
             try:
                 self.mgr.append_tokens(ids, np.array([r.out[-1] for r in decode], np.int32))
                 break
@@ -281,8 +254,6 @@ class Engine:
                 self._preempt_for(e.needed, decode)
         for r in decode:
             r.appended = True
-            if before[r.rid] % self.B == 0:
-                self._fresh(r, before[r.rid] // self.B)
         budget = self.step_tokens - len(decode)
         # 2. prompt chunks of running requests, oldest first
         chunks = []
@@ -297,13 +268,14 @@ class Engine:
         while self.waiting and budget > 0:
             r = self.waiting[0]
             try:
-                cached = self.mgr.add_sequence(r.rid, r.tokens)
+                # computed=0: no block of r is named (found by another request) before its K/V is written
+                cached = self.mgr.add_sequence(r.rid, r.tokens, computed=0)
             except PoolExhausted:
                 break
-            self._fresh(r, cached // self.B)
             self.waiting.popleft()
             self.running.append(r)
-            r.computed = 0  # _plan_chunk skips the cached blocks whose K/V is written
+            r.computed = cached  # leading tokens whose K/V another request wrote: not recomputed
+            self.cached_tokens += cached
             c = self._plan_chunk(r, budget)
             if c:
                 chunks.append(c)
@@ -361,15 +333,10 @@ class Engine:
         rows = [q_indptr[chunks.index(c) + 1] - 1 for c in last] + list(range(tp, tp + len(decode)))
         logits = self.model.forward(self._tensor(toks, torch.int64), self._tensor(np.concatenate(pos), torch.int64),
                                     attend, self._tensor(rows, torch.int64))
-        for c in chunks:
-            w = c.start + c.n
-            table = np.asarray(mgr.block_table(c.req.rid))
-            for blk in range(c.start // B, -(-w // B)):
-                self.written[table[blk]] = max(self.written[table[blk]], min(B, w - blk * B))
-            c.req.computed = w
-        for r in decode:
-            b = mgr.block_table(r.rid)[(len(r.tokens) - 1) // B]
-            self.written[b] = max(self.written[b], (len(r.tokens) - 1) % B + 1)
+        for c in chunks:  # their K/V is written: the manager may now name (share) their full blocks
+            c.req.computed = c.start + c.n
+            mgr.mark_computed(c.req.rid, c.req.computed)
+        for r in decode:  # decode tokens count as computed once the prompt is
             r.computed = len(r.tokens)
         self.prefill_tokens += tp
         st = mgr.stats()
@@ -510,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=10, help="concurrent requests (8 or more)")
     p.add_argument("--system-prompt", type=int, default=40, help="tokens of the shared system prompt")
     p.add_argument("--num-blocks", type=int, default=None,
-                   help="KV pool size in blocks (default: 40%% of what all requests need at once, to force preemption)")
+                   help="KV pool size in blocks (default: 40%% of what all requests need at once, 25%% with "
+                        "--smallest, to force preemption)")
     p.add_argument("--step-tokens", type=int, default=96, help="tokens per step (decodes + prompt chunks)")
     p.add_argument("--chunk", type=int, default=32, help="largest prompt chunk of one request per step")
     p.add_argument("--seed", type=int, default=0, help="of the requests, and the first seed tried for the weights")
@@ -542,8 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     requests = make_requests(args.requests, args.system_prompt, rng, shape.vocab, user, new)
     B = args.block_size = spec.kv_cache.block_size
     need = [-(-(len(r.prompt) + r.max_new) // B) for r in requests]
-    if args.num_blocks is None:
-        args.num_blocks = max(max(need) + 2, 2 * sum(need) // 5)
+    if args.num_blocks is None:  # --smallest's few short requests fit 40% without a preemption
+        args.num_blocks = max(max(need) + 2, sum(need) // 4 if args.smallest else 2 * sum(need) // 5)
     if args.num_blocks < max(need):
         p.error(f"--num-blocks: the longest request alone needs {max(need)} blocks")
     lens = [len(r.prompt) for r in requests]

@@ -1,10 +1,15 @@
-"""Render a spec (+ a config of tuning parameters) into one self-contained CUDA C++ source.
+"""Render a spec (+ a config of tuning parameters) into one CUDA C++ source.
 
-The Jinja part is thin: typedefs and constexprs for the spec. Kernel bodies live in
-real headers under templates/common/, inlined verbatim (not parsed as Jinja) so the
-generated source needs nothing but CUDA's own fp16/bf16/fp8 headers. Only values
-validated by the spec models reach the template; StrictUndefined turns a missing
-template variable into an error instead of an empty string.
+The Jinja part is thin: typedefs and constexprs for the spec. Kernel bodies live in real
+headers under templates/common/. The source is not self-contained: besides CUDA's own
+fp16/bf16/fp8 headers it includes kgen's provided headers (`#include "kgen/....cuh"`:
+platform, cp.async, conversions, the online softmax and split-KV merge, mma and the prefill
+body; kgen/compile/provided.py), which both compilers get from kgen and whose digest keys the
+compile caches with the source text. A family's own body that needs no compiler branch
+(decode, cache_write, copy_blocks) is inlined verbatim instead (`include_raw`, not parsed as
+Jinja), so `kgen show` prints it as editable kernel code. Only values validated by the spec
+models reach the template; StrictUndefined turns a missing template variable into an error
+instead of an empty string.
 """
 
 from __future__ import annotations

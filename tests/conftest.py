@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kgen.compile.provided import kgen_headers
 from kgen.paging import KVCacheManager
 from kgen.reference import attention_decode
 from kgen.runtime.cuda import gpu_available
@@ -103,6 +104,16 @@ def tiny_decode(name: str = "tiny_decode", tuning: dict | None = None, **overrid
     data = {**TINY_DECODE, "name": name, **({"tuning": tuning} if tuning is not None else {})}
     spec = spec_from_dict(data)
     return spec.with_overrides(**overrides) if overrides else spec
+
+
+def inline_provided(source: str, header: str = "kgen/softmax.cuh") -> str:
+    """`source` with kgen's provided `header` copied in where it is included (a source that does
+    not include it comes back unchanged), as a hand-written kernel that changes that code would do:
+    a mutant of shared device code (the online softmax and split-KV merge in softmax.cuh) edits
+    the copy."""
+    include = f'#include "{header}"\n'
+    assert source.count(include) <= 1, f"{header} is included more than once"
+    return source.replace(include, kgen_headers()[header])
 
 
 # ---- outputs against the reference ----------------------------------------------------

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from kgen.families.registry import FAMILIES
+
 ROOT = Path(__file__).resolve().parents[1]
 KGEN = ROOT / "kgen"
 HEAVY = {"torch", "cupy", "cupyx", "ray", "matplotlib", "vllm"}
-KINDS = ("paged_decode", "paged_prefill", "cache_write", "copy_blocks")
+KINDS = tuple(FAMILIES)  # every registered kind: a new family is covered by the rules below
 
 
 def module_name(path: Path) -> str:
@@ -130,6 +132,11 @@ def kind_comparisons(source: str) -> list[int]:
             if names or containers or kind_attr:
                 lines.append(node.lineno)
     return lines
+
+
+def test_kinds_are_the_registered_families():
+    assert {"paged_decode", "paged_prefill", "cache_write", "copy_blocks"} <= set(KINDS)
+    assert all(FAMILIES[k].kind == k for k in KINDS)
 
 
 def test_kind_comparison_detector_sees_the_forms_it_must():

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from kgen.fileio import atomic_write_bytes, atomic_write_text, make_temp_dir, replace_dir
+from kgen.fileio import (
+    atomic_write_bytes,
+    atomic_write_text,
+    make_temp_dir,
+    replace_dir,
+)
 
 
 @pytest.fixture

@@ -1,10 +1,11 @@
 """The README's first fenced block is what a newcomer copies: a bash block right under the title,
-one line that installs kgen and builds a bundled spec, one that runs the tests -- the line .ci/run runs."""
+one line that installs kgen and builds a bundled spec, one that runs the tests -- the command .ci/run runs."""
 
 from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -39,16 +40,40 @@ def test_first_block_installs_and_builds_then_tests():
     assert shlex.split(install) and shlex.split(tests)  # both are well-formed shell words
 
 
-def test_ci_runs_the_readme_test_command():
+STAND_INS = {"bin/python3": "python3", ".venv/bin/pip": "pip", ".venv/bin/python": "python"}
+
+
+def tool_calls(root: Path, *command: str) -> list[str]:
+    """The calls `command` (run in `root`) makes to python3, .venv/bin/pip and .venv/bin/python, with
+    stand-ins for the three that only write their arguments down."""
+    log = root / "calls.log"
+    for rel, name in STAND_INS.items():
+        tool = root / rel
+        tool.parent.mkdir(parents=True, exist_ok=True)
+        tool.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "{name} $*" >> "{log}"\n')
+        tool.chmod(0o755)
+    env = {"PATH": f"{root / 'bin'}:/usr/bin:/bin", "HOME": str(root)}
+    r = subprocess.run(list(command), capture_output=True, text=True, cwd=root, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_ci_runs_the_readme_test_command(tmp_path):
+    """What .ci/run runs, not what it says: the script itself, run with stand-in tools, makes the
+    README line's calls (after creating the environment)."""
     _, _, block = first_block()
     tests = [line for line in block if line.strip()][1]
     script = ROOT / ".ci" / "run"
-    # Without --print support the script would run the whole CI from inside this test.
-    assert '"--print"' in script.read_text(), ".ci/run cannot print its test command"
-    r = subprocess.run(["bash", str(script), "--print"], capture_output=True, text=True,
-                       cwd=ROOT, timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == tests + "\n"
+    (tmp_path / "ci" / ".ci").mkdir(parents=True)
+    shutil.copy(script, tmp_path / "ci" / ".ci" / "run")
+    ci = tool_calls(tmp_path / "ci", "bash", ".ci/run")
+    (tmp_path / "readme").mkdir()
+    readme = tool_calls(tmp_path / "readme", "bash", "-c", tests)
+    assert any(" -m pytest " in call for call in readme), readme
+    assert ci == ["python3 -m venv .venv", "pip install --quiet --upgrade pip", *readme], ci
+    # `.ci/run --print` shows the same command.
+    r = subprocess.run(["bash", str(script), "--print"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0 and r.stdout == tests + "\n", r.stdout + r.stderr
 
 
 def test_layout_names_paths_that_exist():

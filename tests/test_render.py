@@ -28,14 +28,32 @@ def test_config_constants_come_from_the_spec(llama):
     assert 'extern "C" __global__ void __launch_bounds__(128) llama3_8b_decode(' in src
 
 
-def test_source_is_self_contained(llama):
-    """Only CUDA's own number-format headers and kgen's provided headers (which both compilers
-    resolve to kgen's copies: docs/abi.md) are included; the decode body is inlined."""
+def test_source_includes_cuda_and_kgen_provided_headers_only(llama):
+    """The source is not self-contained: it includes CUDA's own number-format headers and kgen's
+    provided headers (which both compilers resolve to kgen's copies: docs/abi.md), nothing else;
+    the decode body is inlined."""
     src = render(llama).source
     includes = re.findall(r"#include\s*[<\"]([^>\"]+)", src)
     assert sorted(includes) == ["cuda_bf16.h", "cuda_fp16.h", "cuda_fp8.h", "kgen/async_copy.cuh",
-                                "kgen/convert.cuh", "kgen/platform.cuh"]
-    assert "paged_decode_body" in src
+                                "kgen/convert.cuh", "kgen/platform.cuh", "kgen/softmax.cuh"]
+    assert "void paged_decode_body(" in src
+
+
+BODIES = {"paged_decode": "paged_decode_body", "paged_prefill": "paged_prefill_body",
+          "cache_write": "cache_write_body", "copy_blocks": "copy_blocks_body"}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "specs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_no_family_source_holds_another_familys_body(path):
+    """Each source calls its own family's body only, and the online softmax comes from the one
+    provided header (templates/common/softmax.cuh), never from a copy in the source."""
+    spec = load_spec(path)
+    src = render(spec).source
+    assert f"kgen::{BODIES[spec.kind]}<" in src or f"kgen::{BODIES[spec.kind]}(" in src
+    assert [body for kind, body in BODIES.items() if kind != spec.kind and body in src] == []
+    assert "struct SoftmaxState" not in src
+    uses_softmax = spec.kind in ("paged_decode", "paged_prefill")
+    assert src.count('#include "kgen/softmax.cuh"') == uses_softmax
 
 
 def test_rendering_is_deterministic_and_path_free(llama, tmp_path):

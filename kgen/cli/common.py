@@ -10,7 +10,13 @@ import sys
 import click
 from rich.console import Console
 
-from kgen.errors import CompileError, KernelRuntimeError, KgenUserError, SpecError, ToolchainError
+from kgen.errors import (
+    CompileError,
+    KernelRuntimeError,
+    KgenUserError,
+    SpecError,
+    ToolchainError,
+)
 from kgen.families.registry import support_problems
 from kgen.spec.models import ARCHS, load_spec
 

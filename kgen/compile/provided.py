@@ -18,10 +18,12 @@ CUDA_HEADERS = ("cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h", "vector_types.h", "v
                 "math_constants.h")
 # kgen's headers: include name -> file under templates/.
 # (mma.cuh and paged_prefill.cuh hold the GPU/CPU spellings of mma.sync/ldmatrix and the sm_75
-# fallback: provided, so a prefill source from `kgen show` passes the source policy)
+# fallback: provided, so a prefill source from `kgen show` passes the source policy; softmax.cuh is
+# the online softmax and split-KV merge both attention bodies share: provided, so neither family's
+# source inlines the other's body)
 PROVIDED_HEADERS = {"kgen/platform.cuh": "common/platform.cuh", "kgen/async_copy.cuh": "common/async_copy.cuh",
-                    "kgen/convert.cuh": "common/convert.cuh", "kgen/mma.cuh": "common/mma.cuh",
-                    "kgen/paged_prefill.cuh": "common/paged_prefill.cuh"}
+                    "kgen/convert.cuh": "common/convert.cuh", "kgen/softmax.cuh": "common/softmax.cuh",
+                    "kgen/mma.cuh": "common/mma.cuh", "kgen/paged_prefill.cuh": "common/paged_prefill.cuh"}
 ALLOWED_INCLUDES = (*CUDA_HEADERS, *PROVIDED_HEADERS)
 
 # Names kgen reserves in kernel builds: C macros of its headers and compile commands, never read

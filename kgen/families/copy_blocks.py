@@ -20,7 +20,13 @@ from kgen.families import copy_blocks_cases
 from kgen.families.argtable import Arg, KernelDecl, array
 from kgen.families.base import Config, SingleKernelFamily
 from kgen.families.binding import CallArg, CallBinder, host_values, refuse_plan
-from kgen.families.layout import cache_names, cache_rows, cache_shapes, describe, scale_shape
+from kgen.families.layout import (
+    cache_names,
+    cache_rows,
+    cache_shapes,
+    describe,
+    scale_shape,
+)
 from kgen.optional import is_torch_tensor
 
 

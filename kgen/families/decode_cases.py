@@ -24,7 +24,12 @@ import numpy as np
 from kgen.arrays import to_backend, to_numpy
 from kgen.dtypes import QUANTIZED, dtype
 from kgen.families.base import Bench, Case, Config
-from kgen.families.decode_adversarial_cases import ADVERSARIAL, adversarial_cases, build_pool_case, poison
+from kgen.families.decode_adversarial_cases import (
+    ADVERSARIAL,
+    adversarial_cases,
+    build_pool_case,
+    poison,
+)
 from kgen.families.layout import scale_to_layout, to_layout
 from kgen.reference import DecodeReference, decode_reference
 from kgen.verify.bounds import check_lse, check_output

@@ -57,10 +57,6 @@ class DecodeGeometry:
     tile_bytes: int       # cache bytes of one tile (K, V, per-token scales)
 
     @property
-    def row_groups(self) -> int:
-        return self.threads // self.lanes
-
-    @property
     def tokens_per_thread(self) -> int:
         return self.tile_tokens // self.token_slots
 

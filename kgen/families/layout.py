@@ -123,20 +123,6 @@ def scale_from_layout(spec, s: np.ndarray) -> np.ndarray:
     return s if spec.kv_cache.resolved_order == "NHD" else s.transpose(0, 2, 1)
 
 
-def canonical_scale(spec, scale, num_blocks: int) -> np.ndarray:
-    """Any scale argument broadcast to canonical [N, B, H] in float64 (ones for a float cache)."""
-    kv, h = spec.kv_cache, spec.attention.num_kv_heads
-    shape = (num_blocks, kv.block_size, h)
-    if kv.dtype not in QUANTIZED or kv.scale == "none":
-        return np.ones(shape)
-    s = np.asarray(scale, dtype=np.float64)
-    if kv.scale == "per_tensor":
-        return np.full(shape, float(s.reshape(-1)[0]))
-    if kv.scale == "per_head":
-        return np.broadcast_to(s[None, None, :], shape).copy()
-    return scale_from_layout(spec, s)
-
-
 # ---- kernel strides (device side) -----------------------------------------------------------
 @dataclass
 class CacheStrides:

@@ -39,9 +39,6 @@ from kgen.plan.split import check_forced_partition, choose_split
 
 MERGE_THREADS = 128
 _PARTITION_TOKENS = scalar("partition_tokens", "int32", "keys per partition, chosen by the call's plan (split only)")
-# The device code of the kernels, in include order (templates/): platform, cp.async, packed
-# conversions, the decode body.
-DEVICE_HEADERS = ("common/platform.cuh", "common/async_copy.cuh", "common/convert.cuh", "common/paged_decode.cuh")
 
 
 class PagedDecodeFamily(FamilyBase):

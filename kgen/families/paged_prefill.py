@@ -34,7 +34,13 @@ from kgen.families.layout import (
     stride_values,
     vllm_x,
 )
-from kgen.families.paged_decode import _PARTITION_TOKENS, MERGE_THREADS, _Binder, _c_float, vector_width
+from kgen.families.paged_decode import (
+    _PARTITION_TOKENS,
+    MERGE_THREADS,
+    _Binder,
+    _c_float,
+    vector_width,
+)
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 from kgen.plan.arch import smem_limit
 from kgen.plan.split import check_forced_partition, choose_split

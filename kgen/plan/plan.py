@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kgen.plan.arch import DEFAULT_SMS  # the SM count a plan fills when there is no GPU to ask (sm_90's)
+from kgen.plan.arch import (
+    DEFAULT_SMS,  # the SM count a plan fills when there is no GPU to ask (sm_90's)
+)
 
 BLOCKS_PER_SM = 2  # the least a plan aims for per SM, where the work allows; and the resident
 #                    blocks per SM assumed when a kernel's ptxas figures are unknown

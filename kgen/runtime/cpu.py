@@ -26,7 +26,12 @@ from kgen.errors import ArgumentError, KernelRuntimeError, ToolchainError
 from kgen.optional import is_torch_tensor
 from kgen.runtime.base import Launch
 from kgen.runtime.race_report import SCHEDULES, describe
-from kgen.settings import KGEN_CXX, KGEN_SIMT_STACK, KGEN_SIMT_THREADS, child_environment
+from kgen.settings import (
+    KGEN_CXX,
+    KGEN_SIMT_STACK,
+    KGEN_SIMT_THREADS,
+    child_environment,
+)
 
 ERR_LEN = 4096
 _SCALAR_CTYPES = {

@@ -12,7 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from kgen.errors import ArgumentError, KernelRuntimeError, KgenUserError, ToolchainError, UnsupportedError
+from kgen.errors import (
+    ArgumentError,
+    KernelRuntimeError,
+    KgenUserError,
+    ToolchainError,
+    UnsupportedError,
+)
 from kgen.plan.arch import limits_for
 from kgen.runtime.base import Launch
 from kgen.runtime.cpu import _dims

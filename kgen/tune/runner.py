@@ -17,7 +17,13 @@ from kgen.errors import KernelRuntimeError, KgenUserError
 from kgen.seeds import fresh_seed
 from kgen.tune.measure import BUDGET, make_task, run_bounded, run_task
 from kgen.tune.ray_executor import ray_map
-from kgen.tune.results import FORMAT, bucket_name, device_info, results_path, save_results
+from kgen.tune.results import (
+    FORMAT,
+    bucket_name,
+    device_info,
+    results_path,
+    save_results,
+)
 from kgen.tune.search import config_key, expand_space, resolve_buckets, search, winners
 from kgen.version import __version__
 

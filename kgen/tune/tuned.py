@@ -16,7 +16,13 @@ from typing import Any
 from kgen.build import build, select_backend
 from kgen.errors import KernelRuntimeError, KgenUserError
 from kgen.families.registry import family_for
-from kgen.tune.results import TuningWarning, check_results, device_info, load_results, mismatches
+from kgen.tune.results import (
+    TuningWarning,
+    check_results,
+    device_info,
+    load_results,
+    mismatches,
+)
 from kgen.verify.runner import verify as run_verify
 
 

@@ -20,7 +20,10 @@ __all__ = ["BACKEND_CLASS", "launch_counts", "register", "reset_launch_counts"]
 
 def register() -> str:
     """Register kgen's backend with vLLM's registry; returns the vLLM backend name it serves as."""
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+    from vllm.v1.attention.backends.registry import (
+        AttentionBackendEnum,
+        register_backend,
+    )
 
     name = KGEN_VLLM_BACKEND.value() or "CUSTOM"
     try:

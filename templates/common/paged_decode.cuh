@@ -16,17 +16,20 @@
 // TOKENS_PER_THREAD consecutive tokens of each tile (its "token slot"), so the registers
 // per thread grow with HEADS_PER_THREAD, not with the GQA group. Each thread keeps its
 // heads' queries and output accumulators in registers (o: OUT = CPL * VEC elements a head)
-// and an online-softmax state. Token slots are merged through shared memory at the end.
+// and an online-softmax state (SoftmaxState, softmax.cuh). Token slots are merged through
+// shared memory at the end.
 //
 // Split-KV (flash-decoding, Cfg::SPLIT): the call's plan (kgen/families/decode_split.py)
 // chooses partition_tokens and max_partitions = gridDim.z at call time. Block z covers keys
 // [z * partition_tokens, (z + 1) * partition_tokens), the last one everything to seq_len (so
 // a plan made for shorter lengths still gives the right answer), and writes its normalised
-// partial output plus (m, l); the merge kernel combines them by log-sum-exp. With one
-// partition the block writes the final output itself and no merge runs.
+// partial output plus (m, l); the merge kernel (softmax.cuh's merge_partitions_body, shared with
+// prefill) combines them by log-sum-exp. With one partition the block writes the final output
+// itself and no merge runs.
 //
 // Cfg (rendered per spec, geometry from kgen/families/decode_geometry.py) supplies the types
-// and compile-time constants.
+// and compile-time constants. Needs kgen/platform.cuh, async_copy.cuh, convert.cuh and
+// softmax.cuh before it (templates/paged_decode.cu.j2 includes them; this body is inlined).
 #pragma once
 
 namespace kgen {
@@ -75,75 +78,6 @@ __device__ __forceinline__ float token_group_sum(float v) {
 #pragma unroll
   for (int offset = LANES / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset, 32);
   return v;
-}
-
-// Offset of head_dim element d in a token row cut into runs of RUN contiguous elements,
-// consecutive runs `run_stride` elements apart (NHD/HND: one run; vLLM K: runs of x).
-template <int RUN>
-__device__ __forceinline__ long long run_offset(int d, long long run_stride) {
-  return (long long)(d / RUN) * run_stride + d % RUN;
-}
-
-// Online softmax of one row: running max m of the logits seen, running sum l of
-// exp(logit - m). The caller keeps the accumulator (sum of exp(logit - m) * value) and
-// rescales it with the factors merge() returns: acc = acc * f.self + acc_other * f.other.
-// The empty state (no key seen) is m = -inf, l = 0; its factor is 0, never the NaN of
-// exp(-inf - -inf), and its LSE is -inf. Used for every merge: one logit into a token
-// group's state, token groups by shuffles, warps through shared memory, KV partitions.
-struct SoftmaxFactors {
-  float self, other;
-};
-
-struct SoftmaxState {
-  float m, l;
-
-  static __device__ __forceinline__ SoftmaxState empty() { return SoftmaxState{KGEN_NEG_INF, 0.0f}; }
-
-  // exp(m_from - m_to): what a quantity accumulated against max m_from weighs against m_to.
-  static __device__ __forceinline__ float rescale(float m_from, float m_to) {
-    return m_from == KGEN_NEG_INF ? 0.0f : __expf(m_from - m_to);
-  }
-
-  // this := this (+) other; returns the factors for this state's and other's accumulators.
-  __device__ __forceinline__ SoftmaxFactors merge(SoftmaxState other) {
-    const float m_new = fmaxf(m, other.m);
-    const SoftmaxFactors f{rescale(m, m_new), rescale(other.m, m_new)};
-    l = l * f.self + other.l * f.other;
-    m = m_new;
-    return f;
-  }
-
-  // One (finite) logit s: merge() with the single-element state (s, 1), whose own factor
-  // exp(s - m_new) needs no guard.
-  __device__ __forceinline__ SoftmaxFactors add(float s) {
-    const float m_new = fmaxf(m, s);
-    const SoftmaxFactors f{rescale(m, m_new), __expf(s - m_new)};
-    l = l * f.self + f.other;
-    m = m_new;
-    return f;
-  }
-
-  // A tile of logits at once: raise m to at least m_tile (nothing added yet) and return the
-  // factor for this state's accumulators; the caller then adds each logit s with weight
-  // exp(s - m) to l itself. m_tile = -inf (no logit) leaves an empty state empty.
-  __device__ __forceinline__ float raise_max(float m_tile) {
-    const float m_new = fmaxf(m, m_tile);
-    const float f = rescale(m, m_new);
-    l *= f;
-    m = m_new;
-    return f;
-  }
-
-  __device__ __forceinline__ float inv_sum() const { return l > 0.0f ? 1.0f / l : 0.0f; }
-  __device__ __forceinline__ float lse() const { return m + logf(l); }  // -inf + log(0) = -inf when empty
-};
-
-// One query head's logit adjustments after the scaled dot product (order: soft-cap, then ALiBi).
-template <class Cfg>
-__device__ __forceinline__ float adjust_logit(float s, float alibi_slope, int pos, int seq_len) {
-  if (Cfg::SOFT_CAP > 0.0f) s = Cfg::SOFT_CAP * tanhf(s / Cfg::SOFT_CAP);
-  if (Cfg::ALIBI) s += alibi_slope * (float)(pos - (seq_len - 1));
-  return s;
 }
 
 // Issue the cp.async copies of one tile (its tokens [tbase, tbase + NT)) into `stage`.
@@ -274,10 +208,9 @@ __device__ __forceinline__ void paged_decode_body(
   if (Cfg::SLIDING_WINDOW > 0) ctx_begin = seq_len > Cfg::SLIDING_WINDOW ? seq_len - Cfg::SLIDING_WINDOW : 0;
   int tok_begin = ctx_begin, tok_end = ctx_end;
   if (split) {
-    const int num_parts = min((seq_len + P - 1) / P, max_partitions);
-    if (part >= num_parts) return;  // uniform across the block: no barrier is skipped by some threads only
-    tok_begin = max(ctx_begin, part * P);
-    if (part < max_partitions - 1) tok_end = min(ctx_end, (part + 1) * P);
+    // uniform across the block: no barrier is skipped by some threads only
+    if (part >= split_partitions(seq_len, P, max_partitions)) return;
+    clip_to_partition(part, P, max_partitions, tok_begin, tok_end);
   }
   const int tile0 = tok_begin / NT * NT;  // tiles are aligned to NT tokens
   const int ntiles = tok_end > tok_begin ? (tok_end - tile0 + NT - 1) / NT : 0;
@@ -383,7 +316,7 @@ __device__ __forceinline__ void paged_decode_body(
         for (int j = 0; j < SUB; ++j) {
           const int pos = pos1 + j;
           const float ksj = S::TOKEN_SCALES ? ss[t1 + j] : k_sc;
-          s[h][j] = adjust_logit<Cfg>(s[h][j] * ksj * Cfg::SOFTMAX_SCALE, slope[h], pos, seq_len);
+          s[h][j] = adjust_logit<Cfg>(s[h][j] * ksj * Cfg::SOFTMAX_SCALE, slope[h], pos, seq_len - 1);
           if (pos >= tok_begin && pos < tok_end) m_tile = fmaxf(m_tile, s[h][j]);
         }
         const float f = st[h].raise_max(m_tile);
@@ -483,7 +416,7 @@ __device__ __forceinline__ void paged_decode_body(
   }
 }
 
-// Log-sum-exp merge of the partitions of one (sequence, query head).
+// The merge kernel: the partitions of one (sequence blockIdx.y, query head blockIdx.x) (softmax.cuh).
 template <class Cfg>
 __device__ __forceinline__ void paged_decode_merge_body(typename Cfg::out_t* __restrict__ out,
                                                         const float* __restrict__ part_o,
@@ -492,26 +425,9 @@ __device__ __forceinline__ void paged_decode_merge_body(typename Cfg::out_t* __r
                                                         const int* __restrict__ seq_lens, int max_partitions,
                                                         int partition_tokens, long long o_s_seq,
                                                         long long o_s_head) {
-  constexpr int D = Cfg::HEAD_DIM;
-  const int P = partition_tokens;
-  const int h = blockIdx.x;
   const int seq = blockIdx.y;
-  const int num_parts = min((seq_lens[seq] + P - 1) / P, max_partitions);
-  const long long row = ((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions;
-  const float* ml = part_ml + row * 2;
-  SoftmaxState tot = SoftmaxState::empty();  // every partition's state merged
-  for (int p = 0; p < num_parts; ++p) tot.merge(SoftmaxState{ml[2 * p], ml[2 * p + 1]});
-  const float inv = tot.inv_sum();
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int p = 0; p < num_parts; ++p) {
-      // Partials are normalised: partition p weighs l_p * exp(m_p - m); an empty one is not read.
-      const float wp = ml[2 * p + 1] * SoftmaxState::rescale(ml[2 * p], tot.m);
-      if (wp != 0.0f) acc += part_o[(row + p) * D + d] * wp;
-    }
-    out[seq * o_s_seq + (long long)h * o_s_head + d] = from_float<typename Cfg::out_t>(acc * inv);
-  }
-  if (threadIdx.x == 0 && lse != nullptr) lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = tot.lse();
+  merge_partitions_body<Cfg>(out, part_o, part_ml, lse, seq, seq_lens[seq], max_partitions, partition_tokens, o_s_seq,
+                             o_s_head);
 }
 
 }  // namespace kgen

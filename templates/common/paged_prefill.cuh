@@ -1,5 +1,6 @@
 // Paged prefill attention: chunks of query tokens against their sequences' paged KV caches
-// (docs/prefill-family.md). Needs paged_decode.cuh (loads, scales, SoftmaxState) and mma.cuh.
+// (docs/prefill-family.md). Needs kgen/platform.cuh, async_copy.cuh, convert.cuh, softmax.cuh
+// (SoftmaxState, the logit adjustments, the split-KV contract and merge body) and mma.cuh before it.
 //
 // Rows. A sequence's query rows are packed as (token, head of the GQA group) pairs, head fastest,
 // so the GROUP query heads that share a KV head share every K/V tile, and a short chunk (decode's
@@ -21,13 +22,14 @@
 // Math. With 16-bit q: S = Q K^T and O += P V on the tensor cores (mma.sync m16n8k16, fp32
 // accumulate, operands from ldmatrix; P goes from the S accumulators to A fragments in
 // registers). With fp32 q (or a GPU older than sm_80) the same fragments are computed by fp32
-// FMAs, which keeps fp32 accuracy. Softmax is online per row (SoftmaxState), its max reduced over
-// the four lanes that share a row.
+// FMAs, which keeps fp32 accuracy. Softmax is online per row (SoftmaxState, softmax.cuh), its max
+// reduced over the four lanes that share a row.
 //
 // Split-KV (Cfg::SPLIT): the call's plan (kgen/families/decode_split.py) chooses partition_tokens
 // and max_partitions at call time. Partition z holds keys [z * P, (z + 1) * P), the last one the
 // rest of the sequence (a plan made for shorter lengths stays exact); each block writes its
-// normalised partial output and (m, l), and the merge kernel combines them per (token, head).
+// normalised partial output and (m, l), and the merge kernel (softmax.cuh's merge_partitions_body,
+// shared with decode) combines them per (token, head).
 // With one partition the block writes the final output itself and no merge runs.
 #pragma once
 
@@ -389,9 +391,8 @@ __device__ __forceinline__ void paged_prefill_body(
   int lo = W > 0 ? max(0, pos0 + r0 / G - W + 1) : 0;
   int hi = CAUSAL ? pos0 + (r0 + rows - 1) / G + 1 : kv_len;
   if (split) {  // partition `part` holds keys [part * P, (part + 1) * P), the last one the rest
-    if (part >= min((kv_len + P - 1) / P, max_partitions)) return;  // uniform; the merge reads the same count
-    lo = max(lo, part * P);
-    if (part < max_partitions - 1) hi = min(hi, (part + 1) * P);
+    if (part >= split_partitions(kv_len, P, max_partitions)) return;  // uniform; the merge reads the same count
+    clip_to_partition(part, P, max_partitions, lo, hi);
   }
   const int ntiles = hi > lo ? (hi - lo + KT - 1) / KT : 0;  // tile i: keys lo + i * KT ..
 
@@ -510,9 +511,7 @@ __device__ __forceinline__ void paged_prefill_body(
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int rr = i >> 1, key = kv0 + 8 * j + 2 * t + (i & 1);
-        float x = s[j][i] * Cfg::SOFTMAX_SCALE;
-        if (Cfg::SOFT_CAP > 0.0f) x = Cfg::SOFT_CAP * tanhf(x / Cfg::SOFT_CAP);
-        if (Cfg::ALIBI) x += slope[rr] * (float)(key - row_pos[rr]);
+        const float x = adjust_logit<Cfg>(s[j][i] * Cfg::SOFTMAX_SCALE, slope[rr], key, row_pos[rr]);
         const bool seen = row_ok[rr] && key < hi && (!CAUSAL || key <= row_pos[rr]) && (W == 0 || key > row_pos[rr] - W);
         s[j][i] = seen ? x : KGEN_NEG_INF;
         m_tile[rr] = fmaxf(m_tile[rr], s[j][i]);
@@ -579,7 +578,7 @@ __device__ __forceinline__ void paged_prefill_body(
   }
 }
 
-// Log-sum-exp merge of the KV partitions of one (query token, query head).
+// The merge kernel: the partitions of one (query token blockIdx.y, query head blockIdx.x) (softmax.cuh).
 template <class Cfg>
 __device__ __forceinline__ void paged_prefill_merge_body(typename Cfg::out_t* __restrict__ out,
                                                          const float* __restrict__ part_o,
@@ -588,29 +587,14 @@ __device__ __forceinline__ void paged_prefill_merge_body(typename Cfg::out_t* __
                                                          const int* __restrict__ seq_lens, int num_seqs,
                                                          int max_partitions, int partition_tokens, long long o_s_tok,
                                                          long long o_s_head) {
-  constexpr int D = Cfg::HEAD_DIM;
-  const int P = partition_tokens;
-  const int h = blockIdx.x, tok = blockIdx.y;
+  const int tok = blockIdx.y;
   int lo = 0, hi = num_seqs;  // the token's sequence: the last s with q_indptr[s] <= tok
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
     if (q_indptr[mid] <= tok) lo = mid; else hi = mid;
   }
-  const int num_parts = min((seq_lens[lo] + P - 1) / P, max_partitions);
-  const long long row = ((long long)tok * Cfg::NUM_Q_HEADS + h) * max_partitions;
-  const float* ml = part_ml + row * 2;
-  SoftmaxState tot = SoftmaxState::empty();
-  for (int p = 0; p < num_parts; ++p) tot.merge(SoftmaxState{ml[2 * p], ml[2 * p + 1]});
-  const float inv = tot.inv_sum();
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int p = 0; p < num_parts; ++p) {
-      const float wp = ml[2 * p + 1] * SoftmaxState::rescale(ml[2 * p], tot.m);
-      if (wp != 0.0f) acc += part_o[(row + p) * D + d] * wp;  // an empty partition's output is never read
-    }
-    out[(long long)tok * o_s_tok + (long long)h * o_s_head + d] = from_float<typename Cfg::out_t>(acc * inv);
-  }
-  if (threadIdx.x == 0 && lse != nullptr) lse[(long long)tok * Cfg::NUM_Q_HEADS + h] = tot.lse();
+  merge_partitions_body<Cfg>(out, part_o, part_ml, lse, tok, seq_lens[lo], max_partitions, partition_tokens, o_s_tok,
+                             o_s_head);
 }
 
 }  // namespace kgen

@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 
 from kgen.cache import ArtifactCache
-from kgen.compile.cuda_headers import FORMAT_HEADERS, cuda_include_dir, headers_fingerprint
+from kgen.compile.cuda_headers import (
+    FORMAT_HEADERS,
+    cuda_include_dir,
+    headers_fingerprint,
+)
 from kgen.compile.host import compile_host
 from kgen.compile.nvrtc import compile_cubin
 

@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from kgen.cache import ENTRY_INDEX, ArtifactCache
-from kgen.compile.nvrtc import CACHE_NAMESPACE, compile_cubin, format_compile_error, parse_ptxas_report
+from kgen.compile.nvrtc import (
+    CACHE_NAMESPACE,
+    compile_cubin,
+    format_compile_error,
+    parse_ptxas_report,
+)
 from kgen.errors import CompileError
 from kgen.render import render
 from kgen.spec.models import load_spec

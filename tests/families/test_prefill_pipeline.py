@@ -8,11 +8,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_decode
+from conftest import inline_provided, tiny_decode
 
 import kgen
 from kgen.families.base import resolve_config
-from kgen.families.paged_prefill import PAGED_PREFILL, kv_path, smem_bytes, stages_of, tiles
+from kgen.families.paged_prefill import (
+    PAGED_PREFILL,
+    kv_path,
+    smem_bytes,
+    stages_of,
+    tiles,
+)
 from kgen.families.prefill_cases import check_rows, make_prefill_case
 from kgen.families.prefill_reference import attention_prefill
 from kgen.plan import BLOCKS_PER_SM
@@ -208,3 +214,24 @@ def test_reading_a_tile_before_its_copies_land_fails_verification(mid, old, new)
     # where it sees none, the unlanded bytes fail the cases themselves.
     summary = report.summary()
     assert report.failed_cases and ("race" in summary or "NaN" in summary or "error" in summary), summary
+
+
+MERGE_PARTS = "const int num_parts = split_partitions(kv_len, partition_tokens, max_partitions);"
+
+
+def test_prefill_merge_is_the_shared_merge_body_and_a_broken_one_fails():
+    """Prefill's merge kernel runs softmax.cuh's merge_partitions_body, the one decode runs too
+    (tests/verify/test_verify_runner.py breaks it for decode): dropping the last partition there
+    fails prefill's split cases, while the unbroken copy verifies."""
+    spec = _spec()
+    rendered = render(spec, {"partition_size": 32, "kv_tile": 16, "warps": 2})
+    assert "kgen::paged_prefill_merge_body<Cfg>(" in rendered.source
+    source = inline_provided(rendered.source)
+    assert source.count(MERGE_PARTS) == 1
+    good = kernel_from_source(spec, source, backend="cpu", config=rendered.config, archs=[])
+    assert verify(good, seed=5).passed
+    mutant = kernel_from_source(spec, source.replace(MERGE_PARTS, MERGE_PARTS.replace(
+        "split_partitions(kv_len, partition_tokens, max_partitions)", "min(kv_len / partition_tokens, max_partitions)")),
+        backend="cpu", config=rendered.config, archs=[])
+    report = verify(mutant, seed=5)
+    assert not report.passed and "chunk_1" in {c.name for c in report.failed_cases}, report.summary()

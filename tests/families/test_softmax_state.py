@@ -1,6 +1,6 @@
-"""The decode kernels' one online-softmax state (templates/common/paged_decode.cuh), on the CPU backend.
+"""The attention kernels' one online-softmax state (templates/common/softmax.cuh), on the CPU backend.
 
-Main loop, token-group/warp/partition merges and the LSE all go through SoftmaxState:
+Decode and prefill main loops, token-group/warp/partition merges and the LSE all go through SoftmaxState:
 here its add/merge/lse are checked against float64 softmax, including the empty state
 (a row that sees no key: factors 0, never NaN; LSE -inf).
 """
@@ -10,12 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kgen.families.paged_decode import DEVICE_HEADERS
-from kgen.paths import templates_dir
 from kgen.runtime.base import Launch
 from kgen.runtime.cpu import CpuModule
 
 KERNEL = r"""
+#include "kgen/platform.cuh"
+#include "kgen/softmax.cuh"
+
 // out: [0..3) all logits added one by one (m, l, lse); [3..6) first half merged with second
 // half (m, l, lse); [6..8) that merge's factors; [8..13) empty (+) empty (m, l, lse, factors);
 // [13] its inv_sum; [14] empty (+) half: this side's factor; [15..15+D) softmax(logits) @ v
@@ -52,8 +53,7 @@ extern "C" __global__ void softmax_state(const float* logits, const float* v, in
 
 @pytest.fixture(scope="module")
 def mod() -> CpuModule:
-    src = "\n".join((templates_dir() / name).read_text() for name in DEVICE_HEADERS) + KERNEL
-    return CpuModule.from_source(src, ["softmax_state"])
+    return CpuModule.from_source(KERNEL, ["softmax_state"])  # kgen's provided headers, as a kernel includes them
 
 
 def run(mod, logits: np.ndarray, v: np.ndarray) -> np.ndarray:

@@ -8,7 +8,12 @@ import pytest
 
 from kgen.errors import ArgumentError
 from kgen.plan import BLOCKS_PER_SM, target_blocks
-from kgen.plan.split import STEP_TOKENS, check_forced_partition, choose_split, working_partitions
+from kgen.plan.split import (
+    STEP_TOKENS,
+    check_forced_partition,
+    choose_split,
+    working_partitions,
+)
 
 
 def blocks(split, lens, kv_heads, window=0):

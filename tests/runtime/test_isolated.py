@@ -21,7 +21,13 @@ from kgen.runtime import _wire, shared
 from kgen.runtime.base import Launch
 from kgen.runtime.cpu import CpuModule
 from kgen.runtime.cuda import IsolatedCudaModule, device_arch, encode_cuda_args
-from kgen.runtime.isolated import CPU_CHILD, Child, IsolatedCpuModule, Limits, describe_exit
+from kgen.runtime.isolated import (
+    CPU_CHILD,
+    Child,
+    IsolatedCpuModule,
+    Limits,
+    describe_exit,
+)
 
 SRC = r"""
 extern char** environ;

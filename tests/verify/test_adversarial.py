@@ -11,7 +11,7 @@ import resource
 
 import numpy as np
 import pytest
-from conftest import run_kgen
+from conftest import inline_provided, run_kgen
 
 import kgen
 from kgen.arrays import host_owner, to_backend, to_numpy
@@ -40,11 +40,13 @@ def _spec(**overrides):
 
 
 def _mutant(spec, old: str, new: str, config=None):
-    """kgen's source for `spec` with one edit, as a hand-written kernel. Without a config the
-    ABI's (decode: single pass, whose main kernel writes out and lse itself)."""
+    """kgen's source for `spec` with one edit, as a hand-written kernel (softmax.cuh copied in, so
+    its SoftmaxState can be edited too). Without a config the ABI's (decode: single pass, whose
+    main kernel writes out and lse itself)."""
     r = render(spec, config or family_for(spec).abi_config(spec))
-    assert r.source.count(old) == 1, f"mutation target not found exactly once: {old!r}"
-    return kernel_from_source(spec, r.source.replace(old, new), backend="cpu", config=r.config, archs=[])
+    source = inline_provided(r.source)
+    assert source.count(old) == 1, f"mutation target not found exactly once: {old!r}"
+    return kernel_from_source(spec, source.replace(old, new), backend="cpu", config=r.config, archs=[])
 
 
 def _run(kernel, names: set[str]):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import inline_provided
 
 import kgen
 from kgen.families.decode_cases import decode_case_matrix
@@ -30,8 +31,10 @@ def _spec(**overrides):
 
 
 def _kernel(spec, config=None, old: str | None = None, new: str = "") -> Kernel:
+    """kgen's source, with softmax.cuh (the online softmax, split-KV contract and merge body the
+    decode source includes) copied in, and with one edit."""
     r = render(spec, config)
-    src = r.source
+    src = inline_provided(r.source)
     if old is not None:
         assert src.count(old) == 1, f"mutation target not found exactly once: {old!r}"
         src = src.replace(old, new)
@@ -50,12 +53,12 @@ MUTATIONS = [
     ("per_token_scale_strides_swapped", {"kv_cache.dtype": "fp8_e5m2", "kv_cache.scale": "per_token_head"}, None,
      "kv_head * ks_s_head + slot * ks_s_token", "kv_head * ks_s_token + slot * ks_s_head", {"long"}, set()),
     ("merge_drops_last_partition", {}, {"partition_size": 32},
-     "const int num_parts = min((seq_lens[seq] + P - 1) / P, max_partitions);",
-     "const int num_parts = min(seq_lens[seq] / P, max_partitions);",
+     "const int num_parts = split_partitions(kv_len, partition_tokens, max_partitions);",
+     "const int num_parts = min(kv_len / partition_tokens, max_partitions);",
      {"len_P+1", "len_2P+1"}, {"len_P"}),
     # (len_P is one partition: its plan does not split, so it cannot see this one)
     ("partition_end_off_by_one", {}, {"partition_size": 32},
-     "tok_end = min(ctx_end, (part + 1) * P);", "tok_end = min(ctx_end, (part + 1) * P - 1);",
+     "hi = min(hi, (part + 1) * partition_tokens);", "hi = min(hi, (part + 1) * partition_tokens - 1);",
      {"len_P+1", "len_2P+1"}, {"len_P-1", "len_P", "len_1"}),
     ("window_off_by_one", {"attention.sliding_window": 24}, None,
      "seq_len - Cfg::SLIDING_WINDOW : 0", "seq_len - Cfg::SLIDING_WINDOW - 1 : 0",
@@ -71,7 +74,7 @@ MUTATIONS = [
      "q + seq * q_s_seq + (long long)((q_head0 + g + 1) % Cfg::NUM_Q_HEADS) * q_s_head;",
      {"long", "len_B+1"}, {"len_1"}),
     ("alibi_sign_flipped", {"attention.alibi": True}, None,
-     "alibi_slope * (float)(pos - (seq_len - 1))", "alibi_slope * (float)((seq_len - 1) - pos)",
+     "alibi_slope * (float)(key_pos - query_pos)", "alibi_slope * (float)(query_pos - key_pos)",
      {"long"}, {"len_1"}),
     ("soft_cap_missing", {"attention.logits_soft_cap": 2.0, "attention.softmax_scale": 0.5}, None,
      "if (Cfg::SOFT_CAP > 0.0f) s = Cfg::SOFT_CAP * tanhf(s / Cfg::SOFT_CAP);", "",

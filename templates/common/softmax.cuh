@@ -1,0 +1,137 @@
+// The online softmax of kgen's attention bodies, once: decode (paged_decode.cuh) and prefill
+// (paged_prefill.cuh) both include it, and their split-KV merge kernels share one body.
+//
+//   SoftmaxState           running max m and sum l of one row, its merges and its LSE
+//   adjust_logit           a logit's adjustments after the scaled dot product (soft-cap, ALiBi)
+//   split_partitions,      the split-KV contract: how many partitions a sequence has and which
+//   clip_to_partition      keys partition z holds (the bodies and the merge agree through these)
+//   merge_partitions_body  the merge kernel body: partitions' (o, m, l) combined by log-sum-exp
+//   run_offset             a head_dim element's offset in a cached row cut into runs (vLLM K)
+//
+// Provided by kgen to both compilers as "kgen/softmax.cuh" (kgen/compile/provided.py); needs
+// kgen/platform.cuh (KGEN_NEG_INF, from_float) before it.
+#pragma once
+
+namespace kgen {
+
+// Online softmax of one row: running max m of the logits seen, running sum l of
+// exp(logit - m). The caller keeps the accumulator (sum of exp(logit - m) * value) and
+// rescales it with the factors merge() returns: acc = acc * f.self + acc_other * f.other.
+// The empty state (no key seen) is m = -inf, l = 0; its factor is 0, never the NaN of
+// exp(-inf - -inf), and its LSE is -inf. Used for every merge: one logit into a row's state,
+// a tile's max, token groups by shuffles, warps through shared memory, KV partitions.
+struct SoftmaxFactors {
+  float self, other;
+};
+
+struct SoftmaxState {
+  float m, l;
+
+  static __device__ __forceinline__ SoftmaxState empty() { return SoftmaxState{KGEN_NEG_INF, 0.0f}; }
+
+  // exp(m_from - m_to): what a quantity accumulated against max m_from weighs against m_to.
+  static __device__ __forceinline__ float rescale(float m_from, float m_to) {
+    return m_from == KGEN_NEG_INF ? 0.0f : __expf(m_from - m_to);
+  }
+
+  // this := this (+) other; returns the factors for this state's and other's accumulators.
+  __device__ __forceinline__ SoftmaxFactors merge(SoftmaxState other) {
+    const float m_new = fmaxf(m, other.m);
+    const SoftmaxFactors f{rescale(m, m_new), rescale(other.m, m_new)};
+    l = l * f.self + other.l * f.other;
+    m = m_new;
+    return f;
+  }
+
+  // One (finite) logit s: merge() with the single-element state (s, 1), whose own factor
+  // exp(s - m_new) needs no guard.
+  __device__ __forceinline__ SoftmaxFactors add(float s) {
+    const float m_new = fmaxf(m, s);
+    const SoftmaxFactors f{rescale(m, m_new), __expf(s - m_new)};
+    l = l * f.self + f.other;
+    m = m_new;
+    return f;
+  }
+
+  // A tile of logits at once: raise m to at least m_tile (nothing added yet) and return the
+  // factor for this state's accumulators; the caller then adds each logit s with weight
+  // exp(s - m) to l itself. m_tile = -inf (no logit) leaves an empty state empty.
+  __device__ __forceinline__ float raise_max(float m_tile) {
+    const float m_new = fmaxf(m, m_tile);
+    const float f = rescale(m, m_new);
+    l *= f;
+    m = m_new;
+    return f;
+  }
+
+  __device__ __forceinline__ float inv_sum() const { return l > 0.0f ? 1.0f / l : 0.0f; }
+  __device__ __forceinline__ float lse() const { return m + logf(l); }  // -inf + log(0) = -inf when empty
+};
+
+// One query head's logit adjustments after the scaled dot product, in the ABI's order (docs/abi.md):
+// the soft-cap, then the ALiBi bias slope * (key_pos - query_pos). (The mask comes last, in
+// each body.)
+template <class Cfg>
+__device__ __forceinline__ float adjust_logit(float s, float alibi_slope, int key_pos, int query_pos) {
+  if (Cfg::SOFT_CAP > 0.0f) s = Cfg::SOFT_CAP * tanhf(s / Cfg::SOFT_CAP);
+  if (Cfg::ALIBI) s += alibi_slope * (float)(key_pos - query_pos);
+  return s;
+}
+
+// ---- split-KV (flash-decoding): the call's plan (kgen/families/decode_split.py) chooses
+// partition_tokens P and max_partitions at call time. Partition z holds keys [z * P, (z + 1) * P),
+// the last one everything to the end of the sequence (so a plan made for shorter lengths still
+// gives the right answer). Each block writes its normalised partial output and (m, l); the merge
+// kernel combines them.
+
+// The partitions a sequence of kv_len keys has (a block of a later partition writes nothing,
+// and the merge reads exactly these).
+__device__ __forceinline__ int split_partitions(int kv_len, int partition_tokens, int max_partitions) {
+  return min((kv_len + partition_tokens - 1) / partition_tokens, max_partitions);
+}
+
+// Narrow the keys [lo, hi) a block would see to those of partition `part`.
+__device__ __forceinline__ void clip_to_partition(int part, int partition_tokens, int max_partitions, int& lo,
+                                                  int& hi) {
+  lo = max(lo, part * partition_tokens);
+  if (part < max_partitions - 1) hi = min(hi, (part + 1) * partition_tokens);
+}
+
+// The merge kernel's body: the log-sum-exp merge of the KV partitions of one output row `row`
+// (a decode sequence, or a prefill query token, whose sequence has kv_len keys) and query head
+// blockIdx.x. Scratch: part_o [rows, NUM_Q_HEADS, max_partitions, HEAD_DIM] of normalised
+// partial outputs, part_ml [rows, NUM_Q_HEADS, max_partitions, 2] of their (m, l).
+template <class Cfg>
+__device__ __forceinline__ void merge_partitions_body(typename Cfg::out_t* __restrict__ out,
+                                                      const float* __restrict__ part_o,
+                                                      const float* __restrict__ part_ml, float* __restrict__ lse,
+                                                      int row, int kv_len, int max_partitions, int partition_tokens,
+                                                      long long o_s_row, long long o_s_head) {
+  constexpr int D = Cfg::HEAD_DIM;
+  const int h = blockIdx.x;
+  const int num_parts = split_partitions(kv_len, partition_tokens, max_partitions);
+  const long long base = ((long long)row * Cfg::NUM_Q_HEADS + h) * max_partitions;
+  const float* ml = part_ml + base * 2;
+  SoftmaxState tot = SoftmaxState::empty();  // every partition's state merged
+  for (int p = 0; p < num_parts; ++p) tot.merge(SoftmaxState{ml[2 * p], ml[2 * p + 1]});
+  const float inv = tot.inv_sum();
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int p = 0; p < num_parts; ++p) {
+      // Partials are normalised: partition p weighs l_p * exp(m_p - m); an empty one is not read.
+      const float wp = ml[2 * p + 1] * SoftmaxState::rescale(ml[2 * p], tot.m);
+      if (wp != 0.0f) acc += part_o[(base + p) * D + d] * wp;
+    }
+    out[row * o_s_row + (long long)h * o_s_head + d] = from_float<typename Cfg::out_t>(acc * inv);
+  }
+  if (threadIdx.x == 0 && lse != nullptr) lse[(long long)row * Cfg::NUM_Q_HEADS + h] = tot.lse();
+}
+
+// Offset of head_dim element d in a token row cut into runs of RUN contiguous elements,
+// consecutive runs `run_stride` elements apart (NHD/HND: one run; vLLM K: runs of x).
+template <int RUN>
+__device__ __forceinline__ long long run_offset(int d, long long run_stride) {
+  return (long long)(d / RUN) * run_stride + d % RUN;
+}
+
+}  // namespace kgen
