@@ -19,7 +19,7 @@
 // and an online-softmax state (SoftmaxState, softmax.cuh). Token slots are merged through
 // shared memory at the end.
 //
-// Split-KV (flash-decoding, Cfg::SPLIT): the call's plan (kgen/families/decode_split.py)
+// Split-KV (flash-decoding, Cfg::SPLIT): the call's plan (kgen/plan/split.py)
 // chooses partition_tokens and max_partitions = gridDim.z at call time. Block z covers keys
 // [z * partition_tokens, (z + 1) * partition_tokens), the last one everything to seq_len (so
 // a plan made for shorter lengths still gives the right answer), and writes its normalised

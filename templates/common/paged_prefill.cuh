@@ -25,7 +25,7 @@
 // FMAs, which keeps fp32 accuracy. Softmax is online per row (SoftmaxState, softmax.cuh), its max
 // reduced over the four lanes that share a row.
 //
-// Split-KV (Cfg::SPLIT): the call's plan (kgen/families/decode_split.py) chooses partition_tokens
+// Split-KV (Cfg::SPLIT): the call's plan (kgen/plan/split.py) chooses partition_tokens
 // and max_partitions at call time. Partition z holds keys [z * P, (z + 1) * P), the last one the
 // rest of the sequence (a plan made for shorter lengths stays exact); each block writes its
 // normalised partial output and (m, l), and the merge kernel (softmax.cuh's merge_partitions_body,

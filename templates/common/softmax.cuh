@@ -78,7 +78,7 @@ __device__ __forceinline__ float adjust_logit(float s, float alibi_slope, int ke
   return s;
 }
 
-// ---- split-KV (flash-decoding): the call's plan (kgen/families/decode_split.py) chooses
+// ---- split-KV (flash-decoding): the call's plan (kgen/plan/split.py) chooses
 // partition_tokens P and max_partitions at call time. Partition z holds keys [z * P, (z + 1) * P),
 // the last one everything to the end of the sequence (so a plan made for shorter lengths still
 // gives the right answer). Each block writes its normalised partial output and (m, l); the merge
