@@ -25,6 +25,7 @@ CASES = [
     pytest.param("mistral_window", "float32", "auto", "auto", 1e-3, "split", id="mistral-sliding-window"),
     pytest.param("gemma2", "float32", "auto", "auto", 1e-3, "split", id="gemma2-softcap-alternating-windows"),
     pytest.param("qwen2", "bfloat16", "auto", "auto", 0.05, "split", id="qwen2-bf16"),
+    pytest.param("bloom", "float32", "auto", "auto", 1e-3, "split", id="bloom-alibi"),
     # kgen's fp8 cache against vLLM's unquantized one, within what e4m3's 3 mantissa bits move a logprob.
     # Not against vLLM's CPU fp8 path: that path is further from float64 over the same e4m3 K/V than the
     # e4m3 rounding itself (tests/vllm/test_layer_kernels.py measures kgen's; docs/vllm.md both).
@@ -43,7 +44,8 @@ def test_kgen_serves_like_vllm(models_dir, name, dtype, kv_cache_dtype, ref_kv_c
     assert agreement.ok, "\n".join(agreement.problems)
     assert agreement.compared_tokens >= len(ref["tokens"]) * 2, agreement.divergences  # not a vacuous pass
 
-    layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
+    config = json.loads((model / "config.json").read_text())
+    layers = config.get("num_hidden_layers") or config["n_layer"]
     assert ref["launches"] == {}, "vLLM's own run must not touch kgen's kernels"
     assert len(test["launches"]) == layers, test["launches"]
     for layer, counts in test["launches"].items():

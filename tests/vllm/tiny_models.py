@@ -20,6 +20,8 @@ MODELS = {
                                                      "num_hidden_layers": 4, "tie_word_embeddings": True}),
     # Qwen 2 (attention biases), served in bf16
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    # BLOOM: ALiBi position biases instead of rotary embeddings (4 heads of 32, no GQA)
+    "bloom": ("BloomConfig", "BloomForCausalLM", {"n_layer": 2, "n_head": 4}),
 }
 
 
@@ -29,7 +31,8 @@ def write_model(name: str, folder: Path, dtype: str = "float32") -> Path:
     import transformers
 
     config_cls, model_cls, extra = MODELS[name]
-    config = getattr(transformers, config_cls)(**(COMMON | extra))
+    fields = COMMON if name != "bloom" else {"vocab_size": 512, "hidden_size": 128, "initializer_range": 0.08}
+    config = getattr(transformers, config_cls)(**(fields | extra))
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(config).to(getattr(torch, dtype))
     path = Path(folder) / f"{name}_{dtype}"
