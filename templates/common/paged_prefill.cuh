@@ -24,9 +24,9 @@
 // Scales (real = stored * scale), in fp32 outside the products: K's multiplies the logits (per
 // tensor or head: folded into the softmax scale; per token: logit column j times k_scale[j],
 // before the soft-cap, bias and mask). V's: per tensor or head, the output at the end; per token,
-// P[:, j] times v_scale[j] / v_ref before P is rounded to q's type for P V (v_ref, the V scale of
-// the block's first key, keeps P near 1 so fp16's subnormals cannot eat it), the output times
-// v_ref at the end. The softmax state (m, l) is that of the real logits: l sums unscaled P.
+// P[:, j] times v_scale[j] before P is rounded to q's type for P V (for fp16 q, times
+// v_scale[j] / v_ref, v_ref the largest over the block's keys, and the output times v_ref at the
+// end: P stays within fp16's range). The softmax state (m, l) is that of the real logits: l sums unscaled P.
 //
 // Math. With 16-bit q: S = Q K^T and O += P V on the tensor cores (mma.sync m16n8k16, fp32
 // accumulate, operands from ldmatrix; P goes from the S accumulators to A fragments in
@@ -433,17 +433,28 @@ __device__ __forceinline__ void paged_prefill_body(
   }
   // The scales outside the products: per tensor / per head, K's folds into the softmax scale and
   // V's multiplies the output; per token, each tile's come with it (K's and V's KT floats in the
-  // stage) and V's are taken relative to v_ref, the V scale of the block's first key (the output
-  // is multiplied by v_ref), so that P times them stays near P's own range in q's type.
+  // stage). P times V's per-token scales is rounded to q's type: for fp16 (whose range is narrow)
+  // they are taken relative to v_ref, their largest over the block's keys (the output is
+  // multiplied by v_ref): P * ratio <= 1 cannot overflow, and a tiny ratio loses to fp16's
+  // subnormals at most 2^-25 * v_ref per stored unit. bf16 and fp32 have fp32's range: no v_ref.
   float qk_scale = Cfg::SOFTMAX_SCALE, v_out = 1.0f, v_inv_ref = 1.0f;
   if constexpr (Cfg::SCALE_MODE == 1) qk_scale *= k_scale[0], v_out = v_scale[0];
   if constexpr (Cfg::SCALE_MODE == 2) qk_scale *= k_scale[kv_head], v_out = v_scale[kv_head];
-  if constexpr (S::TOKEN_SCALES) {
-    if (ntiles > 0) {
-      const float ref = kv_scale_at<3>(v_scale, table[lo / Cfg::BLOCK_SIZE], lo % Cfg::BLOCK_SIZE, kv_head, vs_s_block,
-                                       vs_s_head, vs_s_token);
-      if (ref > 0.0f && ref < 3.0e38f) v_out = ref, v_inv_ref = 1.0f / ref;  // (a zero or non-finite scale: no rescaling)
-    }
+  if constexpr (S::TOKEN_SCALES && SameType<T, __half>::value) {
+    float mx = 0.0f;
+    for (int key = lo + tid; key < hi; key += S::THREADS)
+      mx = fmaxf(mx, kv_scale_at<3>(v_scale, table[key / Cfg::BLOCK_SIZE], key % Cfg::BLOCK_SIZE, kv_head, vs_s_block,
+                                    vs_s_head, vs_s_token));
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off, 32));
+    float* red = reinterpret_cast<float*>(smem);  // the Q tile's first bytes: Q is stored after this
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = 0.0f;
+#pragma unroll
+    for (int w = 0; w < S::WARPS; ++w) mx = fmaxf(mx, red[w]);
+    __syncthreads();  // everybody has read red before Q overwrites it
+    if (mx > 0.0f && mx < 3.0e38f) v_out = mx, v_inv_ref = 1.0f / mx;  // (all zero or not finite: no rescaling)
   }
 
   // Q of the block's rows (zeros past the last row and past head_dim).

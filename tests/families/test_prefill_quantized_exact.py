@@ -52,7 +52,8 @@ def _spec(kind="paged_prefill", **kv):
 
 # ---- the float64 computation, from docs/abi.md alone ------------------------------------------
 def _real(cache, scale, kv, B, blocks, L, H):
-    """[H, L, D] float64 real values of one sequence: gather the blocks, then stored * scale."""
+    """(real [H, L, D], stored [H, L, D], scale [H, L]) float64 of one sequence: gather the blocks,
+    then stored * scale."""
     c = np.asarray(cache)[blocks].astype(np.float64)  # NHD [nb, B, H, D]; HND [nb, H, B, D]
     if kv["order"] == "HND":
         c = c.transpose(0, 2, 1, 3)
@@ -65,23 +66,25 @@ def _real(cache, scale, kv, B, blocks, L, H):
         s = s[blocks]
         if kv["order"] == "HND":
             s = s.transpose(0, 2, 1)
-    x = (c * s[..., None]).reshape(-1, H, c.shape[-1])[:L]
-    return x.transpose(1, 0, 2)
+    c, s = c.reshape(-1, H, c.shape[-1])[:L].transpose(1, 0, 2), s.reshape(-1, H)[:L].T
+    return c * s[..., None], c, s
 
 
 def float64_prefill(spec, args):
-    """(out [T, Hq, D], per-row A and Smax [T, Hq]) of a causal prefill call, in float64."""
+    """(out [T, Hq, D], per-row A, Smax and W [T, Hq]) of a causal prefill call, in float64;
+    W = keys seen * max_j v_scale_j * max_jd |v_stored_jd| (the reach of an underflow of P V's
+    operand: P times V's per-token scales, relative to their largest)."""
     kv = {"order": spec.kv_cache.resolved_order, "scale": spec.kv_cache.scale}
     a, B = spec.attention, spec.kv_cache.block_size
     G, scale = a.num_q_heads // a.num_kv_heads, 1.0 / math.sqrt(a.head_dim)
     q = np.asarray(args["q"]).astype(np.float64)
-    out, amag, smax = np.zeros(q.shape), np.zeros(q.shape[:2]), np.zeros(q.shape[:2])
+    out, amag, smax, wide = np.zeros(q.shape), np.zeros(q.shape[:2]), np.zeros(q.shape[:2]), np.zeros(q.shape[:2])
     ind = np.asarray(args["q_indptr"])
     for s, L in enumerate(np.asarray(args["seq_lens"])):
         L = int(L)
         blocks = np.asarray(args["block_tables"])[s, : -(-L // B)]
-        k = _real(args["k_cache"], args["k_scale"], kv, B, blocks, L, a.num_kv_heads)
-        v = _real(args["v_cache"], args["v_scale"], kv, B, blocks, L, a.num_kv_heads)
+        k, _, _ = _real(args["k_cache"], args["k_scale"], kv, B, blocks, L, a.num_kv_heads)
+        v, v_st, v_sc = _real(args["v_cache"], args["v_scale"], kv, B, blocks, L, a.num_kv_heads)
         for t in range(ind[s], ind[s + 1]):
             pos = L - (ind[s + 1] - ind[s]) + (t - ind[s])  # sees keys 0 .. pos
             for h in range(a.num_q_heads):
@@ -92,16 +95,21 @@ def float64_prefill(spec, args):
                 out[t, h] = p @ vh
                 amag[t, h] = np.max(p @ np.abs(vh))
                 smax[t, h] = np.max(scale * (np.abs(kh) @ np.abs(q[t, h])))
-    return out, amag, smax
+                wide[t, h] = (pos + 1) * np.max(v_sc[h // G, : pos + 1]) * np.max(np.abs(v_st[h // G, : pos + 1]))
+    return out, amag, smax, wide
 
 
-def derived_bound(spec, ref, amag, smax, seq_len_of_row):
-    """The module docstring's per-row bound for a kernel whose operands are exact."""
+def derived_bound(spec, ref, amag, smax, wide, seq_len_of_row):
+    """The module docstring's per-row bound for a kernel whose operands are exact, plus what the
+    narrow range of fp16 costs: half its smallest subnormal per output element, and per P V operand
+    (times `wide`: P times V's per-token scales relative to their largest may underflow)."""
     u_q = float(ml_dtypes.finfo(kgen.dtypes.dtype(spec.dtype.q).numpy).eps) / 2
     u_out = float(ml_dtypes.finfo(kgen.dtypes.dtype(spec.dtype.resolved_out).numpy).eps) / 2
     eps32 = float(np.finfo(np.float32).eps)
     fp32 = eps32 * (64 + 4 * np.sqrt(seq_len_of_row)[:, None] + 2 * math.sqrt(spec.attention.head_dim) * smax)
-    return u_q * amag + u_out * np.abs(ref).max(axis=2) + fp32 * amag
+    tiny = lambda name: float(ml_dtypes.finfo(kgen.dtypes.dtype(name).numpy).smallest_subnormal) / 2  # noqa: E731
+    under = tiny(spec.dtype.resolved_out) + (tiny(spec.dtype.q) * wide if spec.kv_cache.scale == "per_token_head" else 0)
+    return u_q * amag + u_out * np.abs(ref).max(axis=2) + fp32 * amag + under
 
 
 def _case(spec, q_lens, seed):
@@ -117,11 +125,11 @@ def _case(spec, q_lens, seed):
 
 def _row_errors(spec, args, out):
     """(error, bound) per (token, head) row of one prefill output."""
-    ref, amag, smax = float64_prefill(spec, args)
+    ref, amag, smax, wide = float64_prefill(spec, args)
     ind, lens = np.asarray(args["q_indptr"]), np.asarray(args["seq_lens"])
     row_len = np.repeat(lens, np.diff(ind)).astype(np.float64)
     err = np.abs(np.asarray(out).astype(np.float64) - ref).max(axis=2)
-    return err, derived_bound(spec, ref, amag, smax, row_len)
+    return err, derived_bound(spec, ref, amag, smax, wide, row_len)
 
 
 def _build(spec, **kw):
@@ -168,8 +176,7 @@ ROUND_DEQUANTIZED = [
      "    for (int e = 0; e < VEC; ++e) kf[e] *= reinterpret_cast<const float*>(stage + S::SCALES_AT)[i],\n"
      "                                  vf[e] *= reinterpret_cast<const float*>(stage + S::SCALES_AT)[KT + i];\n"),
     ("s[j][i] * (qk_scale * tok_sc[col])", "s[j][i] * qk_scale"),
-    ("s[j][i] *= tok_sc[S::KT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;", ";"),
-    ("v_out = ref, v_inv_ref = 1.0f / ref;", "(void)ref;"),
+    ("s[j][i] *= tok_sc[S::KT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;", ";"),  # (bf16 q: v_inv_ref is 1)
 ]
 
 
@@ -200,3 +207,16 @@ def test_kgen_verify_fails_a_prefill_that_rounds_dequantized_values(mutations):
     # the logit error shows in the LSE, whose yardstick has fp32 logits as the kernel has
     failed = {c.name for c in report.failed_cases}
     assert {"mixed_batch_lse", "sharp_rows_lse"} <= failed, report.summary()
+
+
+@pytest.mark.parametrize("outlier", [1e-9, 1e4], ids=["tiny", "huge"])
+def test_fp16_p_times_per_token_v_scales_survives_an_outlier_scale(outlier):
+    """fp16 q: P times V's per-token scales is rounded to fp16, whose range is narrow; one key's V
+    scale far from the others (a near-zero row, or an outlier) neither overflows P nor loses the rest."""
+    spec = _spec(dtype="int8", order="NHD").with_overrides(**{"dtype.q": "fp16", "dtype.out": "fp16"})
+    kernel = _build(spec)
+    args = _case(spec, [20, 37, 1, 5], seed=13)
+    first = int(np.asarray(args["block_tables"])[1, 0])  # sequence 1's first key, every KV head
+    args["v_scale"][first, 0, :] *= np.float32(outlier)
+    err, bound = _row_errors(spec, args, kernel(**args))
+    assert np.all(err <= bound), f"worst error/bound {np.max(err / bound):.3g}"
