@@ -26,7 +26,8 @@
 // before the soft-cap, bias and mask). V's: per tensor or head, the output at the end; per token,
 // P[:, j] times v_scale[j] before P is rounded to q's type for P V (for fp16 q, times
 // v_scale[j] / v_ref, v_ref the largest over the block's keys, and the output times v_ref at the
-// end: P stays within fp16's range). The softmax state (m, l) is that of the real logits: l sums unscaled P.
+// end: P stays within fp16's range). The softmax state (m, l) is that of the real logits: l sums
+// unscaled P.
 //
 // Math. With 16-bit q: S = Q K^T and O += P V on the tensor cores (mma.sync m16n8k16, fp32
 // accumulate, operands from ldmatrix; P goes from the S accumulators to A fragments in
@@ -246,7 +247,8 @@ __device__ __forceinline__ void load_row_chunk(const T* __restrict__ row, int d0
 // scales into tok_sc (K's KT, then V's KT); keys at or past kv_end are zeros, never read.
 template <class Cfg>
 __device__ __forceinline__ void prefill_load_kv_tile(
-    typename Cfg::q_t* k_s, typename Cfg::q_t* v_s, float* tok_sc, int kv0, int kv_end, const int* __restrict__ table, int kv_head,
+    typename Cfg::q_t* k_s, typename Cfg::q_t* v_s, float* tok_sc, int kv0, int kv_end, const int* __restrict__ table,
+    int kv_head,
     const typename Cfg::kv_t* __restrict__ k_cache, const typename Cfg::kv_t* __restrict__ v_cache,
     const float* __restrict__ k_scale, const float* __restrict__ v_scale, long long k_s_block, long long k_s_head,
     long long k_s_token, long long k_s_run, long long v_s_block, long long v_s_head, long long v_s_token,
@@ -500,9 +502,10 @@ __device__ __forceinline__ void paged_prefill_body(
     const float* tok_sc = reinterpret_cast<const float*>(stages + (tile % STAGES) * S::STAGE_BYTES + S::SCALES_AT);
     if constexpr (S::PATH == 2) {
       __syncthreads();  // Q is stored; every warp is done with the previous tile
-      prefill_load_kv_tile<Cfg>(k_op, v_op, reinterpret_cast<float*>(stages), kv0, hi, table, kv_head, k_cache, v_cache, k_scale, v_scale, k_s_block,
-                                k_s_head, k_s_token, k_s_run, v_s_block, v_s_head, v_s_token, v_s_run, ks_s_block,
-                                ks_s_head, ks_s_token, vs_s_block, vs_s_head, vs_s_token);
+      prefill_load_kv_tile<Cfg>(k_op, v_op, reinterpret_cast<float*>(stages), kv0, hi, table, kv_head, k_cache,
+                                v_cache, k_scale, v_scale, k_s_block, k_s_head, k_s_token, k_s_run, v_s_block,
+                                v_s_head, v_s_token, v_s_run, ks_s_block, ks_s_head, ks_s_token, vs_s_block,
+                                vs_s_head, vs_s_token);
       __syncthreads();
     } else {
       if (STAGES == 1) {
