@@ -59,15 +59,21 @@ def gather_stored(spec, args: dict, table_row: np.ndarray, seq_len: int):
             _sequence_scale(spec, args.get("v_scale"), blocks, seq_len))
 
 
-def decode_inputs_real(spec, args: dict) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per sequence: (K, V) real values [num_kv_heads, seq_len, head_dim] in float64."""
+def sequence_kv(spec, args: dict, dtype=np.float64, round_to=None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per sequence: (K, V) [num_kv_heads, seq_len, head_dim] in the working precision `dtype`, each
+    head widened by _widen (stored values rounded to `round_to`, times the scale)."""
     tables = np.asarray(args["block_tables"])
     result = []
     for i, L in enumerate(np.asarray(args["seq_lens"])):
         k, v, ks, vs = gather_stored(spec, args, tables[i], int(L))
-        result.append(((k.astype(np.float64) * ks[..., None]).transpose(1, 0, 2),
-                       (v.astype(np.float64) * vs[..., None]).transpose(1, 0, 2)))
+        result.append(tuple(np.stack([_widen(x[:, h], sc[:, h], dtype, round_to) for h in range(x.shape[1])])
+                            for x, sc in ((k, ks), (v, vs))))
     return result
+
+
+def decode_inputs_real(spec, args: dict) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per sequence: (K, V) real values [num_kv_heads, seq_len, head_dim] in float64."""
+    return sequence_kv(spec, args)
 
 
 def _logits_mask_bias(spec, seq_len: int, alibi_slopes) -> tuple[np.ndarray, np.ndarray]:
@@ -84,12 +90,16 @@ def _logits_mask_bias(spec, seq_len: int, alibi_slopes) -> tuple[np.ndarray, np.
 
 
 def _widen(stored: np.ndarray, scale: np.ndarray, dtype, rnd) -> np.ndarray:
-    """Real values [L, D] of one KV head in the working precision (stored * scale, then rounded)."""
+    """Real values [L, D] of one KV head in the working precision: the *stored* values rounded to
+    `rnd` (the kernel's input type), times the scale in the working precision. The rule of every
+    golden: a kernel converts what is stored to its input type (exact for int8 and fp8 in fp16 and
+    bf16, so only a float cache of another type is rounded) and applies scales in fp32; rounding the
+    dequantized values instead would put an error in the yardstick that a correct kernel does not
+    make, and hide one that does (docs/verification.md)."""
+    x = stored.astype(dtype) if rnd is None or stored.dtype == np.dtype(rnd) else stored.astype(rnd).astype(dtype)
     if np.all(scale == 1.0):  # a float cache: the stored values are the real ones
-        x = stored.astype(dtype)
-        return x if rnd is None or stored.dtype == np.dtype(rnd) else x.astype(rnd).astype(dtype)
-    x = (stored.astype(np.float64) * scale[:, None]).astype(dtype)
-    return x if rnd is None else x.astype(rnd).astype(dtype)
+        return x
+    return x * np.asarray(scale, dtype=np.float64).astype(dtype)[:, None]
 
 
 def decode_reference(spec, q, args: dict, dtype=np.float64, round_to=None, magnitudes: bool = True) -> DecodeReference:

@@ -103,19 +103,20 @@ def smem_bytes(spec, warps: int, kv_tile: int, stages: int = 2) -> int:
     """The Q tile, then K/V (templates/common/paged_prefill.cuh, PrefillShape): operand tiles in q's
     type with rows padded by 16 bytes, `stages` of them on the copy path; on the stage path one
     operand pair plus `stages` staging tiles as stored (and per-token scales); on the gather path one
-    operand pair. Plus fp32 P per warp where the products are fp32 FMAs (fp32 q, or a target older
+    operand pair (and per-token scales). Plus fp32 P per warp where the products are fp32 FMAs (fp32 q, or a target older
     than sm_80: no mma.sync m16n8k16)."""
     item = dtype(spec.dtype.q).itemsize
     ld = -(-spec.attention.head_dim // 16) * 16 + 16 // item
     tile = kv_tile * ld * item
     path = kv_path(spec)
+    scales = 8 * kv_tile if spec.kv_cache.scale == "per_token_head" else 0  # a tile's K and V scales, fp32
     if path == "copy":
         kv = stages * 2 * tile
     elif path == "stage":
         raw = -(-kv_tile * spec.attention.head_dim * dtype(spec.kv_cache.dtype).itemsize // 16) * 16
-        kv = 2 * tile + stages * (2 * raw + (8 * kv_tile if spec.kv_cache.scale == "per_token_head" else 0))
+        kv = 2 * tile + stages * (2 * raw + scales)
     else:
-        kv = 2 * tile
+        kv = 2 * tile + scales
     fma = item == 4 or any(int(arch.removeprefix("sm_")) < 80 for arch in spec.targets)
     return 16 * warps * ld * item + kv + (warps * 16 * kv_tile * 4 if fma else 0)
 

@@ -4,7 +4,7 @@ The caches are made exactly as for decode (kgen/families/decode_cases.py: shuffl
 blocks in a pool several times larger than needed, optional shared prefix blocks, strided pools,
 poison in every slot past seq_len, every unreferenced block and every unused table entry); each
 sequence gets a chunk of q_len query rows at the end of its seq_len tokens. The matrix: chunk
-lengths 1, 15, 16, 17, 64 and longer; a whole prompt from an empty cache; chunks that start and
+lengths 1, 15, 16, 17, 64 and longer; sharp rows (queries 4x the unit normal); a whole prompt from an empty cache; chunks that start and
 end inside blocks; a mixed batch of prefill chunks, single tokens and q_len = 0 sequences (with
 the LSE); shared prefixes; padded pools; decode equivalence at q_len = 1 (against the decode
 golden); window and partition edges when the spec or config has them. The output is pre-filled
@@ -28,20 +28,22 @@ from kgen.verify.report import CaseResult
 
 
 def make_prefill_case(spec, seq_lens: list[int], q_lens: list[int], rng: np.random.Generator,
-                      share_prefix: bool = False, padded: bool = False) -> dict:
+                      share_prefix: bool = False, padded: bool = False, q_gain: float = 1.0) -> dict:
     """Keyword arguments for a prefill call (numpy arrays): decode's poisoned paged caches for
-    `seq_lens`, q [sum(q_lens), Hq, D] packed by sequence, q_indptr, and out pre-filled with NaN."""
+    `seq_lens`, q [sum(q_lens), Hq, D] packed by sequence (q_gain times the unit normal), q_indptr,
+    and out pre-filled with NaN."""
     a = spec.attention
     args = make_decode_case(spec, seq_lens, rng, share_prefix=share_prefix, padded=padded)
     T = int(sum(q_lens))
     args["q_indptr"] = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    q = rng.standard_normal((T, a.num_q_heads, a.head_dim))
+    q = q_gain * rng.standard_normal((T, a.num_q_heads, a.head_dim))
     args["q"] = q.astype(dtype(spec.dtype.q).numpy)
     args["out"] = np.full((T, a.num_q_heads, a.head_dim), np.nan, dtype=dtype(spec.dtype.resolved_out).numpy)
     return args
 
 
 # ---- the verification matrix ----------------------------------------------------------------
+SHARP_Q_GAIN = 4.0  # the sharp_rows case's queries, times the unit normal
 WINDOW_ROW_KEYS = 1 << 20  # rows x window of the window cases (their chunks shrink for very long windows)
 
 
@@ -73,6 +75,11 @@ def prefill_case_matrix(spec, config: Config, rng: np.random.Generator) -> list[
         if not spec.tail_masking:  # the promise: every seq_len a multiple of B (the chunk still ends anywhere)
             n = _round_up(n, B)
         cases.append({"name": name, "seq_lens": [n], "q_lens": [q_len]})
+    # Sharp rows: queries 4x the unit normal (logits ~N(0, 16)), where an error in the logits (such as
+    # that of K rounded to q's type after dequantization) outweighs the rounding of P a kernel may make;
+    # with the LSE, which such an error moves by far more than its fp32 bound.
+    n = B + inside + 40 if spec.tail_masking else _round_up(B + inside + 40, B)
+    cases.append({"name": "sharp_rows", "seq_lens": [n], "q_lens": [40], "q_gain": SHARP_Q_GAIN, "lse": True})
 
     # one launch: prefill chunks, single tokens (decode rows) and sequences without query rows
     mixed = [(50, 20), (33, 1), (0, 0), (90, 90), (17, 1), (40, 0), (2 * B + 1, B + 1)]
@@ -165,7 +172,7 @@ def check_lse(name: str, seq_lens: list[int], lse: np.ndarray, ref: np.ndarray, 
 def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
     spec, p = kernel.spec, case.params
     args = make_prefill_case(spec, p["seq_lens"], p["q_lens"], rng, share_prefix=p.get("share_prefix", False),
-                             padded=p.get("padded", False))
+                             padded=p.get("padded", False), q_gain=p.get("q_gain", 1.0))
     (ref, ref_lse), (lowp, lowp_lse) = _references(spec, args, decode=p.get("decode", False))
     want_lse = p.get("lse", False)
     dev_args = args_to_backend(args, kernel.backend)

@@ -1,21 +1,26 @@
 """The contiguous golden of paged prefill (docs/prefill-family.md, docs/verification.md).
 
 Each sequence's K and V are gathered and dequantized by kgen/reference.py (the decode golden's
-gather: real = stored * scale, canonical layout order); then every query row j of sequence s,
+gather and widening: real = stored * scale, canonical layout order); then every query row j of sequence s,
 at absolute position p = seq_lens[s] - q_len_s + j, attends in float64 to keys 0..p (causal),
 p-W+1..p (sliding window W) or all seq_lens[s] keys (causal: false). Logit order: scale, soft-cap,
 ALiBi slope * (key - p), mask. The LSE is the natural log of the sum of exp of the final logits,
 -inf for a row that sees no key (whose output is 0).
 
-`dtype`/`round_to` model a kernel computed in a lower precision, as attention_decode does: the
-verifier's yardstick for a kernel's error.
+`dtype`/`round_to` model the prefill kernel's own computation in its input precision, the verifier's
+yardstick for its error: q and the *stored* K/V values in q's type (kgen/reference.py's _widen, the
+rule of every golden: exact for int8 and fp8, so a quantized cache adds no rounding; the scales are
+applied in the working precision), logits in the working precision (the kernel's are fp32 MMA
+accumulators, never rounded to q's type), P rounded to q's type (the P V operand), the output rounded.
+A kernel that rounds anything else to q's type, such as the dequantized K or V, has an error that
+this yardstick does not grant it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from kgen.reference import decode_inputs_real
+from kgen.reference import sequence_kv
 
 ROW_CHUNK = 256  # query rows per reference step
 
@@ -52,8 +57,9 @@ def attention_prefill(spec, q, args: dict, dtype=np.float64, round_to=None) -> t
     ind = np.asarray(args["q_indptr"], dtype=np.int64)
     lens = np.asarray(args["seq_lens"])
     slopes = np.asarray(args["alibi_slopes"], dtype=dtype) if a.alibi else None
-    for s, ((k, v), pos) in enumerate(zip(decode_inputs_real(spec, args), query_positions(ind, lens), strict=True)):
-        k, v = np.repeat(rnd(k.astype(dtype)), G, axis=0), np.repeat(rnd(v.astype(dtype)), G, axis=0)  # [Hq, L, D]
+    kv = sequence_kv(spec, args, dtype, round_to)  # stored values in q's type, times the scales
+    for s, ((k, v), pos) in enumerate(zip(kv, query_positions(ind, lens), strict=True)):
+        k, v = np.repeat(k, G, axis=0), np.repeat(v, G, axis=0)  # [Hq, L, D]
         for j in range(0, len(pos), ROW_CHUNK):  # rows in chunks: the logits of a long prompt need not fit at once
             rows = slice(int(ind[s]) + j, int(ind[s]) + min(j + ROW_CHUNK, len(pos)))
             out[rows], lse[rows] = _rows(spec, qf[rows], k, v, pos[j:j + ROW_CHUNK], slopes, scale, rnd, dtype)
@@ -63,10 +69,10 @@ def attention_prefill(spec, q, args: dict, dtype=np.float64, round_to=None) -> t
 def _rows(spec, q, k, v, pos, slopes, scale, rnd, dtype) -> tuple[np.ndarray, np.ndarray]:
     """(out [rows, Hq, D], lse [rows, Hq]) of query rows at positions `pos` over one sequence's K, V [Hq, L, D]."""
     a = spec.attention
-    logits = rnd(np.einsum("thd,hld->thl", q, k) * scale)
+    logits = np.einsum("thd,hld->thl", q, k) * scale  # fp32 accumulators in the kernel: not rounded
     if a.logits_soft_cap:
         cap = dtype(a.logits_soft_cap)
-        logits = rnd(cap * np.tanh(logits / cap))
+        logits = cap * np.tanh(logits / cap)
     if slopes is not None:
         logits = logits + slopes[None, :, None] * (np.arange(k.shape[1])[None, None, :] - pos[:, None, None])
     seen = visible_keys(spec, pos, k.shape[1])[:, None, :]

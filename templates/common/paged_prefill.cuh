@@ -13,11 +13,21 @@
 // KV_TILE: only keys some row of the block can see are loaded (tiles wholly above the causal
 // diagonal or before the window are never visited); a warp whose rows see none of a tile skips
 // it. K and V of a tile are gathered through the block table and stored in shared memory in the
-// MMA input type (q's type), dequantized (real = stored * scale). Tiles are streamed with cp.async
-// (async_copy.cuh), STAGES deep: while tile i is computed, tiles i+1 .. i+STAGES-1 are in flight.
-// A cache in q's type lands straight in the operand tiles; a quantized (or wider) one lands as
-// stored in a staging tile and one pass dequantizes it into the operand tile (convert.cuh);
-// vLLM's V (head_dim-major: a key's row is not contiguous) takes plain loads (see kv_path).
+// MMA input type (q's type) as *stored*, never scaled: int8 and fp8 (e4m3, e5m2) values convert
+// to fp16 and bf16 exactly, so the operands carry no rounding a float64 computation on
+// real = stored * scale would not have. Tiles are streamed with cp.async (async_copy.cuh), STAGES
+// deep: while tile i is computed, tiles i+1 .. i+STAGES-1 are in flight. A cache in q's type lands
+// straight in the operand tiles; a quantized (or wider) one lands as stored in a staging tile and
+// one pass converts it into the operand tile (convert.cuh); vLLM's V (head_dim-major: a key's row
+// is not contiguous) takes plain loads (see kv_path).
+//
+// Scales (real = stored * scale), in fp32 outside the products: K's multiplies the logits (per
+// tensor or head: folded into the softmax scale; per token: logit column j times k_scale[j],
+// before the soft-cap, bias and mask). V's: per tensor or head, the output at the end; per token,
+// P[:, j] times v_scale[j] before P is rounded to q's type for P V (for fp16 q, times
+// v_scale[j] / v_ref, v_ref the largest over the block's keys, and the output times v_ref at the
+// end: P stays within fp16's range). The softmax state (m, l) is that of the real logits: l sums
+// unscaled P.
 //
 // Math. With 16-bit q: S = Q K^T and O += P V on the tensor cores (mma.sync m16n8k16, fp32
 // accumulate, operands from ldmatrix; P goes from the S accumulators to A fragments in
@@ -71,7 +81,11 @@ struct PrefillShape {
   static constexpr int Q_BYTES = ROWS * LD * (int)sizeof(T);
   static constexpr int TILE_BYTES = KT * LD * (int)sizeof(T);            // one operand tile (K or V)
   static constexpr int RAW_BYTES = align16(KT * D * (int)sizeof(KV));     // one staged tile, as stored
-  static constexpr int STAGE_BYTES = PATH == 0 ? 2 * TILE_BYTES : PATH == 1 ? 2 * RAW_BYTES + (TOKEN_SCALES ? 8 * KT : 0) : 0;
+  static constexpr int SCALE_BYTES = TOKEN_SCALES ? 8 * KT : 0;        // per-token scales of a tile: K's KT, V's KT
+  // A stage: PATH_COPY the two operand tiles; PATH_STAGE K and V as stored, then the scales;
+  // PATH_GATHER (one stage) only the scales, written by the plain loads.
+  static constexpr int STAGE_BYTES = PATH == 0 ? 2 * TILE_BYTES : PATH == 1 ? 2 * RAW_BYTES + SCALE_BYTES : SCALE_BYTES;
+  static constexpr int SCALES_AT = PATH == 1 ? 2 * RAW_BYTES : 0;          // the scales' offset in a stage
   static constexpr int OPERAND_BYTES = PATH == 0 ? 0 : 2 * TILE_BYTES;   // the converted K and V tiles
   static constexpr int KV_BYTES = OPERAND_BYTES + STAGES * STAGE_BYTES;
   static constexpr int SMEM_BYTES = Q_BYTES + KV_BYTES + (MMA ? 0 : WARPS * 16 * KT * 4);
@@ -229,11 +243,12 @@ __device__ __forceinline__ void load_row_chunk(const T* __restrict__ row, int d0
 }
 
 // Gather keys [kv0, kv0 + KT) of one KV head into k_s / v_s (row = key, LD elements per row) with
-// plain loads, dequantized (PATH_GATHER: a row chunk that is not contiguous in memory); keys at or
-// past kv_end are zeros, never read.
+// plain loads, as stored (PATH_GATHER: a row chunk that is not contiguous in memory), and per-token
+// scales into tok_sc (K's KT, then V's KT); keys at or past kv_end are zeros, never read.
 template <class Cfg>
 __device__ __forceinline__ void prefill_load_kv_tile(
-    typename Cfg::q_t* k_s, typename Cfg::q_t* v_s, int kv0, int kv_end, const int* __restrict__ table, int kv_head,
+    typename Cfg::q_t* k_s, typename Cfg::q_t* v_s, float* tok_sc, int kv0, int kv_end, const int* __restrict__ table,
+    int kv_head,
     const typename Cfg::kv_t* __restrict__ k_cache, const typename Cfg::kv_t* __restrict__ v_cache,
     const float* __restrict__ k_scale, const float* __restrict__ v_scale, long long k_s_block, long long k_s_head,
     long long k_s_token, long long k_s_run, long long v_s_block, long long v_s_head, long long v_s_token,
@@ -253,16 +268,14 @@ __device__ __forceinline__ void prefill_load_kv_tile(
                                               slot * k_s_token, c * VEC, k_s_run, kf);
       load_row_chunk<KV, VEC, Cfg::V_RUN>(v_cache + phys * v_s_block + (long long)kv_head * v_s_head +
                                               slot * v_s_token, c * VEC, v_s_run, vf);
-      const float ks = kv_scale_at<Cfg::SCALE_MODE>(k_scale, phys, slot, kv_head, ks_s_block, ks_s_head, ks_s_token);
-      const float vs = kv_scale_at<Cfg::SCALE_MODE>(v_scale, phys, slot, kv_head, vs_s_block, vs_s_head, vs_s_token);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        kf[e] *= ks;
-        vf[e] *= vs;
+      if (S::TOKEN_SCALES && c == 0) {
+        tok_sc[i] = kv_scale_at<3>(k_scale, phys, slot, kv_head, ks_s_block, ks_s_head, ks_s_token);
+        tok_sc[S::KT + i] = kv_scale_at<3>(v_scale, phys, slot, kv_head, vs_s_block, vs_s_head, vs_s_token);
       }
     } else {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) kf[e] = vf[e] = 0.0f;
+      if (S::TOKEN_SCALES && c == 0) tok_sc[i] = tok_sc[S::KT + i] = 0.0f;
     }
     store_vec_from_float<T, VEC>(k_s + i * S::LD + c * VEC, kf);
     store_vec_from_float<T, VEC>(v_s + i * S::LD + c * VEC, vf);
@@ -321,28 +334,21 @@ __device__ __forceinline__ void prefill_issue_tile(
   }
 }
 
-// PATH_STAGE: dequantize a landed staging tile into the operand tiles (packed conversions).
-// Zero-filled keys stay zeros (their scales are zero-filled too: 0 * 0).
+// PATH_STAGE: convert a landed staging tile into the operand tiles (packed conversions), values as
+// stored: the scales are applied outside the products. Zero-filled keys stay zeros.
 template <class Cfg>
 __device__ __forceinline__ void prefill_convert_tile(typename Cfg::q_t* k_s, typename Cfg::q_t* v_s,
-                                                     const unsigned char* stage, float k_sc, float v_sc) {
+                                                     const unsigned char* stage) {
   typedef PrefillShape<Cfg> S;
   typedef typename Cfg::kv_t KV;
   constexpr int VEC = S::VEC, KT = S::KT;
   const KV* ks = reinterpret_cast<const KV*>(stage);
   const KV* vs = reinterpret_cast<const KV*>(stage + S::RAW_BYTES);
-  const float* ss = reinterpret_cast<const float*>(stage + 2 * S::RAW_BYTES);
   for (int idx = threadIdx.x; idx < KT * S::CHUNKS; idx += S::THREADS) {
     const int i = idx / S::CHUNKS, d0 = (idx % S::CHUNKS) * VEC;
     float kf[VEC], vf[VEC];
     load_as_float<KV, VEC>(ks + i * S::D + d0, kf);
     load_as_float<KV, VEC>(vs + i * S::D + d0, vf);
-    const float kx = S::TOKEN_SCALES ? ss[i] : k_sc, vx = S::TOKEN_SCALES ? ss[KT + i] : v_sc;
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      kf[e] *= kx;
-      vf[e] *= vx;
-    }
     store_vec_from_float<typename Cfg::q_t, VEC>(k_s + i * S::LD + d0, kf);
     store_vec_from_float<typename Cfg::q_t, VEC>(v_s + i * S::LD + d0, vf);
   }
@@ -427,10 +433,31 @@ __device__ __forceinline__ void paged_prefill_body(
       k_tile[(r / PAD) * S::LD + S::D + r % PAD] = from_float<T>(0.0f);
     }
   }
-  // Per-tensor / per-head dequantisation scales (per-token ones come with each staged tile).
-  float k_sc = 1.0f, v_sc = 1.0f;
-  if (Cfg::SCALE_MODE == 1) k_sc = k_scale[0], v_sc = v_scale[0];
-  if (Cfg::SCALE_MODE == 2) k_sc = k_scale[kv_head], v_sc = v_scale[kv_head];
+  // The scales outside the products: per tensor / per head, K's folds into the softmax scale and
+  // V's multiplies the output; per token, each tile's come with it (K's and V's KT floats in the
+  // stage). P times V's per-token scales is rounded to q's type: for fp16 (whose range is narrow)
+  // they are taken relative to v_ref, their largest over the block's keys (the output is
+  // multiplied by v_ref): P * ratio <= 1 cannot overflow, and a tiny ratio loses to fp16's
+  // subnormals at most 2^-25 * v_ref per stored unit. bf16 and fp32 have fp32's range: no v_ref.
+  float qk_scale = Cfg::SOFTMAX_SCALE, v_out = 1.0f, v_inv_ref = 1.0f;
+  if constexpr (Cfg::SCALE_MODE == 1) qk_scale *= k_scale[0], v_out = v_scale[0];
+  if constexpr (Cfg::SCALE_MODE == 2) qk_scale *= k_scale[kv_head], v_out = v_scale[kv_head];
+  if constexpr (S::TOKEN_SCALES && SameType<T, __half>::value) {
+    float mx = 0.0f;
+    for (int key = lo + tid; key < hi; key += S::THREADS)
+      mx = fmaxf(mx, kv_scale_at<3>(v_scale, table[key / Cfg::BLOCK_SIZE], key % Cfg::BLOCK_SIZE, kv_head, vs_s_block,
+                                    vs_s_head, vs_s_token));
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off, 32));
+    float* red = reinterpret_cast<float*>(smem);  // the Q tile's first bytes: Q is stored after this
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = 0.0f;
+#pragma unroll
+    for (int w = 0; w < S::WARPS; ++w) mx = fmaxf(mx, red[w]);
+    __syncthreads();  // everybody has read red before Q overwrites it
+    if (mx > 0.0f && mx < 3.0e38f) v_out = mx, v_inv_ref = 1.0f / mx;  // (all zero or not finite: no rescaling)
+  }
 
   // Q of the block's rows (zeros past the last row and past head_dim).
   for (int idx = tid; idx < ROWS * S::DK; idx += S::THREADS) {
@@ -472,11 +499,13 @@ __device__ __forceinline__ void paged_prefill_body(
     const int kv0 = lo + tile * KT;
     const T* k_s = k_op;
     const T* v_s = v_op;
+    const float* tok_sc = reinterpret_cast<const float*>(stages + (tile % STAGES) * S::STAGE_BYTES + S::SCALES_AT);
     if constexpr (S::PATH == 2) {
       __syncthreads();  // Q is stored; every warp is done with the previous tile
-      prefill_load_kv_tile<Cfg>(k_op, v_op, kv0, hi, table, kv_head, k_cache, v_cache, k_scale, v_scale, k_s_block,
-                                k_s_head, k_s_token, k_s_run, v_s_block, v_s_head, v_s_token, v_s_run, ks_s_block,
-                                ks_s_head, ks_s_token, vs_s_block, vs_s_head, vs_s_token);
+      prefill_load_kv_tile<Cfg>(k_op, v_op, reinterpret_cast<float*>(stages), kv0, hi, table, kv_head, k_cache,
+                                v_cache, k_scale, v_scale, k_s_block, k_s_head, k_s_token, k_s_run, v_s_block,
+                                v_s_head, v_s_token, v_s_run, ks_s_block, ks_s_head, ks_s_token, vs_s_block,
+                                vs_s_head, vs_s_token);
       __syncthreads();
     } else {
       if (STAGES == 1) {
@@ -497,7 +526,7 @@ __device__ __forceinline__ void paged_prefill_body(
         k_s = reinterpret_cast<const T*>(stage);
         v_s = reinterpret_cast<const T*>(stage + S::TILE_BYTES);
       } else {
-        prefill_convert_tile<Cfg>(k_op, v_op, stage, k_sc, v_sc);
+        prefill_convert_tile<Cfg>(k_op, v_op, stage);
         __syncthreads();  // the operand tiles are written
       }
     }
@@ -510,8 +539,9 @@ __device__ __forceinline__ void paged_prefill_body(
     for (int j = 0; j < S::NT; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int rr = i >> 1, key = kv0 + 8 * j + 2 * t + (i & 1);
-        const float x = adjust_logit<Cfg>(s[j][i] * Cfg::SOFTMAX_SCALE, slope[rr], key, row_pos[rr]);
+        const int rr = i >> 1, col = 8 * j + 2 * t + (i & 1), key = kv0 + col;
+        const float qk = S::TOKEN_SCALES ? s[j][i] * (qk_scale * tok_sc[col]) : s[j][i] * qk_scale;
+        const float x = adjust_logit<Cfg>(qk, slope[rr], key, row_pos[rr]);
         const bool seen = row_ok[rr] && key < hi && (!CAUSAL || key <= row_pos[rr]) && (W == 0 || key > row_pos[rr] - W);
         s[j][i] = seen ? x : KGEN_NEG_INF;
         m_tile[rr] = fmaxf(m_tile[rr], s[j][i]);
@@ -539,6 +569,12 @@ __device__ __forceinline__ void paged_prefill_body(
       }
     st[0].l += l_tile[0];
     st[1].l += l_tile[1];
+    if constexpr (S::TOKEN_SCALES) {  // P V sees P times V's scales; l above is that of the real logits
+#pragma unroll
+      for (int j = 0; j < S::NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[j][i] *= tok_sc[S::KT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;
+    }
     Math::pv(o, s, v_s, d0, dn, p_w, lane);
   }
 
@@ -547,7 +583,7 @@ __device__ __forceinline__ void paged_prefill_body(
     st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 1, 32);
     st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 2, 32);
   }
-  const float inv[2] = {st[0].inv_sum(), st[1].inv_sum()};
+  const float inv[2] = {st[0].inv_sum() * v_out, st[1].inv_sum() * v_out};  // V's scale (or v_ref) too
 #pragma unroll
   for (int nt = 0; nt < S::ONT; ++nt) {
     if (8 * nt >= dn) break;
