@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kgen.families.attention.reference import attention_decode
 from kgen.paging import KVCacheManager
-from kgen.reference import attention_decode
 from kgen.runtime.cuda import gpu_available
 from kgen.spec.models import spec_from_dict
 from kgen.verify.bounds import EPS_FP32, check_output

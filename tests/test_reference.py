@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import kgen
-from kgen.families.decode_cases import make_decode_case
-from kgen.reference import attention_decode, decode_inputs_real, decode_reference
+from kgen.families.attention.decode_cases import make_decode_case
+from kgen.families.attention.reference import attention_decode, decode_inputs_real, decode_reference
 
 BASE = {
     "kgen": 1, "name": "ref_decode", "kind": "paged_decode",

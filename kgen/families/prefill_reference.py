@@ -1,6 +1,6 @@
 """The contiguous golden of paged prefill (docs/prefill-family.md, docs/verification.md).
 
-Each sequence's K and V are gathered and dequantized by kgen/reference.py (the decode golden's
+Each sequence's K and V are gathered and dequantized by kgen/families/attention/reference.py (the decode golden's
 gather: real = stored * scale, canonical layout order); then every query row j of sequence s,
 at absolute position p = seq_lens[s] - q_len_s + j, attends in float64 to keys 0..p (causal),
 p-W+1..p (sliding window W) or all seq_lens[s] keys (causal: false). Logit order: scale, soft-cap,
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kgen.reference import decode_inputs_real
+from kgen.families.attention.reference import decode_inputs_real
 
 ROW_CHUNK = 256  # query rows per reference step
 

@@ -10,8 +10,8 @@ import torch
 
 import kgen
 from kgen.errors import ArgumentError
-from kgen.families.decode_cases import make_decode_case
-from kgen.reference import attention_decode
+from kgen.families.attention.decode_cases import make_decode_case
+from kgen.families.attention.reference import attention_decode
 
 DECODE = {
     "kgen": 1, "name": "alias_decode", "kind": "paged_decode",

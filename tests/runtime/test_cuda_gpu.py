@@ -15,7 +15,7 @@ from kgen.arrays import args_to_backend, as_array_arg, to_numpy
 from kgen.build import build
 from kgen.dtypes import BY_NUMPY
 from kgen.errors import ArgumentError
-from kgen.families.decode_cases import make_decode_case
+from kgen.families.attention.decode_cases import make_decode_case
 from kgen.spec.models import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ from conftest import reference_check, tiny_decode
 
 from kgen.build import build
 from kgen.errors import KernelRuntimeError, KgenUserError
-from kgen.families.decode_cases import make_decode_case
-from kgen.families.paged_decode import PAGED_DECODE
+from kgen.families.attention.decode import PAGED_DECODE
+from kgen.families.attention.decode_cases import make_decode_case
 from kgen.spec.models import load_spec
 from kgen.tune import measure as tune_measure
 from kgen.tune.measure import make_task, run_task

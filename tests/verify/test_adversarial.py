@@ -15,10 +15,10 @@ from conftest import run_kgen
 
 import kgen
 from kgen.arrays import host_owner, to_backend, to_numpy
-from kgen.families.decode_adversarial_cases import WRAP, build_pool_case
-from kgen.families.decode_cases import decode_case_matrix, matrix_cases
+from kgen.families.attention.adversarial_cases import WRAP, build_pool_case
+from kgen.families.attention.decode_cases import decode_case_matrix, matrix_cases
+from kgen.families.attention.reference import decode_reference
 from kgen.families.registry import family_for
-from kgen.reference import decode_reference
 from kgen.render import render
 from kgen.verify.bounds import check_output
 from kgen.verify.guards import broken_seals, check_guard, guarded, seal

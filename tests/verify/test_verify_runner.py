@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import kgen
-from kgen.families.decode_cases import decode_case_matrix
+from kgen.families.attention.decode_cases import decode_case_matrix
 from kgen.kernel import Kernel
 from kgen.render import render
 from kgen.verify.bounds import check_output

@@ -1,5 +1,5 @@
 """Every paged-prefill variant at q_len 1 gives the decode kernel's numbers for the same spec and
-inputs, and both agree with a small float64 computation written here from DESIGN.md §3 alone
+inputs, and both agree with a small float64 computation written here from docs/abi.md (the kernel ABI) alone
 (real = stored * scale, the ABI's cache and scale shapes), not from kgen's own reference.
 
 The cases are small (4 query heads over 2 KV heads, head_dim 32, blocks of 8), so every cache
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import kgen
-from kgen.families.decode_cases import make_decode_case
+from kgen.families.attention.decode_cases import make_decode_case
 
 FLOAT = ("fp16", "bf16", "fp32")
 QUANT = ("fp8_e4m3", "fp8_e5m2", "int8")
@@ -32,7 +32,7 @@ def _spec(kind: str, dt: str, scale: str, layout: str, order: str, q: str = "fp1
 
 
 def _real(args: dict, which: str, scale_mode: str, layout: str, order: str, seq: int, n: int) -> np.ndarray:
-    """[n, HKV, D] float64 real values of one sequence's K or V, read per DESIGN.md §3."""
+    """[n, HKV, D] float64 real values of one sequence's K or V, read per docs/abi.md (the kernel ABI)."""
     table = np.asarray(args["block_tables"])[seq]
     if layout == "fused":
         pool = np.asarray(args["kv_cache"])[:, 0 if which == "k" else 1]

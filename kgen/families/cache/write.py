@@ -11,10 +11,10 @@ import numpy as np
 from kgen.arrays import ArrayArg
 from kgen.dtypes import dtype
 from kgen.errors import ArgumentError
-from kgen.families import cache_write_cases
 from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
 from kgen.families.base import Config, SingleKernelFamily
 from kgen.families.binding import CallBinder, host_values, refuse_plan
+from kgen.families.cache import write_cases as cache_write_cases
 from kgen.families.layout import (
     SCALE_MODES,
     bind_scales,
@@ -93,7 +93,7 @@ class CacheWriteFamily(SingleKernelFamily):
         refuse_plan(spec, plan)
         return _bind(CallBinder(spec, call), self.kernels(spec, config)[0], checked)
 
-    # ---- verification and benchmarks (kgen/families/cache_write_cases.py) --------------------
+    # ---- verification and benchmarks (kgen/families/cache/write_cases.py) --------------------
     def cases(self, spec, config: Config, rng: np.random.Generator):
         return cache_write_cases.cases()
 

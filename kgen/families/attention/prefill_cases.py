@@ -1,6 +1,6 @@
 """The paged-prefill family's verification matrix and benchmark inputs (docs/verification.md).
 
-The caches are made exactly as for decode (kgen/families/decode_cases.py: shuffled physical
+The caches are made exactly as for decode (kgen/families/attention/decode_cases.py: shuffled physical
 blocks in a pool several times larger than needed, optional shared prefix blocks, strided pools,
 poison in every slot past seq_len, every unreferenced block and every unused table entry); each
 sequence gets a chunk of q_len query rows at the end of its seq_len tokens. The matrix: chunk
@@ -19,10 +19,10 @@ import numpy as np
 
 from kgen.arrays import args_to_backend, to_numpy
 from kgen.dtypes import dtype
+from kgen.families.attention.decode_cases import make_decode_case
+from kgen.families.attention.reference import attention_decode
 from kgen.families.base import Bench, Case, Config
-from kgen.families.decode_cases import make_decode_case
 from kgen.families.prefill_reference import attention_prefill
-from kgen.reference import attention_decode
 from kgen.verify.bounds import EPS_FP32, K_FACTOR
 from kgen.verify.report import CaseResult
 

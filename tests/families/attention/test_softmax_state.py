@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kgen.families.paged_decode import DEVICE_HEADERS
+from kgen.families.attention.decode import DEVICE_HEADERS
 from kgen.paths import templates_dir
 from kgen.runtime.base import Launch
 from kgen.runtime.cpu import CpuModule

@@ -4,14 +4,14 @@ Random inputs follow the spec's ABI with the traps of the matrix: physical block
 over a pool several times larger than needed, optional prefix blocks shared between two
 sequences, and poison (NaN, or extreme values for int8) in every tail slot, every
 unreferenced block and every unused table entry. The adversarial cases
-(kgen/families/decode_adversarial_cases.py) add large logits, contexts of >= 4,096 and
+(kgen/families/attention/adversarial_cases.py) add large logits, contexts of >= 4,096 and
 >= 32,768 tokens, strided q and out, and a pool past 2^32 elements; batch sizes, lengths and
 tables come from the run's seed.
 
 Around every call: each input is sealed (kgen/verify/guards.py), out, the LSE and the split-KV
 scratch are pre-filled with NaN inside guard bytes, and afterwards every (sequence, head) of
 the output (and of the LSE where the case asks for it) is judged against the float64
-reference (kgen/reference.py) with its own derived bound (kgen/verify/bounds.py).
+reference (kgen/families/attention/reference.py) with its own derived bound (kgen/verify/bounds.py).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import numpy as np
 
 from kgen.arrays import to_backend, to_numpy
 from kgen.dtypes import QUANTIZED, dtype
+from kgen.families.attention.adversarial_cases import ADVERSARIAL, adversarial_cases, build_pool_case, poison
+from kgen.families.attention.reference import DecodeReference, decode_reference
 from kgen.families.base import Bench, Case, Config
-from kgen.families.decode_adversarial_cases import ADVERSARIAL, adversarial_cases, build_pool_case, poison
 from kgen.families.layout import scale_to_layout, to_layout
-from kgen.reference import DecodeReference, decode_reference
 from kgen.verify.bounds import check_lse, check_output
 from kgen.verify.guards import Guarded, guarded, seal, tripwires
 from kgen.verify.report import CaseResult
@@ -150,7 +150,7 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
 # ---- the verification matrix ----------------------------------------------------------------
 def decode_case_matrix(spec, config: Config, rng: np.random.Generator) -> list[tuple[str, list[int], bool]]:
     """(name, seq_lens, share_prefix) for every case of the matrix: the classic cases, then the
-    adversarial ones (kgen/families/decode_adversarial_cases.py); the case named 'padded_pool'
+    adversarial ones (kgen/families/attention/adversarial_cases.py); the case named 'padded_pool'
     passes the caches as strided views (see make_decode_case)."""
     B = spec.kv_cache.block_size
     long_len = max(5 * B + 3, 300)

@@ -13,15 +13,15 @@ from conftest import assert_lse_matches, reference_check
 import kgen
 from kgen.compile.nvrtc import compile_cubin
 from kgen.dtypes import dtype
+from kgen.families.attention.decode import PAGED_DECODE
+from kgen.families.attention.decode_cases import make_decode_case
+from kgen.families.attention.decode_geometry import decode_geometry
 from kgen.families.base import resolve_config
-from kgen.families.decode_cases import make_decode_case
-from kgen.families.decode_geometry import decode_geometry
-from kgen.families.paged_decode import PAGED_DECODE
 from kgen.render import render
 from kgen.verify.handwritten import kernel_from_source
 from kgen.verify.runner import verify
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BASE = {
     "kgen": 1, "name": "fam_decode", "kind": "paged_decode",
     "attention": {"num_q_heads": 6, "num_kv_heads": 2, "head_dim": 64},

@@ -14,11 +14,11 @@ import numpy as np
 from kgen.arrays import ArrayArg, as_array_arg, empty_like_library
 from kgen.dtypes import dtype
 from kgen.errors import ArgumentError
-from kgen.families import decode_cases
 from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
+from kgen.families.attention import decode_cases
+from kgen.families.attention.decode_geometry import decode_geometry, vector_width, vllm_v_copy
 from kgen.families.base import Config, FamilyBase, TunableParam, threads_problems
 from kgen.families.binding import CallBinder, host_values
-from kgen.families.decode_geometry import decode_geometry, vector_width, vllm_v_copy
 from kgen.families.decode_split import check_forced_partition, choose_split
 from kgen.families.layout import (
     SCALE_MODES,
@@ -191,7 +191,7 @@ class PagedDecodeFamily(FamilyBase):
         plan the call plans itself from its lengths (host arrays) or its block table's width."""
         return _Binder(spec, call).bind(self, config, checked, plan, target_blocks or DEFAULT_TARGET_BLOCKS)
 
-    # ---- verification and benchmarks (kgen/families/decode_cases.py) --------------------
+    # ---- verification and benchmarks (kgen/families/attention/decode_cases.py) --------------------
     def cases(self, spec, config: Config, rng: np.random.Generator):
         return decode_cases.matrix_cases(spec, config, rng)
 

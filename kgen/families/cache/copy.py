@@ -16,10 +16,10 @@ import numpy as np
 
 from kgen.arrays import ArrayArg, as_array_arg
 from kgen.errors import ArgumentError
-from kgen.families import copy_blocks_cases
 from kgen.families.argtable import Arg, KernelDecl, array
 from kgen.families.base import Config, SingleKernelFamily
 from kgen.families.binding import CallArg, CallBinder, host_values, refuse_plan
+from kgen.families.cache import copy_cases as copy_blocks_cases
 from kgen.families.layout import cache_names, cache_rows, cache_shapes, describe, scale_shape
 from kgen.optional import is_torch_tensor
 
@@ -76,7 +76,7 @@ class CopyBlocksFamily(SingleKernelFamily):
         refuse_plan(spec, plan)
         return _bind(CallBinder(spec, call), self.kernels(spec, config)[0], checked)
 
-    # ---- verification and benchmarks (kgen/families/copy_blocks_cases.py) --------------------
+    # ---- verification and benchmarks (kgen/families/cache/copy_cases.py) --------------------
     def cases(self, spec, config: Config, rng: np.random.Generator):
         return copy_blocks_cases.cases()
 

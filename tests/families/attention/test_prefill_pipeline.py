@@ -1,4 +1,4 @@
-"""The prefill K/V pipeline and its call-time split (kgen/families/paged_prefill.py,
+"""The prefill K/V pipeline and its call-time split (kgen/families/attention/prefill.py,
 templates/common/paged_prefill.cuh): the planner's grids, plans reused across calls, bad plans
 refused, every stage count and K/V path verified, and a tile read before its copies land fails."""
 
@@ -11,10 +11,10 @@ import pytest
 from conftest import tiny_decode
 
 import kgen
+from kgen.families.attention.prefill import PAGED_PREFILL, SMEM_LIMIT, kv_path, smem_bytes, stages_of, tiles
+from kgen.families.attention.prefill_cases import check_rows, make_prefill_case
 from kgen.families.base import resolve_config
 from kgen.families.decode_split import STEP_TOKENS
-from kgen.families.paged_prefill import PAGED_PREFILL, SMEM_LIMIT, kv_path, smem_bytes, stages_of, tiles
-from kgen.families.prefill_cases import check_rows, make_prefill_case
 from kgen.families.prefill_reference import attention_prefill
 from kgen.plan import BLOCKS_PER_SM
 from kgen.render import render
@@ -174,7 +174,7 @@ def test_stages_verify(overrides, config):
 WAIT = "cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();  // this thread's copies of the tile have landed"
 BARRIER = "__syncthreads();  // everybody's have; Q is stored;"
 INCLUDE = '#include "kgen/paged_prefill.cuh"\n'
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("mid,old,new", [

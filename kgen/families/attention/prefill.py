@@ -15,8 +15,9 @@ import numpy as np
 from kgen.arrays import ArrayArg, as_array_arg, empty_like_library
 from kgen.dtypes import dtype
 from kgen.errors import ArgumentError
-from kgen.families import prefill_cases
 from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
+from kgen.families.attention import prefill_cases
+from kgen.families.attention.decode import _PARTITION_TOKENS, MERGE_THREADS, _Binder, _c_float, vector_width
 from kgen.families.base import Config, FamilyBase, TunableParam, resolve_config
 from kgen.families.binding import host_values
 from kgen.families.decode_split import check_forced_partition, choose_split
@@ -35,7 +36,6 @@ from kgen.families.layout import (
     stride_values,
     vllm_x,
 )
-from kgen.families.paged_decode import _PARTITION_TOKENS, MERGE_THREADS, _Binder, _c_float, vector_width
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 
 WARPS = (1, 2, 4, 8)
@@ -301,7 +301,7 @@ class PagedPrefillFamily(FamilyBase):
         return _PrefillBinder(spec, call).bind_prefill(self, config, checked, plan,
                                                        target_blocks or DEFAULT_TARGET_BLOCKS)
 
-    # ---- verification and benchmarks (kgen/families/prefill_cases.py) -------------------
+    # ---- verification and benchmarks (kgen/families/attention/prefill_cases.py) -------------------
     def cases(self, spec, config: Config, rng: np.random.Generator):
         return prefill_cases.matrix_cases(spec, config, rng)
 

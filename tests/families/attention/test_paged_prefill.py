@@ -19,14 +19,14 @@ from conftest import run_kgen
 import kgen
 from kgen.compile.nvrtc import compile_cubin
 from kgen.dtypes import dtype
-from kgen.families.decode_cases import make_decode_case
-from kgen.families.prefill_cases import check_lse, check_rows, make_prefill_case
+from kgen.families.attention.decode_cases import make_decode_case
+from kgen.families.attention.prefill_cases import check_lse, check_rows, make_prefill_case
+from kgen.families.attention.reference import attention_decode
 from kgen.families.prefill_reference import attention_prefill
-from kgen.reference import attention_decode
 from kgen.render import render
 from kgen.verify.handwritten import kernel_from_source
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SPECS = ROOT / "specs"
 EXAMPLES = ["llama3_8b_prefill", "prefill_fp8_e4m3", "prefill_sliding_window"]
 
