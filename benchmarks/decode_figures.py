@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 
 import kgen
-from kgen.dtypes import dtype
 from kgen.families.attention.decode_cases import make_decode_case
 from kgen.families.attention.decode_geometry import decode_geometry
+from kgen.formats.dtypes import dtype
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -45,7 +45,7 @@ def print_report(report) -> None:
     for col in ("case", "seq_lens", "max error", "bound", "result"):
         table.add_column(col)
     for c in report.cases:
-        lens = ",".join(map(str, c.seq_lens))
+        lens = ",".join(map(str, c.sizes))
         lens = lens if len(lens) <= 40 else lens[:37] + "..."
         verdict = "[green]pass[/green]" if c.passed else "[red]FAIL[/red]"
         table.add_row(escape(c.name), lens, f"{c.max_error:.3g}", f"{c.bound:.3g}", verdict)

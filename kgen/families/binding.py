@@ -115,12 +115,14 @@ class CallArg:
 
 
 def call_arguments(family, spec, config) -> list[CallArg]:
-    """The call's arguments in ABI order: the family's own list where its call differs from its
-    kernel's parameters (copy_blocks), else the argument table's arrays with a fused pool's halves
-    as one `kv_cache` and kgen's scratch left out."""
-    own = getattr(family, "call_arguments", None)
-    if own is not None:
-        return own(spec, config)
+    """The call's arguments in ABI order (the family's call_arguments)."""
+    return family.call_arguments(spec, config)
+
+
+def table_call_arguments(family, spec, config) -> list[CallArg]:
+    """The call's arguments where they are the kernel's: the argument table's arrays with a fused
+    pool's halves as one `kv_cache` and kgen's scratch left out (a family whose call differs from
+    its kernel's parameters, copy_blocks, lists its own)."""
     rows: list[CallArg] = []
     for a in family.arguments(spec, config):
         if a.role not in ("input", "output"):

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from kgen.arrays import ArrayArg, scale_value
-from kgen.dtypes import QUANTIZED, dtype
 from kgen.errors import ArgumentError
 from kgen.families.argtable import Arg, array, stride
+from kgen.formats.dtypes import QUANTIZED, dtype
 
 AXES = ("block", "head", "token", "run")  # the order of a cache array's kernel strides
 SCALE_AXES = ("block", "head", "token")  # the order of a per_token_head scale pool's kernel strides

@@ -42,7 +42,7 @@ def compare(name: str, count: list[int], arrays: list[tuple[str, np.ndarray, np.
             first = (f"{label}{list(idx)}: got {got[idx]!r} (bits {int(bits(got)[idx]):#x}), expected {exp[idx]!r} "
                      f"(bits {int(bits(exp)[idx]):#x}); {note}", where)
         wrong += n
-    result = CaseResult(name, count, float(wrong), 0.0, 0.0, wrong == 0)
+    result = CaseResult(name, count, float(wrong), 0.0, wrong == 0)
     if first is not None:
         result.note = f"{wrong} element(s) wrong; first: {first[0]}"
         result.first_failure = first[1]

@@ -17,6 +17,6 @@ from kgen.verify.report import CaseResult
 
 def failed_run(case: str, seq_lens: list[int], error: KernelRuntimeError) -> CaseResult:
     """The failed CaseResult of a case whose launch crashed, hung or was refused by the runtime."""
-    return CaseResult(case, list(seq_lens), math.nan, math.nan, math.nan, False,
+    return CaseResult(case, list(seq_lens), math.nan, math.nan, False,
                       note=f"case '{case}': the kernel did not run to completion: {error} "
                            "(later cases were not run)")

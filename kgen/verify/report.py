@@ -13,10 +13,9 @@ from dataclasses import asdict, dataclass, field
 @dataclass
 class CaseResult:
     name: str
-    seq_lens: list[int]
-    max_error: float  # of the worst (sequence, head) row: the highest error / bound
-    bound: float  # that row's bound
-    lowp_error: float
+    sizes: list[int]  # what the case is made of, in the kind's terms (attention: its sequence lengths)
+    max_error: float  # of the worst row (attention: (sequence, head)): the highest error / bound
+    bound: float  # that row's bound (bit-exact cases: 0, and max_error counts the wrong elements)
     passed: bool
     nan_count: int = 0
     # {"case", "output", "sequence", "head", "length", "dim", "got", "expected", "error", "bound", ...};

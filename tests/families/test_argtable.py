@@ -13,11 +13,11 @@ import pytest
 
 import kgen
 from kgen.abi import abi_text
-from kgen.dtypes import dtype
 from kgen.families.argtable import KernelDecl, pack, scalar, stride
 from kgen.families.attention.decode_cases import make_decode_case
 from kgen.families.base import resolve_config
 from kgen.families.registry import family_for
+from kgen.formats.dtypes import dtype
 from kgen.render import render
 from kgen.verify.handwritten import kernel_from_source
 

@@ -85,7 +85,7 @@ def test_crash_fails_the_case_that_triggered_it(spec, source, fault, verdict):
     passed = [c.name for c in report.cases if c.passed]
     assert {"len_1", "len_B", "len_2B+1"} <= set(passed)
     (bad,) = report.failed_cases
-    assert bad.name == "long" and bad.seq_lens == [300]
+    assert bad.name == "long" and bad.sizes == [300]
     assert verdict in bad.note and "'long'" in bad.note
     assert bad.name in report.summary()
     kern.module.close()

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kgen.dtypes import QUANTIZED, dtype
 from kgen.families.layout import cache_shapes, scale_shape, scale_to_layout, to_layout
+from kgen.formats.dtypes import QUANTIZED, dtype
 from kgen.quantize import QMAX, per_token_head_scale, quantize
 from kgen.verify.sparse import sparse_zeros
 

@@ -22,11 +22,11 @@ import ml_dtypes
 import numpy as np
 
 from kgen.arrays import to_backend, to_numpy
-from kgen.dtypes import QUANTIZED, dtype
 from kgen.families.attention.adversarial_cases import ADVERSARIAL, adversarial_cases, build_pool_case, poison
-from kgen.families.attention.reference import DecodeReference, decode_reference
+from kgen.families.attention.reference import Reference, attention_reference
 from kgen.families.base import Bench, Case, Config
 from kgen.families.layout import scale_to_layout, to_layout
+from kgen.formats.dtypes import QUANTIZED, dtype
 from kgen.verify.bounds import check_lse, check_output
 from kgen.verify.guards import Guarded, guarded, seal, tripwires
 from kgen.verify.report import CaseResult
@@ -184,10 +184,10 @@ def matrix_cases(spec, config: Config, rng: np.random.Generator) -> list[Case]:
             for name, lens, share in decode_case_matrix(spec, config, rng)]
 
 
-def _references(spec, args: dict) -> tuple[DecodeReference, DecodeReference]:
+def _references(spec, args: dict) -> tuple[Reference, Reference]:
     """The float64 reference of one call and the same attention in the kernel's input precision."""
     round_to = None if spec.dtype.q == "fp32" else dtype(spec.dtype.q).numpy
-    return decode_reference(spec, args["q"], args), decode_reference(spec, args["q"], args, dtype=np.float32,
+    return attention_reference(spec, args["q"], args), attention_reference(spec, args["q"], args, dtype=np.float32,
                                                                      round_to=round_to, magnitudes=False)
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kgen.dtypes import dtype
 from kgen.families.base import Config
+from kgen.formats.dtypes import dtype
 
 SMEM_LIMIT = 48 * 1024  # static shared memory of one block (every target arch)
 TILE_BYTES_PER_THREAD = 64  # K and V bytes each thread requests per tile, at least

@@ -7,35 +7,27 @@ table here is the kernel ABI; the call binding checks a call against it and pack
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from kgen.arrays import ArrayArg, as_array_arg, empty_like_library
-from kgen.dtypes import dtype
 from kgen.errors import ArgumentError
-from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
+from kgen.families.argtable import Arg, KernelDecl
 from kgen.families.attention import prefill_cases
-from kgen.families.attention.decode import _PARTITION_TOKENS, MERGE_THREADS, _Binder, _c_float, vector_width
+from kgen.families.attention.common import (
+    PREFILL_ROWS,
+    AttentionBinder,
+    attention_arguments,
+    call_names,
+    merge_kernel,
+    template_context,
+)
+from kgen.families.attention.decode_geometry import vector_width
 from kgen.families.base import Config, FamilyBase, TunableParam, resolve_config
 from kgen.families.binding import host_values
 from kgen.families.decode_split import check_forced_partition, choose_split
-from kgen.families.layout import (
-    SCALE_MODES,
-    bind_scales,
-    cache_args,
-    cache_names,
-    cache_rows,
-    cache_shapes,
-    cache_strides,
-    describe,
-    layout_problems,
-    scale_args,
-    stride_args,
-    stride_values,
-    vllm_x,
-)
+from kgen.families.layout import cache_rows, describe, layout_problems, vllm_x
+from kgen.formats.dtypes import dtype
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 
 WARPS = (1, 2, 4, 8)
@@ -155,38 +147,7 @@ class PagedPrefillFamily(FamilyBase):
         return {"warps": [2, 4], "kv_tile": [32, 64], "stages": [1, 2], "partition_size": [0, 256]}
 
     def arguments(self, spec, config: Config) -> list[Arg]:
-        a, d = spec.attention, spec.dtype
-        Hq, D = a.num_q_heads, a.head_dim
-        single_pass = not config["partition_size"]
-        return [
-            array("out", d.resolved_out, "output", ("num_q_tokens", Hq, D), "attention output of each query row"),
-            array("q", d.q, "input", ("num_q_tokens", Hq, D), "queries, packed by sequence (q_indptr)"),
-            *cache_args(spec, "input", const=True),
-            array("q_indptr", "int32", "input", ("num_seqs + 1",),
-                  "sequence s owns query rows q_indptr[s] .. q_indptr[s+1]-1; q_indptr[0] = 0, non-decreasing"),
-            array("block_tables", "int32", "input", ("num_seqs", "max_blocks_per_seq"),
-                  "physical block ids; entries past ceil(seq_len / block_size) are never read"),
-            array("seq_lens", "int32", "input", ("num_seqs",),
-                  "KV tokens of each sequence including its chunk; q_len <= seq_len <= max_blocks_per_seq * "
-                  "block_size"),
-            *scale_args(spec),
-            array("alibi_slopes", "fp32", "input", (Hq,),
-                  "ALiBi slope of each query head" if a.alibi else "null: the spec has no ALiBi", optional=not a.alibi),
-            array("part_o", "fp32", "scratch", ("num_q_tokens", Hq, "max_partitions", D),
-                  "split-KV: each partition's normalised output (null without split)", optional=single_pass),
-            array("part_ml", "fp32", "scratch", ("num_q_tokens", Hq, "max_partitions", 2),
-                  "split-KV: each partition's (max, sum) of exp (null without split)", optional=single_pass),
-            array("lse", "fp32", "output", ("num_q_tokens", Hq),
-                  "natural-log log-sum-exp of the final logits, -inf for no key (null unless requested)",
-                  optional=True),
-            scalar("num_seqs", "int32", "sequences in the batch"),
-            scalar("max_blocks_per_seq", "int32", "columns of block_tables"),
-            scalar("max_partitions", "int32", "partitions per sequence (grid z / head_dim slices); 1 without split"),
-            stride("q_s_tok", "q stride between query rows"), stride("q_s_head", "q stride between heads"),
-            stride("o_s_tok", "out stride between query rows"), stride("o_s_head", "out stride between heads"),
-            *stride_args(),
-            *([] if single_pass else [_PARTITION_TOKENS]),
-        ]
+        return attention_arguments(spec, config, PREFILL_ROWS)
 
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
         a, P = spec.attention, config["partition_size"]
@@ -194,48 +155,24 @@ class PagedPrefillFamily(FamilyBase):
         table = self.arguments(spec, config)
         main = KernelDecl(spec.name, tuple(table), ("q_tiles", a.num_kv_heads, "z"), 32 * warps,
                           smem=smem_bytes(spec, warps, kv_tile, stages_of(spec, config)))
-        if not P:
-            return [main]
-        by_name = {arg.name: arg for arg in table}
-        reads = [replace(by_name[n], ctype="const " + by_name[n].ctype, role="input") for n in ("part_o", "part_ml")]
-        merge = KernelDecl(f"{spec.name}_merge", (by_name["out"], *reads, *(by_name[n] for n in (
-            "lse", "q_indptr", "seq_lens", "num_seqs", "max_partitions", "partition_tokens", "o_s_tok",
-            "o_s_head"))),
-            (a.num_q_heads, "num_q_tokens", 1), MERGE_THREADS)
-        return [main, merge]
+        return [main, merge_kernel(spec, table, PREFILL_ROWS)] if P else [main]
 
     def template_context(self, spec, config: Config) -> dict[str, Any]:
-        a, kv = spec.attention, spec.kv_cache
-        layout_vllm = kv.layout == "vllm"
         warps, kv_tile = tiles(spec, config)
         kernels = self.kernels(spec, config)
         return {
-            "q_ctype": dtype(spec.dtype.q).ctype,
-            "out_ctype": dtype(spec.dtype.resolved_out).ctype,
-            "kv_ctype": dtype(kv.dtype).ctype,
-            "scale_mode": SCALE_MODES[kv.scale],
-            "softmax_scale": _c_float(spec.softmax_scale_value),
-            "sliding_window": int(a.sliding_window or 0),
-            "soft_cap": _c_float(a.logits_soft_cap or 0.0),
-            "k_run": vllm_x(spec) if layout_vllm else a.head_dim,
-            "v_run": 1 if layout_vllm else a.head_dim,
-            "vec": vector_width(spec),
+            **template_context(spec, config, kernels),
             "warps": warps,
             "kv_tile": kv_tile,
             "stages": stages_of(spec, config),
             "kv_path": KV_PATHS.index(kv_path(spec)),
             "smem_bytes": kernels[0].smem,
-            "partition_size": config["partition_size"],
-            "main": kernels[0],
-            "merge": kernels[1] if len(kernels) > 1 else None,
         }
 
     def abi_notes(self, spec) -> list[str]:
         a, kv = spec.attention, spec.kv_cache
         rows = 16 * tiles(spec, resolve_config(self, spec, self.abi_config(spec)))[0]  # the ABI launch's
-        names = ["q", *cache_names(spec), "q_indptr", "block_tables", "seq_lens"]
-        names += ["k_scale", "v_scale"] if kv.scale != "none" else []
-        names += ["alibi_slopes"] if a.alibi else []
+        names = call_names(spec, PREFILL_ROWS)
         visible = ("keys p-" + str(a.sliding_window - 1) + " .. p" if a.sliding_window else "keys 0 .. p") \
             if a.causal else "all seq_len keys (causal: false)"
         return [
@@ -264,10 +201,15 @@ class PagedPrefillFamily(FamilyBase):
         ]
 
     # ---- the call ---------------------------------------------------------------------
-    def schedule(self, spec, config: Config, seq_lens: np.ndarray, target_blocks: int, partition_tokens: int | None = None,
-                 q_indptr: np.ndarray | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
-        """Launch sizes for these lengths and chunks (decode's planner, kgen/families/decode_split.py:
-        one block per (tile of query rows, KV head, partition)) and the kernels launched."""
+    def schedule(self, spec, config: Config, lengths: dict[str, np.ndarray], target_blocks: int,
+                 partition_tokens: int | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
+        """Launch sizes for these lengths and chunks (the call's seq_lens and q_indptr; decode's
+        planner, kgen/families/decode_split.py: one block per (tile of query rows, KV head,
+        partition)) and the kernels launched."""
+        seq_lens, q_indptr = lengths["seq_lens"], lengths.get("q_indptr")
+        extra = sorted(set(lengths) - {"seq_lens", "q_indptr"})
+        if extra:
+            raise ArgumentError(f"{extra[0]}: not a length of a {spec.kind} call (plan it with seq_lens and q_indptr)")
         if q_indptr is None:
             raise ArgumentError(f"q_indptr: required to plan a {spec.kind} call: kern.plan(seq_lens, q_indptr=...)")
         granule = config["partition_size"]
@@ -298,8 +240,47 @@ class PagedPrefillFamily(FamilyBase):
              target_blocks: int | None = None):
         """Check the call's arguments against the ABI and return (launches, result); without a plan
         the call plans itself from its lengths (host arrays) or its shapes."""
-        return _PrefillBinder(spec, call).bind_prefill(self, config, checked, plan,
-                                                       target_blocks or DEFAULT_TARGET_BLOCKS)
+        B = spec.kv_cache.block_size
+        b = AttentionBinder(spec, call)
+        q, T = b.query(PREFILL_ROWS)
+        pool = b.pool(v_by_token=False)
+        bt, sl = b.table(None)
+        S, M = bt.shape
+        ind = b.take("q_indptr", True)
+        b.check(ind, (S + 1,), "int32", contiguous=True)
+        (ks, vs), scale_strides = b.scales(pool)
+        alibi = b.alibi()
+        out = b.out(q, T)
+        lse = b.lse(q, T)
+        if checked:  # before planning: the plan trusts q_indptr and seq_lens
+            b.check_lengths(sl, bt, pool.num_blocks, q_lens=_checked_q_lens(host_values(ind), T), min_len=0)
+        if plan is None:  # host lengths are planned for; device ones by shapes (full tables, rows spread evenly)
+            if sl.device == "cpu" and ind.device == "cpu":
+                lens, indptr = host_values(sl), host_values(ind)
+            else:
+                per_seq = -(-T // max(S, 1))
+                lens, indptr = np.full(S, max(M * B, per_seq)), np.minimum(np.arange(S + 1) * per_seq, T)
+            sizes, kernels = self.schedule(spec, config, {"seq_lens": lens, "q_indptr": indptr},
+                                           target_blocks or DEFAULT_TARGET_BLOCKS)
+            rows_planned = T
+        else:
+            sizes, kernels = b.planned(self, config, plan, S)
+            rows_planned = plan.sizes["num_q_tokens"]
+            if T > rows_planned:
+                raise ArgumentError(f"plan: made for at most {rows_planned} query rows, the call has {T} "
+                                    "(make the plan for the largest batch)")
+        max_parts = sizes["max_partitions"]
+        part_o, part_ml = b.split_scratch(config, plan, q, max_parts, rows_planned if T else 0)
+        b.refuse_unknown()
+        written = [out, lse, part_o, part_ml]
+        b.refuse_aliasing(written, [q, *pool.caches, ind, bt, sl, ks, vs, alibi, *written])
+        values = b.values(PREFILL_ROWS, q, out, pool, bt, sl, (ks, vs), scale_strides, alibi, part_o, part_ml, lse,
+                          sizes, M, q_indptr=b.pointer(ind), num_seqs=S)
+        rows = kernels[0].block // 32 * 16  # grid x from the call's shapes (a plan may be for other chunks)
+        grid = {"q_tiles": -(-T * spec.group_size // rows) + S, "num_q_tokens": T, "z": max_parts * slices(spec)}
+        reached = [c.native for c in pool.caches]  # fused: K/V by address (an isolated child maps them too)
+        launches = [k.launch(grid, values, reached) for k in kernels] if T else []  # no query row: nothing to launch
+        return launches, ((out.obj, lse.obj) if lse is not None else out.obj)
 
     # ---- verification and benchmarks (kgen/families/attention/prefill_cases.py) -------------------
     def cases(self, spec, config: Config, rng: np.random.Generator):
@@ -319,153 +300,22 @@ class PagedPrefillFamily(FamilyBase):
         return prefill_cases.bench(spec, bucket, rng)
 
 
-class _PrefillBinder(_Binder):
-    """Checks one prefill call's arguments and plans its launches (decode's checks of caches,
-    alignment and scales; q_indptr and the chunk lengths in addition)."""
-
-    def bind_prefill(self, family: PagedPrefillFamily, config: Config, checked: bool, plan: Plan | None,
-                     target_blocks: int):
-        spec, a, kv = self.spec, self.spec.attention, self.spec.kv_cache
-        D, B, Hq = a.head_dim, kv.block_size, a.num_q_heads
-        q = self.take("q", True)
-        self.device = q.device
-        if len(q.shape) != 3:
-            raise ArgumentError(f"q: expected shape [num_q_tokens, {Hq}, {D}], got {list(q.shape)}")
-        T = q.shape[0]
-        self.check(q, (T, Hq, D), spec.dtype.q)
-
-        self.refuse_other_layouts()
-        caches = [self.take(n, True) for n in cache_names(spec)]
-        N = caches[0].shape[0] if caches[0].shape else 0
-        for c, shape in zip(caches, cache_shapes(spec, N).values(), strict=True):
-            self.check(c, shape, kv.dtype)
-        vec = vector_width(spec)
-        st = cache_strides(spec, caches)
-        if kv.layout == "vllm":
-            self._aligned(caches[0], min(vec, vllm_x(spec)), st.k)
-        else:
-            for c in caches:
-                self._aligned(c, vec, (*st.k[:3], *st.v[:3], 0, st.v_offset))
-
-        bt = self.take("block_tables", True)
-        if len(bt.shape) != 2:
-            raise ArgumentError(f"block_tables: expected shape [num_seqs, max_blocks_per_seq], got {list(bt.shape)}")
-        S, M = bt.shape
-        self.check(bt, (S, M), "int32", contiguous=True)
-        sl = self.take("seq_lens", True)
-        self.check(sl, (S,), "int32", contiguous=True)
-        ind = self.take("q_indptr", True)
-        self.check(ind, (S + 1,), "int32", contiguous=True)
-        (ks, vs), scale_strides = bind_scales(self, spec, N)
-
-        alibi = self.take("alibi_slopes", False)
-        if a.alibi:
-            if alibi is None:
-                raise ArgumentError(f"alibi_slopes: required (spec has alibi: true), fp32 shape [{Hq}]")
-            self.check(alibi, (Hq,), "fp32", contiguous=True)
-        elif alibi is not None:
-            raise ArgumentError("alibi_slopes: given, but the spec has alibi: false")
-
-        out = self.take("out", False)
-        out_dtype = spec.dtype.resolved_out
-        if out is None:
-            out = as_array_arg("out", empty_like_library(q, (T, Hq, D), out_dtype))
-        self.check(out, (T, Hq, D), out_dtype)
-        return_lse = bool(self.call.pop("return_lse", False))
-        lse = as_array_arg("lse", empty_like_library(q, (T, Hq), "fp32")) if return_lse else None
-        if checked:  # before planning: the plan trusts q_indptr and seq_lens
-            self._check_prefill_values(ind, bt, sl, N, M, T)
-        if plan is None:  # host lengths are planned for; device ones by shapes (full tables, rows spread evenly)
-            if sl.device == "cpu" and ind.device == "cpu":
-                lens, indptr = host_values(sl), host_values(ind)
-            else:
-                per_seq = -(-T // max(S, 1))
-                lens, indptr = np.full(S, max(M * B, per_seq)), np.minimum(np.arange(S + 1) * per_seq, T)
-            sizes, kernels = family.schedule(spec, config, lens, target_blocks, q_indptr=indptr)
-            rows_planned = T
-        else:
-            sizes, kernels = self._planned(family, config, plan, S)
-            rows_planned = plan.sizes["num_q_tokens"]
-            if T > rows_planned:
-                raise ArgumentError(f"plan: made for at most {rows_planned} query rows, the call has {T} "
-                                    "(make the plan for the largest batch)")
-        max_parts = sizes["max_partitions"]
-        part_o = part_ml = None
-        if max_parts > 1 and T:  # scratch for the plan's rows: the plan's own (made at its first call)
-            part_o = self._scratch(plan, q, None, "part_o", (rows_planned, Hq, max_parts, D))
-            part_ml = self._scratch(plan, q, None, "part_ml", (rows_planned, Hq, max_parts, 2))
-        self.refuse_unknown()
-        self.refuse_aliasing([out, lse], [q, *caches, ind, bt, sl, ks, vs, alibi])
-
-        ptr = self.pointer
-        values = {
-            "out": ptr(out), "q": ptr(q), "k_cache": self.raw(st.k_base), "v_cache": self.raw(st.v_base),
-            "q_indptr": ptr(ind), "block_tables": ptr(bt), "seq_lens": ptr(sl), "k_scale": ptr(ks),
-            "v_scale": ptr(vs), "alibi_slopes": ptr(alibi), "part_o": ptr(part_o), "part_ml": ptr(part_ml),
-            "lse": ptr(lse), "num_seqs": S, "max_blocks_per_seq": M, "max_partitions": max_parts,
-            "partition_tokens": sizes["partition_tokens"],
-            "q_s_tok": q.strides[0], "q_s_head": q.strides[1], "o_s_tok": out.strides[0],
-            "o_s_head": out.strides[1], **stride_values(st, scale_strides),
-        }
-        rows = kernels[0].block // 32 * 16  # grid x from the call's shapes (a plan may be for other chunks)
-        grid = {"q_tiles": -(-T * spec.group_size // rows) + S, "num_q_tokens": T, "z": max_parts * slices(spec)}
-        reached = [c.native for c in caches]  # fused: K/V by address (an isolated child maps them too)
-        launches = [k.launch(grid, values, reached) for k in kernels] if T else []  # no query row: nothing to launch
-        result = (out.obj, lse.obj) if lse is not None else out.obj
-        return launches, result
-
-    def _check_prefill_values(self, ind: ArrayArg, bt: ArrayArg, sl: ArrayArg, num_blocks: int, max_blocks: int,
-                              num_rows: int):
-        """Host-side checks of the values the kernel trusts: q_indptr, the chunk and KV lengths, the
-        block-table entries the kernel reads."""
-        spec, B = self.spec, self.spec.kv_cache.block_size
-        indptr = host_values(ind).astype(np.int64)
-        lens = host_values(sl).astype(np.int64)
-        table = host_values(bt)
-        if indptr[0] != 0:
-            raise ArgumentError(f"q_indptr[0] = {int(indptr[0])}: must be 0 (sequence 0 starts at query row 0)")
-        q_lens = np.diff(indptr)
-        bad = np.nonzero(q_lens < 0)[0]
-        if bad.size:
-            s = int(bad[0])
-            raise ArgumentError(f"q_indptr[{s + 1}] = {int(indptr[s + 1])} < q_indptr[{s}] = {int(indptr[s])}: "
-                                f"q_indptr must be non-decreasing (sequence {s} would have a negative q_len)")
-        if indptr[-1] != num_rows:
-            raise ArgumentError(f"q_indptr[{len(indptr) - 1}] = {int(indptr[-1])}: must equal the number of query "
-                                f"rows, q.shape[0] = {num_rows}")
-        cap = max_blocks * B
-        bad = np.nonzero((lens < 0) | (lens > cap))[0]
-        if bad.size:
-            i = int(bad[0])
-            raise ArgumentError(f"seq_lens[{i}] = {int(lens[i])}: must be in 0..{cap} "
-                                f"(max_blocks_per_seq {max_blocks} × block_size {B})")
-        bad = np.nonzero(q_lens > lens)[0]
-        if bad.size:
-            s = int(bad[0])
-            raise ArgumentError(f"sequence {s}: q_len = q_indptr[{s + 1}] - q_indptr[{s}] = {int(q_lens[s])} is "
-                                f"larger than seq_lens[{s}] = {int(lens[s])} (seq_lens counts the KV tokens "
-                                "including the chunk)")
-        if not spec.tail_masking:
-            bad = np.nonzero(lens % B)[0]
-            if bad.size:
-                i = int(bad[0])
-                raise ArgumentError(
-                    f"seq_lens[{i}] = {int(lens[i])} is not a multiple of block_size {B}: the spec has "
-                    f"tail_masking: false, a promise that every length is")
-        # The entries the kernel reads: from the window of the chunk's first row to ceil(seq_len / B);
-        # a sequence without query rows reads none.
-        window = spec.attention.sliding_window or 0
-        first = np.maximum(0, lens - q_lens - window + 1) // B if window else np.zeros_like(lens)
-        last = np.where(q_lens > 0, -(-lens // B), 0)
-        cols = np.arange(table.shape[1])
-        used = (cols >= first[:, None]) & (cols < last[:, None])
-        wrong = np.argwhere(used & ((table < 0) | (table >= num_blocks)))
-        if wrong.size:
-            i, j = (int(x) for x in wrong[0])
-            raise ArgumentError(
-                f"block_tables[{i}, {j}] = {int(table[i, j])}: not a block of the pool "
-                f"(0..{num_blocks - 1}); sequence {i} has {int(lens[i])} tokens"
-            )
+def _checked_q_lens(indptr: np.ndarray, num_rows: int) -> np.ndarray:
+    """Each sequence's q_len, after checking q_indptr: starts at 0, non-decreasing, ends at the
+    number of query rows."""
+    indptr = indptr.astype(np.int64)
+    if indptr[0] != 0:
+        raise ArgumentError(f"q_indptr[0] = {int(indptr[0])}: must be 0 (sequence 0 starts at query row 0)")
+    q_lens = np.diff(indptr)
+    bad = np.nonzero(q_lens < 0)[0]
+    if bad.size:
+        s = int(bad[0])
+        raise ArgumentError(f"q_indptr[{s + 1}] = {int(indptr[s + 1])} < q_indptr[{s}] = {int(indptr[s])}: "
+                            f"q_indptr must be non-decreasing (sequence {s} would have a negative q_len)")
+    if indptr[-1] != num_rows:
+        raise ArgumentError(f"q_indptr[{len(indptr) - 1}] = {int(indptr[-1])}: must equal the number of query "
+                            f"rows, q.shape[0] = {num_rows}")
+    return q_lens
 
 
 PAGED_PREFILL = PagedPrefillFamily()

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from kgen.arrays import to_backend, to_numpy
-from kgen.dtypes import dtype
 from kgen.families.base import Bench, Case
 from kgen.families.layout import cache_shapes, scale_shape
+from kgen.formats.dtypes import dtype
 from kgen.verify.bitexact import compare, random_bytes
 from kgen.verify.guards import guarded, seal, tripwires
 from kgen.verify.report import CaseResult

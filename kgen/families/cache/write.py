@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from kgen.arrays import ArrayArg
-from kgen.dtypes import dtype
 from kgen.errors import ArgumentError
 from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
 from kgen.families.base import Config, SingleKernelFamily
@@ -30,6 +29,7 @@ from kgen.families.layout import (
     stride_values,
     vllm_x,
 )
+from kgen.formats.dtypes import dtype
 
 
 class CacheWriteFamily(SingleKernelFamily):

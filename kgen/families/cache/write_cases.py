@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from kgen.arrays import args_to_backend, to_numpy
-from kgen.dtypes import QUANTIZED, dtype
 from kgen.families.base import Bench, Case
 from kgen.families.layout import from_layout, scale_from_layout, scale_to_layout, to_layout
+from kgen.formats.dtypes import QUANTIZED, dtype
 from kgen.quantize import QMAX, per_token_head_scale, quantize
 from kgen.verify.bitexact import compare, random_bytes
 from kgen.verify.guards import guarded, seal, tripwires

@@ -16,7 +16,7 @@ import random
 import pytest
 
 import kgen
-from kgen.dtypes import dtype
+from kgen.formats.dtypes import dtype
 from kgen.spec.models import QUANTIZED_KV_DTYPES
 
 KV = ["fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2", "int8"]

@@ -12,11 +12,11 @@ from conftest import assert_lse_matches, reference_check
 
 import kgen
 from kgen.compile.nvrtc import compile_cubin
-from kgen.dtypes import dtype
 from kgen.families.attention.decode import PAGED_DECODE
 from kgen.families.attention.decode_cases import make_decode_case
 from kgen.families.attention.decode_geometry import decode_geometry
 from kgen.families.base import resolve_config
+from kgen.formats.dtypes import dtype
 from kgen.render import render
 from kgen.verify.handwritten import kernel_from_source
 from kgen.verify.runner import verify

@@ -18,11 +18,8 @@ from conftest import run_kgen
 
 import kgen
 from kgen.compile.nvrtc import compile_cubin
-from kgen.dtypes import dtype
 from kgen.families.attention.decode_cases import make_decode_case
-from kgen.families.attention.prefill_cases import check_lse, check_rows, make_prefill_case
-from kgen.families.attention.reference import attention_decode
-from kgen.families.prefill_reference import attention_prefill
+from kgen.families.attention.prefill_cases import check, make_prefill_case, references
 from kgen.render import render
 from kgen.verify.handwritten import kernel_from_source
 
@@ -47,11 +44,8 @@ def _build(config=None, verify=False, **overrides):
 
 
 def _check(spec, args, out, name="call"):
-    ref, _ = attention_prefill(spec, args["q"], args)
-    round_to = None if spec.dtype.q == "fp32" else dtype(spec.dtype.q).numpy
-    lowp, _ = attention_prefill(spec, args["q"], args, dtype=np.float32, round_to=round_to)
-    return check_rows(name, list(args["seq_lens"]), args["q_indptr"], out, ref, lowp.astype(np.float64),
-                      spec.dtype.resolved_out)
+    ref, lowp = references(spec, args)
+    return check(name, spec, args, out, ref, lowp)[0]
 
 
 # ---- the matrix over formats and options --------------------------------------------------------
@@ -118,13 +112,11 @@ def test_q_len_1_gives_the_decode_kernels_numbers(overrides):
     d_out, d_lse = decode(**args, return_lse=True)
     p_args = dict(args, q_indptr=np.arange(len(lens) + 1, dtype=np.int32), out=np.full_like(args["out"], np.nan))
     p_out, p_lse = prefill(**p_args, return_lse=True)
-    ref, ref_lse = attention_decode(decode_spec, args["q"], args)
-    lowp, lowp_lse = attention_decode(decode_spec, args["q"], args, dtype=np.float32, round_to=np.float16)
+    ref, lowp = references(prefill.spec, p_args)
     for out, lse in ((d_out, d_lse), (p_out, p_lse)):
-        assert check_rows("decode", lens, p_args["q_indptr"], out, ref, lowp.astype(np.float64), "fp16").passed
-        assert check_lse("decode_lse", lens, lse, ref_lse, lowp_lse.astype(np.float64)).passed
+        assert all(r.passed for r in check("decode", prefill.spec, p_args, out, ref, lowp, lse))
     diff = np.abs(p_out.astype(np.float64) - d_out.astype(np.float64))
-    assert diff.max() <= 2 * np.abs(lowp - ref).max() + 2 * np.finfo(np.float16).eps * np.abs(ref).max()
+    assert diff.max() <= 2 * np.abs(lowp.out - ref.out).max() + 2 * np.finfo(np.float16).eps * np.abs(ref.out).max()
     np.testing.assert_allclose(p_lse, d_lse, rtol=1e-5, atol=1e-5)
 
 
@@ -137,10 +129,8 @@ def test_a_small_chunk_over_a_32k_prefix_splits_over_kv():
     assert kernel.kernel_names == ["fam_prefill", "fam_prefill_merge"]
     args = make_prefill_case(spec, [32768 + 16, 3000, 700], [16, 1, 700], np.random.default_rng(11))
     out, lse = kernel(**args, return_lse=True)
-    assert _check(spec, args, out).passed
-    ref, ref_lse = attention_prefill(spec, args["q"], args)
-    _, lowp_lse = attention_prefill(spec, args["q"], args, dtype=np.float32, round_to=np.float16)
-    assert check_lse("lse", list(args["seq_lens"]), lse, ref_lse, lowp_lse.astype(np.float64)).passed
+    ref, lowp = references(spec, args)
+    assert all(r.passed for r in check("call", spec, args, out, ref, lowp, lse))
 
 
 def test_sequences_without_query_rows():

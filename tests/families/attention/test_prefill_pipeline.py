@@ -12,10 +12,9 @@ from conftest import tiny_decode
 
 import kgen
 from kgen.families.attention.prefill import PAGED_PREFILL, SMEM_LIMIT, kv_path, smem_bytes, stages_of, tiles
-from kgen.families.attention.prefill_cases import check_rows, make_prefill_case
+from kgen.families.attention.prefill_cases import check, make_prefill_case, references
 from kgen.families.base import resolve_config
 from kgen.families.decode_split import STEP_TOKENS
-from kgen.families.prefill_reference import attention_prefill
 from kgen.plan import BLOCKS_PER_SM
 from kgen.render import render
 from kgen.verify.handwritten import kernel_from_source
@@ -35,10 +34,8 @@ def _spec(base=BASE, **overrides):
 
 
 def _check(spec, args, out):
-    ref, _ = attention_prefill(spec, args["q"], args)
-    lowp, _ = attention_prefill(spec, args["q"], args, dtype=np.float32, round_to=np.float16)
-    return check_rows("call", list(args["seq_lens"]), args["q_indptr"], out, ref, lowp.astype(np.float64),
-                      spec.dtype.resolved_out)
+    ref, lowp = references(spec, args)
+    return check("call", spec, args, out, ref, lowp)[0]
 
 
 def _indptr(q_lens):
@@ -53,7 +50,7 @@ def test_a_16_token_chunk_over_a_32k_prefix_fills_the_gpu():
     config = resolve_config(PAGED_PREFILL, spec, None)
     lens, q_lens = np.array([32768 + 16]), [16]
     target = BLOCKS_PER_SM * 132
-    sizes, kernels = PAGED_PREFILL.schedule(spec, config, lens, target, q_indptr=_indptr(q_lens))
+    sizes, kernels = PAGED_PREFILL.schedule(spec, config, {"seq_lens": lens, "q_indptr": _indptr(q_lens)}, target)
     P, parts = sizes["partition_tokens"], sizes["max_partitions"]
     assert P % STEP_TOKENS == 0 and P >= config["partition_size"] and parts == -(-int(lens[0]) // P)
     assert len(kernels) == 2 and sizes["q_tiles"] == 1 + 1  # one row tile (+ one spare block per sequence)
@@ -64,8 +61,8 @@ def test_a_16_token_chunk_over_a_32k_prefix_fills_the_gpu():
 def test_a_big_prompt_batch_is_not_split():
     spec = _spec(LLAMA)
     config = resolve_config(PAGED_PREFILL, spec, None)
-    sizes, kernels = PAGED_PREFILL.schedule(spec, config, np.array([2048] * 8), BLOCKS_PER_SM * 132,
-                                            q_indptr=_indptr([2048] * 8))
+    sizes, kernels = PAGED_PREFILL.schedule(spec, config, {"seq_lens": np.array([2048] * 8),
+                                                          "q_indptr": _indptr([2048] * 8)}, BLOCKS_PER_SM * 132)
     assert sizes["max_partitions"] == 1 and sizes["partition_tokens"] == 0 and len(kernels) == 1
 
 
@@ -73,8 +70,10 @@ def test_a_mixed_batch_splits_only_as_far_as_it_needs():
     """One long prompt's many row tiles count: a small chunk next to it is split less than alone."""
     spec = _spec(LLAMA)
     config = resolve_config(PAGED_PREFILL, spec, None)
-    alone, _ = PAGED_PREFILL.schedule(spec, config, np.array([32784]), BLOCKS_PER_SM * 132, q_indptr=_indptr([16]))
-    mixed, _ = PAGED_PREFILL.schedule(spec, config, np.array([32784, 256]), BLOCKS_PER_SM * 132, q_indptr=_indptr([16, 256]))
+    alone, _ = PAGED_PREFILL.schedule(spec, config, {"seq_lens": np.array([32784]), "q_indptr": _indptr([16])},
+                                      BLOCKS_PER_SM * 132)
+    mixed, _ = PAGED_PREFILL.schedule(spec, config, {"seq_lens": np.array([32784, 256]),
+                                                "q_indptr": _indptr([16, 256])}, BLOCKS_PER_SM * 132)
     assert 1 < mixed["max_partitions"] < alone["max_partitions"]
 
 
