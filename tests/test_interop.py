@@ -14,7 +14,7 @@ import torch
 import kgen
 from kgen.arrays import checks_values
 from kgen.families.attention.decode_cases import make_decode_case
-from kgen.families.layout import cache_shapes
+from kgen.formats.cache import cache_shapes
 from kgen.formats.dtypes import dtype
 from kgen.interop import from_flashinfer, lse_from_base2, lse_to_base2, to_flashinfer
 

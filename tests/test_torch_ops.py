@@ -13,8 +13,8 @@ import kgen
 from kgen.families.attention.decode_cases import make_decode_case
 from kgen.families.base import resolve_config
 from kgen.families.binding import call_arguments
-from kgen.families.layout import cache_shapes
 from kgen.families.registry import family_for
+from kgen.formats.cache import cache_shapes
 from kgen.formats.dtypes import BY_NUMPY
 from kgen.generated import write_generated
 from kgen.torch_ops import overloads, register

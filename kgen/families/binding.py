@@ -11,7 +11,7 @@ import numpy as np
 
 from kgen.arrays import ArrayArg, adapt, as_array_arg, refuse_aliasing
 from kgen.errors import ArgumentError
-from kgen.families.layout import cache_names, cache_shapes
+from kgen.formats.cache import CacheFormat, cache_names, cache_shapes
 from kgen.optional import is_torch_tensor
 
 
@@ -129,7 +129,7 @@ def table_call_arguments(family, spec, config) -> list[CallArg]:
             continue
         use = "written" if a.role == "output" else "read"
         if a.name in _POOL_HALVES:
-            if spec.kv_cache.layout == "fused":
+            if CacheFormat.of(spec).fused:
                 if a.name == _POOL_HALVES[0]:
                     rows.append(CallArg("kv_cache", a.dtype, cache_shapes(spec)["kv_cache"], use))
                 continue

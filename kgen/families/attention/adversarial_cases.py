@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kgen.families.layout import cache_shapes, scale_shape, scale_to_layout, to_layout
-from kgen.formats.dtypes import QUANTIZED, dtype
+from kgen.formats.cache import CacheFormat, cache_shapes, scale_shape, scale_to_layout, to_layout
+from kgen.formats.dtypes import dtype
 from kgen.quantize import QMAX, per_token_head_scale, quantize
 from kgen.verify.sparse import sparse_zeros
 
@@ -155,7 +155,7 @@ class PoolCase:
 def _fixed_scales(spec, profile: Profile, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """per_tensor/per_head scales sized so the profile's range fills the stored type."""
     kv, H = spec.kv_cache, spec.attention.num_kv_heads
-    if kv.dtype not in QUANTIZED or kv.scale not in ("per_tensor", "per_head"):
+    if not CacheFormat.of(spec).quantized or kv.scale not in ("per_tensor", "per_head"):
         return {}
     shape = () if kv.scale == "per_tensor" else (H,)
     return {name: np.asarray(r / QMAX[kv.dtype] * rng.uniform(0.9, 1.1, size=shape), dtype=np.float32).reshape(shape)
@@ -165,9 +165,9 @@ def _fixed_scales(spec, profile: Profile, rng: np.random.Generator) -> dict[str,
 def _store(spec, real: np.ndarray, scale: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
     """Stored values [n, H, D] of real rows, and their per_token_head scales [n, H] (else None)."""
     kv = spec.kv_cache
-    if kv.dtype not in QUANTIZED:
+    if not CacheFormat.of(spec).quantized:
         return quantize(real, None, kv.dtype), None
-    if kv.scale == "per_token_head":
+    if CacheFormat.of(spec).per_token:
         s = per_token_head_scale(real, kv.dtype)
         return quantize(real, s[..., None], kv.dtype), s
     s = np.asarray(scale, dtype=np.float32)
@@ -216,7 +216,7 @@ def build_pool_case(spec, seq_lens: list[int], rng: np.random.Generator, profile
         case.sparse[name] = ranges
     scales = _fixed_scales(spec, prof, rng)
     case.args.update(scales)
-    ptoken = kv.dtype in QUANTIZED and kv.scale == "per_token_head"
+    ptoken = CacheFormat.of(spec).quantized and CacheFormat.of(spec).per_token
     if ptoken:
         for name in ("k_scale", "v_scale"):
             shape = scale_shape(spec, N)

@@ -20,18 +20,8 @@ from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
 from kgen.families.attention.decode_geometry import vector_width, vllm_v_copy
 from kgen.families.base import Config
 from kgen.families.binding import CallBinder, host_values
-from kgen.families.layout import (
-    SCALE_MODES,
-    bind_scales,
-    cache_args,
-    cache_names,
-    cache_shapes,
-    cache_strides,
-    scale_args,
-    stride_args,
-    stride_values,
-    vllm_x,
-)
+from kgen.families.pool import bind_scales, cache_args, scale_args, stride_args, stride_values
+from kgen.formats.cache import SCALE_MODES, CacheFormat, cache_names, cache_shapes, cache_strides, vllm_x
 from kgen.formats.dtypes import dtype
 from kgen.plan import Plan
 
@@ -123,7 +113,7 @@ def c_float(x: float) -> str:
 def template_context(spec, config: Config, kernels: list[KernelDecl]) -> dict[str, Any]:
     """The Cfg constants both attention templates take (types, scale mode, logit options, runs)."""
     a, kv = spec.attention, spec.kv_cache
-    layout_vllm = kv.layout == "vllm"
+    layout_vllm = CacheFormat.of(spec).vllm
     return {
         "q_ctype": dtype(spec.dtype.q).ctype,
         "out_ctype": dtype(spec.dtype.resolved_out).ctype,
@@ -144,7 +134,7 @@ def template_context(spec, config: Config, kernels: list[KernelDecl]) -> dict[st
 def call_names(spec, rows: Rows) -> list[str]:
     """The arguments a call passes, for `kgen abi`'s call line."""
     names = ["q", *cache_names(spec), *(["q_indptr"] if rows.packed else []), "block_tables", "seq_lens"]
-    names += ["k_scale", "v_scale"] if spec.kv_cache.scale != "none" else []
+    names += ["k_scale", "v_scale"] if CacheFormat.of(spec).scaled else []
     return names + (["alibi_slopes"] if spec.attention.alibi else [])
 
 
@@ -183,7 +173,7 @@ class AttentionBinder(CallBinder):
             self.check(c, shape, kv.dtype)
         vec = vector_width(spec)
         st = cache_strides(spec, caches)
-        if kv.layout == "vllm":  # K steps by block, head, run (x) and token
+        if CacheFormat.of(spec).vllm:  # K steps by block, head, run (x) and token
             self.aligned(caches[0], min(vec, vllm_x(spec)), st.k)
             if v_by_token:  # V by block, head and head_dim row
                 self.aligned(caches[1], vllm_v_copy(spec) // caches[1].itemsize, (st.v[0], st.v[1], st.v[3]))

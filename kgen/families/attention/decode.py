@@ -24,7 +24,7 @@ from kgen.families.attention.decode_geometry import decode_geometry, vector_widt
 from kgen.families.base import Config, FamilyBase, TunableParam, threads_problems
 from kgen.families.binding import host_values
 from kgen.families.decode_split import check_forced_partition, choose_split
-from kgen.families.layout import cache_rows, describe, layout_problems
+from kgen.formats.cache import CacheFormat, cache_rows, describe, layout_problems
 from kgen.formats.dtypes import dtype
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 
@@ -115,7 +115,7 @@ class PagedDecodeFamily(FamilyBase):
                " (tail_masking: false: every seq_len is promised to be a multiple of block_size)") + ".",
             f"Loads: {vector_width(spec)} elements per vector load; pointers and strides must keep them aligned"
             + (f" (V: {vllm_v_copy(spec) // dtype(kv.dtype).itemsize} tokens per load along its block_size axis)"
-               if kv.layout == "vllm" else "") + ".",
+               if CacheFormat.of(spec).vllm else "") + ".",
             "A hand-written kernel implements the single-pass launch below (part_o and part_ml null, max_partitions "
             "1); kgen's split-KV configs add partitions on grid z and a merge kernel.",
         ]

@@ -25,8 +25,8 @@ from kgen.arrays import to_backend, to_numpy
 from kgen.families.attention.adversarial_cases import ADVERSARIAL, adversarial_cases, build_pool_case, poison
 from kgen.families.attention.reference import Reference, attention_reference
 from kgen.families.base import Bench, Case, Config
-from kgen.families.layout import scale_to_layout, to_layout
-from kgen.formats.dtypes import QUANTIZED, dtype
+from kgen.formats.cache import CacheFormat, scale_to_layout, to_layout
+from kgen.formats.dtypes import dtype
 from kgen.verify.bounds import check_lse, check_output
 from kgen.verify.guards import Guarded, guarded, seal, tripwires
 from kgen.verify.report import CaseResult
@@ -61,11 +61,11 @@ def _pool_padding(spec) -> dict[str, tuple[int, ...]]:
     16-byte vectors, so the strides stay as aligned as the vector loads need."""
     kv = spec.kv_cache
     v16 = 16 // dtype(kv.dtype).itemsize
-    if kv.layout == "vllm":  # K [N, H, D/x, B, x]; V [N, H, D, B], loaded along B: rows grow by whole vectors
+    if CacheFormat.of(spec).vllm:  # K [N, H, D/x, B, x]; V [N, H, D, B], loaded along B: rows grow by whole vectors
         return {"k_cache": (0, 1, 1, 1, 0), "v_cache": (0, 1, 0, v16)}
-    if kv.layout == "fused":  # [N, 2, ...]: a gap between the K and V halves too
+    if CacheFormat.of(spec).fused:  # [N, 2, ...]: a gap between the K and V halves too
         return {"kv_cache": (0, 1, 1, 1, v16)}
-    return {"k_cache": (0, 1, 1, v16), "v_cache": (0, 2, 0, 2 * v16) if kv.resolved_order == "HND"
+    return {"k_cache": (0, 1, 1, v16), "v_cache": (0, 2, 0, 2 * v16) if not CacheFormat.of(spec).token_major
             else (0, 0, 2, 2 * v16)}
 
 
@@ -106,7 +106,7 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
     # canonical storage [N, B, H, D] of stored values, poison everywhere first
     store = np.full((N, B, H, D), poison(kv.dtype), dtype=np.float64)
     vstore = store.copy()
-    quant = kv.dtype in QUANTIZED
+    quant = CacheFormat.of(spec).quantized
     spread = 100.0 if kv.dtype == "int8" else (3.0 if quant else 1.0)
     for i, n in enumerate(seq_lens):
         for j in range(nblocks[i]):

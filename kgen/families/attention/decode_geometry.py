@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from kgen.families.base import Config
+from kgen.formats.cache import CacheFormat
 from kgen.formats.dtypes import dtype
 
 SMEM_LIMIT = 48 * 1024  # static shared memory of one block (every target arch)
@@ -104,7 +105,7 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
         return None, [f"threads {T} make {groups} row groups of {lanes} lanes, fewer than the {head_sets} that "
                       f"heads_per_thread {hpt} needs for {G} query heads: use more threads or more heads per thread"]
     slots = 1 << ((groups // head_sets).bit_length() - 1)
-    vllm = kv.layout == "vllm"
+    vllm = CacheFormat.of(spec).vllm
     target = -(-TILE_BYTES_PER_THREAD * T // (2 * D * es))  # tokens per tile for the bytes per thread
     tpt = _pow2_ceil(-(-target // slots))
     v_copy = vllm_v_copy(spec) if vllm else vec * es
@@ -119,7 +120,7 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
     def a16(x: int) -> int:
         return -(-x // 16) * 16
 
-    scales = kv.scale == "per_token_head"
+    scales = CacheFormat.of(spec).per_token
     stage = a16(tile * D * es) + a16((D * v_row if vllm else tile * D) * es) + (a16(2 * tile * 4) if scales else 0)
     merge_bytes = slots * G * (D + 2) * 4
     if not stages:  # auto: the deepest pipeline up to AUTO_STAGES that fits

@@ -26,7 +26,7 @@ from kgen.families.attention.decode_geometry import vector_width
 from kgen.families.base import Config, FamilyBase, TunableParam, resolve_config
 from kgen.families.binding import host_values
 from kgen.families.decode_split import check_forced_partition, choose_split
-from kgen.families.layout import cache_rows, describe, layout_problems, vllm_x
+from kgen.formats.cache import CacheFormat, cache_rows, describe, layout_problems, vllm_x
 from kgen.formats.dtypes import dtype
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 
@@ -77,7 +77,7 @@ def kv_path(spec) -> str:
     row that is not contiguous in memory, as in vLLM's head_dim-major V, or a copy of 1 or 2 bytes)."""
     kv, D = spec.kv_cache, spec.attention.head_dim
     vec, item = vector_width(spec), dtype(kv.dtype).itemsize
-    k_run, v_run = (vllm_x(spec), 1) if kv.layout == "vllm" else (D, D)
+    k_run, v_run = (vllm_x(spec), 1) if CacheFormat.of(spec).vllm else (D, D)
     if k_run % vec or v_run % vec or vec * item not in (4, 8, 16):
         return "gather"
     if kv.dtype == spec.dtype.q and kv.scale == "none" and vec * item == 16:
@@ -99,7 +99,7 @@ def smem_bytes(spec, warps: int, kv_tile: int, stages: int = 2) -> int:
         kv = stages * 2 * tile
     elif path == "stage":
         raw = -(-kv_tile * spec.attention.head_dim * dtype(spec.kv_cache.dtype).itemsize // 16) * 16
-        kv = 2 * tile + stages * (2 * raw + (8 * kv_tile if spec.kv_cache.scale == "per_token_head" else 0))
+        kv = 2 * tile + stages * (2 * raw + (8 * kv_tile if CacheFormat.of(spec).per_token else 0))
     else:
         kv = 2 * tile
     fma = item == 4 or any(int(arch.removeprefix("sm_")) < 80 for arch in spec.targets)

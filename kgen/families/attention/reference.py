@@ -1,5 +1,5 @@
 """The contiguous golden of both attention kinds (docs/verification.md): gather the paged cache
-through the block tables (in the canonical order of kgen/families/layout.py), dequantize exactly
+through the block tables (in the canonical order of kgen/formats/cache.py), dequantize exactly
 as the ABI says (real = stored * scale, docs/abi.md), and compute attention in float64.
 
 ONE computation, parameterised by each query row's absolute position: prefill's row j of
@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kgen.families.layout import cache_names, from_layout, scale_from_layout
-from kgen.formats.dtypes import QUANTIZED
+from kgen.formats.cache import CacheFormat, cache_names, from_layout, scale_from_layout
 
 ROW_CHUNK = 256  # query rows per step: the logits of a long prompt need not fit at once
 
@@ -46,7 +45,7 @@ class Reference:
 def _sequence_scale(spec, scale, blocks: np.ndarray, seq_len: int) -> np.ndarray:
     """The real-value scale of each (token, KV head) of one sequence, [seq_len, H] float64 (ones for a float cache)."""
     kv, h = spec.kv_cache, spec.attention.num_kv_heads
-    if kv.dtype not in QUANTIZED or kv.scale == "none":
+    if not CacheFormat.of(spec).quantized or kv.scale == "none":
         return np.ones((seq_len, h))
     s = np.asarray(scale, dtype=np.float64)
     if kv.scale == "per_tensor":

@@ -20,7 +20,7 @@ from kgen.families.argtable import Arg, KernelDecl, array
 from kgen.families.base import Config, SingleKernelFamily
 from kgen.families.binding import CallArg, CallBinder, host_values, refuse_plan
 from kgen.families.cache import copy_cases as copy_blocks_cases
-from kgen.families.layout import cache_names, cache_rows, cache_shapes, describe, scale_shape
+from kgen.formats.cache import CacheFormat, cache_names, cache_rows, cache_shapes, describe, scale_shape
 from kgen.optional import is_torch_tensor
 
 
@@ -42,7 +42,7 @@ class CopyBlocksFamily(SingleKernelFamily):
         """The call takes the pool arrays (one, or a list with one per layer) and pairs; the plane
         table the kernel reads is built from them."""
         pools = [CallArg(n, spec.kv_cache.dtype, shape, "written", layers=True) for n, shape in cache_shapes(spec).items()]
-        if spec.kv_cache.scale == "per_token_head":
+        if CacheFormat.of(spec).per_token:
             pools += [CallArg(n, "fp32", scale_shape(spec), "written", layers=True) for n in ("k_scale", "v_scale")]
         return [*pools, CallArg("pairs", "int32", ("num_pairs", 2), "read")]
 
@@ -55,7 +55,7 @@ class CopyBlocksFamily(SingleKernelFamily):
 
     def abi_notes(self, spec) -> list[str]:
         kv = spec.kv_cache
-        names = [*cache_names(spec), *(("k_scale", "v_scale") if kv.scale == "per_token_head" else ())]
+        names = [*cache_names(spec), *(("k_scale", "v_scale") if CacheFormat.of(spec).per_token else ())]
         lines = [
             f"block_size {kv.block_size}, cache {describe(spec)}, scale {kv.scale}",
             "",
@@ -65,7 +65,7 @@ class CopyBlocksFamily(SingleKernelFamily):
             "src and a dst",
         ]
         lines += cache_rows(spec, "each block contiguous")
-        if kv.scale == "per_token_head":
+        if CacheFormat.of(spec).per_token:
             shape = ", ".join(str(s) for s in scale_shape(spec))
             lines.append(f"  k_scale, v_scale  [{shape}]  fp32 scale pools (required: copied with the blocks)")
         return lines + ["", "The kernel sees one plane per (pool array, layer); 16-byte copies when aligned."]
@@ -131,10 +131,10 @@ def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
     N = first.shape[0] if first.shape else 0
     expected = cache_shapes(spec, N)
     for name in ("k_scale", "v_scale"):
-        given = _layers(b, name, kv.scale == "per_token_head")
+        given = _layers(b, name, CacheFormat.of(spec).per_token)
         if given is None:
             continue
-        if kv.scale != "per_token_head":
+        if not CacheFormat.of(spec).per_token:
             raise ArgumentError(f"{name}: only per_token_head scale pools are per block; a cache with scale "
                                 f"'{kv.scale}' takes no scales in copy_blocks")
         groups[name] = given

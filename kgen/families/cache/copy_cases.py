@@ -9,7 +9,7 @@ import numpy as np
 
 from kgen.arrays import to_backend, to_numpy
 from kgen.families.base import Bench, Case
-from kgen.families.layout import cache_shapes, scale_shape
+from kgen.formats.cache import CacheFormat, cache_shapes, scale_shape
 from kgen.formats.dtypes import dtype
 from kgen.verify.bitexact import compare, random_bytes
 from kgen.verify.guards import guarded, seal, tripwires
@@ -33,7 +33,7 @@ def _pool_specs(spec, N: int) -> dict[str, tuple[tuple, np.dtype]]:
     """Every pool array a call copies: the caches, and per_token_head scale pools."""
     kv = spec.kv_cache
     shapes = {n: (s, dtype(kv.dtype).numpy) for n, s in cache_shapes(spec, N).items()}
-    if kv.scale == "per_token_head":
+    if CacheFormat.of(spec).per_token:
         shapes |= {n: (scale_shape(spec, N), np.dtype(np.float32)) for n in ("k_scale", "v_scale")}
     return shapes
 

@@ -14,19 +14,16 @@ from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
 from kgen.families.base import Config, SingleKernelFamily
 from kgen.families.binding import CallBinder, host_values, refuse_plan
 from kgen.families.cache import write_cases as cache_write_cases
-from kgen.families.layout import (
+from kgen.families.pool import bind_scales, cache_args, scale_args, stride_args, stride_values
+from kgen.formats.cache import (
     SCALE_MODES,
-    bind_scales,
-    cache_args,
+    CacheFormat,
     cache_names,
     cache_rows,
     cache_shapes,
     cache_strides,
     describe,
     layout_problems,
-    scale_args,
-    stride_args,
-    stride_values,
     vllm_x,
 )
 from kgen.formats.dtypes import dtype
@@ -40,9 +37,9 @@ class CacheWriteFamily(SingleKernelFamily):
         return layout_problems(spec)
 
     def arguments(self, spec, config: Config) -> list[Arg]:
-        a, kv = spec.attention, spec.kv_cache
+        a = spec.attention
         H, D = a.num_kv_heads, a.head_dim
-        written = kv.scale == "per_token_head"
+        written = CacheFormat.of(spec).per_token
         return [
             array("key", spec.dtype.q, "input", ("num_tokens", H, D), "new K rows (last dim contiguous)"),
             array("value", spec.dtype.q, "input", ("num_tokens", H, D), "new V rows (last dim contiguous)"),
@@ -64,7 +61,7 @@ class CacheWriteFamily(SingleKernelFamily):
         return [KernelDecl(spec.name, tuple(self.arguments(spec, config)), grid, config["threads"])]
 
     def template_context(self, spec, config: Config) -> dict[str, Any]:
-        vllm = spec.kv_cache.layout == "vllm"
+        vllm = CacheFormat.of(spec).vllm
         return {
             "in_ctype": dtype(spec.dtype.q).ctype,
             "kv_ctype": dtype(spec.kv_cache.dtype).ctype,
@@ -77,7 +74,7 @@ class CacheWriteFamily(SingleKernelFamily):
 
     def abi_notes(self, spec) -> list[str]:
         a, kv = spec.attention, spec.kv_cache
-        names = ["key", "value", *cache_names(spec), "slot_mapping"] + (["k_scale", "v_scale"] if kv.scale != "none"
+        names = ["key", "value", *cache_names(spec), "slot_mapping"] + (["k_scale", "v_scale"] if CacheFormat.of(spec).scaled
                                                                          else [])
         lines = [
             f"num_kv_heads {a.num_kv_heads}, head_dim {a.head_dim}, block_size {kv.block_size}, cache {describe(spec)}, "
@@ -133,10 +130,10 @@ def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
     for c, shape in zip(caches, cache_shapes(spec, N).values(), strict=True):
         b.check(c, shape, kv.dtype)
     st = cache_strides(spec, caches)
-    detail = "the scale pool this kernel writes" if kv.scale == "per_token_head" else "given by the caller"
+    detail = "the scale pool this kernel writes" if CacheFormat.of(spec).per_token else "given by the caller"
     scales, pool_strides = bind_scales(b, spec, N, detail)
     b.refuse_unknown()
-    pools = kv.scale == "per_token_head"  # then the scales are pools this kernel writes, like the caches
+    pools = CacheFormat.of(spec).per_token  # then the scales are pools this kernel writes, like the caches
     b.refuse_aliasing([*caches, *(scales if pools else [])], [key, value, sm, *([] if pools else scales)])
 
     if checked:

@@ -12,8 +12,8 @@ import numpy as np
 
 from kgen.arrays import args_to_backend, to_numpy
 from kgen.families.base import Bench, Case
-from kgen.families.layout import from_layout, scale_from_layout, scale_to_layout, to_layout
-from kgen.formats.dtypes import QUANTIZED, dtype
+from kgen.formats.cache import CacheFormat, from_layout, scale_from_layout, scale_to_layout, to_layout
+from kgen.formats.dtypes import dtype
 from kgen.quantize import QMAX, per_token_head_scale, quantize
 from kgen.verify.bitexact import compare, random_bytes
 from kgen.verify.guards import guarded, seal, tripwires
@@ -86,15 +86,15 @@ def _write_case(spec, rng: np.random.Generator, kind: str) -> tuple[dict, np.nda
             x = _edge_values(spec, (T, H, D), rng)
             if name in inputs:
                 x = x * (inputs[name] if inputs[name].ndim == 0 else inputs[name][:, None])
-            elif kv.dtype in QUANTIZED:  # per_token_head: also an all-zero row, on a token that is written
+            elif CacheFormat.of(spec).quantized:  # per_token_head: also an all-zero row, on a token that is written
                 live = np.nonzero(slots >= 0)[0]
                 x[live[0] if live.size else 0, 0] = 0.0
         else:
-            spread = 1.0 if kv.dtype in QUANTIZED else 3.0
+            spread = 1.0 if CacheFormat.of(spec).quantized else 3.0
             x = rng.standard_normal((T, H, D)) * spread
         with np.errstate(over="ignore"):
             x = x.astype(qd)
-        if kv.scale == "per_token_head":  # an infinite row would make its scale inf and the row inf/inf
+        if CacheFormat.of(spec).per_token:  # an infinite row would make its scale inf and the row inf/inf
             x[~np.isfinite(x.astype(np.float32))] = 0
         rows.append(x)
     key, value = rows
@@ -117,7 +117,7 @@ def _expected_write(spec, key, value, inputs, k0, v0, sk0, sv0):
     sv = None if sv0 is None else sv0.copy()
     for rows, pool, spool, sname in ((key, k, sk, "k_scale"), (value, v, sv, "v_scale")):
         x = np.asarray(rows)[live]
-        if kv.dtype not in QUANTIZED:
+        if not CacheFormat.of(spec).quantized:
             scale = None
         elif kv.scale == "per_tensor":
             scale = inputs[sname]
@@ -157,7 +157,7 @@ def _initial_pools(spec, rng: np.random.Generator, N: int):
     kv, H, D = spec.kv_cache, spec.attention.num_kv_heads, spec.attention.head_dim
     cd = dtype(kv.dtype).numpy
     k0, v0 = random_bytes(rng, (N, kv.block_size, H, D), cd), random_bytes(rng, (N, kv.block_size, H, D), cd)
-    ptoken = kv.scale == "per_token_head"
+    ptoken = CacheFormat.of(spec).per_token
     sk0 = random_bytes(rng, (N, kv.block_size, H), np.dtype(np.float32)) if ptoken else None
     sv0 = random_bytes(rng, (N, kv.block_size, H), np.dtype(np.float32)) if ptoken else None
     return k0, v0, sk0, sv0
@@ -209,7 +209,7 @@ def bench(spec, bucket: tuple[int, int], rng: np.random.Generator) -> Bench:
     last = rng.permutation(N)[:batch]  # each sequence's last block
     slots = (last * B + (context - 1) % B).astype(np.int32)
     inputs = {"slot_mapping": slots, **_scales(spec, rng, pow2=False)}
-    spread = 1.0 if kv.dtype in QUANTIZED else 3.0
+    spread = 1.0 if CacheFormat.of(spec).quantized else 3.0
     qd = dtype(spec.dtype.q).numpy
     key, value = ((rng.standard_normal((batch, H, D)) * spread).astype(qd) for _ in range(2))
     inputs["key"], inputs["value"] = key, value

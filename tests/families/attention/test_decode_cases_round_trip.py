@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import kgen
-from kgen.families.layout import cache_shapes, scale_shape
+from kgen.formats.cache import cache_shapes, scale_shape
 from kgen.formats.dtypes import QUANTIZED, dtype
 from kgen.quantize import QMAX, per_token_head_scale, quantize
 from kgen.verify.bounds import check_output
