@@ -23,8 +23,8 @@ from kgen.families.attention.reference import attention_outputs
 from kgen.paging import KVCacheManager
 from kgen.runtime.cuda import gpu_available
 from kgen.spec.models import spec_from_dict
-from kgen.verify.bounds import EPS_FP32, check_output
-from kgen.verify.report import CaseResult
+from kgen.verify.judge.bounds import EPS_FP32, check_output
+from kgen.verify.judge.report import CaseResult
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE_DIR_NAME = "kgen-cache"
@@ -110,7 +110,7 @@ def tiny_decode(name: str = "tiny_decode", tuning: dict | None = None, **overrid
 
 def reference_check(spec, args: dict, out, name: str = "output") -> CaseResult:
     """One decode call's output against the float64 reference, with the verifier's derived
-    bound (kgen.verify.bounds.check_output, against the same attention in the q dtype)."""
+    bound (kgen.verify.judge.bounds.check_output, against the same attention in the q dtype)."""
     ref, _ = attention_outputs(spec, args["q"], args)
     round_to = None if spec.dtype.q == "fp32" else args["q"].dtype
     lowp, _ = attention_outputs(spec, args["q"], args, dtype=np.float32, round_to=round_to)

@@ -11,9 +11,9 @@ from rich.table import Table
 
 from kgen.build import build as build_kernel
 from kgen.cli.common import SEED, Failed, guard, load_specs, out
-from kgen.verify.handwritten import build_from_source
-from kgen.verify.report import describe_failure
+from kgen.verify.judge.report import describe_failure
 from kgen.verify.runner import verify as run_verify
+from kgen.verify.untrusted.handwritten import build_from_source
 
 
 @click.command()

@@ -18,7 +18,7 @@ from kgen.errors import KgenUserError
 from kgen.families.argtable import Arg, KernelDecl
 from kgen.families.binding import CallArg, table_call_arguments
 from kgen.runtime.base import Launch
-from kgen.verify.report import CaseResult
+from kgen.verify.judge.report import CaseResult
 
 Config = dict[str, int]
 Bucket = tuple[int, int]  # (batch, context) of the tuner

@@ -12,7 +12,7 @@ from kgen.errors import KernelRuntimeError
 from kgen.families.registry import family_for
 from kgen.seeds import fresh_seed
 from kgen.verify.isolation import failed_run
-from kgen.verify.report import VerificationReport
+from kgen.verify.judge.report import VerificationReport
 
 
 def verify(kernel, seed: int | None = None, cases: list[str] | None = None) -> VerificationReport:

@@ -19,7 +19,7 @@ from kgen.families.base import resolve_config
 from kgen.families.registry import family_for
 from kgen.formats.dtypes import dtype
 from kgen.render import render
-from kgen.verify.handwritten import kernel_from_source
+from kgen.verify.untrusted.handwritten import kernel_from_source
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,11 +20,11 @@ from kgen.families.attention.decode_cases import decode_case_matrix, matrix_case
 from kgen.families.attention.reference import attention_reference
 from kgen.families.registry import family_for
 from kgen.render import render
-from kgen.verify.bounds import check_output
-from kgen.verify.guards import broken_seals, check_guard, guarded, seal
-from kgen.verify.handwritten import kernel_from_source
+from kgen.verify.judge.bounds import check_output
+from kgen.verify.judge.guards import broken_seals, check_guard, guarded, seal
+from kgen.verify.judge.sparse import byte_ranges
 from kgen.verify.runner import verify
-from kgen.verify.sparse import byte_ranges
+from kgen.verify.untrusted.handwritten import kernel_from_source
 
 BASE = {
     "kgen": 1, "name": "adv_decode", "kind": "paged_decode",

@@ -15,8 +15,8 @@ import pytest
 import kgen
 from kgen.render import render
 from kgen.runtime.isolated import IsolatedCpuModule
-from kgen.verify.handwritten import kernel_from_source
 from kgen.verify.runner import verify
+from kgen.verify.untrusted.handwritten import kernel_from_source
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = {

@@ -18,7 +18,7 @@ scales from each row), so the large logits of a quantized cache come through its
 
 Pools are built block by block over the blocks in use, so a 32k-token context costs what its
 blocks cost. With `huge`, the used blocks sit at the top of a pool of more than 2^32 elements
-(kgen/verify/sparse.py: only touched pages are committed) and the region 2^32 elements below
+(kgen/verify/judge/sparse.py: only touched pages are committed) and the region 2^32 elements below
 them, where 32-bit offset arithmetic wraps to, is poisoned.
 """
 
@@ -32,7 +32,7 @@ import numpy as np
 from kgen.formats.cache import CacheFormat, cache_shapes, scale_shape, scale_to_layout, to_layout
 from kgen.formats.dtypes import dtype
 from kgen.quantize import QMAX, per_token_head_scale, quantize
-from kgen.verify.sparse import sparse_zeros
+from kgen.verify.judge.sparse import sparse_zeros
 
 WRAP = 1 << 32  # elements: where 32-bit offset arithmetic wraps
 CHUNK_BLOCKS = 256  # blocks generated at a time (bounds the memory of a long context)

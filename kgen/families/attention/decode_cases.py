@@ -8,10 +8,10 @@ unreferenced block and every unused table entry. The adversarial cases
 >= 32,768 tokens, strided q and out, and a pool past 2^32 elements; batch sizes, lengths and
 tables come from the run's seed.
 
-Around every call: each input is sealed (kgen/verify/guards.py), out, the LSE and the split-KV
+Around every call: each input is sealed (kgen/verify/judge/guards.py), out, the LSE and the split-KV
 scratch are pre-filled with NaN inside guard bytes, and afterwards every (sequence, head) of
 the output (and of the LSE where the case asks for it) is judged against the float64
-reference (kgen/families/attention/reference.py) with its own derived bound (kgen/verify/bounds.py).
+reference (kgen/families/attention/reference.py) with its own derived bound (kgen/verify/judge/bounds.py).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from kgen.families.attention.reference import Reference, attention_reference
 from kgen.families.base import Bench, Case, Config
 from kgen.formats.cache import CacheFormat, scale_to_layout, to_layout
 from kgen.formats.dtypes import dtype
-from kgen.verify.bounds import check_lse, check_output
-from kgen.verify.guards import Guarded, guarded, seal, tripwires
-from kgen.verify.report import CaseResult
-from kgen.verify.sparse import byte_ranges, sparse_to_backend
+from kgen.verify.judge.bounds import check_lse, check_output
+from kgen.verify.judge.guards import Guarded, guarded, seal, tripwires
+from kgen.verify.judge.report import CaseResult
+from kgen.verify.judge.sparse import byte_ranges, sparse_to_backend
 
 POOL_FACTOR = 3  # pool blocks per block in use
 

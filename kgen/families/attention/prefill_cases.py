@@ -9,7 +9,7 @@ end inside blocks; a mixed batch of prefill chunks, single tokens and q_len = 0 
 the LSE); shared prefixes; padded pools; decode equivalence at q_len = 1; window and partition
 edges when the spec or config has them. The output is pre-filled with NaN; each (token, head)
 row is judged against attention's one reference and its own derived bound (the rule decode's
-rows have, kgen/verify/bounds.py), so a few wrong rows cannot hide behind a large error elsewhere.
+rows have, kgen/verify/judge/bounds.py), so a few wrong rows cannot hide behind a large error elsewhere.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from kgen.families.attention.decode_cases import make_decode_case
 from kgen.families.attention.reference import Reference, attention_reference
 from kgen.families.base import Bench, Case, Config
 from kgen.formats.dtypes import dtype
-from kgen.verify.bounds import check_lse, check_output
-from kgen.verify.report import CaseResult
+from kgen.verify.judge.bounds import check_lse, check_output
+from kgen.verify.judge.report import CaseResult
 
 
 def make_prefill_case(spec, seq_lens: list[int], q_lens: list[int], rng: np.random.Generator,
@@ -107,7 +107,7 @@ def references(spec, args: dict) -> tuple[Reference, Reference]:
 
 def check(name: str, spec, args: dict, out, ref: Reference, lowp: Reference, lse=None) -> list[CaseResult]:
     """The output (and the LSE when given) of one call, each (query row, head) within attention's
-    one derived bound (kgen/verify/bounds.py)."""
+    one derived bound (kgen/verify/judge/bounds.py)."""
     lens, ind = list(np.asarray(args["seq_lens"]).tolist()), args["q_indptr"]
     results = [check_output(name, lens, to_numpy(out), ref.out, lowp.out, spec.dtype.resolved_out, ref.magnitude,
                             ref.logit_magnitude, q_indptr=ind)]

@@ -16,7 +16,7 @@ context of 32k tokens costs memory in proportion to what the sequence reads.
 `attention_outputs(..., dtype=np.float32, round_to=...)` computes the same attention in a lower
 working precision; the verifier uses its error against float64 as the yardstick for a
 kernel's error. `attention_reference` also returns, per (sequence, query head), the magnitudes
-that the rounding errors of an fp32 kernel scale with (kgen/verify/bounds.py).
+that the rounding errors of an fp32 kernel scale with (kgen/verify/judge/bounds.py).
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ from kgen.arrays import to_backend, to_numpy
 from kgen.families.base import Bench, Case
 from kgen.formats.cache import CacheFormat, cache_shapes, scale_shape
 from kgen.formats.dtypes import dtype
-from kgen.verify.bitexact import compare, random_bytes
-from kgen.verify.guards import guarded, seal, tripwires
-from kgen.verify.report import CaseResult
+from kgen.verify.judge.bitexact import compare, random_bytes
+from kgen.verify.judge.guards import guarded, seal, tripwires
+from kgen.verify.judge.report import CaseResult
 
 NUM_BLOCKS = 13  # the least pool size; a run draws NUM_BLOCKS .. 2 * NUM_BLOCKS - 1
 LAYERS = {"one_layer": 0, "three_layers": 3, "fork": 2, "empty": 2}  # 0: one array, not a list

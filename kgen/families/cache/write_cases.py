@@ -15,9 +15,9 @@ from kgen.families.base import Bench, Case
 from kgen.formats.cache import CacheFormat, from_layout, scale_from_layout, scale_to_layout, to_layout
 from kgen.formats.dtypes import dtype
 from kgen.quantize import QMAX, per_token_head_scale, quantize
-from kgen.verify.bitexact import compare, random_bytes
-from kgen.verify.guards import guarded, seal, tripwires
-from kgen.verify.report import CaseResult
+from kgen.verify.judge.bitexact import compare, random_bytes
+from kgen.verify.judge.guards import guarded, seal, tripwires
+from kgen.verify.judge.report import CaseResult
 
 KINDS = ("scattered", "sequence", "single_token", "edge_values", "all_skipped", "strided_inputs")
 

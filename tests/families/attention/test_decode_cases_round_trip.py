@@ -15,7 +15,7 @@ import kgen
 from kgen.formats.cache import cache_shapes, scale_shape
 from kgen.formats.dtypes import QUANTIZED, dtype
 from kgen.quantize import QMAX, per_token_head_scale, quantize
-from kgen.verify.bounds import check_output
+from kgen.verify.judge.bounds import check_output
 
 H, HQ, D, B = 2, 6, 64, 8
 LENS = [37, 5, 80]

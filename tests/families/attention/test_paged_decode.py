@@ -18,8 +18,8 @@ from kgen.families.attention.decode_geometry import decode_geometry
 from kgen.families.base import resolve_config
 from kgen.formats.dtypes import dtype
 from kgen.render import render
-from kgen.verify.handwritten import kernel_from_source
 from kgen.verify.runner import verify
+from kgen.verify.untrusted.handwritten import kernel_from_source
 
 ROOT = Path(__file__).resolve().parents[3]
 BASE = {

@@ -21,7 +21,7 @@ from kgen.compile.nvrtc import compile_cubin
 from kgen.families.attention.decode_cases import make_decode_case
 from kgen.families.attention.prefill_cases import check, make_prefill_case, references
 from kgen.render import render
-from kgen.verify.handwritten import kernel_from_source
+from kgen.verify.untrusted.handwritten import kernel_from_source
 
 ROOT = Path(__file__).resolve().parents[3]
 SPECS = ROOT / "specs"

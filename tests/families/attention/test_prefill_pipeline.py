@@ -17,8 +17,8 @@ from kgen.families.base import resolve_config
 from kgen.families.decode_split import STEP_TOKENS
 from kgen.plan import BLOCKS_PER_SM
 from kgen.render import render
-from kgen.verify.handwritten import kernel_from_source
 from kgen.verify.runner import verify
+from kgen.verify.untrusted.handwritten import kernel_from_source
 
 BASE = {
     "kgen": 1, "name": "pipe_prefill", "kind": "paged_prefill",

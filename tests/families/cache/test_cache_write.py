@@ -1,5 +1,5 @@
 """cache_write: bit-exact stores for every cache dtype, layout and scale mode (run on the CPU
-backend and judged by kgen.verify.bitexact against kgen.quantize), argument checks, and
+backend and judged by kgen.verify.judge.bitexact against kgen.quantize), argument checks, and
 mutants of the rendered source that the verifier must reject."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import kgen
 from kgen.errors import ArgumentError
 from kgen.quantize import QMAX, quantize, to_cache_dtype
 from kgen.render import render
-from kgen.verify.handwritten import kernel_from_source
 from kgen.verify.runner import verify
+from kgen.verify.untrusted.handwritten import kernel_from_source
 
 SPEC = "specs/cache_write_fp8_e4m3.yaml"
 

@@ -1,5 +1,5 @@
 """copy_blocks: byte-exact block copies over every pool array and layer in one launch (CPU
-backend, judged by kgen.verify.bitexact against numpy), the pair rules, argument checks, and
+backend, judged by kgen.verify.judge.bitexact against numpy), the pair rules, argument checks, and
 mutants of the rendered source that the verifier must reject."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import kgen
 from kgen.errors import ArgumentError
 from kgen.render import render
-from kgen.verify.handwritten import kernel_from_source
 from kgen.verify.runner import verify
+from kgen.verify.untrusted.handwritten import kernel_from_source
 
 SPEC = "specs/copy_blocks_fp16.yaml"
 

@@ -30,7 +30,7 @@ import ml_dtypes
 import numpy as np
 
 from kgen.formats.dtypes import dtype
-from kgen.verify.report import CaseResult
+from kgen.verify.judge.report import CaseResult
 
 K_FACTOR = 2.0
 EPS_FP32 = float(np.finfo(np.float32).eps)

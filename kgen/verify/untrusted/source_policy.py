@@ -8,7 +8,7 @@ g++ compile one and the same text.
 2. every directive is read before anything is compiled: `#include` only of the headers in
    kgen.compile.provided (literal names: no paths, no macros), `#pragma` only unroll,
    nounroll and once, no `#line`/`#include_next`/`#embed`..., no `#define` of reserved names;
-3. the text is preprocessed once (kgen/verify/preprocess.py) with the includes held out and
+3. the text is preprocessed once (kgen/verify/untrusted/preprocess.py) with the includes held out and
    every compiler-identity macro poisoned, so a branch on the compiler is refused, even
    through a macro, and the output has no conditional left for either compiler to read;
 4. the preprocessed tokens are checked: no inline asm, no host function or host lambda, no
@@ -30,9 +30,9 @@ from pathlib import PurePath
 from kgen.compile.object_check import HOST_ONLY_CALLS
 from kgen.compile.provided import ALLOWED_INCLUDES, kgen_headers
 from kgen.errors import CompileError, KgenUserError
-from kgen.verify.cxx_text import Token, logical_lines, tokenize
-from kgen.verify.definitions import host_code
-from kgen.verify.preprocess import compiler_predefined_macros, preprocess
+from kgen.verify.untrusted.cxx_text import Token, logical_lines, tokenize
+from kgen.verify.untrusted.definitions import host_code
+from kgen.verify.untrusted.preprocess import compiler_predefined_macros, preprocess
 
 PLATFORM_INCLUDE = '#include "kgen/platform.cuh"'
 # The platform block `kgen show` inlined under ABI 1 (templates/common/platform.cuh before it

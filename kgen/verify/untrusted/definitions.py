@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kgen.verify.cxx_text import Token
+from kgen.verify.untrusted.cxx_text import Token
 
 DEVICE_SPECIFIERS = frozenset({"__device__", "__global__"})
 _COMPILE_TIME = frozenset({"constexpr", "consteval"})

@@ -17,8 +17,8 @@ from kgen.families.base import Config, resolve_config
 from kgen.families.registry import family_for
 from kgen.kernel import Kernel
 from kgen.render import Rendered
-from kgen.verify.signature import check_signature
-from kgen.verify.source_policy import prepare_source
+from kgen.verify.untrusted.signature import check_signature
+from kgen.verify.untrusted.source_policy import prepare_source
 
 
 def build_from_source(spec, path: Path, backend: str = "auto") -> Kernel:
@@ -34,7 +34,7 @@ def kernel_from_source(spec, source: str, backend: str = "auto", config: Config 
     """A Kernel over `source` with the spec's ABI. Without `config`, the launch of the ABI
     contract (the family's abi_config) that a hand-written kernel implements; cubins for
     `archs` (default: the spec's targets) give its resources."""
-    # Source policy (kgen/verify/source_policy.py): kernel code only, and one preprocessed text
+    # Source policy (kgen/verify/untrusted/source_policy.py): kernel code only, and one preprocessed text
     # that NVRTC and g++ both compile; a violation exits 2 naming the file and line.
     prepared = prepare_source(source, origin)
     family = family_for(spec)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kgen.verify.report import CaseResult
+from kgen.verify.judge.report import CaseResult
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from kgen.arrays import host_owner
 from kgen.runtime.cuda import cupy_module
-from kgen.verify.report import CaseResult
+from kgen.verify.judge.report import CaseResult
 
 GUARD_BYTES = 256  # the least guard before and after a buffer (a multiple of 16: the view stays aligned)
 
