@@ -18,10 +18,19 @@ from kgen.arrays import ArrayArg, as_array_arg, empty_like_library
 from kgen.errors import ArgumentError
 from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
 from kgen.families.attention.decode_geometry import vector_width, vllm_v_copy
-from kgen.families.base import Config
+from kgen.families.base import Config, FamilyBase
 from kgen.families.binding import CallBinder, host_values
 from kgen.families.pool import bind_scales, cache_args, scale_args, stride_args, stride_values
-from kgen.formats.cache import SCALE_MODES, CacheFormat, cache_names, cache_shapes, cache_strides, vllm_x
+from kgen.formats.cache import (
+    SCALE_MODES,
+    CacheFormat,
+    cache_names,
+    cache_rows,
+    cache_shapes,
+    cache_strides,
+    layout_problems,
+    vllm_x,
+)
 from kgen.formats.dtypes import dtype
 from kgen.plan import Plan
 
@@ -101,6 +110,51 @@ def merge_kernel(spec, table: list[Arg], rows: Rows) -> KernelDecl:
              "max_partitions", "partition_tokens", f"o_s_{rows.axis}", "o_s_head"]
     return KernelDecl(f"{spec.name}_merge", (by_name["out"], *reads, *(by_name[n] for n in names)),
                       (spec.attention.num_q_heads, rows.count, 1), MERGE_THREADS)
+
+
+# ---- what both families answer alike ----------------------------------------------------------
+class AttentionFamily(FamilyBase):
+    """The part of the Family protocol decode and prefill answer alike; each sets `rows` and
+    `cases_module` (its matrix, case runner and benchmark inputs)."""
+
+    rows: Rows
+    cases_module: Any
+
+    def unsupported(self, spec) -> list[str]:
+        return layout_problems(spec)
+
+    def abi_config(self, spec) -> Config:
+        return {"partition_size": 0}  # a hand-written kernel implements the single-pass launch
+
+    def arguments(self, spec, config: Config) -> list[Arg]:
+        return attention_arguments(spec, config, self.rows)
+
+    @staticmethod
+    def partition_problems(config: Config) -> list[str]:
+        p = config["partition_size"]
+        return [f"partition_size must be 0 or a positive multiple of 16 tokens (got {p})"] if p < 0 or p % 16 else []
+
+    def call_lines(self, spec) -> list[str]:
+        """`kgen abi`: the call, the cache arrays and the reading rule."""
+        names = call_names(spec, self.rows)
+        return [
+            "",
+            f"Call: kern({', '.join(names)}, out=None, return_lse=False) -> out, or (out, lse); the cache arrays:",
+            *cache_rows(spec),
+            "",
+            "Rules: slots past a sequence's length in its last block hold garbage and must not be read"
+            + ("" if spec.tail_masking else
+               " (tail_masking: false: every seq_len is promised to be a multiple of block_size)") + ".",
+        ]
+
+    def cases(self, spec, config: Config, rng: np.random.Generator):
+        return self.cases_module.matrix_cases(spec, config, rng)
+
+    def run_case(self, kernel, case, rng: np.random.Generator):
+        return self.cases_module.run_case(kernel, case, rng)
+
+    def bench(self, spec, config: Config, bucket, rng: np.random.Generator):
+        return self.cases_module.bench(spec, bucket, rng)
 
 
 # ---- the template constants -------------------------------------------------------------------

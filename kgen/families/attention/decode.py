@@ -10,21 +10,20 @@ from typing import Any
 import numpy as np
 
 from kgen.errors import ArgumentError
-from kgen.families.argtable import Arg, KernelDecl
+from kgen.families.argtable import KernelDecl
 from kgen.families.attention import decode_cases
 from kgen.families.attention.common import (
     DECODE_ROWS,
     AttentionBinder,
-    attention_arguments,
-    call_names,
+    AttentionFamily,
     merge_kernel,
     template_context,
 )
 from kgen.families.attention.decode_geometry import decode_geometry, vector_width, vllm_v_copy
-from kgen.families.base import Config, FamilyBase, TunableParam, threads_problems
+from kgen.families.base import Config, TunableParam, threads_problems
 from kgen.families.binding import host_values
 from kgen.families.decode_split import check_forced_partition, choose_split
-from kgen.formats.cache import CacheFormat, cache_rows, describe, layout_problems
+from kgen.formats.cache import CacheFormat, describe
 from kgen.formats.dtypes import dtype
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 
@@ -33,33 +32,21 @@ from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 DEVICE_HEADERS = ("common/platform.cuh", "common/async_copy.cuh", "common/convert.cuh", "common/paged_decode.cuh")
 
 
-class PagedDecodeFamily(FamilyBase):
-    kind = "paged_decode"
-    template = "paged_decode.cu.j2"
+class PagedDecodeFamily(AttentionFamily):
+    # the kind's identity: its name, template, query rows and cases (the rest is AttentionFamily's)
+    kind, template, rows, cases_module = "paged_decode", "paged_decode.cu.j2", DECODE_ROWS, decode_cases
     params = {"threads": TunableParam("threads", 128), "partition_size": TunableParam("partition_size", 64),
               "stages": TunableParam("stages", 0), "heads_per_thread": TunableParam("heads_per_thread", 0)}
 
     # ---- generation -------------------------------------------------------------------
-    def unsupported(self, spec) -> list[str]:
-        return layout_problems(spec)
-
     def check_config(self, spec, config: Config) -> list[str]:
-        problems = threads_problems(config["threads"])
-        p = config["partition_size"]
-        if p < 0 or p % 16:
-            problems.append(f"partition_size must be 0 or a positive multiple of 16 tokens (got {p})")
+        problems = threads_problems(config["threads"]) + self.partition_problems(config)
         if not problems:
             problems += decode_geometry(spec, config)[1]
         return problems
 
-    def abi_config(self, spec) -> Config:
-        return {"partition_size": 0}  # a hand-written kernel implements the single-pass launch
-
     def default_space(self, spec) -> dict[str, list[int]]:
         return {"threads": [64, 128, 256], "partition_size": [0, 64, 256], "stages": [2, 3]}
-
-    def arguments(self, spec, config: Config) -> list[Arg]:
-        return attention_arguments(spec, config, DECODE_ROWS)
 
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
         a, P = spec.attention, config["partition_size"]
@@ -95,7 +82,6 @@ class PagedDecodeFamily(FamilyBase):
 
     def abi_notes(self, spec) -> list[str]:
         a, kv = spec.attention, spec.kv_cache
-        names = call_names(spec, DECODE_ROWS)
         return [
             f"num_q_heads {a.num_q_heads}, num_kv_heads {a.num_kv_heads} (query head h reads KV head h / "
             f"{spec.group_size}), head_dim {a.head_dim}, block_size {kv.block_size}, cache {describe(spec)}, "
@@ -106,13 +92,7 @@ class PagedDecodeFamily(FamilyBase):
             + (f", logits soft-cap {a.logits_soft_cap} (s = cap*tanh(s/cap), applied before ALiBi)"
                if a.logits_soft_cap else "")
             + (", ALiBi: logit += alibi_slopes[h] * (j - (seq_len - 1))" if a.alibi else ""),
-            "",
-            f"Call: kern({', '.join(names)}, out=None, return_lse=False) -> out, or (out, lse); the cache arrays:",
-            *cache_rows(spec),
-            "",
-            "Rules: slots past a sequence's length in its last block hold garbage and must not be read"
-            + ("" if spec.tail_masking else
-               " (tail_masking: false: every seq_len is promised to be a multiple of block_size)") + ".",
+            *self.call_lines(spec),
             f"Loads: {vector_width(spec)} elements per vector load; pointers and strides must keep them aligned"
             + (f" (V: {vllm_v_copy(spec) // dtype(kv.dtype).itemsize} tokens per load along its block_size axis)"
                if CacheFormat.of(spec).vllm else "") + ".",
@@ -152,21 +132,12 @@ class PagedDecodeFamily(FamilyBase):
         return launches, ((out.obj, lse.obj) if lse is not None else out.obj)
 
     # ---- verification and benchmarks (kgen/families/attention/decode_cases.py) --------------------
-    def cases(self, spec, config: Config, rng: np.random.Generator):
-        return decode_cases.matrix_cases(spec, config, rng)
-
-    def run_case(self, kernel, case, rng: np.random.Generator):
-        return decode_cases.run_case(kernel, case, rng)
-
     def bucket_of(self, spec, call):
         """batch = q's rows, context = the block table's capacity in tokens."""
         q, bt = call.get("q"), call.get("block_tables")
         if q is None or bt is None or len(q.shape) < 1 or len(bt.shape) != 2:
             return None
         return int(q.shape[0]), int(bt.shape[1]) * spec.kv_cache.block_size
-
-    def bench(self, spec, config: Config, bucket, rng: np.random.Generator):
-        return decode_cases.bench(spec, bucket, rng)
 
 
 PAGED_DECODE = PagedDecodeFamily()

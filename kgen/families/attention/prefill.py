@@ -12,21 +12,20 @@ from typing import Any
 import numpy as np
 
 from kgen.errors import ArgumentError
-from kgen.families.argtable import Arg, KernelDecl
+from kgen.families.argtable import KernelDecl
 from kgen.families.attention import prefill_cases
 from kgen.families.attention.common import (
     PREFILL_ROWS,
     AttentionBinder,
-    attention_arguments,
-    call_names,
+    AttentionFamily,
     merge_kernel,
     template_context,
 )
 from kgen.families.attention.decode_geometry import vector_width
-from kgen.families.base import Config, FamilyBase, TunableParam, resolve_config
+from kgen.families.base import Config, TunableParam, resolve_config
 from kgen.families.binding import host_values
 from kgen.families.decode_split import check_forced_partition, choose_split
-from kgen.formats.cache import CacheFormat, cache_rows, describe, layout_problems, vllm_x
+from kgen.formats.cache import CacheFormat, describe, vllm_x
 from kgen.formats.dtypes import dtype
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 
@@ -110,16 +109,13 @@ def slices(spec) -> int:
     return -(-spec.attention.head_dim // OUT_SLICE)
 
 
-class PagedPrefillFamily(FamilyBase):
-    kind = "paged_prefill"
-    template = "paged_prefill.cu.j2"
+class PagedPrefillFamily(AttentionFamily):
+    # the kind's identity: its name, template, query rows and cases (the rest is AttentionFamily's)
+    kind, template, rows, cases_module = "paged_prefill", "paged_prefill.cu.j2", PREFILL_ROWS, prefill_cases
     params = {"warps": TunableParam("warps", 0), "kv_tile": TunableParam("kv_tile", 0),
               "stages": TunableParam("stages", 0), "partition_size": TunableParam("partition_size", 256)}
 
     # ---- generation -------------------------------------------------------------------
-    def unsupported(self, spec) -> list[str]:
-        return layout_problems(spec)
-
     def check_config(self, spec, config: Config) -> list[str]:
         problems = []
         if config["warps"] and config["warps"] not in WARPS:
@@ -130,9 +126,7 @@ class PagedPrefillFamily(FamilyBase):
                             f"(got {config['kv_tile']})")
         if config["stages"] and config["stages"] not in STAGES:
             problems.append(f"stages must be 0 (automatic) or 1 to 4 (got {config['stages']})")
-        p = config["partition_size"]
-        if p < 0 or p % 16:
-            problems.append(f"partition_size must be 0 or a positive multiple of 16 (got {p})")
+        problems += self.partition_problems(config)
         if not problems:
             need = smem_bytes(spec, *tiles(spec, config), stages_of(spec, config))
             if need > SMEM_LIMIT:
@@ -140,14 +134,8 @@ class PagedPrefillFamily(FamilyBase):
                                 f"{SMEM_LIMIT}: use fewer warps or stages or a smaller kv_tile")
         return problems
 
-    def abi_config(self, spec) -> Config:
-        return {"partition_size": 0}  # a hand-written kernel implements the single-pass launch
-
     def default_space(self, spec) -> dict[str, list[int]]:
         return {"warps": [2, 4], "kv_tile": [32, 64], "stages": [1, 2], "partition_size": [0, 256]}
-
-    def arguments(self, spec, config: Config) -> list[Arg]:
-        return attention_arguments(spec, config, PREFILL_ROWS)
 
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
         a, P = spec.attention, config["partition_size"]
@@ -172,7 +160,6 @@ class PagedPrefillFamily(FamilyBase):
     def abi_notes(self, spec) -> list[str]:
         a, kv = spec.attention, spec.kv_cache
         rows = 16 * tiles(spec, resolve_config(self, spec, self.abi_config(spec)))[0]  # the ABI launch's
-        names = call_names(spec, PREFILL_ROWS)
         visible = ("keys p-" + str(a.sliding_window - 1) + " .. p" if a.sliding_window else "keys 0 .. p") \
             if a.causal else "all seq_len keys (causal: false)"
         return [
@@ -185,13 +172,7 @@ class PagedPrefillFamily(FamilyBase):
             + (", ALiBi: logit += alibi_slopes[h] * (key - p)" if a.alibi else ""),
             "Query row j of sequence s (rows q_indptr[s] ..) sits at position p = seq_lens[s] - q_len + j, "
             f"q_len = q_indptr[s+1] - q_indptr[s], and sees {visible}. A sequence with q_len 0 writes nothing.",
-            "",
-            f"Call: kern({', '.join(names)}, out=None, return_lse=False) -> out, or (out, lse); the cache arrays:",
-            *cache_rows(spec),
-            "",
-            "Rules: slots past a sequence's length in its last block hold garbage and must not be read"
-            + ("" if spec.tail_masking else
-               " (tail_masking: false: every seq_len is promised to be a multiple of block_size)") + ".",
+            *self.call_lines(spec),
             f"Loads: {vector_width(spec)} elements per vector load; pointers and strides must keep them aligned.",
             f"Grid x: q_tiles = ceil(num_q_tokens * {spec.group_size} / {rows}) + num_seqs: blockIdx.x counts the "
             f"tiles of {rows} packed (token, group head) rows of every sequence in order (spare blocks exit); "
@@ -283,21 +264,12 @@ class PagedPrefillFamily(FamilyBase):
         return launches, ((out.obj, lse.obj) if lse is not None else out.obj)
 
     # ---- verification and benchmarks (kgen/families/attention/prefill_cases.py) -------------------
-    def cases(self, spec, config: Config, rng: np.random.Generator):
-        return prefill_cases.matrix_cases(spec, config, rng)
-
-    def run_case(self, kernel, case, rng: np.random.Generator):
-        return prefill_cases.run_case(kernel, case, rng)
-
     def bucket_of(self, spec, call):
         """batch = sequences (block-table rows), context = the block table's capacity in tokens."""
         bt = call.get("block_tables")
         if bt is None or len(bt.shape) != 2:
             return None
         return int(bt.shape[0]), int(bt.shape[1]) * spec.kv_cache.block_size
-
-    def bench(self, spec, config: Config, bucket, rng: np.random.Generator):
-        return prefill_cases.bench(spec, bucket, rng)
 
 
 def _checked_q_lens(indptr: np.ndarray, num_rows: int) -> np.ndarray:
