@@ -36,6 +36,7 @@ class Case:
 
     name: str
     params: dict[str, Any] = field(default_factory=dict)
+    sizes: list[int] = field(default_factory=list)  # what a report shows of it (attention: its sequence lengths)
 
 
 @dataclass

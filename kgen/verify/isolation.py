@@ -15,8 +15,8 @@ from kgen.errors import KernelRuntimeError
 from kgen.verify.judge.report import CaseResult
 
 
-def failed_run(case: str, seq_lens: list[int], error: KernelRuntimeError) -> CaseResult:
+def failed_run(case: str, sizes: list[int], error: KernelRuntimeError) -> CaseResult:
     """The failed CaseResult of a case whose launch crashed, hung or was refused by the runtime."""
-    return CaseResult(case, list(seq_lens), math.nan, math.nan, False,
+    return CaseResult(case, list(sizes), math.nan, math.nan, False,
                       note=f"case '{case}': the kernel did not run to completion: {error} "
                            "(later cases were not run)")

@@ -31,7 +31,7 @@ def verify(kernel, seed: int | None = None, cases: list[str] | None = None) -> V
         try:
             results = family.run_case(kernel, case, rng)
         except KernelRuntimeError as e:  # a crash, abort or hang of an isolated kernel: this case's verdict
-            report.cases.append(failed_run(case.name, case.params.get("seq_lens", []), e))
+            report.cases.append(failed_run(case.name, case.sizes, e))
             break
         for r in results:
             r.seconds = time.perf_counter() - t0

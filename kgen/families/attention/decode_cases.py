@@ -180,7 +180,7 @@ def decode_case_matrix(spec, config: Config, rng: np.random.Generator) -> list[t
 
 
 def matrix_cases(spec, config: Config, rng: np.random.Generator) -> list[Case]:
-    return [Case(name, {"seq_lens": lens, "share_prefix": share, **ADVERSARIAL.get(name, {})})
+    return [Case(name, {"seq_lens": lens, "share_prefix": share, **ADVERSARIAL.get(name, {})}, list(lens))
             for name, lens, share in decode_case_matrix(spec, config, rng)]
 
 

@@ -94,7 +94,7 @@ def prefill_case_matrix(spec, config: Config, rng: np.random.Generator) -> list[
 
 
 def matrix_cases(spec, config: Config, rng: np.random.Generator) -> list[Case]:
-    return [Case(c["name"], c) for c in prefill_case_matrix(spec, config, rng)]
+    return [Case(c["name"], c, list(c["seq_lens"])) for c in prefill_case_matrix(spec, config, rng)]
 
 
 def references(spec, args: dict) -> tuple[Reference, Reference]:
