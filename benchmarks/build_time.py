@@ -84,7 +84,7 @@ def main() -> None:
     imp = "import time; t=time.perf_counter(); from generated.llama3_8b_decode import kernel; " \
           "print(time.perf_counter()-t)"
     first = ("import time; t=time.perf_counter(); from generated.llama3_8b_decode import kernel; "
-             "import numpy as np; from kgen.families.decode_cases import make_decode_case; "
+             "import numpy as np; from kgen.families.attention.decode_cases import make_decode_case; "
              "a=make_decode_case(kernel.spec,[17],np.random.default_rng(0)); kernel(**a); "
              "print(time.perf_counter()-t)")
     import_t = [float(subprocess.run([sys.executable, "-c", imp], env=env, cwd=gen, capture_output=True,

@@ -5,7 +5,7 @@ thread has requested ahead while it computes a tile) and the KV bytes each decod
 KV bytes per token = num_kv_heads x (K + V row bytes) + the scale bytes that belong to the
 token (per_token_head: one float32 each for K and V per KV head; per_tensor/per_head
 scales are a few bytes per launch, shown as 0). The figure is computed from the spec and
-cross-checked against the nbytes of ABI-shaped arrays that kgen.families.decode_cases builds.
+cross-checked against the nbytes of ABI-shaped arrays that kgen.families.attention.decode_cases builds.
 
     PYTHONPATH=. .venv/bin/python benchmarks/decode_figures.py [specs/decode_*.yaml ...]
 """
@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 
 import kgen
-from kgen.dtypes import dtype
-from kgen.families.decode_cases import make_decode_case
-from kgen.families.decode_geometry import decode_geometry
+from kgen.families.attention.decode_cases import make_decode_case
+from kgen.families.attention.decode_geometry import decode_geometry
+from kgen.formats.dtypes import dtype
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -43,9 +43,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from decode_figures import kv_bytes_per_token  # noqa: E402
 
 from kgen.build import build  # noqa: E402
-from kgen.dtypes import dtype  # noqa: E402
-from kgen.families.layout import cache_shapes, scale_shape  # noqa: E402
 from kgen.families.registry import family_for  # noqa: E402
+from kgen.formats.cache import cache_shapes, scale_shape  # noqa: E402
+from kgen.formats.dtypes import dtype  # noqa: E402
 from kgen.perf import model as pm  # noqa: E402
 from kgen.runtime.cuda import gpu_available  # noqa: E402
 from kgen.spec.models import load_spec  # noqa: E402

@@ -42,7 +42,7 @@ from decode_figures import kv_bytes_per_token  # noqa: E402
 from kgen.build import build  # noqa: E402
 from kgen.cache import ArtifactCache, content_key  # noqa: E402
 from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report, resources_as_dict  # noqa: E402
-from kgen.families.paged_decode import PAGED_DECODE  # noqa: E402
+from kgen.families.attention.decode import PAGED_DECODE  # noqa: E402
 from kgen.families.registry import family_for  # noqa: E402
 from kgen.kernel import Kernel  # noqa: E402
 from kgen.perf import model as pm  # noqa: E402

@@ -22,7 +22,7 @@ from kgen.errors import (
 from kgen.kernel import Kernel
 from kgen.model_specs import specs_for_model
 from kgen.spec.models import Spec, json_schema, load_spec, parse_spec, spec_from_dict
-from kgen.verify.report import CaseResult, VerificationReport
+from kgen.verify.judge.report import CaseResult, VerificationReport
 from kgen.verify.runner import verify
 from kgen.version import __version__
 

@@ -1,7 +1,7 @@
 """Uniform view of the arrays a kernel call receives: numpy, torch (CPU or CUDA), CuPy.
 
 Each argument becomes an `ArrayArg` with its shape, element strides, dtype (spelled as
-kgen.dtypes.dtype_label spells it), device and data pointer, so the argument checks are
+kgen.formats.dtypes.dtype_label spells it), device and data pointer, so the argument checks are
 written once for every backend and every array library. Arrays move between libraries
 and devices through DLPack and CuPy: kgen needs torch only to hand results back as torch
 tensors to a caller who passed torch tensors (the `torch` extra).
@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from kgen.dtypes import BY_NAME, BY_TORCH, dtype_label
 from kgen.errors import ArgumentError, ToolchainError
+from kgen.formats.dtypes import BY_NAME, BY_TORCH, dtype_label
 from kgen.optional import module_of
 from kgen.runtime.cuda import cupy_module
 from kgen.settings import KGEN_DEBUG

@@ -66,12 +66,12 @@ class Kernel:
         return result
 
     def plan(self, seq_lens: Any, num_sms: int | None = None, partition_tokens: int | None = None,
-             q_indptr: Any = None) -> Plan:
+             **lengths: Any) -> Plan:
         """The launches for a batch with these lengths (host-side: device lengths are copied once).
         num_sms: the GPU to fill (None: this GPU's, 132 without one). partition_tokens: force
         the split-KV partition size (a multiple of the config's partition_size), e.g. to test
-        partition boundaries. q_indptr: the query rows of each sequence, for kinds whose calls
-        have them (paged_prefill needs it; the others refuse it)."""
+        partition boundaries. `lengths`: the call's other length arguments by their ABI names, for
+        kinds whose calls have them (paged_prefill: q_indptr; the others refuse them)."""
         lens = _host_ints("seq_lens", seq_lens)
         if lens.ndim != 1 or not np.issubdtype(lens.dtype, np.integer) or (lens.size and lens.min() < 0):
             raise ArgumentError(f"seq_lens: expected a 1-d array of lengths >= 0, got {lens!r:.80}")
@@ -80,8 +80,8 @@ class Kernel:
             raise ArgumentError(f"num_sms: must be >= 1 (got {num_sms})")
         resident = self.resident_blocks(num_sms)
         target = target_blocks(num_sms, resident)
-        extra = {} if q_indptr is None else {"q_indptr": _host_ints("q_indptr", q_indptr)}
-        sizes, kernels = self._family.schedule(self.spec, self.config, lens, target, partition_tokens, **extra)
+        given = {"seq_lens": lens, **{n: _host_ints(n, v) for n, v in lengths.items() if v is not None}}
+        sizes, kernels = self._family.schedule(self.spec, self.config, given, target, partition_tokens)
         launches = [PlannedLaunch(k.name, k.grid_for(sizes), (k.block, 1, 1), k.smem) for k in kernels]
         return Plan(self.name, int(lens.size), dict(sizes), launches, num_sms, resident, target)
 

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from kgen.dtypes import QUANTIZED, dtype
-
-# The largest magnitude a quantized cache stores (per_token_head scales map max|x| onto it).
-QMAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "int8": 127.0}
+from kgen.formats.dtypes import (  # QMAX: the largest magnitude each quantized dtype stores
+    QMAX,
+    QUANTIZED,
+    dtype,
+)
 
 
 def to_cache_dtype(x: np.ndarray, name: str) -> np.ndarray:

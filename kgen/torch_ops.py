@@ -27,11 +27,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from kgen.dtypes import BY_NAME
 from kgen.errors import ArgumentError
 from kgen.families.base import resolve_config
 from kgen.families.binding import CallArg, call_arguments
 from kgen.families.registry import family_for
+from kgen.formats.dtypes import BY_NAME
 from kgen.optional import require
 
 NAMESPACE = "kgen"

@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 
 from kgen.compile.provided import kgen_headers
+from kgen.families.attention.reference import attention_outputs
 from kgen.paging import KVCacheManager
-from kgen.reference import attention_decode
 from kgen.runtime.cuda import gpu_available
 from kgen.spec.models import spec_from_dict
-from kgen.verify.bounds import EPS_FP32, check_output
-from kgen.verify.report import CaseResult
+from kgen.verify.judge.bounds import EPS_FP32, check_output
+from kgen.verify.judge.report import CaseResult
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE_DIR_NAME = "kgen-cache"
@@ -121,10 +121,10 @@ def inline_provided(source: str, header: str = "kgen/softmax.cuh") -> str:
 
 def reference_check(spec, args: dict, out, name: str = "output") -> CaseResult:
     """One decode call's output against the float64 reference, with the verifier's derived
-    bound (kgen.verify.bounds.check_output, against the same attention in the q dtype)."""
-    ref, _ = attention_decode(spec, args["q"], args)
+    bound (kgen.verify.judge.bounds.check_output, against the same attention in the q dtype)."""
+    ref, _ = attention_outputs(spec, args["q"], args)
     round_to = None if spec.dtype.q == "fp32" else args["q"].dtype
-    lowp, _ = attention_decode(spec, args["q"], args, dtype=np.float32, round_to=round_to)
+    lowp, _ = attention_outputs(spec, args["q"], args, dtype=np.float32, round_to=round_to)
     seq_lens = [int(n) for n in np.asarray(args["seq_lens"])]
     return check_output(name, seq_lens, np.asarray(out), ref, lowp.astype(np.float64), spec.dtype.resolved_out)
 
@@ -132,7 +132,7 @@ def reference_check(spec, args: dict, out, name: str = "output") -> CaseResult:
 def assert_lse_matches(spec, args: dict, lse) -> None:
     """The LSE is computed and returned in fp32 from the exact inputs, so it must agree with
     the float64 reference to the fp32 accumulation floor of the verifier's bound."""
-    _, ref_lse = attention_decode(spec, args["q"], args)
+    _, ref_lse = attention_outputs(spec, args["q"], args)
     err = float(np.max(np.abs(np.asarray(lse, np.float64) - ref_lse)))
     bound = 64 * EPS_FP32 * float(np.max(np.abs(ref_lse)))
     assert np.all(np.isfinite(lse)) and err <= bound, f"LSE error {err:.3g} > bound {bound:.3g}"

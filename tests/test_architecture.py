@@ -174,3 +174,24 @@ def test_every_referenced_document_is_in_the_repository(folder):
                     continue
                 missing.append(f"{f.relative_to(ROOT)}:{i}: {ref}")
     assert not missing, "references to documents not in the repository:\n" + "\n".join(missing)
+
+
+def test_families_use_the_judge_never_the_untrusted_source_analysis():
+    """kgen/verify/judge is what families use (bounds, bit-exact, guards, reports);
+    kgen/verify/untrusted (source policy, preprocessing, C++ text) is `kgen verify --source`'s."""
+    graph = import_graph()
+    wrong = sorted((m, d) for m, deps in graph.items() if m.startswith("kgen.families")
+                   for d in deps if d.startswith("kgen.verify.untrusted"))
+    assert not wrong, wrong
+
+
+def test_decode_and_prefill_share_one_host_side_and_import_no_private_names():
+    """Neither attention kind imports the other; both import kgen/families/attention/common.py."""
+    graph = import_graph()
+    decode, prefill = "kgen.families.attention.decode", "kgen.families.attention.prefill"
+    assert prefill not in graph[decode] and decode not in graph[prefill]
+    assert "kgen.families.attention.common" in graph[decode] & graph[prefill]
+    for path in (MODULES[decode], MODULES[prefill]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kgen"):
+                assert not [a.name for a in node.names if a.name.startswith("_")], (path, node.module)

@@ -19,8 +19,8 @@ from kgen.arrays import (
     scale_value,
     to_numpy,
 )
-from kgen.dtypes import dtype_label
 from kgen.errors import ArgumentError
+from kgen.formats.dtypes import dtype_label
 
 DTYPES = [("fp16", np.float16, torch.float16), ("bf16", ml_dtypes.bfloat16, torch.bfloat16),
           ("fp32", np.float32, torch.float32), ("fp8_e4m3", ml_dtypes.float8_e4m3fn, torch.float8_e4m3fn),

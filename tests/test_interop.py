@@ -13,9 +13,9 @@ import torch
 
 import kgen
 from kgen.arrays import checks_values
-from kgen.dtypes import dtype
-from kgen.families.decode_cases import make_decode_case
-from kgen.families.layout import cache_shapes
+from kgen.families.attention.decode_cases import make_decode_case
+from kgen.formats.cache import cache_shapes
+from kgen.formats.dtypes import dtype
 from kgen.interop import from_flashinfer, lse_from_base2, lse_to_base2, to_flashinfer
 
 SMALL = {"kgen": 1, "kind": "paged_decode", "attention": {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 32},

@@ -11,8 +11,12 @@ import torch
 import torch.nn.functional as F
 
 import kgen
-from kgen.families.decode_cases import make_decode_case
-from kgen.reference import attention_decode, decode_inputs_real, decode_reference
+from kgen.families.attention.decode_cases import make_decode_case
+from kgen.families.attention.reference import (
+    attention_outputs,
+    attention_reference,
+    real_kv,
+)
 
 BASE = {
     "kgen": 1, "name": "ref_decode", "kind": "paged_decode",
@@ -64,7 +68,7 @@ def test_gather_matches_per_token_index_formulas(overrides):
     spec = _spec(**overrides)
     for padded in (False, True):
         args = make_decode_case(spec, [13, 1, 8], np.random.default_rng(5), share_prefix=True, padded=padded)
-        for i, (k, v) in enumerate(decode_inputs_real(spec, args)):
+        for i, (k, v) in enumerate(real_kv(spec, args)):
             for t in range(k.shape[1]):
                 for h in range(spec.attention.num_kv_heads):
                     kt, vt = _token(spec, args, i, t, h)
@@ -116,8 +120,8 @@ def _torch_decode(spec, q, seqs, alibi):
 def test_reference_matches_torch_sdpa_in_float64(overrides):
     spec = _spec(**overrides)
     args = make_decode_case(spec, [1, 7, 8, 9, 30], np.random.default_rng(11))
-    out, lse = attention_decode(spec, args["q"], args)
-    want, want_lse = _torch_decode(spec, args["q"], decode_inputs_real(spec, args), args.get("alibi_slopes"))
+    out, lse = attention_outputs(spec, args["q"], args)
+    want, want_lse = _torch_decode(spec, args["q"], real_kv(spec, args), args.get("alibi_slopes"))
     np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(lse, want_lse, rtol=1e-12, atol=1e-12)
 
@@ -128,16 +132,16 @@ def test_each_feature_changes_the_reference(feature):
     """Guards the torch comparison above against features that silently do nothing."""
     spec = _spec(**feature)
     args = make_decode_case(spec, [3, 30], np.random.default_rng(4))
-    with_f, _ = attention_decode(spec, args["q"], args)
-    without, _ = attention_decode(_spec(), args["q"], {k: v for k, v in args.items() if k != "alibi_slopes"})
+    with_f, _ = attention_outputs(spec, args["q"], args)
+    without, _ = attention_outputs(_spec(), args["q"], {k: v for k, v in args.items() if k != "alibi_slopes"})
     assert np.max(np.abs(with_f[1] - without[1])) > 1e-3
 
 
 def test_lowp_reference_is_a_nonzero_yardstick():
     spec = _spec()
     args = make_decode_case(spec, [40], np.random.default_rng(3))
-    ref, _ = attention_decode(spec, args["q"], args)
-    low, _ = attention_decode(spec, args["q"], args, dtype=np.float32, round_to=np.float16)
+    ref, _ = attention_outputs(spec, args["q"], args)
+    low, _ = attention_outputs(spec, args["q"], args, dtype=np.float32, round_to=np.float16)
     err = np.max(np.abs(low - ref))
     assert 0 < err < 1e-2
 
@@ -145,13 +149,13 @@ def test_lowp_reference_is_a_nonzero_yardstick():
 @pytest.mark.parametrize("overrides", [{}, {"kv_cache.dtype": "int8", "kv_cache.scale": "per_token_head"},
                                        {"attention.sliding_window": 5}], ids=["fp16", "int8-pth", "window"])
 def test_error_magnitudes_bound_what_they_stand_for(overrides):
-    """decode_reference's magnitudes are upper bounds of the sums the verifier's floor scales with:
+    """attention_reference's magnitudes are upper bounds of the sums the verifier's floor scales with:
     max_d sum_j p_j |v_jd| and max over visible j of scale * sum_d |q_d k_jd| (docs/verification.md)."""
     spec = _spec(**overrides)
     args = make_decode_case(spec, [1, 9, 30], np.random.default_rng(6))
-    ref = decode_reference(spec, args["q"], args)
+    ref = attention_reference(spec, args["q"], args)
     G, scale = spec.group_size, spec.softmax_scale_value
-    for i, (k, v) in enumerate(decode_inputs_real(spec, args)):
+    for i, (k, v) in enumerate(real_kv(spec, args)):
         L = k.shape[1]
         visible = np.arange(L) >= (L - spec.attention.sliding_window if spec.attention.sliding_window else 0)
         for h in range(spec.attention.num_q_heads):

@@ -10,12 +10,12 @@ import torch
 from conftest import run_python
 
 import kgen
-from kgen.dtypes import BY_NUMPY
+from kgen.families.attention.decode_cases import make_decode_case
 from kgen.families.base import resolve_config
 from kgen.families.binding import call_arguments
-from kgen.families.decode_cases import make_decode_case
-from kgen.families.layout import cache_shapes
 from kgen.families.registry import family_for
+from kgen.formats.cache import cache_shapes
+from kgen.formats.dtypes import BY_NUMPY
 from kgen.generated import write_generated
 from kgen.torch_ops import overloads, register
 
@@ -222,7 +222,7 @@ def test_generated_module_registers_on_load(tmp_path):
     write_generated(kern, tmp_path / "gen")
     code = ("import torch, numpy as np\n"
             "from gen.op_generated import kernel\n"
-            "from kgen.families.decode_cases import make_decode_case\n"
+            "from kgen.families.attention.decode_cases import make_decode_case\n"
             "args = make_decode_case(kernel.spec, [3, 20], np.random.default_rng(0)); args.pop('out')\n"
             "t = {n: torch.from_numpy(v) for n, v in args.items()}\n"
             "assert torch.equal(torch.ops.kgen.op_generated(**t), kernel(**t))\n"

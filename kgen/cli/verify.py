@@ -11,9 +11,9 @@ from rich.table import Table
 
 from kgen.build import build as build_kernel
 from kgen.cli.common import SEED, Failed, guard, load_specs, out
-from kgen.verify.handwritten import build_from_source
-from kgen.verify.report import describe_failure
+from kgen.verify.judge.report import describe_failure
 from kgen.verify.runner import verify as run_verify
+from kgen.verify.untrusted.handwritten import build_from_source
 
 
 @click.command()
@@ -45,7 +45,7 @@ def print_report(report) -> None:
     for col in ("case", "seq_lens", "max error", "bound", "result"):
         table.add_column(col)
     for c in report.cases:
-        lens = ",".join(map(str, c.seq_lens))
+        lens = ",".join(map(str, c.sizes))
         lens = lens if len(lens) <= 40 else lens[:37] + "..."
         verdict = "[green]pass[/green]" if c.passed else "[red]FAIL[/red]"
         table.add_row(escape(c.name), lens, f"{c.max_error:.3g}", f"{c.bound:.3g}", verdict)

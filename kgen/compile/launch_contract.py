@@ -20,7 +20,7 @@ compares, without a GPU:
     problems = contract_problems(spec, config, cubins)   # [] when it holds; each names the
                                                            # kernel, arch, ordinal, expected vs actual
 Used by tests/compile/test_launch_contract.py on every bundled spec and by kgen verify --source
-(kgen/verify/handwritten.py) on a hand-written kernel's cubins. cuobjdump comes from the
+(kgen/verify/untrusted/handwritten.py) on a hand-written kernel's cubins. cuobjdump comes from the
 nvidia-cuda-cuobjdump wheel (the test extra) or PATH; without it `cuobjdump()` is None and
 check_source_contract skips the check.
 """

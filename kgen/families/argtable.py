@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from kgen.dtypes import dtype
+from kgen.formats.dtypes import dtype
 from kgen.runtime.base import Launch
 
 ROLES = ("input", "output", "scratch", "scalar", "stride")

@@ -16,8 +16,9 @@ import numpy as np
 
 from kgen.errors import KgenUserError
 from kgen.families.argtable import Arg, KernelDecl
+from kgen.families.binding import CallArg, table_call_arguments
 from kgen.runtime.base import Launch
-from kgen.verify.report import CaseResult
+from kgen.verify.judge.report import CaseResult
 
 Config = dict[str, int]
 Bucket = tuple[int, int]  # (batch, context) of the tuner
@@ -35,6 +36,7 @@ class Case:
 
     name: str
     params: dict[str, Any] = field(default_factory=dict)
+    sizes: list[int] = field(default_factory=list)  # what a report shows of it (attention: its sequence lengths)
 
 
 @dataclass
@@ -77,18 +79,21 @@ class Family(Protocol):
     def abi_notes(self, spec) -> list[str]:
         """The kind's part of `kgen abi`: the specialised sizes, the call arguments, the rules."""
 
+    def call_arguments(self, spec, config: Config) -> list[CallArg]:
+        """The arguments of `kern(...)` and its torch op, in ABI order (FamilyBase: the argument
+        table's, kgen.families.binding.table_call_arguments)."""
+
     def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True,
              plan: Any = None, target_blocks: int | None = None) -> tuple[list[Launch], Any]:
         """Check one call's arguments; return (launches, the call's result). `plan`: a kgen.plan.Plan
         made by schedule(), which fixes the launch sizes (kinds without one refuse it); without
         one a kind that plans aims for `target_blocks` blocks with work (kgen.plan.target_blocks)."""
 
-    def schedule(self, spec, config: Config, seq_lens: np.ndarray, target_blocks: int,
-                 partition_tokens: int | None = None,
-                 q_indptr: np.ndarray | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
-        """Call-time plan: (launch sizes, kernels launched) for these lengths, aiming for
-        `target_blocks` thread blocks with work (kgen.plan.target_blocks);
-        q_indptr: each sequence's query rows, for kinds with several per sequence (prefill)."""
+    def schedule(self, spec, config: Config, lengths: dict[str, np.ndarray], target_blocks: int,
+                 partition_tokens: int | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
+        """Call-time plan: (launch sizes, kernels launched) for the call's length arguments (host
+        arrays by their ABI names, seq_lens and whatever else the kind's call has), aiming for
+        `target_blocks` thread blocks with work (kgen.plan.target_blocks)."""
 
     def cases(self, spec, config: Config, rng: np.random.Generator) -> list[Case]:
         """The verification matrix."""
@@ -116,9 +121,11 @@ class FamilyBase:
     def kernel_names(self, spec, config: Config) -> list[str]:
         return [k.name for k in self.kernels(spec, config)]
 
-    def schedule(self, spec, config: Config, seq_lens: np.ndarray, target_blocks: int,
-                 partition_tokens: int | None = None,
-                 q_indptr: np.ndarray | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
+    def call_arguments(self, spec, config: Config) -> list[CallArg]:
+        return table_call_arguments(self, spec, config)
+
+    def schedule(self, spec, config: Config, lengths: dict[str, np.ndarray], target_blocks: int,
+                 partition_tokens: int | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
         raise KgenUserError(f"{spec.name}: kind {spec.kind} has no call-time plan (its launches do not depend "
                             "on sequence lengths): call the kernel without one")
 

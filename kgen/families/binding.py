@@ -11,7 +11,7 @@ import numpy as np
 
 from kgen.arrays import ArrayArg, adapt, as_array_arg, refuse_aliasing
 from kgen.errors import ArgumentError
-from kgen.families.layout import cache_names, cache_shapes
+from kgen.formats.cache import CacheFormat, cache_names, cache_shapes
 from kgen.optional import is_torch_tensor
 
 
@@ -115,19 +115,21 @@ class CallArg:
 
 
 def call_arguments(family, spec, config) -> list[CallArg]:
-    """The call's arguments in ABI order: the family's own list where its call differs from its
-    kernel's parameters (copy_blocks), else the argument table's arrays with a fused pool's halves
-    as one `kv_cache` and kgen's scratch left out."""
-    own = getattr(family, "call_arguments", None)
-    if own is not None:
-        return own(spec, config)
+    """The call's arguments in ABI order (the family's call_arguments)."""
+    return family.call_arguments(spec, config)
+
+
+def table_call_arguments(family, spec, config) -> list[CallArg]:
+    """The call's arguments where they are the kernel's: the argument table's arrays with a fused
+    pool's halves as one `kv_cache` and kgen's scratch left out (a family whose call differs from
+    its kernel's parameters, copy_blocks, lists its own)."""
     rows: list[CallArg] = []
     for a in family.arguments(spec, config):
         if a.role not in ("input", "output"):
             continue
         use = "written" if a.role == "output" else "read"
         if a.name in _POOL_HALVES:
-            if spec.kv_cache.layout == "fused":
+            if CacheFormat.of(spec).fused:
                 if a.name == _POOL_HALVES[0]:
                     rows.append(CallArg("kv_cache", a.dtype, cache_shapes(spec)["kv_cache"], use))
                 continue

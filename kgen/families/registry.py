@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from kgen.errors import UnsupportedError
+from kgen.families.attention.decode import PAGED_DECODE
+from kgen.families.attention.prefill import PAGED_PREFILL
 from kgen.families.base import Family
-from kgen.families.cache_write import CACHE_WRITE
-from kgen.families.copy_blocks import COPY_BLOCKS
-from kgen.families.paged_decode import PAGED_DECODE
-from kgen.families.paged_prefill import PAGED_PREFILL
+from kgen.families.cache.copy import COPY_BLOCKS
+from kgen.families.cache.write import CACHE_WRITE
 
 FAMILIES: dict[str, Family] = {PAGED_DECODE.kind: PAGED_DECODE, PAGED_PREFILL.kind: PAGED_PREFILL,
                                CACHE_WRITE.kind: CACHE_WRITE, COPY_BLOCKS.kind: COPY_BLOCKS}

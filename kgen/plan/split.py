@@ -12,7 +12,7 @@ One size for every sequence also balances a batch of very different lengths: no 
 more than `partition_tokens` keys, a long sequence gets many blocks and a short one a single
 block.
 
-Prefill (kgen/families/paged_prefill.py) plans with the same rule: each (sequence, KV head,
+Prefill (kgen/families/attention/prefill.py) plans with the same rule: each (sequence, KV head,
 partition) there is one block per tile of query rows (`weights`), and a chunk's first row sees
 from `seq_len - q_len - window + 1` (a per-sequence `window`).
 """

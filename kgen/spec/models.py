@@ -31,6 +31,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from kgen.errors import SpecError
+from kgen.formats.dtypes import MIN_SM, QUANTIZED
 from kgen.spec.checks import (
     _EXPR_ALLOWED,
     _NAME_RE,
@@ -65,9 +66,9 @@ Arch = Literal["sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_100", "
 
 KINDS, LAYOUTS, ORDERS = get_args(Kind), get_args(Layout), get_args(Order)
 Q_DTYPES, KV_DTYPES, SCALES, ARCHS = get_args(QDType), get_args(KVDType), get_args(Scale), get_args(Arch)
-QUANTIZED_KV_DTYPES = ("fp8_e4m3", "fp8_e5m2", "int8")
+QUANTIZED_KV_DTYPES = tuple(d for d in KV_DTYPES if d in QUANTIZED)
 DEFAULT_TARGETS: list[str] = ["sm_80", "sm_90"]
-MIN_SM = {"bf16": 80, "fp8_e4m3": 89, "fp8_e5m2": 89}  # oldest arch with native support
+# MIN_SM: oldest arch with native support of each dtype (kgen/formats/dtypes.py's table)
 MAX_HEADS = 4096
 # Spec-derived values a tuning constraint may name besides the tuning parameters.
 CONSTRAINT_SPEC_NAMES = ("group_size", "head_dim", "block_size", "num_q_heads", "num_kv_heads")

@@ -12,7 +12,7 @@ from kgen.errors import KernelRuntimeError
 from kgen.families.registry import family_for
 from kgen.seeds import fresh_seed
 from kgen.verify.isolation import failed_run
-from kgen.verify.report import VerificationReport
+from kgen.verify.judge.report import VerificationReport
 
 
 def verify(kernel, seed: int | None = None, cases: list[str] | None = None) -> VerificationReport:
@@ -31,7 +31,7 @@ def verify(kernel, seed: int | None = None, cases: list[str] | None = None) -> V
         try:
             results = family.run_case(kernel, case, rng)
         except KernelRuntimeError as e:  # a crash, abort or hang of an isolated kernel: this case's verdict
-            report.cases.append(failed_run(case.name, case.params.get("seq_lens", []), e))
+            report.cases.append(failed_run(case.name, case.sizes, e))
             break
         for r in results:
             r.seconds = time.perf_counter() - t0

@@ -27,7 +27,7 @@
 // prefill) combines them by log-sum-exp. With one partition the block writes the final output
 // itself and no merge runs.
 //
-// Cfg (rendered per spec, geometry from kgen/families/decode_geometry.py) supplies the types
+// Cfg (rendered per spec, geometry from kgen/families/attention/decode_geometry.py) supplies the types
 // and compile-time constants. Needs kgen/platform.cuh, async_copy.cuh, convert.cuh and
 // softmax.cuh before it (templates/paged_decode.cu.j2 includes them; this body is inlined).
 #pragma once

@@ -69,7 +69,7 @@ struct PrefillShape {
   static constexpr int SLICES = (D + DS - 1) / DS;
   static constexpr int ONT = DS / 8;                         // n8 tiles of the output slice
   static constexpr int VEC = Cfg::VEC, CHUNKS = D / VEC;
-  // How K/V tiles reach the operand tiles (kgen/families/paged_prefill.py, kv_path): PATH_COPY,
+  // How K/V tiles reach the operand tiles (kgen/families/attention/prefill.py, kv_path): PATH_COPY,
   // cp.async straight into STAGES operand tiles (a cache in q's type, unscaled); PATH_STAGE, cp.async
   // of the stored bytes into STAGES staging tiles, then one dequantizing pass into the operand tile;
   // PATH_GATHER, plain loads that dequantize on the way (a row chunk not contiguous in memory: vLLM's V).

@@ -17,7 +17,7 @@ from conftest import ROOT, reference_check, run_kgen, run_python
 from conftest import write_spec as write
 
 import kgen
-from kgen.families.decode_cases import make_decode_case
+from kgen.families.attention.decode_cases import make_decode_case
 
 LLAMA = ROOT / "specs" / "llama3_8b_decode.yaml"
 
@@ -125,7 +125,7 @@ def test_generated_module_imports_and_runs_in_fresh_process(built):
     code = textwrap.dedent("""
         import numpy as np
         from generated.tiny_decode import kernel
-        from kgen.families.decode_cases import make_decode_case
+        from kgen.families.attention.decode_cases import make_decode_case
         args = make_decode_case(kernel.spec, [1, 9, 17], np.random.default_rng(3))
         np.save("out.npy", kernel(**args))
     """)

@@ -27,9 +27,9 @@ from kgen.families.base import resolve_config
 from kgen.families.registry import family_for
 from kgen.render import Rendered, render
 from kgen.spec.models import load_spec
-from kgen.verify import handwritten
-from kgen.verify.handwritten import kernel_from_source
-from kgen.verify.source_policy import prepare_source
+from kgen.verify.untrusted import handwritten
+from kgen.verify.untrusted.handwritten import kernel_from_source
+from kgen.verify.untrusted.source_policy import prepare_source
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted((ROOT / "specs").glob("*.yaml"))

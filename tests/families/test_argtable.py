@@ -13,13 +13,13 @@ import pytest
 
 import kgen
 from kgen.abi import abi_text
-from kgen.dtypes import dtype
 from kgen.families.argtable import KernelDecl, pack, scalar, stride
+from kgen.families.attention.decode_cases import make_decode_case
 from kgen.families.base import resolve_config
-from kgen.families.decode_cases import make_decode_case
 from kgen.families.registry import family_for
+from kgen.formats.dtypes import dtype
 from kgen.render import render
-from kgen.verify.handwritten import kernel_from_source
+from kgen.verify.untrusted.handwritten import kernel_from_source
 
 ROOT = Path(__file__).resolve().parents[2]
 

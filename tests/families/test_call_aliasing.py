@@ -10,8 +10,8 @@ import torch
 
 import kgen
 from kgen.errors import ArgumentError
-from kgen.families.decode_cases import make_decode_case
-from kgen.reference import attention_decode
+from kgen.families.attention.decode_cases import make_decode_case
+from kgen.families.attention.reference import attention_outputs
 
 DECODE = {
     "kgen": 1, "name": "alias_decode", "kind": "paged_decode",
@@ -70,7 +70,7 @@ def test_out_interleaved_with_q_in_one_buffer_is_accepted(decode):
     q[...] = args["q"]
     result = decode(**(args | {"q": q, "out": out}))
     assert result is out
-    ref, _ = attention_decode(decode.spec, args["q"], args)
+    ref, _ = attention_outputs(decode.spec, args["q"], args)
     bound = 4 * float(np.abs(ref).max()) * 2.0 ** -10  # a few fp16 ulps at the output's scale
     assert float(np.abs(out.astype(np.float64) - ref).max()) <= bound
     assert np.array_equal(q, args["q"])

@@ -1,4 +1,4 @@
-"""kgen/families/layout.py, the one home of the cache layouts: canonical <-> layout round trips,
+"""kgen/formats/cache.py, the one home of the cache layouts: canonical <-> layout round trips,
 and the kernel strides read back element by element from memory, padded pools included."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 import kgen
 from kgen.arrays import as_array_arg
-from kgen.families.layout import (
+from kgen.formats.cache import (
     cache_shapes,
     cache_strides,
     from_layout,

@@ -8,7 +8,7 @@ from conftest import ROOT, reference_check, tiny_decode
 
 import kgen
 from kgen.errors import ArgumentError, KgenUserError
-from kgen.families.decode_cases import make_decode_case
+from kgen.families.attention.decode_cases import make_decode_case
 from kgen.plan import DEFAULT_SMS
 
 

@@ -13,9 +13,9 @@ import pytest
 
 from kgen.arrays import args_to_backend, as_array_arg, to_numpy
 from kgen.build import build
-from kgen.dtypes import BY_NUMPY
 from kgen.errors import ArgumentError
-from kgen.families.decode_cases import make_decode_case
+from kgen.families.attention.decode_cases import make_decode_case
+from kgen.formats.dtypes import BY_NUMPY
 from kgen.spec.models import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +93,7 @@ def test_cuda_path_needs_no_torch(tmp_path):
         import kgen
         from kgen.arrays import to_backend, to_numpy
         from kgen.cache import ArtifactCache
-        from kgen.dtypes import BY_NAME
+        from kgen.formats.dtypes import BY_NAME
         rng = np.random.default_rng(0)
         for d in BY_NAME.values():
             bits = rng.integers(0, 256, (5, 7, d.itemsize), dtype=np.uint8)

@@ -16,9 +16,9 @@ from conftest import reference_check, tiny_decode
 
 from kgen.build import build
 from kgen.errors import KernelRuntimeError, KgenUserError
+from kgen.families.attention.decode import PAGED_DECODE
+from kgen.families.attention.decode_cases import make_decode_case
 from kgen.families.base import resolve_config
-from kgen.families.decode_cases import make_decode_case
-from kgen.families.paged_decode import PAGED_DECODE
 from kgen.plan import arch as arch_table
 from kgen.spec.models import load_spec, spec_from_dict
 from kgen.tune import measure as tune_measure
@@ -299,7 +299,7 @@ def test_a_prefill_spec_tunes(tmp_path):
     """Every config of a head_dim 128 prefill space needs more than 48 KiB of dynamic shared memory
     (78,336 and 87,040 bytes): the launcher opts in, and so does the tuner's resource check (it
     refused them all, "every config failed")."""
-    from kgen.families.paged_prefill import PAGED_PREFILL
+    from kgen.families.attention.prefill import PAGED_PREFILL
 
     spec = spec_from_dict(PREFILL)
     assert [d.smem for d in PAGED_PREFILL.kernels(spec, resolve_config(PAGED_PREFILL, spec, {"warps": 4}))][0] == 87_040

@@ -15,16 +15,16 @@ from conftest import inline_provided, run_kgen
 
 import kgen
 from kgen.arrays import host_owner, to_backend, to_numpy
-from kgen.families.decode_adversarial_cases import WRAP, build_pool_case
-from kgen.families.decode_cases import decode_case_matrix, matrix_cases
+from kgen.families.attention.adversarial_cases import WRAP, build_pool_case
+from kgen.families.attention.decode_cases import decode_case_matrix, matrix_cases
+from kgen.families.attention.reference import attention_reference
 from kgen.families.registry import family_for
-from kgen.reference import decode_reference
 from kgen.render import render
-from kgen.verify.bounds import check_output
-from kgen.verify.guards import broken_seals, check_guard, guarded, seal
-from kgen.verify.handwritten import kernel_from_source
+from kgen.verify.judge.bounds import check_output
+from kgen.verify.judge.guards import broken_seals, check_guard, guarded, seal
+from kgen.verify.judge.sparse import byte_ranges
 from kgen.verify.runner import verify
-from kgen.verify.sparse import byte_ranges
+from kgen.verify.untrusted.handwritten import kernel_from_source
 
 BASE = {
     "kgen": 1, "name": "adv_decode", "kind": "paged_decode",
@@ -156,7 +156,7 @@ def test_matrix_has_the_adversarial_cases_with_drawn_shapes():
 def test_large_logits_reach_hundreds_through_the_scales(overrides):
     spec = _spec(**overrides)
     case = build_pool_case(spec, [40, 70], np.random.default_rng(2), "large")
-    ref = decode_reference(spec, case.args["q"], case.args)
+    ref = attention_reference(spec, case.args["q"], case.args)
     assert np.all(np.abs(ref.lse) > 100), ref.lse  # exp of every logit overflows (or underflows) fp32
     assert np.all(np.isfinite(ref.out))
     assert np.any(ref.lse > 0) or np.any(ref.lse < 0)
@@ -171,7 +171,7 @@ def test_huge_pool_puts_the_blocks_past_2_32_elements_and_commits_only_them():
     spec = _spec()
     before = _resident_bytes()
     case = build_pool_case(spec, [300, 17], np.random.default_rng(3), "normal", huge=True)
-    ref = decode_reference(spec, case.args["q"], case.args)  # gathers the used blocks only
+    ref = attention_reference(spec, case.args["q"], case.args)  # gathers the used blocks only
     grown = _resident_bytes() - before
     pool = case.args["k_cache"]
     block = int(np.prod(pool.shape[1:]))
@@ -243,7 +243,7 @@ def test_cli_names_case_sequence_head_length_element_expected_and_got(tmp_path):
     first = next(c for c in report["cases"] if not c["passed"])
     f = first["first_failure"]
     assert f["case"] == first["name"] and f["head"] == 5 and f["output"] == "out"
-    assert f["length"] == first["seq_lens"][f["sequence"]] and f["dim"] is not None
+    assert f["length"] == first["sizes"][f["sequence"]] and f["dim"] is not None
     assert abs(f["got"] - 1.5 * f["expected"]) <= 0.02 * abs(f["expected"]) + 1e-2
     assert "head 5" in first["failure"] and "expected" in first["failure"] and "length" in first["failure"]
     text = run_kgen("verify", str(spec_path), "--source", str(tmp_path / "k.cu"), "--backend", "cpu")
@@ -305,7 +305,7 @@ def test_cache_kind_shapes_follow_the_seed():
         kern = kgen.build(spec, backend="cpu", verify=False, archs=[])
         runs = [verify(kern, seed=seed) for seed in (1, 1, 2)]
         assert all(r.passed for r in runs), [r.summary() for r in runs]
-        sizes = [[c.seq_lens for c in r.cases] for r in runs]
+        sizes = [[c.sizes for c in r.cases] for r in runs]
         assert sizes[0] == sizes[1] and sizes[0] != sizes[2], (kind, sizes)
 
 

@@ -1,10 +1,16 @@
-"""The derived bound, one per (sequence, head) row (kgen/verify/bounds.py)."""
+"""The derived bound, one per (sequence, head) row (kgen/verify/judge/bounds.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from kgen.verify.bounds import EPS_FP32, check_lse, check_output, lse_floor, row_floor
+from kgen.verify.judge.bounds import (
+    EPS_FP32,
+    check_lse,
+    check_output,
+    lse_floor,
+    row_floor,
+)
 
 
 def test_floor_grows_with_the_length_and_the_logits_and_is_per_row():

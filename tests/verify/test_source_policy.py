@@ -16,8 +16,8 @@ import kgen
 from kgen.compile.object_check import ObjectPolicyError
 from kgen.errors import CompileError
 from kgen.render import render
-from kgen.verify.handwritten import kernel_from_source
-from kgen.verify.source_policy import SourcePolicyError, prepare_source
+from kgen.verify.untrusted.handwritten import kernel_from_source
+from kgen.verify.untrusted.source_policy import SourcePolicyError, prepare_source
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA = ROOT / "specs" / "llama3_8b_decode.yaml"

@@ -15,8 +15,8 @@ import pytest
 import kgen
 from kgen.render import render
 from kgen.runtime.isolated import IsolatedCpuModule
-from kgen.verify.handwritten import kernel_from_source
 from kgen.verify.runner import verify
+from kgen.verify.untrusted.handwritten import kernel_from_source
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = {
@@ -85,7 +85,7 @@ def test_crash_fails_the_case_that_triggered_it(spec, source, fault, verdict):
     passed = [c.name for c in report.cases if c.passed]
     assert {"len_1", "len_B", "len_2B+1"} <= set(passed)
     (bad,) = report.failed_cases
-    assert bad.name == "long" and bad.seq_lens == [300]
+    assert bad.name == "long" and bad.sizes == [300]
     assert verdict in bad.note and "'long'" in bad.note
     assert bad.name in report.summary()
     kern.module.close()

@@ -10,12 +10,12 @@ import pytest
 from conftest import inline_provided
 
 import kgen
-from kgen.families.decode_cases import decode_case_matrix
+from kgen.families.attention.decode_cases import decode_case_matrix
 from kgen.kernel import Kernel
 from kgen.render import render
-from kgen.verify.bounds import check_output
-from kgen.verify.handwritten import kernel_from_source
+from kgen.verify.judge.bounds import check_output
 from kgen.verify.runner import verify
+from kgen.verify.untrusted.handwritten import kernel_from_source
 
 BASE = {
     "kgen": 1, "name": "mut_decode", "kind": "paged_decode",

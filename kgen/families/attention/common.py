@@ -1,0 +1,395 @@
+"""What decode and prefill share on the host (docs/abi.md): the argument rows of the kernel ABI, the
+split-KV merge kernel's declaration, the template constants, and the call binding's steps
+(query, pool, scales, ALiBi, out, LSE and scratch, lengths, block table, plan).
+
+A kind differs only in its query rows (`Rows`): decode has one per sequence, prefill packs a
+chunk per sequence with q_indptr. Everything else is one code path, so a fix or a new feature
+(a cache format, a scale mode) lands in both kinds at once."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from kgen.arrays import ArrayArg, as_array_arg, empty_like_library
+from kgen.errors import ArgumentError
+from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
+from kgen.families.attention.decode_geometry import vector_width, vllm_v_copy
+from kgen.families.base import Config, FamilyBase
+from kgen.families.binding import CallBinder, host_values
+from kgen.families.pool import (
+    bind_scales,
+    cache_args,
+    scale_args,
+    stride_args,
+    stride_values,
+)
+from kgen.formats.cache import (
+    SCALE_MODES,
+    CacheFormat,
+    cache_names,
+    cache_rows,
+    cache_shapes,
+    cache_strides,
+    layout_problems,
+    vllm_x,
+)
+from kgen.formats.dtypes import dtype
+from kgen.plan import Plan
+
+MERGE_THREADS = 128
+PARTITION_TOKENS = scalar("partition_tokens", "int32", "keys per partition, chosen by the call's plan (split only)")
+
+
+@dataclass(frozen=True)
+class Rows:
+    """How a kind lays out its query rows in q, out, lse and the split scratch."""
+
+    count: str  # the symbolic row count: "num_seqs" (decode) or "num_q_tokens" (prefill)
+    axis: str  # the stride suffix of the row axis: "seq" or "tok"
+    packed: bool  # rows packed by sequence with q_indptr (several per sequence)
+    q_text: str
+    out_text: str
+    seq_lens_text: str
+
+
+DECODE_ROWS = Rows("num_seqs", "seq", False, "query of each sequence's last token",
+                   "attention output of each query head",
+                   "tokens in the KV cache of each sequence, 1 .. max_blocks_per_seq * block_size")
+PREFILL_ROWS = Rows("num_q_tokens", "tok", True, "queries, packed by sequence (q_indptr)",
+                    "attention output of each query row",
+                    "KV tokens of each sequence including its chunk; q_len <= seq_len <= max_blocks_per_seq * "
+                    "block_size")
+
+
+# ---- the argument table (the kernel ABI) ------------------------------------------------------
+def attention_arguments(spec, config: Config, rows: Rows) -> list[Arg]:
+    """Every parameter of the main kernel, in ABI order."""
+    a, d = spec.attention, spec.dtype
+    Hq, D, R = a.num_q_heads, a.head_dim, rows.count
+    single_pass = not config["partition_size"]
+    indptr = [array("q_indptr", "int32", "input", ("num_seqs + 1",),
+                    "sequence s owns query rows q_indptr[s] .. q_indptr[s+1]-1; q_indptr[0] = 0, non-decreasing")]
+    return [
+        array("out", d.resolved_out, "output", (R, Hq, D), rows.out_text),
+        array("q", d.q, "input", (R, Hq, D), rows.q_text),
+        *cache_args(spec, "input", const=True),
+        *(indptr if rows.packed else []),
+        array("block_tables", "int32", "input", ("num_seqs", "max_blocks_per_seq"),
+              "physical block ids; entries past ceil(seq_len / block_size) are never read"),
+        array("seq_lens", "int32", "input", ("num_seqs",), rows.seq_lens_text),
+        *scale_args(spec),
+        array("alibi_slopes", "fp32", "input", (Hq,),
+              "ALiBi slope of each query head" if a.alibi else "null: the spec has no ALiBi", optional=not a.alibi),
+        array("part_o", "fp32", "scratch", (R, Hq, "max_partitions", D),
+              "split-KV: each partition's normalised output (null without split)", optional=single_pass),
+        array("part_ml", "fp32", "scratch", (R, Hq, "max_partitions", 2),
+              "split-KV: each partition's (max, sum) of exp (null without split)", optional=single_pass),
+        array("lse", "fp32", "output", (R, Hq),
+              "natural-log log-sum-exp of the final logits, -inf for no key (null unless requested)",
+              optional=True),
+        *([scalar("num_seqs", "int32", "sequences in the batch")] if rows.packed else []),
+        scalar("max_blocks_per_seq", "int32", "columns of block_tables"),
+        scalar("max_partitions", "int32", "partitions per sequence (grid z" + (" / head_dim slices"
+                                                                             if rows.packed else "")
+               + "); 1 without split"),
+        stride(f"q_s_{rows.axis}", f"q stride between {_row_word(rows)}"), stride("q_s_head", "q stride between heads"),
+        stride(f"o_s_{rows.axis}", f"out stride between {_row_word(rows)}"),
+        stride("o_s_head", "out stride between heads"),
+        *stride_args(),
+        *([] if single_pass else [PARTITION_TOKENS]),
+    ]
+
+
+def _row_word(rows: Rows) -> str:
+    return "query rows" if rows.packed else "sequences"
+
+
+def merge_kernel(spec, table: list[Arg], rows: Rows) -> KernelDecl:
+    """The split-KV merge: one block per (query head, row) combines the partitions by log-sum-exp."""
+    by_name = {arg.name: arg for arg in table}
+    reads = [replace(by_name[n], ctype="const " + by_name[n].ctype, role="input") for n in ("part_o", "part_ml")]
+    names = ["lse", *(["q_indptr"] if rows.packed else []), "seq_lens", *(["num_seqs"] if rows.packed else []),
+             "max_partitions", "partition_tokens", f"o_s_{rows.axis}", "o_s_head"]
+    return KernelDecl(f"{spec.name}_merge", (by_name["out"], *reads, *(by_name[n] for n in names)),
+                      (spec.attention.num_q_heads, rows.count, 1), MERGE_THREADS)
+
+
+# ---- what both families answer alike ----------------------------------------------------------
+class AttentionFamily(FamilyBase):
+    """The part of the Family protocol decode and prefill answer alike; each sets `rows` and
+    `cases_module` (its matrix, case runner and benchmark inputs)."""
+
+    rows: Rows
+    cases_module: Any
+
+    def unsupported(self, spec) -> list[str]:
+        return layout_problems(spec)
+
+    def abi_config(self, spec) -> Config:
+        return {"partition_size": 0}  # a hand-written kernel implements the single-pass launch
+
+    def arguments(self, spec, config: Config) -> list[Arg]:
+        return attention_arguments(spec, config, self.rows)
+
+    @staticmethod
+    def partition_problems(config: Config) -> list[str]:
+        p = config["partition_size"]
+        return [f"partition_size must be 0 or a positive multiple of 16 tokens (got {p})"] if p < 0 or p % 16 else []
+
+    def call_lines(self, spec) -> list[str]:
+        """`kgen abi`: the call, the cache arrays and the reading rule."""
+        names = call_names(spec, self.rows)
+        return [
+            "",
+            f"Call: kern({', '.join(names)}, out=None, return_lse=False) -> out, or (out, lse); the cache arrays:",
+            *cache_rows(spec),
+            "",
+            "Rules: slots past a sequence's length in its last block hold garbage and must not be read"
+            + ("" if spec.tail_masking else
+               " (tail_masking: false: every seq_len is promised to be a multiple of block_size)") + ".",
+        ]
+
+    def cases(self, spec, config: Config, rng: np.random.Generator):
+        return self.cases_module.matrix_cases(spec, config, rng)
+
+    def run_case(self, kernel, case, rng: np.random.Generator):
+        return self.cases_module.run_case(kernel, case, rng)
+
+    def bench(self, spec, config: Config, bucket, rng: np.random.Generator):
+        return self.cases_module.bench(spec, bucket, rng)
+
+
+# ---- the template constants -------------------------------------------------------------------
+def c_float(x: float) -> str:
+    if not math.isfinite(x):
+        raise ValueError(f"non-finite constant {x}")
+    return f"{float(x)!r}f"
+
+
+def template_context(spec, config: Config, kernels: list[KernelDecl]) -> dict[str, Any]:
+    """The Cfg constants both attention templates take (types, scale mode, logit options, runs)."""
+    a, kv = spec.attention, spec.kv_cache
+    layout_vllm = CacheFormat.of(spec).vllm
+    return {
+        "q_ctype": dtype(spec.dtype.q).ctype,
+        "out_ctype": dtype(spec.dtype.resolved_out).ctype,
+        "kv_ctype": dtype(kv.dtype).ctype,
+        "scale_mode": SCALE_MODES[kv.scale],
+        "softmax_scale": c_float(spec.softmax_scale_value),
+        "sliding_window": int(a.sliding_window or 0),
+        "soft_cap": c_float(a.logits_soft_cap or 0.0),
+        "k_run": vllm_x(spec) if layout_vllm else a.head_dim,
+        "v_run": 1 if layout_vllm else a.head_dim,
+        "vec": vector_width(spec),
+        "partition_size": config["partition_size"],
+        "main": kernels[0],
+        "merge": kernels[1] if len(kernels) > 1 else None,
+    }
+
+
+def call_names(spec, rows: Rows) -> list[str]:
+    """The arguments a call passes, for `kgen abi`'s call line."""
+    names = ["q", *cache_names(spec), *(["q_indptr"] if rows.packed else []), "block_tables", "seq_lens"]
+    names += ["k_scale", "v_scale"] if CacheFormat.of(spec).scaled else []
+    return names + (["alibi_slopes"] if spec.attention.alibi else [])
+
+
+# ---- the call binding -------------------------------------------------------------------------
+@dataclass
+class Pool:
+    """The call's checked cache arrays and what the kernel is given of them."""
+
+    caches: list[ArrayArg]
+    num_blocks: int
+    strides: Any  # layout.CacheStrides
+
+
+class AttentionBinder(CallBinder):
+    """One attention call's arguments, step by step; each kind's bind() runs the steps in order."""
+
+    def query(self, rows: Rows) -> tuple[ArrayArg, int]:
+        """q [rows, Hq, D] (its device is the call's), and the number of rows."""
+        a = self.spec.attention
+        q = self.take("q", True)
+        self.device = q.device
+        if len(q.shape) != 3:
+            raise ArgumentError(f"q: expected shape [{rows.count}, {a.num_q_heads}, {a.head_dim}], "
+                                f"got {list(q.shape)}")
+        self.check(q, (q.shape[0], a.num_q_heads, a.head_dim), self.spec.dtype.q)
+        return q, q.shape[0]
+
+    def pool(self, v_by_token: bool) -> Pool:
+        """The cache arrays: names, shapes, dtype, and the alignment the vector loads need.
+        `v_by_token`: the kernel reads a vLLM V cache along its token axis (decode's copies)."""
+        spec, kv = self.spec, self.spec.kv_cache
+        self.refuse_other_layouts()
+        caches = [self.take(n, True) for n in cache_names(spec)]
+        N = caches[0].shape[0] if caches[0].shape else 0
+        for c, shape in zip(caches, cache_shapes(spec, N).values(), strict=True):
+            self.check(c, shape, kv.dtype)
+        vec = vector_width(spec)
+        st = cache_strides(spec, caches)
+        if CacheFormat.of(spec).vllm:  # K steps by block, head, run (x) and token
+            self.aligned(caches[0], min(vec, vllm_x(spec)), st.k)
+            if v_by_token:  # V by block, head and head_dim row
+                self.aligned(caches[1], vllm_v_copy(spec) // caches[1].itemsize, (st.v[0], st.v[1], st.v[3]))
+        else:
+            for c in caches:
+                self.aligned(c, vec, (*st.k[:3], *st.v[:3], 0, st.v_offset))
+        return Pool(caches, N, st)
+
+    def aligned(self, arg: ArrayArg, vec: int, strides: tuple[int, ...]):
+        """Vector loads need the pointer and every stride they step by to stay 16-byte aligned."""
+        align = vec * arg.itemsize
+        if arg.ptr % align:
+            raise ArgumentError(f"{arg.name}: data pointer must be {align}-byte aligned for vector loads")
+        if any(s % vec for s in strides):
+            raise ArgumentError(
+                f"{arg.name}: strides {list(arg.strides)} must be multiples of {vec} elements "
+                f"({align} bytes) for the vectorized loads of this kernel"
+            )
+
+    def table(self, num_seqs: int | None) -> tuple[ArrayArg, ArrayArg]:
+        """block_tables [S, M] and seq_lens [S] (S from q's rows when they are the sequences)."""
+        bt = self.take("block_tables", True)
+        S = "num_seqs" if num_seqs is None else num_seqs
+        if len(bt.shape) != 2:
+            raise ArgumentError(f"block_tables: expected shape [{S}, max_blocks_per_seq], got {list(bt.shape)}")
+        S, M = bt.shape if num_seqs is None else (num_seqs, bt.shape[1])
+        self.check(bt, (S, M), "int32", contiguous=True)
+        sl = self.take("seq_lens", True)
+        self.check(sl, (S,), "int32", contiguous=True)
+        return bt, sl
+
+    def scales(self, pool: Pool):
+        """k_scale and v_scale (None for a float cache) and their pool strides."""
+        return bind_scales(self, self.spec, pool.num_blocks)
+
+    def alibi(self) -> ArrayArg | None:
+        a = self.spec.attention
+        alibi = self.take("alibi_slopes", False)
+        if a.alibi:
+            if alibi is None:
+                raise ArgumentError(f"alibi_slopes: required (spec has alibi: true), fp32 shape [{a.num_q_heads}]")
+            self.check(alibi, (a.num_q_heads,), "fp32", contiguous=True)
+        elif alibi is not None:
+            raise ArgumentError("alibi_slopes: given, but the spec has alibi: false")
+        return alibi
+
+    def out(self, q: ArrayArg, num_rows: int) -> ArrayArg:
+        """out: the one given (checked), else a new one like q."""
+        a = self.spec.attention
+        shape, out_dtype = (num_rows, a.num_q_heads, a.head_dim), self.spec.dtype.resolved_out
+        out = self.take("out", False)
+        if out is None:
+            out = as_array_arg("out", empty_like_library(q, shape, out_dtype))
+        self.check(out, shape, out_dtype)
+        return out
+
+    def lse(self, q: ArrayArg, num_rows: int) -> ArrayArg | None:
+        """lse when asked for (return_lse, or an lse buffer given: the verifier's guarded one)."""
+        lse = self.take("lse", False)
+        return_lse = bool(self.call.pop("return_lse", False)) or lse is not None
+        return self.buffer(q, lse, "lse", (num_rows, self.spec.attention.num_q_heads)) if return_lse else None
+
+    def split_scratch(self, config: Config, plan: Plan | None, q: ArrayArg, max_parts: int, num_rows: int):
+        """part_o and part_ml for a split launch: the ones given (the verifier's), else the plan's
+        (made at its first call), else new ones; none for a single-pass launch."""
+        a = self.spec.attention
+        part_o, part_ml = self.take("part_o", False), self.take("part_ml", False)
+        if not config["partition_size"] and (part_o is not None or part_ml is not None):
+            raise ArgumentError("part_o/part_ml: split-KV scratch given, but this config is single-pass "
+                                "(partition_size 0)")
+        if max_parts <= 1 or not num_rows:
+            return None, None
+        return (self.scratch(plan, q, part_o, "part_o", (num_rows, a.num_q_heads, max_parts, a.head_dim)),
+                self.scratch(plan, q, part_ml, "part_ml", (num_rows, a.num_q_heads, max_parts, 2)))
+
+    def scratch(self, plan: Plan | None, like: ArrayArg, given: ArrayArg | None, name: str,
+                shape: tuple) -> ArrayArg:
+        if given is not None or plan is None:
+            return self.buffer(like, given, name, shape)
+        key = (name, like.device if like.device == "cpu" else str(getattr(like.obj, "device", like.device)))
+        if key not in plan.workspace:
+            plan.workspace[key] = self.buffer(like, None, name, shape)
+        return plan.workspace[key]
+
+    def buffer(self, like: ArrayArg, given: ArrayArg | None, name: str, shape: tuple) -> ArrayArg:
+        """A packed fp32 output or scratch array: the one given (checked), else a new one."""
+        if given is None:
+            return as_array_arg(name, empty_like_library(like, shape, "fp32"))
+        self.check(given, shape, "fp32", contiguous=True)
+        return given
+
+    def planned(self, family, config: Config, plan: Plan, num_seqs: int):
+        """The plan's sizes and kernels, after checking it was made for this kernel and batch."""
+        if plan.kernel != self.spec.name:
+            raise ArgumentError(f"plan: made for kernel '{plan.kernel}', not '{self.spec.name}'")
+        if num_seqs > plan.num_seqs:
+            raise ArgumentError(f"plan: made for at most {plan.num_seqs} sequences, the call has {num_seqs} "
+                                "(make the plan for the largest batch)")
+        kernels = family.kernels(self.spec, config)
+        return plan.sizes, kernels if plan.sizes["max_partitions"] > 1 else kernels[:1]
+
+    def check_lengths(self, sl: ArrayArg, bt: ArrayArg, num_blocks: int, q_lens: np.ndarray | None = None,
+                      min_len: int = 1) -> None:
+        """Host-side checks of the values the kernel trusts: every seq_len in min_len..capacity, each
+        q_len <= its seq_len, the tail-masking promise, and the block-table entries the kernel
+        reads (from the window of the first query row to ceil(seq_len / B); none for a sequence
+        without query rows). q_lens None: one query row per sequence."""
+        spec, B = self.spec, self.spec.kv_cache.block_size
+        lens = host_values(sl).astype(np.int64)
+        table = host_values(bt)
+        max_blocks = table.shape[1]
+        cap = max_blocks * B
+        bad = np.nonzero((lens < min_len) | (lens > cap))[0]
+        if bad.size:
+            i = int(bad[0])
+            raise ArgumentError(f"seq_lens[{i}] = {int(lens[i])}: must be in {min_len}..{cap} "
+                                f"(max_blocks_per_seq {max_blocks} × block_size {B})")
+        q_lens = np.ones_like(lens) if q_lens is None else q_lens
+        bad = np.nonzero(q_lens > lens)[0]
+        if bad.size:
+            s = int(bad[0])
+            raise ArgumentError(f"sequence {s}: q_len = q_indptr[{s + 1}] - q_indptr[{s}] = {int(q_lens[s])} is "
+                                f"larger than seq_lens[{s}] = {int(lens[s])} (seq_lens counts the KV tokens "
+                                "including the chunk)")
+        if not spec.tail_masking:
+            bad = np.nonzero(lens % B)[0]
+            if bad.size:
+                i = int(bad[0])
+                raise ArgumentError(
+                    f"seq_lens[{i}] = {int(lens[i])} is not a multiple of block_size {B}: the spec has "
+                    f"tail_masking: false, a promise that every length is")
+        window = spec.attention.sliding_window or 0
+        first = np.maximum(0, lens - q_lens - window + 1) // B if window else np.zeros_like(lens)
+        last = np.where(q_lens > 0, -(-lens // B), 0)
+        cols = np.arange(table.shape[1])
+        used = (cols >= first[:, None]) & (cols < last[:, None])
+        wrong = np.argwhere(used & ((table < 0) | (table >= num_blocks)))
+        if wrong.size:
+            i, j = (int(x) for x in wrong[0])
+            raise ArgumentError(
+                f"block_tables[{i}, {j}] = {int(table[i, j])}: not a block of the pool "
+                f"(0..{num_blocks - 1}); sequence {i} has {int(lens[i])} tokens"
+            )
+
+    def values(self, rows: Rows, q, out, pool: Pool, bt, sl, scales, scale_strides, alibi, part_o, part_ml, lse,
+               sizes: dict[str, int], max_blocks: int, **extra) -> dict[str, Any]:
+        """The launch values of the argument table, by name."""
+        ptr = self.pointer
+        ks, vs = scales
+        st = pool.strides
+        return {
+            "out": ptr(out), "q": ptr(q), "k_cache": self.raw(st.k_base), "v_cache": self.raw(st.v_base),
+            "block_tables": ptr(bt), "seq_lens": ptr(sl), "k_scale": ptr(ks), "v_scale": ptr(vs),
+            "alibi_slopes": ptr(alibi), "part_o": ptr(part_o), "part_ml": ptr(part_ml), "lse": ptr(lse),
+            "max_blocks_per_seq": max_blocks, "max_partitions": sizes["max_partitions"],
+            "partition_tokens": sizes["partition_tokens"], f"q_s_{rows.axis}": q.strides[0],
+            "q_s_head": q.strides[1], f"o_s_{rows.axis}": out.strides[0], "o_s_head": out.strides[1],
+            **stride_values(st, scale_strides), **extra,
+        }

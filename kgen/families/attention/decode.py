@@ -1,0 +1,143 @@
+"""The paged-decode family (docs/decode-family.md, docs/abi.md): one query token per sequence
+against its paged KV cache, optionally split over KV partitions (flash-decoding) with a
+merge kernel. The argument table here is the kernel ABI; the call binding checks a call
+against it and packs the launches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kgen.errors import ArgumentError
+from kgen.families.argtable import KernelDecl
+from kgen.families.attention import decode_cases
+from kgen.families.attention.common import (
+    DECODE_ROWS,
+    AttentionBinder,
+    AttentionFamily,
+    merge_kernel,
+    template_context,
+)
+from kgen.families.attention.decode_geometry import (
+    decode_geometry,
+    vector_width,
+    vllm_v_copy,
+)
+from kgen.families.base import Config, TunableParam, threads_problems
+from kgen.families.binding import host_values
+from kgen.formats.cache import CacheFormat, describe
+from kgen.formats.dtypes import dtype
+from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
+from kgen.plan.split import check_forced_partition, choose_split
+
+
+class PagedDecodeFamily(AttentionFamily):
+    # the kind's identity: its name, template, query rows and cases (the rest is AttentionFamily's)
+    kind, template, rows, cases_module = "paged_decode", "paged_decode.cu.j2", DECODE_ROWS, decode_cases
+    params = {"threads": TunableParam("threads", 128), "partition_size": TunableParam("partition_size", 64),
+              "stages": TunableParam("stages", 0), "heads_per_thread": TunableParam("heads_per_thread", 0)}
+
+    # ---- generation -------------------------------------------------------------------
+    def check_config(self, spec, config: Config) -> list[str]:
+        problems = threads_problems(config["threads"]) + self.partition_problems(config)
+        if not problems:
+            problems += decode_geometry(spec, config)[1]
+        return problems
+
+    def default_space(self, spec) -> dict[str, list[int]]:
+        return {"threads": [64, 128, 256], "partition_size": [0, 64, 256], "stages": [2, 3]}
+
+    def kernels(self, spec, config: Config) -> list[KernelDecl]:
+        a, P = spec.attention, config["partition_size"]
+        table = self.arguments(spec, config)
+        # ABI 1 launches G x head_dim fp32 of dynamic shared memory (the group's queries); kgen's own
+        # split configs keep everything in static shared memory and launch none, for occupancy.
+        main = KernelDecl(spec.name, tuple(table), (a.num_kv_heads, "num_seqs", "max_partitions" if P else 1),
+                          config["threads"], smem=0 if P else spec.group_size * a.head_dim * 4)
+        return [main, merge_kernel(spec, table, DECODE_ROWS)] if P else [main]
+
+    def schedule(self, spec, config: Config, lengths: dict[str, np.ndarray], target_blocks: int,
+                 partition_tokens: int | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
+        """Launch sizes for these lengths (kgen/plan/split.py) and the kernels launched."""
+        extra = sorted(set(lengths) - {"seq_lens"})
+        if extra:
+            raise ArgumentError(f"{extra[0]}: {spec.kind} has one query row per sequence; plan it with "
+                                "kern.plan(seq_lens) alone")
+        seq_lens = lengths["seq_lens"]
+        granule = config["partition_size"]
+        check_forced_partition(partition_tokens, granule)
+        split = choose_split(seq_lens, spec.attention.num_kv_heads, target_blocks, granule,
+                             spec.attention.sliding_window or 0, partition_tokens)
+        sizes = {"num_seqs": int(np.size(seq_lens)), "max_partitions": split.max_partitions,
+                 "partition_tokens": split.partition_tokens}
+        kernels = self.kernels(spec, config)
+        return sizes, kernels if split.merged else kernels[:1]
+
+    def template_context(self, spec, config: Config) -> dict[str, Any]:
+        geo, problems = decode_geometry(spec, config)
+        if geo is None:
+            raise ValueError("; ".join(problems))  # render() runs check_config first
+        return {**template_context(spec, config, self.kernels(spec, config)), "threads": config["threads"], "geo": geo}
+
+    def abi_notes(self, spec) -> list[str]:
+        a, kv = spec.attention, spec.kv_cache
+        return [
+            f"num_q_heads {a.num_q_heads}, num_kv_heads {a.num_kv_heads} (query head h reads KV head h / "
+            f"{spec.group_size}), head_dim {a.head_dim}, block_size {kv.block_size}, cache {describe(spec)}, "
+            f"scale {kv.scale}",
+            f"softmax scale {spec.softmax_scale_value!r}"
+            + (f", sliding window {a.sliding_window} (query at seq_len-1 sees keys seq_len-{a.sliding_window} .. "
+               "seq_len-1)" if a.sliding_window else "")
+            + (f", logits soft-cap {a.logits_soft_cap} (s = cap*tanh(s/cap), applied before ALiBi)"
+               if a.logits_soft_cap else "")
+            + (", ALiBi: logit += alibi_slopes[h] * (j - (seq_len - 1))" if a.alibi else ""),
+            *self.call_lines(spec),
+            f"Loads: {vector_width(spec)} elements per vector load; pointers and strides must keep them aligned"
+            + (f" (V: {vllm_v_copy(spec) // dtype(kv.dtype).itemsize} tokens per load along its block_size axis)"
+               if CacheFormat.of(spec).vllm else "") + ".",
+            "A hand-written kernel implements the single-pass launch below (part_o and part_ml null, max_partitions "
+            "1); kgen's split-KV configs add partitions on grid z and a merge kernel.",
+        ]
+
+    # ---- the call ---------------------------------------------------------------------
+    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan: Plan | None = None,
+             target_blocks: int | None = None):
+        """Check the call's arguments against the ABI and return (launches, result); without a
+        plan the call plans itself from its lengths (host arrays) or its block table's width."""
+        b = AttentionBinder(spec, call)
+        q, S = b.query(DECODE_ROWS)
+        pool = b.pool(v_by_token=True)
+        bt, sl = b.table(S)
+        M = bt.shape[1]
+        (ks, vs), scale_strides = b.scales(pool)
+        alibi = b.alibi()
+        out = b.out(q, S)
+        lse = b.lse(q, S)
+        if checked:
+            b.check_lengths(sl, bt, pool.num_blocks)
+        if plan is None:  # lengths known on the host are planned for; a device array's by its table's width
+            lens = host_values(sl) if sl.device == "cpu" else np.full(S, M * spec.kv_cache.block_size)
+            sizes, kernels = self.schedule(spec, config, {"seq_lens": lens}, target_blocks or DEFAULT_TARGET_BLOCKS)
+        else:
+            sizes, kernels = b.planned(self, config, plan, S)
+        part_o, part_ml = b.split_scratch(config, plan, q, sizes["max_partitions"], sizes["num_seqs"])
+        b.refuse_unknown()
+        written = [out, lse, part_o, part_ml]
+        b.refuse_aliasing(written, [q, *pool.caches, bt, sl, ks, vs, alibi, *written])
+        values = b.values(DECODE_ROWS, q, out, pool, bt, sl, (ks, vs), scale_strides, alibi, part_o, part_ml, lse,
+                          sizes, M)
+        reached = [c.native for c in pool.caches]  # fused: K/V by address
+        launches = [k.launch({**sizes, "num_seqs": S}, values, reached=reached) for k in kernels]
+        return launches, ((out.obj, lse.obj) if lse is not None else out.obj)
+
+    # ---- verification and benchmarks (kgen/families/attention/decode_cases.py) --------------------
+    def bucket_of(self, spec, call):
+        """batch = q's rows, context = the block table's capacity in tokens."""
+        q, bt = call.get("q"), call.get("block_tables")
+        if q is None or bt is None or len(q.shape) < 1 or len(bt.shape) != 2:
+            return None
+        return int(q.shape[0]), int(bt.shape[1]) * spec.kv_cache.block_size
+
+
+PAGED_DECODE = PagedDecodeFamily()

@@ -1,0 +1,273 @@
+"""The paged-decode family's verification matrix and benchmark inputs (docs/verification.md).
+
+Random inputs follow the spec's ABI with the traps of the matrix: physical blocks shuffled
+over a pool several times larger than needed, optional prefix blocks shared between two
+sequences, and poison (NaN, or extreme values for int8) in every tail slot, every
+unreferenced block and every unused table entry. The adversarial cases
+(kgen/families/attention/adversarial_cases.py) add large logits, contexts of >= 4,096 and
+>= 32,768 tokens, strided q and out, and a pool past 2^32 elements; batch sizes, lengths and
+tables come from the run's seed.
+
+Around every call: each input is sealed (kgen/verify/judge/guards.py), out, the LSE and the split-KV
+scratch are pre-filled with NaN inside guard bytes, and afterwards every (sequence, head) of
+the output (and of the LSE where the case asks for it) is judged against the float64
+reference (kgen/families/attention/reference.py) with its own derived bound (kgen/verify/judge/bounds.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+from kgen.arrays import to_backend, to_numpy
+from kgen.families.attention.adversarial_cases import (
+    ADVERSARIAL,
+    adversarial_cases,
+    build_pool_case,
+    poison,
+)
+from kgen.families.attention.reference import Reference, attention_reference
+from kgen.families.base import Bench, Case, Config
+from kgen.formats.cache import CacheFormat, scale_to_layout, to_layout
+from kgen.formats.dtypes import dtype
+from kgen.verify.judge.bounds import check_lse, check_output
+from kgen.verify.judge.guards import Guarded, guarded, seal, tripwires
+from kgen.verify.judge.report import CaseResult
+from kgen.verify.judge.sparse import byte_ranges, sparse_to_backend
+
+POOL_FACTOR = 3  # pool blocks per block in use
+
+
+def _cast(values: np.ndarray, name: str) -> np.ndarray:
+    d = dtype(name).numpy
+    if name == "int8":
+        return np.clip(np.rint(values), -127, 127).astype(np.int8)
+    if name.startswith("fp8"):
+        limit = float(ml_dtypes.finfo(d).max)
+        return np.clip(values, -limit, limit).astype(d)
+    return values.astype(d)
+
+
+def _strided(arr: np.ndarray, extra: tuple[int, ...], fill: float) -> np.ndarray:
+    """`arr` copied into a poisoned, larger array and returned as a view of it: a pool whose
+    strides are not the packed ones (padding between blocks, heads, tokens or K and V)."""
+    big = np.empty(tuple(n + e for n, e in zip(arr.shape, extra, strict=True)), dtype=arr.dtype)
+    big[...] = np.asarray(fill).astype(arr.dtype)
+    view = big[tuple(slice(0, n) for n in arr.shape)]
+    view[...] = arr
+    return view
+
+
+def _pool_padding(spec) -> dict[str, tuple[int, ...]]:
+    """Extra elements per axis for each cache array of a padded pool. K and V get different
+    padding (a kernel that steps V with K's strides fails); the head_dim axis grows by whole
+    16-byte vectors, so the strides stay as aligned as the vector loads need."""
+    kv = spec.kv_cache
+    v16 = 16 // dtype(kv.dtype).itemsize
+    if CacheFormat.of(spec).vllm:  # K [N, H, D/x, B, x]; V [N, H, D, B], loaded along B: rows grow by whole vectors
+        return {"k_cache": (0, 1, 1, 1, 0), "v_cache": (0, 1, 0, v16)}
+    if CacheFormat.of(spec).fused:  # [N, 2, ...]: a gap between the K and V halves too
+        return {"kv_cache": (0, 1, 1, 1, v16)}
+    return {"k_cache": (0, 1, 1, v16), "v_cache": (0, 2, 0, 2 * v16) if not CacheFormat.of(spec).token_major
+            else (0, 0, 2, 2 * v16)}
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+    """The ALiBi paper's geometric slopes 2^(-8 i / n)."""
+    return np.asarray([2.0 ** (-8.0 * (i + 1) / num_heads) for i in range(num_heads)], dtype=np.float32)
+
+
+def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_prefix: bool = False,
+                     extra_table_cols: int = 1, padded: bool = False) -> dict:
+    """Keyword arguments for a decode call (numpy arrays) plus out pre-filled with NaN.
+    With `padded` the cache pools (and per-token scales) are strided views into larger arrays."""
+    a, kv = spec.attention, spec.kv_cache
+    B, H, D, Hq = kv.block_size, a.num_kv_heads, a.head_dim, a.num_q_heads
+    S = len(seq_lens)
+    nblocks = [math.ceil(n / B) for n in seq_lens]
+    M = max(nblocks) + extra_table_cols
+    shared = 0
+    if share_prefix and S >= 2:
+        shared = min(seq_lens[0], seq_lens[1]) // B  # full blocks both sequences cover
+    needed = sum(nblocks) - shared
+    N = POOL_FACTOR * needed + 2
+    perm = rng.permutation(N)
+    tables = np.empty((S, M), dtype=np.int32)
+    used_blocks, nxt = set(), 0
+    for i, nb in enumerate(nblocks):
+        for j in range(nb):
+            if i == 1 and j < shared:
+                tables[i, j] = tables[0, j]
+            else:
+                tables[i, j] = perm[nxt]
+                nxt += 1
+            used_blocks.add(int(tables[i, j]))
+    unused = [int(b) for b in perm[nxt:]]
+    for i, nb in enumerate(nblocks):  # never-read entries point at poisoned blocks
+        tables[i, nb:] = rng.choice(unused, size=M - nb)
+
+    # canonical storage [N, B, H, D] of stored values, poison everywhere first
+    store = np.full((N, B, H, D), poison(kv.dtype), dtype=np.float64)
+    vstore = store.copy()
+    quant = CacheFormat.of(spec).quantized
+    spread = 100.0 if kv.dtype == "int8" else (3.0 if quant else 1.0)
+    for i, n in enumerate(seq_lens):
+        for j in range(nblocks[i]):
+            if i == 1 and j < shared:
+                continue  # written by sequence 0: shared prefix tokens are identical
+            blk, count = int(tables[i, j]), min(B, n - j * B)
+            # drawn head-major, as [H, count, D]: the same random stream for every layout
+            store[blk, :count] = (rng.standard_normal((H, count, D)) * spread).transpose(1, 0, 2)
+            vstore[blk, :count] = (rng.standard_normal((H, count, D)) * spread).transpose(1, 0, 2)
+    args = to_layout(spec, _cast(store, kv.dtype), _cast(vstore, kv.dtype))
+
+    if padded:
+        for name, extra in _pool_padding(spec).items():
+            args[name] = _strided(args[name], extra, poison(kv.dtype))
+
+    if quant:
+        for name in ("k_scale", "v_scale"):
+            base = (0.01 if kv.dtype == "int8" else 0.5) * (1.0 if name == "k_scale" else 1.7)
+            if kv.scale == "per_tensor":
+                args[name] = np.asarray(base * rng.uniform(0.5, 1.5), dtype=np.float32).reshape(())
+            elif kv.scale == "per_head":
+                args[name] = (base * rng.uniform(0.5, 1.5, H)).astype(np.float32)
+            else:
+                pool = np.full((N, B, H), np.nan, dtype=np.float32)
+                for i, n in enumerate(seq_lens):
+                    for j in range(nblocks[i]):
+                        count = min(B, n - j * B)
+                        pool[int(tables[i, j]), :count] = (base * rng.uniform(0.5, 1.5, (H, count))).T
+                args[name] = np.ascontiguousarray(scale_to_layout(spec, pool))
+                if padded:
+                    args[name] = _strided(args[name], (0, 1, 1), np.nan)
+    if a.alibi:
+        args["alibi_slopes"] = alibi_slopes(Hq)
+    args["q"] = _cast(rng.standard_normal((S, Hq, D)), spec.dtype.q)
+    args["block_tables"] = tables
+    args["seq_lens"] = np.asarray(seq_lens, dtype=np.int32)
+    args["out"] = np.full((S, Hq, D), np.nan, dtype=dtype(spec.dtype.resolved_out).numpy)
+    return args
+
+
+# ---- the verification matrix ----------------------------------------------------------------
+def decode_case_matrix(spec, config: Config, rng: np.random.Generator) -> list[tuple[str, list[int], bool]]:
+    """(name, seq_lens, share_prefix) for every case of the matrix: the classic cases, then the
+    adversarial ones (kgen/families/attention/adversarial_cases.py); the case named 'padded_pool'
+    passes the caches as strided views (see make_decode_case)."""
+    B = spec.kv_cache.block_size
+    long_len = max(5 * B + 3, 300)
+    lens = {"len_1": 1, "len_B-1": B - 1, "len_B": B, "len_B+1": B + 1, "len_2B+1": 2 * B + 1, "long": long_len}
+    P = config.get("partition_size", 0)
+    if P:
+        lens |= {"len_P-1": P - 1, "len_P": P, "len_P+1": P + 1, "len_2P+1": 2 * P + 1}
+    W = spec.attention.sliding_window
+    if W:
+        lens |= {"len_W-1": W - 1, "len_W": W, "len_W+1": W + 1, "len_W+2B+1": W + 2 * B + 1}
+    if not spec.tail_masking:  # the contract: every length a multiple of B
+        lens = {f"{k}(rounded)": max(B, -(-v // B) * B) for k, v in lens.items()}
+    cases = [(name, [n], False) for name, n in lens.items() if n >= 1]
+    mixed = sorted({n for _, (n,), _ in cases} | {int(x) for x in rng.integers(1, long_len + 1, size=3)})
+    if not spec.tail_masking:
+        mixed = sorted({max(B, -(-n // B) * B) for n in mixed})
+    rng.shuffle(mixed)
+    cases.append(("mixed_batch", [int(x) for x in mixed], False))
+    a, b = 3 * B + max(1, B // 2), 2 * B + 1
+    if not spec.tail_masking:
+        a, b = 3 * B, 2 * B
+    cases.append(("shared_prefix", [a, b], True))
+    pad = [2 * B + 1, max(1, B // 2)] if spec.tail_masking else [2 * B, B]
+    cases.append(("padded_pool", pad, False))  # strided pools: padding between blocks, heads, K and V
+    cases += [(name, lens, False) for name, lens in adversarial_cases(spec, rng)]
+    return cases
+
+
+def matrix_cases(spec, config: Config, rng: np.random.Generator) -> list[Case]:
+    return [Case(name, {"seq_lens": lens, "share_prefix": share, **ADVERSARIAL.get(name, {})}, list(lens))
+            for name, lens, share in decode_case_matrix(spec, config, rng)]
+
+
+def _references(spec, args: dict) -> tuple[Reference, Reference]:
+    """The float64 reference of one call and the same attention in the kernel's input precision."""
+    round_to = None if spec.dtype.q == "fp32" else dtype(spec.dtype.q).numpy
+    return attention_reference(spec, args["q"], args), attention_reference(spec, args["q"], args, dtype=np.float32,
+                                                                     round_to=round_to, magnitudes=False)
+
+
+def _case_inputs(spec, case: Case, rng: np.random.Generator) -> tuple[dict, dict]:
+    """(host arguments without out, written element ranges of sparse arrays) of one case."""
+    p, lens = case.params, case.params["seq_lens"]
+    if "profile" in p:
+        built = build_pool_case(spec, lens, rng, p["profile"], huge=p.get("huge", False))
+        args, sparse = built.args, built.sparse
+    else:
+        args = make_decode_case(spec, lens, rng, share_prefix=p["share_prefix"], padded=case.name == "padded_pool")
+        args.pop("out")
+        sparse = {}
+    if p.get("strided"):  # q as a view with gaps between heads and sequences (poison in them)
+        v16 = max(1, 16 // args["q"].itemsize)
+        args["q"] = _strided(args["q"], (1, 1, v16), np.nan)
+    if spec.attention.alibi:
+        args.setdefault("alibi_slopes", alibi_slopes(spec.attention.num_q_heads))
+    return args, sparse
+
+
+def _outputs(spec, case: Case, args: dict, plan, rng: np.random.Generator) -> list[Guarded]:
+    """out (strided for a strided case), the LSE when the case checks it, and the plan's split-KV
+    scratch: each pre-filled with NaN inside guard bytes."""
+    S, (_, Hq, D) = len(case.params["seq_lens"]), args["q"].shape
+    out_np = dtype(spec.dtype.resolved_out).numpy
+    pad = (1, 2, max(1, 16 // out_np.itemsize)) if case.params.get("strided") else None
+    buffers = [guarded("out", (S, Hq, D), out_np, rng, pad=pad)]
+    if case.params.get("lse") or case.name == "mixed_batch":
+        buffers.append(guarded("lse", (S, Hq), np.float32, rng))
+    parts = plan.sizes["max_partitions"] if plan is not None else 1
+    if parts > 1:
+        buffers += [guarded("part_o", (S, Hq, parts, D), np.float32, rng),
+                    guarded("part_ml", (S, Hq, parts, 2), np.float32, rng)]
+    return buffers
+
+
+def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
+    """One decode case: inputs sealed, outputs and scratch poisoned inside guards, every
+    (sequence, head) of the output (and of the LSE when requested) within its own bound."""
+    spec, name, lens = kernel.spec, case.name, case.params["seq_lens"]
+    args, sparse = _case_inputs(spec, case, rng)
+    ref, lowp = _references(spec, args)
+    # Split configs run with partitions of exactly partition_size, so the len_P cases sit on
+    # partition boundaries (a call without a plan may choose a larger multiple).
+    P = kernel.config.get("partition_size", 0)
+    plan = kernel.plan(lens, partition_tokens=P) if P else None
+    buffers = _outputs(spec, case, args, plan, rng)
+    seals = [seal(n, x, byte_ranges(x, sparse[n]) if n in sparse else None)
+             for n, x in args.items() if isinstance(x, np.ndarray)]
+    given = {n: sparse_to_backend(x, sparse[n], kernel.backend) if n in sparse else to_backend(x, kernel.backend)
+             for n, x in args.items()}
+    outputs = {g.name: to_backend(g.view, kernel.backend) for g in buffers}
+    kernel(**given, **outputs, plan=plan)
+
+    out_dtype = spec.dtype.resolved_out
+    result = check_output(name, lens, to_numpy(outputs["out"]), ref.out, lowp.out, out_dtype,
+                          ref.magnitude, ref.logit_magnitude)
+    results = [result]
+    if "lse" in outputs:
+        results.append(check_lse(f"{name}_lse", lens, to_numpy(outputs["lse"]), ref.lse, lowp.lse,
+                                 ref.logit_magnitude, spec.attention.head_dim))
+    tripwires(result, {g.name: g for g in buffers}, seals, {**given, **outputs})
+    return results
+
+
+# ---- the tuner's benchmark inputs -----------------------------------------------------------
+def bench(spec, bucket: tuple[int, int], rng: np.random.Generator) -> Bench:
+    """`batch` sequences of `context` tokens each; the timed launches' output is checked like a case."""
+    lens = [bucket[1]] * bucket[0]
+    args = make_decode_case(spec, lens, rng)
+
+    def check(got: dict) -> CaseResult:
+        ref, lowp = _references(spec, args)
+        return check_output("tuning", lens, got["out"], ref.out, lowp.out, spec.dtype.resolved_out,
+                            ref.magnitude, ref.logit_magnitude)
+
+    return Bench(args, ["out"], check)

@@ -1,0 +1,295 @@
+"""The paged-prefill family (docs/prefill-family.md, docs/abi.md): chunks of query tokens, packed
+by sequence (q_indptr), against their sequences' paged KV caches, the chunk's own K/V included
+(seq_lens counts them). Tensor cores (mma.sync m16n8k16) for fp16/bf16 q, fp32 FMAs for fp32 q;
+K/V tiles streamed by a cp.async pipeline (`stages`); split over KV partitions chosen at call time
+by the plan (decode's planner, kgen/plan/split.py) with a merge kernel. The argument
+table here is the kernel ABI; the call binding checks a call against it and packs the launches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kgen.errors import ArgumentError
+from kgen.families.argtable import KernelDecl
+from kgen.families.attention import prefill_cases
+from kgen.families.attention.common import (
+    PREFILL_ROWS,
+    AttentionBinder,
+    AttentionFamily,
+    merge_kernel,
+    template_context,
+)
+from kgen.families.attention.decode_geometry import vector_width
+from kgen.families.base import Config, TunableParam, resolve_config
+from kgen.families.binding import host_values
+from kgen.formats.cache import CacheFormat, describe, vllm_x
+from kgen.formats.dtypes import dtype
+from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
+from kgen.plan.arch import smem_limit
+from kgen.plan.split import check_forced_partition, choose_split
+
+WARPS = (1, 2, 4, 8)
+KV_TILES = (16, 32, 64, 128)
+STAGES = (1, 2, 3, 4)
+AUTO_STAGES = 2  # `stages: 0`: one tile in flight while one is computed, where shared memory allows
+KV_PATHS = ("copy", "stage", "gather")  # the template's KV_PATH is the index
+SMEM_TARGET = 96 * 1024  # the automatic tile choice stays under this (occupancy)
+OUT_SLICE = 256  # output columns per block: larger heads are sliced over grid z
+
+
+def tiles(spec, config: Config) -> tuple[int, int]:
+    """(warps, kv_tile) of a config; 0 means automatic: 4 warps and 64-key tiles (32 past head_dim
+    128), halved while the shared memory exceeds SMEM_TARGET: the one with more rows in shared
+    memory first (the Q tile's 16 * warps, or the stages' 2 * stages * kv_tile), warps on a tie."""
+    auto_w, auto_t = not config.get("warps", 0), not config.get("kv_tile", 0)
+    warps = config.get("warps", 0) or 4
+    kv_tile = config.get("kv_tile", 0) or (64 if spec.attention.head_dim <= 128 else 32)
+    stages = stages_of(spec, config)
+    while smem_bytes(spec, warps, kv_tile, stages) > SMEM_TARGET:
+        can_w, can_t = auto_w and warps > 1, auto_t and kv_tile > 16
+        if can_w and (not can_t or 16 * warps >= 2 * stages * kv_tile):
+            warps //= 2
+        elif can_t:
+            kv_tile //= 2
+        else:
+            break
+    return warps, kv_tile
+
+
+def stages_of(spec, config: Config) -> int:
+    """The pipeline depth of a config: its `stages`, or for 0 (automatic) AUTO_STAGES, one stage
+    when even the smallest automatic tiles need more shared memory than the targets' opt-in limit
+    (kgen.plan.arch.smem_limit) with it (wide heads of a staged cache: head_dim 512 of an fp32 cache)."""
+    if config.get("stages", 0):
+        return config["stages"]
+    fits = smem_bytes(spec, *tiles(spec, {**config, "stages": AUTO_STAGES}), AUTO_STAGES) <= smem_limit(spec.targets)
+    return AUTO_STAGES if fits else 1
+
+
+def kv_path(spec) -> str:
+    """How K/V tiles reach the MMA operand tiles in shared memory: "copy", cp.async straight into
+    them (a cache in q's type, unscaled, 16-byte vectors); "stage", cp.async of the stored bytes
+    into a staging tile, then one pass dequantizes it with the packed conversions (quantized or
+    wider caches); "gather", plain loads that dequantize on the way (a VEC-element chunk of a key's
+    row that is not contiguous in memory, as in vLLM's head_dim-major V, or a copy of 1 or 2 bytes)."""
+    kv, D = spec.kv_cache, spec.attention.head_dim
+    vec, item = vector_width(spec), dtype(kv.dtype).itemsize
+    k_run, v_run = (vllm_x(spec), 1) if CacheFormat.of(spec).vllm else (D, D)
+    if k_run % vec or v_run % vec or vec * item not in (4, 8, 16):
+        return "gather"
+    if kv.dtype == spec.dtype.q and kv.scale == "none" and vec * item == 16:
+        return "copy"
+    return "stage"
+
+
+def smem_bytes(spec, warps: int, kv_tile: int, stages: int = 2) -> int:
+    """The Q tile, then K/V (templates/common/paged_prefill.cuh, PrefillShape): operand tiles in q's
+    type with rows padded by 16 bytes, `stages` of them on the copy path; on the stage path one
+    operand pair plus `stages` staging tiles as stored (and per-token scales); on the gather path one
+    operand pair (and per-token scales). Plus fp32 P per warp where the products are fp32 FMAs (fp32 q, or a target older
+    than sm_80: no mma.sync m16n8k16)."""
+    item = dtype(spec.dtype.q).itemsize
+    ld = -(-spec.attention.head_dim // 16) * 16 + 16 // item
+    tile = kv_tile * ld * item
+    path = kv_path(spec)
+    scales = 8 * kv_tile if CacheFormat.of(spec).per_token else 0  # a tile's K and V scales, fp32
+    if path == "copy":
+        kv = stages * 2 * tile
+    elif path == "stage":
+        raw = -(-kv_tile * spec.attention.head_dim * dtype(spec.kv_cache.dtype).itemsize // 16) * 16
+        kv = 2 * tile + stages * (2 * raw + scales)
+    else:
+        kv = 2 * tile + scales
+    fma = item == 4 or any(int(arch.removeprefix("sm_")) < 80 for arch in spec.targets)
+    return 16 * warps * ld * item + kv + (warps * 16 * kv_tile * 4 if fma else 0)
+
+
+def slices(spec) -> int:
+    return -(-spec.attention.head_dim // OUT_SLICE)
+
+
+class PagedPrefillFamily(AttentionFamily):
+    # the kind's identity: its name, template, query rows and cases (the rest is AttentionFamily's)
+    kind, template, rows, cases_module = "paged_prefill", "paged_prefill.cu.j2", PREFILL_ROWS, prefill_cases
+    params = {"warps": TunableParam("warps", 0), "kv_tile": TunableParam("kv_tile", 0),
+              "stages": TunableParam("stages", 0), "partition_size": TunableParam("partition_size", 256)}
+
+    # ---- generation -------------------------------------------------------------------
+    def check_config(self, spec, config: Config) -> list[str]:
+        problems = []
+        if config["warps"] and config["warps"] not in WARPS:
+            problems.append(f"warps must be 0 (automatic) or one of {', '.join(map(str, WARPS))} "
+                            f"(got {config['warps']})")
+        if config["kv_tile"] and config["kv_tile"] not in KV_TILES:
+            problems.append(f"kv_tile must be 0 (automatic) or one of {', '.join(map(str, KV_TILES))} "
+                            f"(got {config['kv_tile']})")
+        if config["stages"] and config["stages"] not in STAGES:
+            problems.append(f"stages must be 0 (automatic) or 1 to 4 (got {config['stages']})")
+        problems += self.partition_problems(config)
+        if not problems:
+            need = smem_bytes(spec, *tiles(spec, config), stages_of(spec, config))
+            if need > smem_limit(spec.targets):
+                problems.append(f"warps, kv_tile and stages need {need} bytes of shared memory, more than "
+                                f"{smem_limit(spec.targets)} (the opt-in limit of {', '.join(spec.targets)}): "
+                                "use fewer warps or stages or a smaller kv_tile")
+        return problems
+
+    def default_space(self, spec) -> dict[str, list[int]]:
+        return {"warps": [2, 4], "kv_tile": [32, 64], "stages": [1, 2], "partition_size": [0, 256]}
+
+    def kernels(self, spec, config: Config) -> list[KernelDecl]:
+        a, P = spec.attention, config["partition_size"]
+        warps, kv_tile = tiles(spec, config)
+        table = self.arguments(spec, config)
+        main = KernelDecl(spec.name, tuple(table), ("q_tiles", a.num_kv_heads, "z"), 32 * warps,
+                          smem=smem_bytes(spec, warps, kv_tile, stages_of(spec, config)))
+        return [main, merge_kernel(spec, table, PREFILL_ROWS)] if P else [main]
+
+    def template_context(self, spec, config: Config) -> dict[str, Any]:
+        warps, kv_tile = tiles(spec, config)
+        kernels = self.kernels(spec, config)
+        return {
+            **template_context(spec, config, kernels),
+            "warps": warps,
+            "kv_tile": kv_tile,
+            "stages": stages_of(spec, config),
+            "kv_path": KV_PATHS.index(kv_path(spec)),
+            "smem_bytes": kernels[0].smem,
+        }
+
+    def abi_notes(self, spec) -> list[str]:
+        a, kv = spec.attention, spec.kv_cache
+        rows = 16 * tiles(spec, resolve_config(self, spec, self.abi_config(spec)))[0]  # the ABI launch's
+        visible = ("keys p-" + str(a.sliding_window - 1) + " .. p" if a.sliding_window else "keys 0 .. p") \
+            if a.causal else "all seq_len keys (causal: false)"
+        return [
+            f"num_q_heads {a.num_q_heads}, num_kv_heads {a.num_kv_heads} (query head h reads KV head h / "
+            f"{spec.group_size}), head_dim {a.head_dim}, block_size {kv.block_size}, cache {describe(spec)}, "
+            f"scale {kv.scale}",
+            f"softmax scale {spec.softmax_scale_value!r}"
+            + (f", logits soft-cap {a.logits_soft_cap} (s = cap*tanh(s/cap), applied before ALiBi)"
+               if a.logits_soft_cap else "")
+            + (", ALiBi: logit += alibi_slopes[h] * (key - p)" if a.alibi else ""),
+            "Query row j of sequence s (rows q_indptr[s] ..) sits at position p = seq_lens[s] - q_len + j, "
+            f"q_len = q_indptr[s+1] - q_indptr[s], and sees {visible}. A sequence with q_len 0 writes nothing.",
+            *self.call_lines(spec),
+            f"Loads: {vector_width(spec)} elements per vector load; pointers and strides must keep them aligned.",
+            f"Grid x: q_tiles = ceil(num_q_tokens * {spec.group_size} / {rows}) + num_seqs: blockIdx.x counts the "
+            f"tiles of {rows} packed (token, group head) rows of every sequence in order (spare blocks exit); "
+            f"grid z: {slices(spec)} slice(s) of {min(OUT_SLICE, a.head_dim)} output columns.",
+            "A hand-written kernel implements the single-pass launch below (part_o and part_ml null, max_partitions "
+            "1); kgen's split-KV configs add partitions on grid z and a merge kernel.",
+        ]
+
+    # ---- the call ---------------------------------------------------------------------
+    def schedule(self, spec, config: Config, lengths: dict[str, np.ndarray], target_blocks: int,
+                 partition_tokens: int | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
+        """Launch sizes for these lengths and chunks (the call's seq_lens and q_indptr; decode's
+        planner, kgen/plan/split.py: one block per (tile of query rows, KV head,
+        partition)) and the kernels launched."""
+        seq_lens, q_indptr = lengths["seq_lens"], lengths.get("q_indptr")
+        extra = sorted(set(lengths) - {"seq_lens", "q_indptr"})
+        if extra:
+            raise ArgumentError(f"{extra[0]}: not a length of a {spec.kind} call (plan it with seq_lens and q_indptr)")
+        if q_indptr is None:
+            raise ArgumentError(f"q_indptr: required to plan a {spec.kind} call: kern.plan(seq_lens, q_indptr=...)")
+        granule = config["partition_size"]
+        check_forced_partition(partition_tokens, granule)
+        lens = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
+        ind = np.asarray(q_indptr, dtype=np.int64).reshape(-1)
+        if ind.size != lens.size + 1 or ind[0] != 0 or np.any(np.diff(ind) < 0):
+            raise ArgumentError(f"q_indptr: expected {lens.size + 1} non-decreasing offsets from 0 (one more than "
+                                f"seq_lens), got {ind.tolist()!r:.80}")
+        q_lens = np.diff(ind)
+        bad = np.nonzero(q_lens > lens)[0]
+        if bad.size:
+            s = int(bad[0])
+            raise ArgumentError(f"sequence {s}: q_len = {int(q_lens[s])} is larger than seq_lens[{s}] = {int(lens[s])}")
+        warps, _ = tiles(spec, config)
+        row_tiles = -(-q_lens * spec.group_size // (16 * warps))
+        window = spec.attention.sliding_window or 0
+        split = choose_split(np.where(q_lens > 0, lens, 0), spec.attention.num_kv_heads, target_blocks, granule,
+                             q_lens + window - 1 if window else 0, partition_tokens, row_tiles)
+        T = int(ind[-1])
+        sizes = {"num_seqs": int(lens.size), "num_q_tokens": T, "max_partitions": split.max_partitions,
+                 "partition_tokens": split.partition_tokens, "q_tiles": int(np.sum(row_tiles)) + int(lens.size),
+                 "z": split.max_partitions * slices(spec)}
+        kernels = self.kernels(spec, config)
+        return sizes, kernels if split.merged else kernels[:1]
+
+    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan: Plan | None = None,
+             target_blocks: int | None = None):
+        """Check the call's arguments against the ABI and return (launches, result); without a plan
+        the call plans itself from its lengths (host arrays) or its shapes."""
+        B = spec.kv_cache.block_size
+        b = AttentionBinder(spec, call)
+        q, T = b.query(PREFILL_ROWS)
+        pool = b.pool(v_by_token=False)
+        bt, sl = b.table(None)
+        S, M = bt.shape
+        ind = b.take("q_indptr", True)
+        b.check(ind, (S + 1,), "int32", contiguous=True)
+        (ks, vs), scale_strides = b.scales(pool)
+        alibi = b.alibi()
+        out = b.out(q, T)
+        lse = b.lse(q, T)
+        if checked:  # before planning: the plan trusts q_indptr and seq_lens
+            b.check_lengths(sl, bt, pool.num_blocks, q_lens=_checked_q_lens(host_values(ind), T), min_len=0)
+        if plan is None:  # host lengths are planned for; device ones by shapes (full tables, rows spread evenly)
+            if sl.device == "cpu" and ind.device == "cpu":
+                lens, indptr = host_values(sl), host_values(ind)
+            else:
+                per_seq = -(-T // max(S, 1))
+                lens, indptr = np.full(S, max(M * B, per_seq)), np.minimum(np.arange(S + 1) * per_seq, T)
+            sizes, kernels = self.schedule(spec, config, {"seq_lens": lens, "q_indptr": indptr},
+                                           target_blocks or DEFAULT_TARGET_BLOCKS)
+            rows_planned = T
+        else:
+            sizes, kernels = b.planned(self, config, plan, S)
+            rows_planned = plan.sizes["num_q_tokens"]
+            if T > rows_planned:
+                raise ArgumentError(f"plan: made for at most {rows_planned} query rows, the call has {T} "
+                                    "(make the plan for the largest batch)")
+        max_parts = sizes["max_partitions"]
+        part_o, part_ml = b.split_scratch(config, plan, q, max_parts, rows_planned if T else 0)
+        b.refuse_unknown()
+        written = [out, lse, part_o, part_ml]
+        b.refuse_aliasing(written, [q, *pool.caches, ind, bt, sl, ks, vs, alibi, *written])
+        values = b.values(PREFILL_ROWS, q, out, pool, bt, sl, (ks, vs), scale_strides, alibi, part_o, part_ml, lse,
+                          sizes, M, q_indptr=b.pointer(ind), num_seqs=S)
+        rows = kernels[0].block // 32 * 16  # grid x from the call's shapes (a plan may be for other chunks)
+        grid = {"q_tiles": -(-T * spec.group_size // rows) + S, "num_q_tokens": T, "z": max_parts * slices(spec)}
+        reached = [c.native for c in pool.caches]  # fused: K/V by address (an isolated child maps them too)
+        launches = [k.launch(grid, values, reached) for k in kernels] if T else []  # no query row: nothing to launch
+        return launches, ((out.obj, lse.obj) if lse is not None else out.obj)
+
+    # ---- verification and benchmarks (kgen/families/attention/prefill_cases.py) -------------------
+    def bucket_of(self, spec, call):
+        """batch = sequences (block-table rows), context = the block table's capacity in tokens."""
+        bt = call.get("block_tables")
+        if bt is None or len(bt.shape) != 2:
+            return None
+        return int(bt.shape[0]), int(bt.shape[1]) * spec.kv_cache.block_size
+
+
+def _checked_q_lens(indptr: np.ndarray, num_rows: int) -> np.ndarray:
+    """Each sequence's q_len, after checking q_indptr: starts at 0, non-decreasing, ends at the
+    number of query rows."""
+    indptr = indptr.astype(np.int64)
+    if indptr[0] != 0:
+        raise ArgumentError(f"q_indptr[0] = {int(indptr[0])}: must be 0 (sequence 0 starts at query row 0)")
+    q_lens = np.diff(indptr)
+    bad = np.nonzero(q_lens < 0)[0]
+    if bad.size:
+        s = int(bad[0])
+        raise ArgumentError(f"q_indptr[{s + 1}] = {int(indptr[s + 1])} < q_indptr[{s}] = {int(indptr[s])}: "
+                            f"q_indptr must be non-decreasing (sequence {s} would have a negative q_len)")
+    if indptr[-1] != num_rows:
+        raise ArgumentError(f"q_indptr[{len(indptr) - 1}] = {int(indptr[-1])}: must equal the number of query "
+                            f"rows, q.shape[0] = {num_rows}")
+    return q_lens
+
+
+PAGED_PREFILL = PagedPrefillFamily()

@@ -1,0 +1,160 @@
+"""The paged-prefill family's verification matrix and benchmark inputs (docs/verification.md).
+
+The caches are made exactly as for decode (kgen/families/attention/decode_cases.py: shuffled physical
+blocks in a pool several times larger than needed, optional shared prefix blocks, strided pools,
+poison in every slot past seq_len, every unreferenced block and every unused table entry); each
+sequence gets a chunk of q_len query rows at the end of its seq_len tokens. The matrix: chunk
+lengths 1, 15, 16, 17, 64 and longer; sharp rows (queries 4x the unit normal); a whole prompt from an empty cache; chunks that start and
+end inside blocks; a mixed batch of prefill chunks, single tokens and q_len = 0 sequences (with
+the LSE); shared prefixes; padded pools; decode equivalence at q_len = 1; window and partition
+edges when the spec or config has them. The output is pre-filled with NaN; each (token, head)
+row is judged against attention's one reference and its own derived bound (the rule decode's
+rows have, kgen/verify/judge/bounds.py), so a few wrong rows cannot hide behind a large error elsewhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kgen.arrays import args_to_backend, to_numpy
+from kgen.families.attention.decode_cases import make_decode_case
+from kgen.families.attention.reference import Reference, attention_reference
+from kgen.families.base import Bench, Case, Config
+from kgen.formats.dtypes import dtype
+from kgen.verify.judge.bounds import check_lse, check_output
+from kgen.verify.judge.report import CaseResult
+
+
+def make_prefill_case(spec, seq_lens: list[int], q_lens: list[int], rng: np.random.Generator,
+                      share_prefix: bool = False, padded: bool = False, q_gain: float = 1.0) -> dict:
+    """Keyword arguments for a prefill call (numpy arrays): decode's poisoned paged caches for
+    `seq_lens`, q [sum(q_lens), Hq, D] packed by sequence (q_gain times the unit normal), q_indptr,
+    and out pre-filled with NaN."""
+    a = spec.attention
+    args = make_decode_case(spec, seq_lens, rng, share_prefix=share_prefix, padded=padded)
+    T = int(sum(q_lens))
+    args["q_indptr"] = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    q = q_gain * rng.standard_normal((T, a.num_q_heads, a.head_dim))
+    args["q"] = q.astype(dtype(spec.dtype.q).numpy)
+    args["out"] = np.full((T, a.num_q_heads, a.head_dim), np.nan, dtype=dtype(spec.dtype.resolved_out).numpy)
+    return args
+
+
+# ---- the verification matrix ----------------------------------------------------------------
+SHARP_Q_GAIN = 4.0  # the sharp_rows case's queries, times the unit normal
+WINDOW_ROW_KEYS = 1 << 20  # rows x window of the window cases (their chunks shrink for very long windows)
+
+
+def _round_up(n: int, b: int) -> int:
+    return max(b, -(-n // b) * b)
+
+
+def prefill_case_matrix(spec, config: Config, rng: np.random.Generator) -> list[dict]:
+    """Every case: name, seq_lens, q_lens and flags (share_prefix, padded, lse)."""
+    B = spec.kv_cache.block_size
+    inside = B // 2 + 1 if B > 1 else 1  # a prefix ending inside a block
+    chunks = {  # name: (prefix tokens already cached, chunk length)
+        "chunk_1": (2 * B + 3, 1), "chunk_15": (B + 3, 15), "chunk_16": (inside, 16), "chunk_17": (3, 17),
+        "chunk_64": (B + inside, 64), "chunk_150": (37, 150), "whole_prompt": (0, 77),
+        "inside_blocks": (inside, max(1, B - 1) if B > 2 else 3), "small_chunk_long_prefix": (600, 16),
+    }
+    W = spec.attention.sliding_window
+    if W:  # chunks longer than the window where rows x window stays affordable; a prefix past it in any case
+        cap = max(16, WINDOW_ROW_KEYS // W)
+        chunks |= {"window_crossing": (W + 3, min(W + 5, cap)), "window_chunk_W": (W + B + 1, min(W, cap)),
+                   "window_from_empty": (0, min(W + B + 1, cap))}
+    P = config.get("partition_size", 0)
+    if P:
+        chunks |= {"partition_edges": (P - 5, P + 10), "split_prefix_3P": (3 * P + 5, 16)}
+    cases = []
+    for name, (prefix, q_len) in chunks.items():
+        n = prefix + q_len
+        if not spec.tail_masking:  # the promise: every seq_len a multiple of B (the chunk still ends anywhere)
+            n = _round_up(n, B)
+        cases.append({"name": name, "seq_lens": [n], "q_lens": [q_len]})
+    # Sharp rows: queries 4x the unit normal (logits ~N(0, 16)), where an error in the logits (such as
+    # that of K rounded to q's type after dequantization) outweighs the rounding of P a kernel may make;
+    # with the LSE, which such an error moves by far more than its fp32 bound.
+    n = B + inside + 40 if spec.tail_masking else _round_up(B + inside + 40, B)
+    cases.append({"name": "sharp_rows", "seq_lens": [n], "q_lens": [40], "q_gain": SHARP_Q_GAIN, "lse": True})
+
+    # one launch: prefill chunks, single tokens (decode rows) and sequences without query rows
+    mixed = [(50, 20), (33, 1), (0, 0), (90, 90), (17, 1), (40, 0), (2 * B + 1, B + 1)]
+    mixed += [(int(n), int(rng.integers(0, n + 1))) for n in rng.integers(1, 200, size=3)]
+    if not spec.tail_masking:
+        mixed = [(_round_up(n, B) if n else 0, q) for n, q in mixed]
+    order = rng.permutation(len(mixed))
+    cases.append({"name": "mixed_batch", "seq_lens": [mixed[i][0] for i in order],
+                  "q_lens": [mixed[i][1] for i in order], "lse": True})
+    a, b = 3 * B + max(1, B // 2), 2 * B + 1
+    if not spec.tail_masking:
+        a, b = 3 * B, 2 * B
+    cases.append({"name": "shared_prefix", "seq_lens": [a, b], "q_lens": [min(5, a), b], "share_prefix": True})
+    pad = [2 * B + 1, max(1, B // 2)] if spec.tail_masking else [2 * B, B]
+    cases.append({"name": "padded_pool", "seq_lens": pad, "q_lens": [B + 1, pad[1]], "padded": True})
+    lens = [1, B - 1, B, B + 1, 2 * B + 1, max(5 * B + 3, 300)]
+    if not spec.tail_masking:
+        lens = [_round_up(n, B) for n in lens]
+    lens = sorted({n for n in lens if n >= 1})
+    cases.append({"name": "decode_equivalence", "seq_lens": lens, "q_lens": [1] * len(lens), "lse": True})
+    return cases
+
+
+def matrix_cases(spec, config: Config, rng: np.random.Generator) -> list[Case]:
+    return [Case(c["name"], c, list(c["seq_lens"])) for c in prefill_case_matrix(spec, config, rng)]
+
+
+def references(spec, args: dict) -> tuple[Reference, Reference]:
+    """The float64 reference of one call (with its error magnitudes) and the same attention in
+    the kernel's input precision: attention's one reference (kgen/families/attention/reference.py)."""
+    round_to = None if spec.dtype.q == "fp32" else dtype(spec.dtype.q).numpy
+    return attention_reference(spec, args["q"], args), attention_reference(
+        spec, args["q"], args, dtype=np.float32, round_to=round_to, magnitudes=False)
+
+
+def check(name: str, spec, args: dict, out, ref: Reference, lowp: Reference, lse=None) -> list[CaseResult]:
+    """The output (and the LSE when given) of one call, each (query row, head) within attention's
+    one derived bound (kgen/verify/judge/bounds.py)."""
+    lens, ind = list(np.asarray(args["seq_lens"]).tolist()), args["q_indptr"]
+    results = [check_output(name, lens, to_numpy(out), ref.out, lowp.out, spec.dtype.resolved_out, ref.magnitude,
+                            ref.logit_magnitude, q_indptr=ind)]
+    if lse is not None:
+        results.append(check_lse(name + "_lse", lens, to_numpy(lse), ref.lse, lowp.lse, ref.logit_magnitude,
+                                 spec.attention.head_dim, q_indptr=ind))
+    return results
+
+
+def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
+    spec, p = kernel.spec, case.params
+    args = make_prefill_case(spec, p["seq_lens"], p["q_lens"], rng, share_prefix=p.get("share_prefix", False),
+                             padded=p.get("padded", False), q_gain=p.get("q_gain", 1.0))
+    ref, lowp = references(spec, args)
+    want_lse = p.get("lse", False)
+    dev_args = args_to_backend(args, kernel.backend)
+    # Split configs run with partitions of exactly partition_size, so the partition cases sit on
+    # partition boundaries (a call without a plan may choose a larger multiple).
+    P = kernel.config.get("partition_size", 0)
+    plan = kernel.plan(args["seq_lens"], q_indptr=args["q_indptr"], partition_tokens=P) if P else None
+    result = kernel(**dev_args, return_lse=True, plan=plan) if want_lse else kernel(**dev_args, plan=plan)
+    out, lse = result if want_lse else (result, None)
+    return check(case.name, spec, args, out, ref, lowp, lse)
+
+
+# ---- the tuner's benchmark inputs -----------------------------------------------------------
+BENCH_CHUNK = 512  # query rows per sequence when the context is longer (a chunked prefill)
+
+
+def bench(spec, bucket: tuple[int, int], rng: np.random.Generator) -> Bench:
+    """`batch` sequences of `context` tokens each, the last min(context, BENCH_CHUNK) of them the
+    chunk being prefilled; the timed launches' output is checked like a case."""
+    batch, context = bucket
+    if not spec.tail_masking:
+        context = _round_up(context, spec.kv_cache.block_size)
+    lens, q_lens = [context] * batch, [min(context, BENCH_CHUNK)] * batch
+    args = make_prefill_case(spec, lens, q_lens, rng)
+
+    def check_bench(got: dict) -> CaseResult:
+        ref, lowp = references(spec, args)
+        return check("tuning", spec, args, got["out"], ref, lowp)[0]
+
+    return Bench(args, ["out"], check_bench)

@@ -1,0 +1,197 @@
+"""The contiguous golden of both attention kinds (docs/verification.md): gather the paged cache
+through the block tables (in the canonical order of kgen/formats/cache.py), dequantize exactly
+as the ABI says (real = stored * scale, docs/abi.md), and compute attention in float64.
+
+ONE computation, parameterised by each query row's absolute position: prefill's row j of
+sequence s (rows q_indptr[s] ..) sits at p = seq_lens[s] - q_len_s + j; decode is q_len 1, its
+row at p = seq_len - 1. A row sees keys 0..p (causal), p-W+1..p (sliding window W) or all
+seq_len keys (prefill with causal: false). Logit order: scale, soft-cap, ALiBi
+slope * (key - p), mask. The LSE is the natural log of the sum of exp of the final logits, -inf
+for a row that sees no key (whose output is 0).
+
+Only the blocks a sequence uses are gathered and only one KV head at a time is widened to
+the working precision, so a pool of billions of elements (most of it never touched) or a
+context of 32k tokens costs memory in proportion to what the sequence reads.
+
+`attention_outputs(..., dtype=np.float32, round_to=...)` computes the same attention in a lower
+working precision; the verifier uses its error against float64 as the yardstick for a
+kernel's error. `attention_reference` also returns, per (sequence, query head), the magnitudes
+that the rounding errors of an fp32 kernel scale with (kgen/verify/judge/bounds.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kgen.formats.cache import CacheFormat, cache_names, from_layout, scale_from_layout
+
+ROW_CHUNK = 256  # query rows per step: the logits of a long prompt need not fit at once
+
+
+@dataclass
+class Reference:
+    """Per query row (decode: one per sequence; prefill: the packed rows)."""
+
+    out: np.ndarray  # [rows, Hq, D]
+    lse: np.ndarray  # [rows, Hq]
+    # max over d of sum_j p_j |v_jd|: what the output's accumulation errors are relative to
+    magnitude: np.ndarray  # [rows, Hq]
+    # max over visible keys j of softmax_scale * sum_d |q_d k_jd|: what a logit's dot-product error scales with
+    logit_magnitude: np.ndarray  # [rows, Hq]
+
+
+def _sequence_scale(spec, scale, blocks: np.ndarray, seq_len: int) -> np.ndarray:
+    """The real-value scale of each (token, KV head) of one sequence, [seq_len, H] float64 (ones for a float cache)."""
+    kv, h = spec.kv_cache, spec.attention.num_kv_heads
+    if not CacheFormat.of(spec).quantized or kv.scale == "none":
+        return np.ones((seq_len, h))
+    s = np.asarray(scale, dtype=np.float64)
+    if kv.scale == "per_tensor":
+        return np.full((seq_len, h), float(s.reshape(-1)[0]))
+    if kv.scale == "per_head":
+        return np.broadcast_to(s[None, :], (seq_len, h))
+    pool = scale_from_layout(spec, np.asarray(scale)[blocks])  # [nb, B, H] of the used blocks only
+    return pool.reshape(-1, h)[:seq_len].astype(np.float64)
+
+
+def gather_stored(spec, args: dict, table_row: np.ndarray, seq_len: int):
+    """One sequence's stored K and V [seq_len, H, D] (the cache dtype) and their scales [seq_len, H]
+    (float64), read from the used blocks only."""
+    a = spec.attention
+    blocks = np.asarray(table_row[: -(-seq_len // spec.kv_cache.block_size)], dtype=np.int64)
+    used = {name: np.asarray(args[name])[blocks] for name in cache_names(spec)}
+    k, v = from_layout(spec, used)  # canonical [nb, B, H, D]
+    shape = (-1, a.num_kv_heads, a.head_dim)
+    k, v = k.reshape(shape)[:seq_len], v.reshape(shape)[:seq_len]
+    return (k, v, _sequence_scale(spec, args.get("k_scale"), blocks, seq_len),
+            _sequence_scale(spec, args.get("v_scale"), blocks, seq_len))
+
+
+def sequence_kv(spec, args: dict, dtype=np.float64, round_to=None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per sequence: (K, V) [num_kv_heads, seq_len, head_dim] in the working precision `dtype`, each
+    head widened by _widen (stored values rounded to `round_to`, times the scale)."""
+    tables = np.asarray(args["block_tables"])
+    result = []
+    for i, L in enumerate(np.asarray(args["seq_lens"])):
+        k, v, ks, vs = gather_stored(spec, args, tables[i], int(L))
+        result.append(tuple(np.stack([_widen(x[:, h], sc[:, h], dtype, round_to) for h in range(x.shape[1])])
+                            for x, sc in ((k, ks), (v, vs))))
+    return result
+
+
+def real_kv(spec, args: dict) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per sequence: (K, V) real values [num_kv_heads, seq_len, head_dim] in float64."""
+    return sequence_kv(spec, args)
+
+
+def query_rows(args: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(q_indptr [S + 1], the absolute position of every query row [rows]) of a call's arguments:
+    prefill's own q_indptr, or one row per sequence (decode: q_len 1)."""
+    lens = np.asarray(args["seq_lens"], dtype=np.int64).reshape(-1)
+    ind = np.asarray(args["q_indptr"], dtype=np.int64) if "q_indptr" in args else np.arange(lens.size + 1)
+    q_lens = np.diff(ind)
+    pos = np.concatenate([n - q + np.arange(q) for n, q in zip(lens, q_lens, strict=True)] or [np.zeros(0, np.int64)])
+    return ind, pos.astype(np.int64)
+
+
+def visible_keys(spec, pos: np.ndarray, seq_len: int) -> np.ndarray:
+    """[rows, seq_len] bool: which keys each query row (at absolute position pos) sees."""
+    a = spec.attention
+    key = np.arange(seq_len)[None, :]
+    p = np.asarray(pos)[:, None]
+    visible = np.ones((len(pos), seq_len), dtype=bool)
+    if getattr(a, "causal", None) is not False:  # decode's row is the last key: causal or not, it sees 0..p
+        visible &= key <= p
+    if a.sliding_window:
+        visible &= key > p - a.sliding_window
+    return visible
+
+
+def _widen(stored: np.ndarray, scale: np.ndarray, dtype, rnd) -> np.ndarray:
+    """Real values [L, D] of one KV head in the working precision: the *stored* values rounded to
+    `rnd` (the kernel's input type), times the scale in the working precision. The rule of every
+    golden: a kernel converts what is stored to its input type (exact for int8 and fp8 in fp16 and
+    bf16, so only a float cache of another type is rounded) and applies scales in fp32; rounding the
+    dequantized values instead would put an error in the yardstick that a correct kernel does not
+    make, and hide one that does (docs/verification.md)."""
+    x = stored.astype(dtype) if rnd is None or stored.dtype == np.dtype(rnd) else stored.astype(rnd).astype(dtype)
+    if np.all(scale == 1.0):  # a float cache: the stored values are the real ones
+        return x
+    return x * np.asarray(scale, dtype=np.float64).astype(dtype)[:, None]
+
+
+def attention_reference(spec, q, args: dict, dtype=np.float64, round_to=None, magnitudes: bool = True) -> Reference:
+    """Attention of every query row of a call (decode or prefill: `args` with or without
+    q_indptr), with the error magnitudes of each (row, head) (upper bounds that cost one pass over
+    K and V; zeros without `magnitudes`).
+
+    dtype is the working precision; round_to (a numpy dtype, e.g. float16) additionally rounds
+    q and the *stored* K/V values to it (_widen: the scales are applied in the working precision),
+    then the probabilities (the P V operand) and the output; the logits stay in the working
+    precision (the kernels' are fp32 accumulators). That models a kernel computed in its inputs' own
+    precision; a kernel that rounds anything else to q's type, such as the dequantized K or V, has
+    an error that this yardstick does not grant it.
+    """
+    a = spec.attention
+    rnd = (lambda x: x.astype(round_to).astype(dtype)) if round_to is not None else (lambda x: x)
+    qf = rnd(np.asarray(q).astype(dtype))
+    R, Hq, D = qf.shape
+    G = spec.group_size
+    ref = Reference(np.zeros((R, Hq, D), dtype=dtype), np.full((R, Hq), -np.inf, dtype=dtype),
+                    np.zeros((R, Hq)), np.zeros((R, Hq)))
+    scale = dtype(spec.softmax_scale_value)
+    tables = np.asarray(args["block_tables"])
+    slopes = np.asarray(args["alibi_slopes"], dtype=np.float64) if a.alibi else None
+    ind, positions = query_rows(args)
+    with np.errstate(over="ignore", divide="ignore"):  # an overflowing rounding (e.g. to fp16) is part of the model
+        for s, L in enumerate(np.asarray(args["seq_lens"])):
+            L, first, last = int(L), int(ind[s]), int(ind[s + 1])
+            if last == first:
+                continue  # no query rows: nothing to compute, nothing read
+            k_st, v_st, ks, vs = gather_stored(spec, args, tables[s], L)
+            for h in range(a.num_kv_heads):
+                heads = slice(h * G, (h + 1) * G)  # query head r reads KV head r // G
+                k = _widen(k_st[:, h], ks[:, h], dtype, round_to)  # [L, D]
+                v = _widen(v_st[:, h], vs[:, h], dtype, round_to)
+                knorm = np.sqrt(np.sum(np.square(k, dtype=np.float64), axis=1)) if magnitudes else None
+                vmax = np.abs(v).max(axis=1, initial=0.0).astype(np.float64) if magnitudes else None
+                for r0 in range(first, last, ROW_CHUNK):
+                    rows = slice(r0, min(r0 + ROW_CHUNK, last))
+                    _rows(spec, ref, rows, heads, qf[rows, heads], k, v, positions[rows], slopes, scale, rnd,
+                          knorm, vmax)
+    return ref
+
+
+def _rows(spec, ref: Reference, rows: slice, heads: slice, q, k, v, pos, slopes, scale, rnd, knorm, vmax) -> None:
+    """Fill ref for query rows `rows` (positions `pos`) and the query heads `heads` of one KV head."""
+    a = spec.attention
+    # logits stay in the working precision: the kernels' are fp32 accumulators, never rounded to q's type
+    s = np.einsum("rgd,ld->rgl", q, k) * scale  # einsum, not BLAS: no thread pool to oversubscribe
+    if a.logits_soft_cap:
+        cap = s.dtype.type(a.logits_soft_cap)
+        s = cap * np.tanh(s / cap)
+    if slopes is not None:
+        bias = slopes[heads][None, :, None] * (np.arange(k.shape[0])[None, None, :] - pos[:, None, None])
+        s = s + bias.astype(s.dtype)
+    seen = visible_keys(spec, pos, k.shape[0])[:, None, :]
+    s = np.where(seen, s, -np.inf)
+    m = s.max(axis=2, keepdims=True, initial=-np.inf)
+    e = np.where(seen, np.exp(s - np.where(np.isfinite(m), m, 0.0)), 0.0)
+    denom = e.sum(axis=2, keepdims=True)
+    p = rnd(e / np.where(denom > 0, denom, 1.0))
+    ref.out[rows, heads] = rnd(np.einsum("rgl,ld->rgd", p, v))
+    ref.lse[rows, heads] = (m + np.log(denom))[..., 0]
+    if knorm is not None:
+        # sum_j p_j max_d |v_jd| >= max_d sum_j p_j |v_jd|; |q| max_j |k_j| >= max_j sum_d |q_d k_jd|
+        ref.magnitude[rows, heads] = np.einsum("rgl,l->rg", p.astype(np.float64), vmax)
+        kmax = np.max(np.where(seen[:, 0, :], knorm[None, :], 0.0), axis=1, initial=0.0)  # [rows]
+        ref.logit_magnitude[rows, heads] = float(scale) * np.linalg.norm(q.astype(np.float64), axis=2) * kmax[:, None]
+
+
+def attention_outputs(spec, q, args: dict, dtype=np.float64, round_to=None) -> tuple[np.ndarray, np.ndarray]:
+    """(out [rows, Hq, D], lse [rows, Hq]) of a call's arguments (see attention_reference)."""
+    ref = attention_reference(spec, q, args, dtype=dtype, round_to=round_to, magnitudes=False)
+    return ref.out, ref.lse
+

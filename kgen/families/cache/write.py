@@ -1,0 +1,195 @@
+"""The cache-write family (docs/cache-kernels.md, docs/abi.md): store new K/V rows into the
+paged pool at slot_mapping, quantizing to the cache dtype (rules: kgen/quantize.py), and, for
+per_token_head scales, writing each written row's scale into the scale pool."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kgen.arrays import ArrayArg
+from kgen.errors import ArgumentError
+from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
+from kgen.families.base import Config, SingleKernelFamily
+from kgen.families.binding import CallBinder, host_values, refuse_plan
+from kgen.families.cache import write_cases as cache_write_cases
+from kgen.families.pool import (
+    bind_scales,
+    cache_args,
+    scale_args,
+    stride_args,
+    stride_values,
+)
+from kgen.formats.cache import (
+    SCALE_MODES,
+    CacheFormat,
+    cache_names,
+    cache_rows,
+    cache_shapes,
+    cache_strides,
+    describe,
+    layout_problems,
+    vllm_x,
+)
+from kgen.formats.dtypes import dtype
+
+
+class CacheWriteFamily(SingleKernelFamily):
+    kind = "cache_write"
+    template = "cache_write.cu.j2"
+
+    def unsupported(self, spec) -> list[str]:
+        return layout_problems(spec)
+
+    def arguments(self, spec, config: Config) -> list[Arg]:
+        a = spec.attention
+        H, D = a.num_kv_heads, a.head_dim
+        written = CacheFormat.of(spec).per_token
+        return [
+            array("key", spec.dtype.q, "input", ("num_tokens", H, D), "new K rows (last dim contiguous)"),
+            array("value", spec.dtype.q, "input", ("num_tokens", H, D), "new V rows (last dim contiguous)"),
+            *cache_args(spec, "output", const=False),
+            *scale_args(spec, "output" if written else "input", const=False,
+                        use="WRITTEN for each written (slot, head): max|x| / QMAX (1.0 if that is not > 0)" if written
+                        else "read: stored = real / scale (positive, finite)"),
+            array("slot_mapping", "int32", "input", ("num_tokens",),
+                  "slot = block * block_size + offset of each token; -1 = skip; no slot twice"),
+            scalar("num_slots", "int64", "num_blocks * block_size (slots past it are never written)"),
+            stride("key_s_tok", "key stride between tokens"), stride("key_s_head", "key stride between heads"),
+            stride("val_s_tok", "value stride between tokens"), stride("val_s_head", "value stride between heads"),
+            *stride_args(),
+        ]
+
+    def kernels(self, spec, config: Config) -> list[KernelDecl]:
+        warps = config["threads"] // 32  # one warp per K or V row
+        grid = ("num_tokens", -(-2 * spec.attention.num_kv_heads // warps), 1)
+        return [KernelDecl(spec.name, tuple(self.arguments(spec, config)), grid, config["threads"])]
+
+    def template_context(self, spec, config: Config) -> dict[str, Any]:
+        vllm = CacheFormat.of(spec).vllm
+        return {
+            "in_ctype": dtype(spec.dtype.q).ctype,
+            "kv_ctype": dtype(spec.kv_cache.dtype).ctype,
+            "scale_mode": SCALE_MODES[spec.kv_cache.scale],
+            "k_run": vllm_x(spec) if vllm else spec.attention.head_dim,
+            "v_run": 1 if vllm else spec.attention.head_dim,
+            "threads": config["threads"],
+            "main": self.kernels(spec, config)[0],
+        }
+
+    def abi_notes(self, spec) -> list[str]:
+        a, kv = spec.attention, spec.kv_cache
+        names = ["key", "value", *cache_names(spec), "slot_mapping"] + (["k_scale", "v_scale"] if CacheFormat.of(spec).scaled
+                                                                         else [])
+        lines = [
+            f"num_kv_heads {a.num_kv_heads}, head_dim {a.head_dim}, block_size {kv.block_size}, cache {describe(spec)}, "
+            f"inputs {spec.dtype.q}",
+            "",
+            f"Call: kern({', '.join(names)}) -> None (the caches are written in place); the cache arrays:",
+        ]
+        return lines + [*cache_rows(spec), "", "Conversion: " + _rule(kv.dtype), "One warp per K or V row of a token."]
+
+    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan=None,
+             target_blocks: int | None = None):
+        """Check the call's arguments against the ABI; return (launches, None): the writes are in place."""
+        refuse_plan(spec, plan)
+        return _bind(CallBinder(spec, call), self.kernels(spec, config)[0], checked)
+
+    # ---- verification and benchmarks (kgen/families/cache/write_cases.py) --------------------
+    def cases(self, spec, config: Config, rng: np.random.Generator):
+        return cache_write_cases.cases()
+
+    def run_case(self, kernel, case, rng: np.random.Generator):
+        return cache_write_cases.run_case(kernel, case, rng)
+
+    def bucket_of(self, spec, call):
+        """As bench() builds it: batch = tokens written, context = the pool's tokens per token written."""
+        slots = call.get("slot_mapping")
+        pool = call.get("k_cache", call.get("kv_cache"))
+        if slots is None or pool is None or len(slots.shape) != 1 or not slots.shape[0] or not len(pool.shape):
+            return None
+        batch = int(slots.shape[0])
+        return batch, max(1, int(pool.shape[0]) * spec.kv_cache.block_size // batch)
+
+    def bench(self, spec, config: Config, bucket, rng: np.random.Generator):
+        return cache_write_cases.bench(spec, bucket, rng)
+
+
+def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
+    spec, a, kv = b.spec, b.spec.attention, b.spec.kv_cache
+    H, D, B = a.num_kv_heads, a.head_dim, kv.block_size
+    key = b.take("key", True)
+    b.device = key.device
+    if len(key.shape) != 3:
+        raise ArgumentError(f"key: expected shape [num_tokens, {H}, {D}], got {list(key.shape)}")
+    T = key.shape[0]
+    b.check(key, (T, H, D), spec.dtype.q)
+    value = b.take("value", True)
+    b.check(value, (T, H, D), spec.dtype.q)
+    sm = b.take("slot_mapping", True)
+    b.check(sm, (T,), "int32", contiguous=True)
+
+    b.refuse_other_layouts()
+    caches = [b.take(n, True) for n in cache_names(spec)]
+    N = caches[0].shape[0] if caches[0].shape else 0
+    for c, shape in zip(caches, cache_shapes(spec, N).values(), strict=True):
+        b.check(c, shape, kv.dtype)
+    st = cache_strides(spec, caches)
+    detail = "the scale pool this kernel writes" if CacheFormat.of(spec).per_token else "given by the caller"
+    scales, pool_strides = bind_scales(b, spec, N, detail)
+    b.refuse_unknown()
+    pools = CacheFormat.of(spec).per_token  # then the scales are pools this kernel writes, like the caches
+    b.refuse_aliasing([*caches, *(scales if pools else [])], [key, value, sm, *([] if pools else scales)])
+
+    if checked:
+        _check_values(spec, sm, scales, N)
+    if T == 0:
+        return [], None
+    p = b.pointer
+    values = {
+        "key": p(key), "value": p(value), "k_cache": b.raw(st.k_base), "v_cache": b.raw(st.v_base),
+        "k_scale": p(scales[0]), "v_scale": p(scales[1]), "slot_mapping": p(sm), "num_slots": N * B,
+        "key_s_tok": key.strides[0], "key_s_head": key.strides[1], "val_s_tok": value.strides[0],
+        "val_s_head": value.strides[1], **stride_values(st, pool_strides),
+    }
+    return [kernel.launch({"num_tokens": T}, values, reached=[c.native for c in caches])], None
+
+
+def _check_values(spec, sm: ArrayArg, scales: list[ArrayArg | None], num_blocks: int) -> None:
+    """Host checks of what the kernel trusts: slots in range and distinct, caller scales usable."""
+    slots = host_values(sm)
+    cap = num_blocks * spec.kv_cache.block_size
+    bad = np.nonzero((slots < -1) | (slots >= cap))[0]
+    if bad.size:
+        i = int(bad[0])
+        raise ArgumentError(f"slot_mapping[{i}] = {int(slots[i])}: not a slot of the pool (-1 to skip, or "
+                            f"0..{cap - 1} = num_blocks {num_blocks} × block_size {spec.kv_cache.block_size})")
+    used = slots[slots >= 0]
+    values, first, counts = np.unique(used, return_index=True, return_counts=True)
+    if (counts > 1).any():
+        dup = int(values[np.argmax(counts > 1)])
+        where = np.nonzero(slots == dup)[0][:2]
+        raise ArgumentError(f"slot_mapping[{int(where[0])}] and slot_mapping[{int(where[1])}] are both slot {dup}: "
+                            "two tokens cannot be written to one slot in one call")
+    if spec.kv_cache.scale in ("per_tensor", "per_head"):
+        for s in scales:
+            vals = np.atleast_1d(host_values(s))
+            wrong = np.nonzero(~(np.isfinite(vals) & (vals > 0)))[0]
+            if wrong.size:
+                j = int(wrong[0])
+                at = "" if spec.kv_cache.scale == "per_tensor" else f"[{j}]"
+                raise ArgumentError(f"{s.name}{at} = {float(vals[j])!r}: scales must be positive and finite "
+                                    "(stored = real / scale)")
+
+
+def _rule(name: str) -> str:
+    if name == "int8":
+        return "int8 = rint_half_even(clamp(x / scale, -127, 127)) (NaN -> 0); QMAX 127"
+    if name.startswith("fp8"):
+        qmax = 448 if name == "fp8_e4m3" else 57344
+        return f"{name} = round-nearest-even(x / scale) saturated to ±{qmax} (__NV_SATFINITE); QMAX {qmax}"
+    return f"{name} = round-nearest-even(x) (same dtype: copied)"
+
+
+CACHE_WRITE = CacheWriteFamily()

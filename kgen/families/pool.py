@@ -1,0 +1,91 @@
+"""The paged pool's part of every kind's argument table and call binding (docs/abi.md): the cache
+and scale parameters, their stride parameters, and the binding of the dequantization scales. The
+format itself (shapes, strides, canonical views) is kgen/formats/cache.py's."""
+
+from __future__ import annotations
+
+from kgen.arrays import ArrayArg, scale_value
+from kgen.errors import ArgumentError
+from kgen.families.argtable import Arg, array, stride
+from kgen.formats.cache import (
+    AXES,
+    SCALE_AXES,
+    CacheFormat,
+    CacheStrides,
+    cache_shapes,
+    half_shapes,
+    scale_pool_strides,
+    scale_shape,
+    vllm_x,
+)
+
+
+def bind_scales(binder, spec, num_blocks: int, detail: str = "") -> tuple[list, list[tuple[int, int, int]]]:
+    """Take and check k_scale and v_scale: ([k_scale, v_scale] (None when absent), their pool
+    strides ((0, 0, 0) unless per_token_head)). `detail` ends the message of a missing scale."""
+    kv, f = spec.kv_cache, CacheFormat.of(spec)
+    if kv.scale == "per_tensor":  # a Python float or a 0-d / one-element array of any float dtype
+        scales = [_take_per_tensor(binder, name) for name in ("k_scale", "v_scale")]
+    else:
+        scales = [binder.take("k_scale", False), binder.take("v_scale", False)]
+    pool_strides = [(0, 0, 0), (0, 0, 0)]
+    if not f.quantized:
+        for s in scales:
+            if s is not None:
+                raise ArgumentError(f"{s.name}: a {kv.dtype} cache takes no scales (scale: none)")
+        return scales, pool_strides
+    sshape = scale_shape(spec, num_blocks)
+    for i, s in enumerate(scales):
+        if s is None:
+            name = ("k_scale", "v_scale")[i]
+            raise ArgumentError(f"{name}: required for a {kv.dtype} cache with scale '{kv.scale}' "
+                                f"(fp32, shape {list(sshape)}{'; ' + detail if detail else ''})")
+        if s.shape == (1,) and sshape == ():  # a one-element array stands for a per-tensor scalar
+            s.shape, s.strides = (), ()
+        binder.check(s, sshape, "fp32", contiguous=not f.per_token)
+        if f.per_token:
+            pool_strides[i] = scale_pool_strides(spec, s)
+    return scales, pool_strides
+
+
+def _take_per_tensor(binder, name: str) -> ArrayArg | None:
+    value = binder.call.pop(name, None)
+    return None if value is None else scale_value(name, value, binder.first, ())
+
+
+def stride_values(strides: CacheStrides, scale_strides: list[tuple[int, int, int]]) -> dict[str, int]:
+    """The stride parameters of stride_args(), by name."""
+    values = {f"k_s_{axis}": s for axis, s in zip(AXES, strides.k, strict=True)}
+    values |= {f"v_s_{axis}": s for axis, s in zip(AXES, strides.v, strict=True)}
+    values |= {f"ks_s_{axis}": s for axis, s in zip(SCALE_AXES, scale_strides[0], strict=True)}
+    values |= {f"vs_s_{axis}": s for axis, s in zip(SCALE_AXES, scale_strides[1], strict=True)}
+    return values
+
+
+def stride_args() -> list[Arg]:
+    """The cache and scale-pool stride parameters every kind that reads or writes the pool takes."""
+    rows = [stride(f"{p}_s_{axis}", f"{what} stride between {axis}s" + (" (0: head_dim is one run)"
+                                                                        if axis == "run" else ""))
+            for p, what in (("k", "K"), ("v", "V")) for axis in AXES]
+    rows += [stride(f"{p}_s_{axis}", f"{what} scale-pool stride between {axis}s (per_token_head; else 0)")
+             for p, what in (("ks", "K"), ("vs", "V")) for axis in SCALE_AXES]
+    return rows
+
+
+def scale_args(spec, role: str = "input", const: bool = True, use: str = "real = stored * scale") -> list[Arg]:
+    """The k_scale and v_scale parameters (null pointers for a float cache)."""
+    kv, shape = spec.kv_cache, scale_shape(spec)
+    what = "scales: null (the cache is not quantized)" if shape is None else f"{kv.scale} scales; {use}"
+    return [array(name, "fp32", role, shape or (), f"{which} {what}", optional=shape is None, const=const)
+            for name, which in (("k_scale", "K"), ("v_scale", "V"))]
+
+
+def cache_args(spec, role: str, const: bool) -> list[Arg]:
+    """The k_cache and v_cache parameters (a fused pool's halves: same strides, V one plane further)."""
+    kv = spec.kv_cache
+    pool = "[" + ", ".join(str(s) for s in cache_shapes(spec).get("kv_cache", ())) + "]"
+    where = {"fused": ["K half of kv_cache " + pool + " (kv_cache[:, 0])", "V half of kv_cache[:, 1]"],
+             "vllm": [f"K vLLM pool, head_dim in runs of x = {vllm_x(spec)}", "V vLLM pool, tokens contiguous"]
+             }.get(kv.layout, [f"K {kv.resolved_order} pool", f"V {kv.resolved_order} pool"])
+    return [array(name, kv.dtype, role, shape, what + "; block, head and token strides may be padded", const=const)
+            for what, (name, shape) in zip(where, half_shapes(spec).items(), strict=True)]

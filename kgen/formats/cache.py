@@ -1,0 +1,242 @@
+"""A spec's KV-cache format as an object (CacheFormat, built once from the spec) and what every
+kernel kind shares about the paged pool (docs/abi.md): the ABI shape of each layout, ONE canonical
+index order and the conversions to and from it, the strides a kernel receives for each cache
+array, the scale shapes, and the constants the templates take.
+
+Canonical order (numpy, host side): K and V pools [num_blocks, block_size, num_kv_heads, head_dim],
+per_token_head scale pools [num_blocks, block_size, num_kv_heads]. NHD is that order itself.
+
+Kernel strides (device side): each K or V array is described by (block, head, token, run)
+strides in elements. head_dim is cut into runs of K_RUN / V_RUN contiguous elements, `run` is
+the stride between runs (0 when head_dim is one run): NHD/HND/fused one run; vLLM K runs of x,
+vLLM V runs of 1.
+
+The argument rows and call binding of the pool (cache_args, scale_args, stride_args,
+bind_scales) are kgen/families/pool.py's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kgen.formats.dtypes import DType, dtype
+
+AXES = ("block", "head", "token", "run")  # the order of a cache array's kernel strides
+SCALE_AXES = ("block", "head", "token")  # the order of a per_token_head scale pool's kernel strides
+SCALE_MODES = {"none": 0, "per_tensor": 1, "per_head": 2, "per_token_head": 3}  # Cfg::SCALE_MODE
+
+
+@dataclass(frozen=True)
+class CacheFormat:
+    """One spec's cache: layout, order, element type, scale granularity and sizes, with the
+    questions every module asks of it answered here (not by comparing strings)."""
+
+    layout: str  # separate | fused | vllm
+    order: str  # NHD | HND | vllm (resolved)
+    dtype: DType
+    scale: str  # none | per_tensor | per_head | per_token_head
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def of(cls, spec) -> CacheFormat:
+        kv, a = spec.kv_cache, spec.attention
+        return cls(kv.layout, kv.resolved_order, dtype(kv.dtype), kv.scale, kv.block_size, a.num_kv_heads,
+                   a.head_dim)
+
+    @property
+    def fused(self) -> bool:
+        return self.layout == "fused"
+
+    @property
+    def vllm(self) -> bool:
+        return self.layout == "vllm"
+
+    @property
+    def token_major(self) -> bool:
+        """Tokens before heads in a block (NHD): the canonical order itself."""
+        return self.order == "NHD"
+
+    @property
+    def quantized(self) -> bool:
+        return self.dtype.quantized
+
+    @property
+    def scaled(self) -> bool:
+        """The call takes k_scale and v_scale."""
+        return self.quantized and self.scale != "none"
+
+    @property
+    def per_token(self) -> bool:
+        return self.scale == "per_token_head"
+
+    @property
+    def scale_mode(self) -> int:
+        return SCALE_MODES[self.scale]
+
+    @property
+    def x(self) -> int:
+        """vLLM's K-cache packing factor: 16 bytes of elements."""
+        return 16 // self.dtype.itemsize
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return ("kv_cache",) if self.fused else ("k_cache", "v_cache")
+
+    def describe(self) -> str:
+        return f"{self.dtype.name} ({self.layout}" + ("" if self.vllm else f", {self.order}") + ")"
+
+
+def cache_format(spec) -> CacheFormat:
+    return CacheFormat.of(spec)
+
+
+# ---- the ABI shapes -------------------------------------------------------------------------
+def vllm_x(spec) -> int:
+    """vLLM's K-cache packing factor: 16 bytes of elements."""
+    return CacheFormat.of(spec).x
+
+
+def layout_problems(spec) -> list[str]:
+    """Why the spec's cache layout cannot hold its head_dim (vLLM packs K in runs of x)."""
+    if CacheFormat.of(spec).vllm and spec.attention.head_dim % vllm_x(spec):
+        return [f"kv_cache.layout vllm packs K in runs of x = {vllm_x(spec)} elements, so head_dim must be a "
+                f"multiple of {vllm_x(spec)} (got {spec.attention.head_dim})"]
+    return []
+
+
+def cache_names(spec) -> tuple[str, ...]:
+    """The call's cache arguments: one fused pool or separate K and V pools."""
+    return CacheFormat.of(spec).names
+
+
+def half_shapes(spec, num_blocks: str | int = "num_blocks") -> dict[str, tuple]:
+    """The shapes of the K and V arrays a kernel parameter points at (a fused pool's halves too)."""
+    f = CacheFormat.of(spec)
+    n, b, h, d = num_blocks, f.block_size, f.num_kv_heads, f.head_dim
+    if f.vllm:
+        return {"k_cache": (n, h, d // f.x, b, f.x), "v_cache": (n, h, d, b)}
+    one = (n, b, h, d) if f.token_major else (n, h, b, d)
+    return {"k_cache": one, "v_cache": one}
+
+
+def cache_shapes(spec, num_blocks: str | int = "num_blocks") -> dict[str, tuple]:
+    """The cache arrays of a call and their ABI shapes (symbolic or concrete num_blocks)."""
+    halves = half_shapes(spec, num_blocks)
+    if CacheFormat.of(spec).fused:
+        return {"kv_cache": (num_blocks, 2, *halves["k_cache"][1:])}  # [N, 2, ...one block]
+    return halves
+
+
+def scale_shape(spec, num_blocks: str | int = "num_blocks") -> tuple | None:
+    """The shape of k_scale and v_scale (None: the cache takes no scales)."""
+    f = CacheFormat.of(spec)
+    if f.scale == "none":
+        return None
+    if f.scale == "per_tensor":
+        return ()
+    if f.scale == "per_head":
+        return (f.num_kv_heads,)
+    if f.token_major:
+        return (num_blocks, f.block_size, f.num_kv_heads)
+    return (num_blocks, f.num_kv_heads, f.block_size)
+
+
+# ---- layout <-> canonical (host arrays) -----------------------------------------------------
+def to_layout(spec, k: np.ndarray, v: np.ndarray) -> dict[str, np.ndarray]:
+    """The call's cache arrays (C-contiguous) from canonical [N, B, H, D] K and V."""
+    f = CacheFormat.of(spec)
+    N, B, H, D = k.shape
+    if f.vllm:
+        x = f.x
+        return {"k_cache": np.ascontiguousarray(k.reshape(N, B, H, D // x, x).transpose(0, 2, 3, 1, 4)),
+                "v_cache": np.ascontiguousarray(v.transpose(0, 2, 3, 1))}
+    if not f.token_major:
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    if f.fused:
+        return {"kv_cache": np.ascontiguousarray(np.stack([k, v], axis=1))}
+    return {"k_cache": np.ascontiguousarray(k), "v_cache": np.ascontiguousarray(v)}
+
+
+def from_layout(spec, arrays: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Canonical [N, B, H, D] K and V (views where possible) from the call's cache arrays."""
+    f = CacheFormat.of(spec)
+    if f.fused:
+        pool = np.asarray(arrays["kv_cache"])
+        k, v = pool[:, 0], pool[:, 1]
+    else:
+        k, v = np.asarray(arrays["k_cache"]), np.asarray(arrays["v_cache"])
+    if f.vllm:
+        N, H, Dx, B, x = k.shape
+        return k.transpose(0, 3, 1, 2, 4).reshape(N, B, H, Dx * x), v.transpose(0, 3, 1, 2)
+    if not f.token_major:
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    return k, v
+
+
+def scale_to_layout(spec, s: np.ndarray) -> np.ndarray:
+    """A per_token_head scale pool in the ABI's order from canonical [N, B, H]."""
+    return s if CacheFormat.of(spec).token_major else np.ascontiguousarray(s.transpose(0, 2, 1))
+
+
+def scale_from_layout(spec, s: np.ndarray) -> np.ndarray:
+    """Canonical [N, B, H] (a view) from a per_token_head scale pool in the ABI's order."""
+    s = np.asarray(s)
+    return s if CacheFormat.of(spec).token_major else s.transpose(0, 2, 1)
+
+
+# ---- kernel strides (device side) -----------------------------------------------------------
+@dataclass
+class CacheStrides:
+    """Where a kernel finds K and V: base pointers and (block, head, token, run) strides in elements."""
+
+    k_base: Any  # the K array (separate layouts) or the address of a fused pool's K half
+    v_base: Any
+    k: tuple[int, int, int, int]
+    v: tuple[int, int, int, int]
+    v_offset: int = 0  # elements from a fused pool's K half to its V half (0 otherwise)
+
+
+def cache_strides(spec, caches: list) -> CacheStrides:
+    """The strides of the call's (checked) cache arrays (kgen.arrays.ArrayArg)."""
+    f = CacheFormat.of(spec)
+    v_offset = 0
+    if f.fused:
+        c = caches[0]
+        v_offset = c.strides[1]
+        k_base, v_base = c.ptr, c.ptr + v_offset * c.itemsize
+        k_str = v_str = (c.strides[0], *c.strides[2:])  # block, then as one separate pool
+    else:
+        k_base, v_base = caches[0].native, caches[1].native
+        k_str, v_str = caches[0].strides, caches[1].strides
+    if f.vllm:  # K [N, H, D/x, B, x]; V [N, H, D, B] (its last dim is contiguous)
+        return CacheStrides(k_base, v_base, (k_str[0], k_str[1], k_str[3], k_str[2]),
+                            (v_str[0], v_str[1], 1, v_str[2]))
+    if f.token_major:  # [N, B, H, D]
+        return CacheStrides(k_base, v_base, (k_str[0], k_str[2], k_str[1], 0), (v_str[0], v_str[2], v_str[1], 0),
+                            v_offset)
+    return CacheStrides(k_base, v_base, (k_str[0], k_str[1], k_str[2], 0), (v_str[0], v_str[1], v_str[2], 0),
+                        v_offset)
+
+
+def scale_pool_strides(spec, s) -> tuple[int, int, int]:
+    """A per_token_head scale pool's (block, head, token) strides."""
+    if CacheFormat.of(spec).token_major:  # [N, B, H]
+        return s.strides[0], s.strides[2], s.strides[1]
+    return s.strides[0], s.strides[1], s.strides[2]  # [N, H, B]
+
+
+# ---- `kgen abi` text ------------------------------------------------------------------------
+def describe(spec) -> str:
+    """The cache in words, e.g. 'fp16 (separate, NHD)'."""
+    return CacheFormat.of(spec).describe()
+
+
+def cache_rows(spec, note: str = "") -> list[str]:
+    """One line per cache array of a call: name, ABI shape, dtype."""
+    return [f"  {name:<13} [{', '.join(str(s) for s in shape)}]  {spec.kv_cache.dtype}" + (f"  ({note})" if note else "")
+            for name, shape in cache_shapes(spec).items()]
