@@ -133,13 +133,14 @@ class Figures:
     in_flight: float                  # bytes per thread in flight in the streaming loops (estimate)
     loops: list[pm.LoopMLP]
     bulk: int                         # TMA copies: outside the in-flight model
+    work: pm.Work                     # warp-instructions, smem wavefronts, tensor FLOP per stream byte
 
 
 def figures(fn: pm.SassFunction, res) -> Figures:
     ipt, mlps = pm.thread_in_flight(fn, DEV)
     ldl, stl = pm.local_memory_instructions(fn)
     return Figures(res.registers, res.spill_stores, res.spill_loads, res.stack_frame, res.static_smem,
-                   ldl, stl, ipt, mlps, pm.bulk_copies(fn))
+                   ldl, stl, ipt, mlps, pm.bulk_copies(fn), pm.kernel_work(fn))
 
 
 @dataclass
@@ -159,6 +160,7 @@ class Subject:
     dedupe: int = 1                   # blocks reading the same KV (vLLM: one block per query head)
     spec: object = None
     notes: list[str] = field(default_factory=list)
+    path: str = ""                    # the decode path (kgen: "CUDA cores" / "tensor cores" by mma_min_group)
 
     def estimate(self, batch: int, context: int) -> tuple[pm.Estimate | None, pm.Occupancy]:
         plan = self.plan(batch, context)
@@ -169,7 +171,7 @@ class Subject:
             return None, occ
         est = pm.estimate_seconds(self.kv_bytes(batch, context), main.blocks, main.threads, fig.in_flight,
                                   occ.blocks, extra_launches=len(plan.launches) - 1,
-                                  partial_bytes=plan.partial_bytes, dedupe=self.dedupe, dev=DEV)
+                                  partial_bytes=plan.partial_bytes, dedupe=self.dedupe, dev=DEV, work=fig.work)
         return est, occ
 
 
@@ -213,9 +215,11 @@ def kgen_planner(spec, rendered) -> tuple[Callable[[int, int], list[pm.Launch]],
     return fixed, f"fixed grid (config {rendered.config}; kgen has no kern.plan)"
 
 
-def kgen_subject(path: Path, cuobjdump: str, cache: ArtifactCache) -> Subject:
-    spec = load_spec(path)
-    rendered = render(spec)
+def kgen_subject(path: Path, cuobjdump: str, cache: ArtifactCache, spec=None, config: dict | None = None,
+                 label: str | None = None) -> Subject:
+    """kgen's kernel for the spec at `path` (or `spec`, a variant of it) with `config` over the defaults."""
+    spec = spec or load_spec(path)
+    rendered = render(spec, config)
     art = compile_cubin(rendered.source, ARCH, origin=str(path), cache=cache)
     funcs = pm.parse_sass(sass_text(art.cubin, cuobjdump))
     kernels = {name: figures(funcs[name], art.resources[name]) for name in rendered.kernel_names}
@@ -238,13 +242,16 @@ def kgen_subject(path: Path, cuobjdump: str, cache: ArtifactCache) -> Subject:
     def kv_bytes(batch: int, context: int) -> float:
         return float(batch * (min(context, window) if window else context) * per_token)
 
-    return Subject(f"kgen {spec.name}", kernels, plan, kv_bytes, source, spec=spec)
+    path_name = ""
+    if config and "mma_min_group" in config:
+        path_name = "tensor cores" if config["mma_min_group"] else "CUDA cores"
+    return Subject(label or f"kgen {spec.name}", kernels, plan, kv_bytes, source, spec=spec, path=path_name)
 
 
 # ---- FlashInfer ------------------------------------------------------------------------------------
 FLASHINFER_CU = """\
 // FlashInfer's batch decode kernel as its JIT instantiates it (csrc/batch_decode_customize_config.jinja,
-// flashinfer/jit/attention/modules.py gen_batch_decode_module), for fp16 q/kv/out, int32 indices.
+// flashinfer/jit/attention/modules.py gen_batch_decode_module), for fp16 q/out, {dtype_kv} KV, int32 indices.
 #include <flashinfer/page.cuh>
 #include <flashinfer/math.cuh>
 #include <flashinfer/layout.cuh>
@@ -254,7 +261,7 @@ FLASHINFER_CU = """\
 #include <flashinfer/attention/decode.cuh>
 using namespace flashinfer;
 struct Params {
-  using DTypeQ = half; using DTypeKV = half; using DTypeO = half; using IdType = int32_t;
+  using DTypeQ = half; using DTypeKV = {dtype_kv}; using DTypeO = half; using IdType = int32_t;
   DTypeQ* q; paged_kv_t<DTypeKV, IdType> paged_kv; DTypeO* o; float* lse;
   float* maybe_alibi_slopes; double logits_soft_cap; double sm_scale; double rope_rcp_scale; double rope_rcp_theta;
   uint32_t padded_batch_size; uint32_t num_qo_heads; IdType q_stride_n; IdType q_stride_h; int32_t window_left;
@@ -277,15 +284,20 @@ def flashinfer_data() -> Path | None:
     return None
 
 
-def flashinfer_subject(nvcc: str, cuobjdump: str, cache: ArtifactCache) -> Subject:
+FLASHINFER_KV = {"fp16": ("half", 2), "fp8_e4m3": ("__nv_fp8_e4m3", 1)}
+
+
+def flashinfer_subject(nvcc: str, cuobjdump: str, cache: ArtifactCache, kv_dtype: str = "fp16") -> Subject:
+    """FlashInfer's batch decode for Llama-3-8B with an fp16 or fp8 (e4m3, DTypeKV = __nv_fp8_e4m3) cache."""
+    dtype_kv, itemsize = FLASHINFER_KV[kv_dtype]
     data = flashinfer_data()
     if data is None:
         raise RuntimeError("flashinfer-python is not installed (pip install --no-deps flashinfer-python)")
     version = importlib.metadata.version("flashinfer-python")
     L = LLAMA
     group = L["num_q_heads"] // L["num_kv_heads"]
-    geo = pm.flashinfer_geometry(L["head_dim"], group, L["itemsize"])
-    source = FLASHINFER_CU
+    geo = pm.flashinfer_geometry(L["head_dim"], group, itemsize)
+    source = FLASHINFER_CU.replace("{dtype_kv}", dtype_kv)
     for k in ("stages", "tile", "vec", "bdx", "bdy", "bdz"):
         source = source.replace("{" + k + "}", str(geo[k]))
     # flashinfer/jit/core.py and cpp_ext.py: its nvcc flags (the device-relevant ones)
@@ -299,7 +311,7 @@ def flashinfer_subject(nvcc: str, cuobjdump: str, cache: ArtifactCache) -> Subje
     (name,) = [n for n in funcs if "BatchDecodeWithPagedKVCacheKernel" in n]
     fig = figures(funcs[name], res[name])
     occ = pm.occupancy(geo["threads"], fig.registers, fig.static_smem + geo["smem"], DEV)
-    per_token = 2 * L["num_kv_heads"] * L["head_dim"] * L["itemsize"]
+    per_token = 2 * L["num_kv_heads"] * L["head_dim"] * itemsize
 
     def plan(batch: int, context: int) -> Plan:
         pages = [-(-context // L["page"])] * batch
@@ -310,12 +322,13 @@ def flashinfer_subject(nvcc: str, cuobjdump: str, cache: ArtifactCache) -> Subje
         partial = 2 * new_batch * L["num_q_heads"] * (L["head_dim"] * 2 + 4)  # fp16 tmp_v + fp32 lse
         return Plan([main, pm.Launch("merge", batch * L["num_q_heads"], 128)], 0, partial)
 
-    return Subject(f"FlashInfer {version} decode", {"decode": fig}, plan,
+    label = f"FlashInfer {version} decode" + ("" if kv_dtype == "fp16" else f" {kv_dtype} KV")
+    return Subject(label, {"decode": fig}, plan,
                    lambda b, c: float(b * c * per_token),
                    "its planner: no split when batch x kv_heads >= blocks/SM x 132, else the smallest chunk "
                    "(>= 8 pages) whose chunk count x kv_heads fits (scheduler.cuh; CUDA graphs off)",
-                   notes=[f"block ({geo['bdx']}, {geo['bdy']}, {geo['bdz']}), {geo['stages']} cp.async stages, "
-                          f"{geo['smem']} B dynamic smem"])
+                   notes=[f"{kv_dtype} KV ({dtype_kv}): block ({geo['bdx']}, {geo['bdy']}, {geo['bdz']}), "
+                          f"{geo['stages']} cp.async stages, {geo['smem']} B dynamic smem"])
 
 
 # ---- vLLM ------------------------------------------------------------------------------------------
@@ -419,23 +432,94 @@ RESOURCE_HEAD = ["kernel (sm_90)", "regs", "spill st/ld B", "stack B", "LDL/STL"
                  "full-GPU ceiling (est.)"]
 
 
-def estimate_rows(subjects: list[Subject]) -> list[list[str]]:
-    rows, est = [], {}
+def find(subjects: list[Subject], label: str) -> Subject | None:
+    return next((s for s in subjects if s.label == label), None)
+
+
+def flashinfer_fp16(subjects: list[Subject]) -> Subject | None:
+    return next((s for s in subjects if s.label.startswith("FlashInfer") and " KV" not in s.label), None)
+
+
+def estimate_rows(subjects: list[Subject], cell: Callable[[pm.Estimate], str] = pm.fmt_cell) -> list[list[str]]:
+    rows = []
     for s in subjects:
-        cells = [s.label]
-        for b, c in SHAPES:
-            e, _ = est[s.label, b, c] = s.estimate(b, c)
-            cells.append("n/a" if e is None else f"{pm.fmt_pct(e.fraction)} ({e.blocks})")
-        rows.append(cells)
-    # the issue's comparison: kgen's Llama spec against FlashInfer (same model shape, fp16)
-    llama = next((s for s in subjects if s.spec is not None and s.spec.name == "llama3_8b_decode"), None)
-    fi = next((s for s in subjects if s.label.startswith("FlashInfer")), None)
-    if llama and fi:
+        rows.append([s.label, *(("n/a" if e is None else cell(e)) for e in (s.estimate(b, c)[0] for b, c in SHAPES))])
+    # the issue's comparison: kgen's Llama spec (each of its paths) against FlashInfer (same model shape, fp16)
+    fi = flashinfer_fp16(subjects)
+    for llama in [s for s in subjects if s.spec is not None and s.spec.name == "llama3_8b_decode"] if fi else []:
         ratio = []
         for b, c in SHAPES:
-            a, f = est[llama.label, b, c][0], est[fi.label, b, c][0]
-            ratio.append(f"{a.fraction / f.fraction:.2f}x" if a and f else "n/a")
-        rows.append(["kgen llama3_8b_decode / FlashInfer", *ratio])
+            a, f = llama.estimate(b, c)[0], fi.estimate(b, c)[0]
+            ratio.append(f"{f.seconds / a.seconds:.2f}x" if a and f else "n/a")
+        rows.append([f"{llama.label} / FlashInfer", *ratio])
+    return rows
+
+
+def work_rows(subjects: list[Subject]) -> list[list[str]]:
+    """Instructions per byte of the streaming launch of each subject, and what binds at 64 x 4096."""
+    rows = []
+    for s in subjects:
+        plan = s.plan(64, 4096)
+        w = s.kernels[plan.launches[plan.main].kernel].work
+        e, _ = s.estimate(64, 4096)
+        per_byte = w.instrs_per_byte * s.dedupe  # blocks reading the same bytes each issue their instructions
+        ceiling = pm.issue_bound_fraction(pm.Work(instrs_per_byte=per_byte), DEV)
+        rows.append([s.label, w.loop_instrs, w.loop_bytes, f"{per_byte:.3f}", f"{w.wavefronts_per_byte * s.dedupe:.3f}",
+                     f"{w.flop_per_byte * s.dedupe:.1f}", w.fixed_instrs,
+                     "-" if ceiling == float("inf") else pm.fmt_pct(ceiling), pm.fmt_cell(e)])
+    return rows
+
+
+WORK_HEAD = ["kernel (streaming launch)", "loop warp-instr/iter", "K/V B/thread/iter", "warp-instr per K/V B",
+             "smem wavefronts per B", "tensor FLOP per B", "warp-instr outside loop", "issue-limited fraction",
+             "est. 64x4096 (binding)"]
+
+
+def _tokens_per_s(s: Subject, b: int, c: int) -> float | None:
+    e = s.estimate(b, c)[0]
+    return None if e is None else b * c / e.seconds
+
+
+def _at(s: Subject | None, b: int = 64, c: int = 4096) -> pm.Estimate | None:
+    return None if s is None else s.estimate(b, c)[0]
+
+
+def target_rows(subjects: list[Subject], fp8_label: str | None) -> list[list[str]]:
+    """Issue 19's targets, each computed from the estimates and shown met or missed."""
+    rows = []
+
+    def verdict(ok: bool | None) -> str:
+        return "n/a" if ok is None else ("met" if ok else "MISSED")
+
+    def fraction(label: str, floor: float, what: str) -> None:
+        e = _at(find(subjects, label))
+        rows.append([f"{what} at 64x4096 >= {floor:.0%} of copy bandwidth", label,
+                     "n/a" if e is None else f"{pm.fmt_pct(e.fraction)} ({e.bound})",
+                     verdict(None if e is None else e.fraction >= floor)])
+
+    fi = flashinfer_fp16(subjects)
+    for llama in [s for s in subjects if s.spec is not None and s.spec.name == "llama3_8b_decode"]:
+        fraction(llama.label, 0.95, "fp16 GQA 4")
+        if fi is not None:
+            ratios = [(fi.estimate(b, c)[0].seconds / llama.estimate(b, c)[0].seconds, (b, c)) for b, c in SHAPES]
+            worst, (b, c) = min(ratios)
+            below = sum(r < 1.0 - 5e-3 for r, _ in ratios)  # 1.00x as printed counts as met
+            rows.append(["fp16 GQA 4 >= 1.0x FlashInfer (time ratio) in every grid cell", llama.label,
+                         f"worst {worst:.2f}x at {b}x{c}; {below} of {len(ratios)} cells under 1.00x",
+                         verdict(below == 0)])
+    fp16 = find(subjects, "kgen llama3_8b_decode")
+    fp8 = find(subjects, fp8_label) if fp8_label else None
+    if fp16 and fp8:
+        r = _tokens_per_s(fp8, 64, 4096) / _tokens_per_s(fp16, 64, 4096)
+        rows.append(["fp8 tokens/s >= 1.8x fp16's at 64x4096 (same Llama shape; tokens/s = batch x context / s)",
+                     f"{fp8.label} / {fp16.label}", f"{r:.2f}x", verdict(r >= 1.8)])
+    fi8 = next((s for s in subjects if s.label.startswith("FlashInfer") and "fp8" in s.label), None)
+    if fi and fi8:
+        r = _tokens_per_s(fi8, 64, 4096) / _tokens_per_s(fi, 64, 4096)
+        rows.append(["(reference) FlashInfer fp8 / fp16 tokens/s at 64x4096", f"{fi8.label} / {fi.label}",
+                     f"{r:.2f}x", "-"])
+    fraction("kgen decode_int8_per_token_head", 0.85, "int8 per-token-head")
+    fraction("kgen bf16_decode_b32", 0.90, "bf16 GQA 8")
     return rows
 
 
@@ -447,7 +531,7 @@ def register_rows(subjects: list[Subject]) -> list[list[str]]:
         spec, kv = s.spec, s.spec.kv_cache
         f = s.kernels[spec.name]
         target = REGISTER_TARGETS.get(kv.dtype)
-        rows.append([spec.name, kv.dtype, kv.scale, kv.layout, spec.group_size, spec.attention.head_dim,
+        rows.append([s.label.removeprefix("kgen "), kv.dtype, kv.scale, kv.layout, spec.group_size, spec.attention.head_dim,
                      f.registers, f"{f.spill_stores}/{f.spill_loads}", f.stack, f"{f.ldl}/{f.stl}",
                      f"<= {target} {'ok' if f.registers <= target else 'MISSED'}" if target else "-"])
     return rows
@@ -469,8 +553,30 @@ def assumptions(subjects: list[Subject]) -> str:
         f"- **Memory**: {d.copy_bw / 1e12:.1f} TB/s copy bandwidth (a device-to-device copy measured on this "
         f"workplace's H200s; datasheet peak {d.peak_bw / 1e12:.1f} TB/s) and {d.latency_s * 1e6:.1f} us DRAM "
         "latency. A decode kernel is modeled as latency-bound streaming: bandwidth = min(copy bandwidth, bytes in "
-        "flight / latency) (Little's law). Not modeled: compute time, L2 hits of the KV stream, per-SM limits on "
-        "outstanding misses, launch gaps (CUDA-graph replay assumed).",
+        "flight / latency) (Little's law). Not modeled: L2 hits of the KV stream, per-SM limits on "
+        "outstanding misses, instruction latencies and dependency stalls (beyond the issue-rate terms below), "
+        "launch gaps (CUDA-graph replay assumed).",
+        f"- **Instruction issue** (term \"issue\"): an SM issues {d.issue_per_sm_clock} warp-instructions per clock, "
+        f"one per sub-partition, each from its own warps (fewer than {d.issue_per_sm_clock} warps resident on an SM: "
+        f"that many per clock), at {d.clock_hz / 1e9:.2f} GHz (the H200 SXM maximum boost clock; a throttled clock "
+        "would lower it). Warp-instructions are counted in the SASS: every instruction of the streaming loop's "
+        "body once per iteration (branches inside the body taken as falling through, predicated-off instructions "
+        "still issued), per K/V byte = loop instructions / (32 x K/V bytes per thread per iteration; block-table "
+        "and scale reads under 8 bytes that are not cp.async do not count as stream bytes); every instruction "
+        "outside the streaming loops once per warp per launch. A wave's instructions / (busy SMs x min(4, warps "
+        f"per SM) x clock). At full copy bandwidth the H200 issues {d.sms * d.issue_per_sm_clock * d.clock_hz / d.copy_bw:.3f} "
+        "warp-instructions per byte (\"issue-limited fraction\" = that over the loop's instructions per byte).",
+        f"- **Shared memory** (term \"smem\"): {d.smem_wavefronts_per_sm_clock} wavefront (128 B) per SM per clock; "
+        "per warp-instruction, LDS/STS/LDGSTS take 32 x width / 128 B wavefronts (128-bit: 4, 64-bit: 2, 32-bit "
+        "and narrower: 1), LDSM/STSM .x4: 4, .x2: 2, .x1: 1. Bank conflicts are not modeled (conflict-free assumed).",
+        f"- **Tensor cores** (term \"tensor\"): HMMA FLOP from the SASS shape (HMMA.16816: 2 x 16 x 8 x 16 = 4096) at "
+        f"{d.tensor_flop_per_sm_clock:.0f} dense fp16 FLOP per SM per clock: the H100/H200 SXM datasheet's 989 "
+        "TFLOP/s dense fp16 over 132 SMs at the 1.83 GHz it is quoted at, i.e. one HMMA.16816 per sub-partition "
+        "every 4 clocks; it is assumed mma.sync reaches it (wgmma is Hopper's full-rate path; no decode kernel "
+        "here uses wgmma). A wave's FLOP / (busy SMs x that x clock).",
+        "- **Binding term**: per wave, the slowest of latency (bytes in flight), issue, smem, tensor and copy "
+        "bandwidth sets the wave's time; the cell names the term charged the most time over the launch (the 2 "
+        "round trips per wave and per extra launch count as latency, partial results as bandwidth).",
         "- **Bytes in flight per thread**, read from the SASS (`cuobjdump -sass`): the streaming loop is the "
         "backward branch whose body has the most global-load bytes (other disjoint loops with at least 25% of "
         "that count too, e.g. vLLM's K loop and V loop, each weighted by its bytes). Its body is walked 48 times "
@@ -487,8 +593,8 @@ def assumptions(subjects: list[Subject]) -> str:
         "latency), plus 2 latencies per wave (seq_len and block-table reads before the first KV read, the "
         "store at the end). Each extra launch (a split-KV merge or reduce) adds 2 latencies plus its partial "
         "results, written and read back, at the copy bandwidth.",
-        "- **Cells**: KV bytes / estimated time / copy bandwidth; in parentheses the thread blocks of the launch "
-        "that streams the KV cache (the GPU holds 132 x blocks/SM at once: \"resident blocks\"). KV bytes = "
+        "- **Cells**: KV bytes / estimated time / copy bandwidth; in parentheses the binding term; the next table "
+        "gives the thread blocks of the launch that streams the KV cache (the GPU holds 132 x blocks/SM at once: \"resident blocks\"). KV bytes = "
         "batch x tokens read (the window for a sliding-window spec) x KV bytes per token (K and V rows, plus "
         "per-token scales). kgen's rows are each spec's own model shape; FlashInfer's and vLLM's are Llama-3-8B "
         "(32 query heads, 8 KV heads, head_dim 128, fp16, 16-token pages), the shape of llama3_8b_decode.",
@@ -503,6 +609,52 @@ def assumptions(subjects: list[Subject]) -> str:
     return "\n".join(lines)
 
 
+MMA_PARAM = "mma_min_group"
+MMA_CONFIGS = ((0, "CUDA cores"), (1, "tensor cores"))
+
+
+def mma_paths(path: Path, spec, cuobjdump: str, cache: ArtifactCache, skipped: list[str]) -> list[Subject]:
+    """The spec's two decode paths, `mma_min_group` 0 (the CUDA-core loop) and 1 (the tensor-core path),
+    when its family has that parameter; else a note in `skipped` (once per family)."""
+    family = family_for(spec)
+    if MMA_PARAM not in getattr(family, "params", {}):
+        note = (f"{family.kind} second-path rows: the family has no "
+                f"`{MMA_PARAM}` parameter in this tree (params: {', '.join(getattr(family, 'params', {}))}), "
+                "so there is no tensor-core decode path to render")
+        if note not in skipped:
+            skipped.append(note)
+        return []
+    out = []
+    for value, name in MMA_CONFIGS:
+        try:
+            out.append(kgen_subject(path, cuobjdump, cache, config={MMA_PARAM: value},
+                                    label=f"kgen {spec.name} [{MMA_PARAM}={value}: {name}]"))
+        except Exception as e:  # a config the family refuses for this spec: say why, keep the others
+            skipped.append(f"kgen {spec.name} [{MMA_PARAM}={value}]: {type(e).__name__}: {str(e)[:160]}")
+    return out
+
+
+LLAMA_SHAPE = ("num_q_heads", "num_kv_heads", "head_dim")
+
+
+def fp8_llama(subjects: list[Subject], specs: Path, cuobjdump: str, cache: ArtifactCache) -> str | None:
+    """The label of an fp8 (e4m3, per-head scales) kgen kernel with llama3_8b_decode's shape: the bundled
+    decode_fp8_e4m3_per_head when its attention shape and block size are Llama's, else a variant of
+    llama3_8b_decode rendered with an fp8 cache (added to `subjects`)."""
+    fp16 = find(subjects, "kgen llama3_8b_decode")
+    fp8 = find(subjects, "kgen decode_fp8_e4m3_per_head")
+    if fp16 is None:
+        return None
+    same = fp8 is not None and all(getattr(fp8.spec.attention, k) == getattr(fp16.spec.attention, k)
+                                   for k in LLAMA_SHAPE) and fp8.spec.kv_cache.block_size == fp16.spec.kv_cache.block_size
+    if same:
+        return fp8.label
+    variant = fp16.spec.with_overrides(**{"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_head"})
+    label = "kgen llama3_8b_decode (fp8_e4m3 per_head cache)"
+    subjects.append(kgen_subject(specs / "llama3_8b_decode.yaml", cuobjdump, cache, spec=variant, label=label))
+    return label
+
+
 def build_subjects(args, cache: ArtifactCache) -> tuple[list[Subject], list[str]]:
     skipped: list[str] = []
     cuobjdump = find_cuobjdump()
@@ -513,14 +665,17 @@ def build_subjects(args, cache: ArtifactCache) -> tuple[list[Subject], list[str]
         spec = load_spec(path)
         if family_for(spec) is PAGED_DECODE:  # this benchmark is about the decode family
             subjects.append(kgen_subject(path, cuobjdump, cache))
+            subjects += mma_paths(path, spec, cuobjdump, cache, skipped)
+    args.fp8_label = fp8_llama(subjects, Path(args.specs), cuobjdump, cache)
     nvcc = find_nvcc()
     if nvcc is None:
         skipped.append("FlashInfer and vLLM: nvcc not found (set CUDA_HOME or put nvcc on PATH)")
         return subjects, skipped
-    try:
-        subjects.append(flashinfer_subject(nvcc, cuobjdump, cache))
-    except RuntimeError as e:
-        skipped.append(f"FlashInfer: {e}")
+    for kv_dtype in FLASHINFER_KV:
+        try:
+            subjects.append(flashinfer_subject(nvcc, cuobjdump, cache, kv_dtype))
+        except RuntimeError as e:
+            skipped.append(f"FlashInfer ({kv_dtype} KV): {e}")
     src = args.vllm_src or os.environ.get("VLLM_SRC")
     if not src:
         skipped.append("vLLM: no source tree given (--vllm-src DIR or VLLM_SRC: an unpacked vLLM 0.10.x sdist; "
@@ -533,11 +688,19 @@ def build_subjects(args, cache: ArtifactCache) -> tuple[list[Subject], list[str]
     return subjects, skipped
 
 
-def report(subjects: list[Subject], skipped: list[str]) -> str:
+def report(subjects: list[Subject], skipped: list[str], fp8_label: str | None = None) -> str:
     shape_head = [f"{b}x{c}" for b, c in SHAPES]
     parts = [
-        "### Estimated fraction of H200 copy bandwidth (thread blocks of the streaming launch)\n",
+        "### Estimated fraction of H200 copy bandwidth (binding term)\n",
         md_table(["kernel", *shape_head], estimate_rows(subjects)),
+        "\n### Thread blocks of the streaming launch\n",
+        md_table(["kernel", *shape_head], estimate_rows(subjects, lambda e: str(e.blocks))[:len(subjects)]),
+        "\n### Instructions per byte (streaming launch, from the SASS; H200 issue allows "
+        f"{DEV.sms * DEV.issue_per_sm_clock * DEV.clock_hz / DEV.copy_bw:.3f} warp-instructions per byte "
+        "at full copy bandwidth)\n",
+        md_table(WORK_HEAD, work_rows(subjects)),
+        "\n### Targets (issue 19), from the estimates\n",
+        md_table(["target", "kernel", "estimate", "verdict"], target_rows(subjects, fp8_label)),
         "\n### Resources on sm_90 (launch of batch 64 x 4096)\n",
         md_table(RESOURCE_HEAD, resource_rows(subjects)),
         "\n### Registers per spec (kgen, sm_90; targets from issue 11)\n",
@@ -568,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     subjects, skipped = build_subjects(args, ArtifactCache())
-    text = report(subjects, skipped)
+    text = report(subjects, skipped, getattr(args, "fp8_label", None))
     print(text)
     if args.doc:
         write_doc(Path(args.doc), text)

@@ -13,7 +13,11 @@ the assumptions. The pieces:
   the pipeline is in steady state).
 - `occupancy`: resident blocks per SM from threads, registers and shared memory (kgen.plan.occupancy,
   the rules kgen's call-time planner uses too).
-- `estimate_seconds`: Little's law per wave of thread blocks, capped by the copy bandwidth.
+- `loop_work` / `kernel_work`: what the SMs do per streamed byte, counted in the SASS: warp-instructions
+  issued, shared-memory wavefronts, tensor-core FLOP (the loop body per iteration, the rest per warp).
+- `estimate_seconds`: per wave of thread blocks, the slowest of five terms: bytes in flight by Little's
+  law ("latency"), instruction issue ("issue"), shared-memory wavefronts ("smem"), tensor-core FLOP
+  ("tensor"), copy bandwidth ("bandwidth"); the Estimate names the term that binds.
 - `flashinfer_geometry` / `flashinfer_split`, `vllm_*`: the launch geometry those libraries
   choose, re-stated from their source (the file each rule comes from is named).
 """
@@ -41,6 +45,13 @@ class Device:
     peak_bw: float = 4.8e12            # datasheet HBM3e bandwidth
     latency_s: float = 0.8e-6          # DRAM round trip under load
     hit_weight: float = 0.25           # a stall on a small (< 8 B/thread) load: an L1/L2 hit, 1/4 of a DRAM trip
+    clock_hz: float = 1.98e9           # H200 SXM maximum boost clock (the SM clock decode runs at, unthrottled)
+    issue_per_sm_clock: int = 4        # warp-instructions per SM per clock: one per sub-partition, own warps only
+    smem_wavefronts_per_sm_clock: int = 1   # shared memory / L1 data path: one 128-byte wavefront per clock
+    # Dense fp16 tensor throughput, FLOP per SM per clock: 989.4 TFLOP/s (H100/H200 SXM datasheet) over
+    # 132 SMs at the 1.83 GHz the datasheet's tensor figure is quoted at = 4096: one HMMA.16816 (4096 FLOP)
+    # per SM per clock, i.e. one per sub-partition every 4 clocks. mma.sync reaching that rate is assumed.
+    tensor_flop_per_sm_clock: float = 4096.0
 
 
 H200 = Device()
@@ -258,6 +269,90 @@ def thread_in_flight(fn: SassFunction, dev: Device = H200) -> tuple[float, list[
     return sum(m.bytes_per_iter for m in mlps) / sum(m.bytes_per_iter / m.in_flight for m in mlps), mlps
 
 
+# ---- work per byte: issue, shared memory, tensor cores ------------------------------------------
+SMEM_OPS = ("LDS", "STS", "LDSM", "LDGSTS", "ATOMS", "STSM")
+_MMA_SHAPE = re.compile(r"^(HMMA|IMMA)\.(\d+)")
+MMA_FLOP = {"16816": 4096, "1688": 2048, "884": 512, "16832": 8192, "8816": 2048, "8832": 4096}
+
+
+def stream_bytes(ins: Instr) -> int:
+    """Global bytes of the stream one thread reads with this instruction: a global read, except a plain
+    (not cp.async) read under 8 bytes: a block-table entry or a scale, served by the caches."""
+    nbytes = global_load_bytes(ins)
+    return nbytes if ins.base == "LDGSTS" or nbytes >= 8 else 0
+
+
+def smem_wavefronts(ins: Instr) -> int:
+    """Shared-memory wavefronts one warp's instruction takes (one 128-byte wavefront per clock per SM):
+    32 threads x width / 128 B for LDS/STS/LDGSTS (128-bit: 4, 64-bit: 2, 32-bit or narrower: 1);
+    LDSM/STSM .x4: 4, .x2: 2, .x1: 1. Bank conflicts are not modeled (conflict-free assumed)."""
+    if ins.base not in SMEM_OPS:
+        return 0
+    if ins.base in ("LDSM", "STSM"):
+        return next((int(m[1:]) for m in ins.mods if m in ("X1", "X2", "X4")), 1)
+    return max(1, 32 * _width(ins) // 128)
+
+
+def mma_flop(ins: Instr) -> int:
+    """FLOP of one warp's tensor-core MMA (HMMA.16816: m16n8k16, 2 x 16 x 8 x 16 = 4096); 0 otherwise."""
+    m = _MMA_SHAPE.match(ins.opcode)
+    return MMA_FLOP.get(m.group(2), 0) if m else 0
+
+
+@dataclass
+class LoopWork:
+    """One warp's work in one iteration of a loop (counted from the SASS, every instruction of the body
+    once: branches inside the body are taken as falling through, predicated-off instructions still issue)."""
+
+    instrs: int              # warp-instructions issued
+    stream_bytes: int        # stream bytes per thread (x 32 per warp)
+    wavefronts: int          # shared-memory wavefronts
+    mma_flop: int            # tensor-core FLOP
+
+
+def loop_work(fn: SassFunction, loop: Loop) -> LoopWork:
+    body = fn.instrs[loop.start:loop.end + 1]
+    return LoopWork(len(body), sum(map(stream_bytes, body)), sum(map(smem_wavefronts, body)),
+                    sum(map(mma_flop, body)))
+
+
+@dataclass
+class Work:
+    """What a kernel's warps do per byte of the stream (warp-instructions, smem wavefronts, tensor FLOP
+    per byte read), plus what each warp does once outside the streaming loops (the prologue, the
+    epilogue, other loops counted once)."""
+
+    instrs_per_byte: float = 0.0
+    wavefronts_per_byte: float = 0.0
+    flop_per_byte: float = 0.0
+    fixed_instrs: int = 0          # per warp, per launch
+    fixed_wavefronts: int = 0
+    loop_instrs: int = 0           # warp-instructions per iteration, summed over the streaming loops
+    loop_bytes: int = 0            # stream bytes per thread per iteration, summed likewise
+
+
+def kernel_work(fn: SassFunction) -> Work:
+    """Work per stream byte over the streaming loops (each loop moves its share of the bytes: per byte
+    it is the loops' summed work over their summed bytes), plus the rest of the function once per warp."""
+    works = [(lp, loop_work(fn, lp)) for lp, _ in streaming_loops(fn)]
+    nbytes = 32 * sum(w.stream_bytes for _, w in works)
+    if not nbytes:
+        return Work(fixed_instrs=len(fn.instrs), fixed_wavefronts=sum(map(smem_wavefronts, fn.instrs)))
+    inside = {i for lp, _ in works for i in range(lp.start, lp.end + 1)}
+    rest = [ins for i, ins in enumerate(fn.instrs) if i not in inside]
+    return Work(sum(w.instrs for _, w in works) / nbytes, sum(w.wavefronts for _, w in works) / nbytes,
+                sum(w.mma_flop for _, w in works) / nbytes, len(rest), sum(map(smem_wavefronts, rest)),
+                sum(w.instrs for _, w in works), sum(w.stream_bytes for _, w in works))
+
+
+def issue_bound_fraction(work: Work, dev: Device = H200) -> float:
+    """The fraction of the copy bandwidth instruction issue allows with every SM issuing at full rate
+    (the loop only): issue rate / (copy bandwidth x warp-instructions per byte)."""
+    if work.instrs_per_byte <= 0:
+        return math.inf
+    return dev.sms * dev.issue_per_sm_clock * dev.clock_hz / (dev.copy_bw * work.instrs_per_byte)
+
+
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
@@ -280,6 +375,9 @@ class Launch:
     smem: int = 0         # dynamic shared memory per block, bytes
 
 
+TERMS = ("latency", "issue", "smem", "tensor", "bandwidth")
+
+
 @dataclass
 class Estimate:
     seconds: float
@@ -287,28 +385,65 @@ class Estimate:
     blocks: int           # thread blocks of the streaming launch
     resident: int         # blocks the GPU holds at once (SMs x blocks/SM)
     waves: int
+    bound: str = "latency"   # the term that binds: most of the time is spent in waves it limits
+    terms: dict = field(default_factory=dict)   # seconds of each term, summed over the waves
+
+
+def wave_terms(nbytes: float, blocks: int, threads: int, in_flight: float, work: Work | None,
+               dedupe: int = 1, dev: Device = H200) -> dict[str, float]:
+    """Seconds each resource needs for one wave of `blocks` resident blocks streaming `nbytes` DRAM bytes:
+    - latency: Little's law, nbytes / (blocks x threads x in_flight / dedupe / latency);
+    - bandwidth: nbytes / copy bandwidth;
+    - issue: the wave's warp-instructions (loop work per byte x bytes read, x dedupe when blocks read the
+      same bytes; plus each warp's fixed instructions) over the busy SMs x min(issue_per_sm_clock, warps
+      resident per SM) x clock: a sub-partition issues only from its own warps;
+    - smem: shared-memory wavefronts over busy SMs x wavefronts per SM per clock x clock;
+    - tensor: tensor-core FLOP over busy SMs x FLOP per SM per clock x clock."""
+    t = {"latency": nbytes * dedupe * dev.latency_s / (blocks * threads * in_flight),
+         "bandwidth": nbytes / dev.copy_bw}
+    if work is not None:
+        warps = blocks * -(-threads // 32)
+        sms = min(dev.sms, blocks)  # the block scheduler spreads a wave over the SMs first
+        per_sm = sms * dev.clock_hz
+        read = nbytes * dedupe  # bytes the blocks read (L2 serves the repeats), each costing its instructions
+        t["issue"] = ((read * work.instrs_per_byte + warps * work.fixed_instrs)
+                      / (per_sm * min(dev.issue_per_sm_clock, -(-warps // sms))))
+        t["smem"] = ((read * work.wavefronts_per_byte + warps * work.fixed_wavefronts)
+                     / (per_sm * dev.smem_wavefronts_per_sm_clock))
+        t["tensor"] = read * work.flop_per_byte / (per_sm * dev.tensor_flop_per_sm_clock)
+    return t
 
 
 def estimate_seconds(kv_bytes: float, blocks: int, threads: int, in_flight: float, blocks_per_sm: int,
                      extra_launches: int = 0, partial_bytes: float = 0.0, dedupe: int = 1,
-                     dev: Device = H200) -> Estimate:
-    """Little's law per wave of equal blocks: a wave of b blocks keeps b x threads x in_flight bytes
-    in flight, so it moves bytes at min(copy_bw, in_flight_total / latency); each wave also pays two
-    dependent round trips (seq_lens and block table before the first KV read, the store at the end).
-    Each extra launch (a split-KV merge) costs two round trips plus its partial results (written
-    and read back) at the copy bandwidth. `dedupe`: blocks that read the same KV (vLLM's one block
-    per query head) keep that many times the requests in flight per DRAM byte (L2 serves the rest)."""
+                     dev: Device = H200, work: Work | None = None) -> Estimate:
+    """Per wave of equal blocks, the slowest of the terms of `wave_terms` (without `work`: bytes in flight
+    and copy bandwidth only), plus two dependent round trips (seq_lens and block table before the first
+    KV read, the store at the end), charged to "latency". Each extra launch (a split-KV merge) costs two
+    round trips plus its partial results (written and read back) at the copy bandwidth. `dedupe`: blocks
+    that read the same KV (vLLM's one block per query head) keep that many times the requests in flight
+    per DRAM byte (L2 serves the rest). The Estimate's `bound` is the term with the most time charged."""
     resident = max(1, blocks_per_sm * dev.sms)
     full, rest = divmod(blocks, resident)
     per_block = kv_bytes / blocks
+    charged = dict.fromkeys(TERMS, 0.0)
+    summed = dict.fromkeys(TERMS, 0.0)
 
-    def wave(b: int) -> float:
-        rate = min(dev.copy_bw, b * threads * in_flight / dedupe / dev.latency_s)
-        return b * per_block / rate + 2 * dev.latency_s
+    def wave(b: int, count: int) -> float:
+        terms = wave_terms(b * per_block, b, threads, in_flight, work, dedupe, dev)
+        bound = max(terms, key=terms.get)
+        charged[bound] += count * terms[bound]
+        charged["latency"] += count * 2 * dev.latency_s
+        for k, v in terms.items():
+            summed[k] += count * v
+        return count * (terms[bound] + 2 * dev.latency_s)
 
-    t = full * wave(resident) + (wave(rest) if rest else 0.0)
+    t = (wave(resident, full) if full else 0.0) + (wave(rest, 1) if rest else 0.0)
     t += extra_launches * 2 * dev.latency_s + partial_bytes / dev.copy_bw
-    return Estimate(t, kv_bytes / t / dev.copy_bw, blocks, resident, full + (1 if rest else 0))
+    charged["latency"] += extra_launches * 2 * dev.latency_s
+    charged["bandwidth"] += partial_bytes / dev.copy_bw
+    return Estimate(t, kv_bytes / t / dev.copy_bw, blocks, resident, full + (1 if rest else 0),
+                    max(charged, key=charged.get), summed)
 
 
 # ---- FlashInfer's batch decode (flashinfer/data/include/flashinfer/attention/decode.cuh, scheduler.cuh)
@@ -369,3 +504,8 @@ def vllm_uses_v1(batch: int, context: int, num_heads: int) -> bool:
 
 def fmt_pct(x: float) -> str:
     return "n/a" if x is None or math.isnan(x) else f"{100 * x:.0f}%"
+
+
+def fmt_cell(e: Estimate | None) -> str:
+    """A table cell: fraction of the copy bandwidth and the binding term, e.g. `77% (issue)`."""
+    return "n/a" if e is None else f"{fmt_pct(e.fraction)} ({e.bound})"
