@@ -285,11 +285,12 @@ def stream_bytes(ins: Instr) -> int:
 def smem_wavefronts(ins: Instr) -> int:
     """Shared-memory wavefronts one warp's instruction takes (one 128-byte wavefront per clock per SM):
     32 threads x width / 128 B for LDS/STS/LDGSTS (128-bit: 4, 64-bit: 2, 32-bit or narrower: 1);
-    LDSM/STSM .x4: 4, .x2: 2, .x1: 1. Bank conflicts are not modeled (conflict-free assumed)."""
+    LDSM/STSM (ldmatrix/stmatrix) .x4: 4, .x2: 2, .x1: 1. Bank conflicts are not modeled (conflict-free
+    assumed)."""
     if ins.base not in SMEM_OPS:
         return 0
-    if ins.base in ("LDSM", "STSM"):
-        return next((int(m[1:]) for m in ins.mods if m in ("X1", "X2", "X4")), 1)
+    if ins.base in ("LDSM", "STSM"):  # LDSM.16.M88.4 (.x4), LDSM.16.MT88.2 (.x2, transposed), LDSM.16.M88 (.x1)
+        return int(ins.mods[-1]) if ins.mods and ins.mods[-1] in ("2", "4") else 1
     return max(1, 32 * _width(ins) // 128)
 
 

@@ -104,6 +104,77 @@ def test_estimate_counts_grid_fill_and_caps_at_copy_bandwidth():
     assert (full.resident, full.waves) == (792, 2)
 
 
+def _pipelined(body: list[str]) -> pm.SassFunction:
+    """A cp.async loop (one 16-byte group per iteration, 4 in flight: 64 bytes per thread) with `body`
+    between the copy and the backward branch, then a short epilogue."""
+    rows = [("DEPBAR.LE SB0, 0x3", 7, 0), ("LDGSTS.E.BYPASS.LTC128B.128 [R1], desc[UR4][R2.64]", 7, 0),
+            ("LDGDEPBAR", 7, 0), *((text, 7, 0) for text in body), ("@P0 BRA 0x0", 7, 0),
+            ("STG.E desc[UR4][R6.64], R8", 7, 0), ("EXIT", 7, 0)]
+    return pm.parse_sass(_listing("k", rows))["k"]
+
+
+def _estimate(fn: pm.SassFunction, blocks: int = 4096, threads: int = 128, per_sm: int = 8) -> pm.Estimate:
+    in_flight, _ = pm.thread_in_flight(fn)
+    return pm.estimate_seconds(64 * 4096 * 4096, blocks, threads, in_flight, per_sm, work=pm.kernel_work(fn))
+
+
+def test_work_counts_of_a_loop():
+    """Per iteration: 3 + 4 + 1 warp-instructions; 16 stream bytes per thread (the 4-byte LDG is a table
+    read); LDGSTS.128 + LDS.128 + LDS.64 + LDS = 4 + 4 + 2 + 1 wavefronts; two HMMA.16816 = 8192 FLOP."""
+    fn = _pipelined(["LDG.E.CONSTANT R9, desc[UR4][R4.64]", "LDS.128 R4, [R0]", "LDS.64 R4, [R0]",
+                     "LDS R4, [R0]", "HMMA.16816.F32 R12, R4, R6, R12", "HMMA.16816.F32 R16, R4, R6, R16"])
+    w = pm.kernel_work(fn)
+    assert (w.loop_instrs, w.loop_bytes, w.fixed_instrs) == (10, 16, 2)
+    assert w.instrs_per_byte == pytest.approx(10 / 512) and w.wavefronts_per_byte == pytest.approx(11 / 512)
+    assert w.flop_per_byte == pytest.approx(8192 / 512)
+    # ldmatrix .x4, .x2.trans, .x1 as nvdisasm prints them on sm_90
+    assert [pm.smem_wavefronts(pm.Instr(0, "", op, "R4, [R0]")) for op in
+            ("LDSM.16.M88.4", "LDSM.16.MT88.2", "LDSM.16.M88")] == [4, 2, 1]
+    assert pm.issue_bound_fraction(w) == pytest.approx(132 * 4 * 1.98e9 / (4.3e12 * 10 / 512))
+
+
+def test_bandwidth_binds_a_short_deep_loop():
+    e = _estimate(_pipelined(["FFMA R8, R4, R4, R8"] * 8))
+    assert e.bound == "bandwidth" and e.fraction > 0.95
+
+
+def test_issue_binds_a_long_loop():
+    """300 warp-instructions per 512 bytes: 0.59 per byte against 0.243 at full bandwidth."""
+    e = _estimate(_pipelined(["FFMA R8, R4, R4, R8"] * 300))
+    assert e.bound == "issue"
+    assert e.fraction == pytest.approx(pm.issue_bound_fraction(pm.Work(instrs_per_byte=303 / 512)), rel=0.03)
+
+
+def test_issue_rate_drops_below_four_warps_per_sm():
+    """One 32-thread block per SM: one sub-partition issues, a quarter of the rate of four warps."""
+    fn = _pipelined(["FFMA R8, R4, R4, R8"] * 60)
+    one = pm.wave_terms(1e9, 132, 32, 64.0, pm.kernel_work(fn))
+    four = pm.wave_terms(1e9, 132, 128, 64.0, pm.kernel_work(fn))
+    assert one["issue"] == pytest.approx(4 * four["issue"], rel=0.01)
+
+
+def test_smem_binds_a_loop_of_wide_shared_loads():
+    """40 LDS.128 per 512 bytes: 160 wavefronts, 0.31 per byte against 0.061 at full bandwidth."""
+    e = _estimate(_pipelined(["LDS.128 R4, [R0]"] * 40))
+    assert e.bound == "smem" and e.terms["smem"] > e.terms["issue"]
+
+
+def test_tensor_binds_a_loop_of_mmas():
+    """40 HMMA.16816 per 512 bytes: 320 FLOP per byte against 249 at full bandwidth."""
+    e = _estimate(_pipelined(["HMMA.16816.F32 R12, R4, R6, R12"] * 40))
+    assert e.bound == "tensor" and e.terms["tensor"] > max(e.terms["issue"], e.terms["smem"])
+
+
+def test_latency_binds_a_serial_loop():
+    fn = pm.parse_sass(_listing("k", [
+        ("LDG.E.128.CONSTANT R4, desc[UR4][R2.64]", 0, 0),
+        ("FFMA R8, R4, R4, R8", 7, 0b01),
+        ("@P0 BRA 0x0", 7, 0),
+    ]))["k"]
+    assert _estimate(fn).bound == "latency"
+    assert pm.fmt_cell(_estimate(fn)).endswith("(latency)")
+
+
 @needs_sass
 def test_real_sass_scoreboards_and_the_llama_figures():
     """The control-word decoding on a real kgen cubin: every global load sets a scoreboard and a later
@@ -125,8 +196,18 @@ def test_real_sass_scoreboards_and_the_llama_figures():
     est, occ = subject.estimate(64, 4096)
     assert 0 < est.fraction <= 1 and occ.blocks >= 1
     assert est.blocks >= 64 * spec.attention.num_kv_heads  # at least one block per (sequence, KV head)
+    assert est.bound in pm.TERMS and set(est.terms) == set(pm.TERMS)
+    # the work counts: a loop of hundreds of warp-instructions streaming K and V by 16-byte cp.async copies
+    w = fig.work
+    assert w.loop_instrs > 100 and w.loop_bytes % 16 == 0 and w.loop_bytes > 0 and w.fixed_instrs > 0
+    assert 0.05 < w.instrs_per_byte < 2 and w.wavefronts_per_byte > 0 and w.flop_per_byte >= 0
+    if w.flop_per_byte == 0:  # the CUDA-core loop: no tensor term
+        assert est.terms["tensor"] == 0
+    # the issue ceiling caps the estimate (up to the round trips and the grid fill it does not see)
+    assert est.fraction <= pm.issue_bound_fraction(w) + 1e-9
     text = sp.report([subject], [])
-    assert "llama3_8b_decode" in text and "ESTIMATE" in text
+    assert "llama3_8b_decode" in text and "ESTIMATE" in text and f"({est.bound})" in text
+    assert "warp-instr per K/V B" in text and "Targets" in text
 
 
 def test_doc_markers_keep_the_hand_written_text(tmp_path):
