@@ -3,7 +3,10 @@
 For each spec (default: the Llama-3-8B decode spec) at batch {1, 16, 64, 256} x context {512, 4096,
 32768} (the shapes benchmarks/static_perf.py estimates):
 
-  - kgen: the launches planned once, outside the timed region (`kern.plan(seq_lens)` when kgen has a
+  - kgen, each decode path: the CUDA-core loop (config `mma_min_group: 0`) and the tensor-core path
+    (`mma_min_group: 1`) when the spec's family has that parameter (else the default config), each
+    built and timed on the same inputs, one table row per path (the "decode path" column);
+    the launches planned once, outside the timed region (`kern.plan(seq_lens)` when kgen has a
     planner; otherwise kgen's per-call binding runs inside the timed loop, unchecked: host work only,
     no device sync), then `kern(..., plan=plan)` timed with CUDA events around many back-to-back
     calls, inputs rotated over several cache pools so that the working set exceeds the L2;
@@ -13,7 +16,7 @@ For each spec (default: the Llama-3-8B decode spec) at batch {1, 16, 64, 256} x 
   - FlashInfer's batch decode (its wrapper's plan outside the timed region, run() timed the same
     way) over the very same paged cache, when `import flashinfer` works on this machine.
 
-It prints one table of ratios (kgen's fraction of the copy bandwidth, SDPA time / kgen time,
+It prints one table (a row per shape and decode path) of ratios (kgen's fraction of the copy bandwidth, SDPA time / kgen time,
 FlashInfer time / kgen time: above 1 means kgen is faster) and the largest |kgen - SDPA| as a
 sanity check. Without a GPU it says so and exits 2: nothing is measured or invented here.
 
@@ -239,13 +242,39 @@ def flashinfer_caller(torch, spec, inputs: dict, context: int):
     return (lambda i: wrapper.run(common["q"], (pools[i]["k_cache"], pools[i]["v_cache"]), out=out)), None
 
 
+MMA_PARAM = "mma_min_group"
+
+
+def decode_paths(spec) -> list[tuple[str, dict | None]]:
+    """(path name, config) per decode path to time: the CUDA-core loop (`mma_min_group: 0`) and the
+    tensor-core path (`mma_min_group: 1`) when the spec's family has that parameter, else the default."""
+    if MMA_PARAM in getattr(family_for(spec), "params", {}):
+        return [("CUDA cores (mma_min_group=0)", {MMA_PARAM: 0}), ("tensor cores (mma_min_group=1)", {MMA_PARAM: 1})]
+    return [(f"default config (no {MMA_PARAM} in this kgen)", None)]
+
+
+def build_paths(spec, args, device: str) -> list[tuple[str, object]]:
+    """(path name, built kernel) per decode path; a path that does not build is reported and left out."""
+    kerns = []
+    for name, config in decode_paths(spec):
+        try:
+            kern = build(spec, backend=device, verify=not args.no_verify, seed=1, config=config)
+        except Exception as e:  # e.g. a config the family refuses for this spec
+            print(f"{spec.name} [{name}]: not built ({type(e).__name__}: {str(e)[:160]})", flush=True)
+            continue
+        if kern.report is not None:
+            print(f"{spec.name} [{name}]: verification matrix on {device}: "
+                  f"{'pass' if kern.report.passed else 'FAIL'} ({kern.report.summary()})", flush=True)
+        kerns.append((name, kern))
+    return kerns
+
+
 def run_spec(torch, spec, shapes, args, copy_bw: float, sms: int, l2: int, device: str = "cuda") -> list[dict]:
+    """One row per (shape, decode path): every path timed on the same inputs, against the same SDPA and
+    FlashInfer times (measured once per shape)."""
     import torch.nn.functional as F
 
-    kern = build(spec, backend=device, verify=not args.no_verify, seed=1)
-    if kern.report is not None:
-        print(f"{spec.name}: verification matrix on {device}: {'pass' if kern.report.passed else 'FAIL'} "
-              f"({kern.report.summary()})", flush=True)
+    kerns = build_paths(spec, args, device)
     rows = []
     per_token = kv_bytes_per_token(spec)
     window = spec.attention.sliding_window or 0
@@ -262,8 +291,8 @@ def run_spec(torch, spec, shapes, args, copy_bw: float, sms: int, l2: int, devic
         kv_bytes = batch * (min(context, window) if window else context) * per_token
         pool_bytes = batch * (-(-context // spec.kv_cache.block_size)) * spec.kv_cache.block_size * per_token
         sets = max(1, min(MAX_ROTATE, math.ceil(ROTATE_BYTES * l2 / pool_bytes)))
-        row = {"spec": spec.name, "batch": batch, "context": context, "kv_bytes": kv_bytes, "sets": sets,
-               "copy_bw": copy_bw}
+        row = {"spec": spec.name, "path": "all", "batch": batch, "context": context, "kv_bytes": kv_bytes,
+               "sets": sets, "copy_bw": copy_bw}
         free = torch.cuda.mem_get_info()[0] if device == "cuda" else math.inf
         factor = 3.2 if plain_float_cache(spec) else 1.2  # pools, then the contiguous copies and a gather
         if pool_bytes * sets * factor > 0.9 * free:
@@ -276,21 +305,23 @@ def run_spec(torch, spec, shapes, args, copy_bw: float, sms: int, l2: int, devic
             rows.append(row)
             continue
         inputs = decode_inputs(torch, spec, batch, context, sets, gen)
-        try:
-            call, grid, how = kgen_caller(kern, spec, inputs, sms)
-            row.update(grid=grid, planning=how)
-            row["kgen_s"], row["kgen_host_s"] = time_per_call(torch, call, sets, budget, device)
-            inputs["common"]["out"].fill_(float("nan"))  # poison: the checked output must be written
-            call(0)
-            sync()
-            got = inputs["common"]["out"].float()
-        except Exception as e:  # one failing shape must not lose the others' figures
-            row["skipped"] = f"kgen failed: {type(e).__name__}: {e}"[:200]
-            rows.append(row)
-            print(f"  {batch}x{context}: {row['skipped']}", flush=True)
-            del inputs
-            continue
-        if plain_float_cache(spec):
+        timed, outs = [], {}
+        for name, kern in kerns:
+            prow = dict(row, path=name)
+            try:
+                call, grid, how = kgen_caller(kern, spec, inputs, sms)
+                prow.update(grid=grid, planning=how)
+                prow["kgen_s"], prow["kgen_host_s"] = time_per_call(torch, call, sets, budget, device)
+                inputs["common"]["out"].fill_(float("nan"))  # poison: the checked output must be written
+                call(0)
+                sync()
+                outs[name] = inputs["common"]["out"].float().clone()
+            except Exception as e:  # one failing path or shape must not lose the others' figures
+                prow["skipped"] = f"kgen failed: {type(e).__name__}: {e}"[:200]
+                print(f"  {batch}x{context} [{name}]: {prow['skipped']}", flush=True)
+            timed.append(prow)
+        anchors: dict = {}
+        if plain_float_cache(spec) and outs:
             try:
                 q = inputs["common"]["q"].unsqueeze(2)
                 kvs = [contiguous_kv(torch, spec, p, inputs["common"]["block_tables"], context)
@@ -300,43 +331,50 @@ def run_spec(torch, spec, shapes, args, copy_bw: float, sms: int, l2: int, devic
                     return F.scaled_dot_product_attention(q, kvs[i][0], kvs[i][1], scale=spec.softmax_scale_value,
                                                           enable_gqa=True)
 
-                row["sdpa_s"], _ = time_per_call(torch, sdpa, sets, budget, device)
-                row["max_abs_kgen_vs_sdpa"] = float((got - sdpa(0).squeeze(2).float()).abs().max())
-                del kvs, sdpa
+                anchors["sdpa_s"], _ = time_per_call(torch, sdpa, sets, budget, device)
+                ref = sdpa(0).squeeze(2).float()
+                for prow in timed:
+                    if prow["path"] in outs:
+                        prow["max_abs_kgen_vs_sdpa"] = float((outs[prow["path"]] - ref).abs().max())
+                del kvs, sdpa, ref
             except Exception as e:
-                row["sdpa"] = f"failed: {type(e).__name__}: {e}"[:120]
+                anchors["sdpa"] = f"failed: {type(e).__name__}: {e}"[:120]
             if not args.no_flashinfer and device == "cuda":
                 try:
                     fi, why = flashinfer_caller(torch, spec, inputs, context)
                     if fi is None:
-                        row["flashinfer"] = why
+                        anchors["flashinfer"] = why
                     else:
-                        row["flashinfer_s"], _ = time_per_call(torch, fi, sets, budget, device)
+                        anchors["flashinfer_s"], _ = time_per_call(torch, fi, sets, budget, device)
                 except Exception as e:
-                    row["flashinfer"] = f"failed: {type(e).__name__}: {e}"[:120]
-        del inputs
+                    anchors["flashinfer"] = f"failed: {type(e).__name__}: {e}"[:120]
+        del inputs, outs
         if device == "cuda":
             torch.cuda.empty_cache()
-        rows.append(row)
-        print(f"  {batch}x{context}: kgen {row['kgen_s'] * 1e6:.1f} us"
-              + (f", SDPA {row['sdpa_s'] * 1e6:.1f} us" if "sdpa_s" in row else "")
-              + (f", FlashInfer {row['flashinfer_s'] * 1e6:.1f} us" if "flashinfer_s" in row else ""), flush=True)
+        for prow in timed:
+            prow.update(anchors)
+            rows.append(prow)
+            if "kgen_s" in prow:
+                print(f"  {batch}x{context} [{prow['path']}]: kgen {prow['kgen_s'] * 1e6:.1f} us"
+                      + (f", SDPA {prow['sdpa_s'] * 1e6:.1f} us" if "sdpa_s" in prow else "")
+                      + (f", FlashInfer {prow['flashinfer_s'] * 1e6:.1f} us" if "flashinfer_s" in prow else ""),
+                      flush=True)
     return rows
 
 
 def table(rows: list[dict], copy_bw: float) -> str:
-    head = ["spec", "shape", "KV MB", "kgen grid", "kgen us", "host us/call", "kgen GB/s", "kgen/copy", "SDPA us",
+    head = ["spec", "decode path", "shape", "KV MB", "kgen grid", "kgen us", "host us/call", "kgen GB/s", "kgen/copy", "SDPA us",
             "SDPA/kgen", "FlashInfer us", "FI/kgen", "max|kgen-SDPA|"]
     out = []
     for r in rows:
         if "skipped" in r:
-            out.append([r["spec"], f"{r['batch']}x{r['context']}", f"{r['kv_bytes'] / 1e6:.1f}", "skipped: "
-                        + r["skipped"], *[""] * (len(head) - 4)])
+            out.append([r["spec"], r["path"], f"{r['batch']}x{r['context']}", f"{r['kv_bytes'] / 1e6:.1f}",
+                        "skipped: " + r["skipped"], *[""] * (len(head) - 5)])
             continue
         t = r["kgen_s"]
         bw = r["kv_bytes"] / t
         sd, fi = r.get("sdpa_s"), r.get("flashinfer_s")
-        out.append([r["spec"], f"{r['batch']}x{r['context']}", f"{r['kv_bytes'] / 1e6:.1f}", r["grid"],
+        out.append([r["spec"], r["path"], f"{r['batch']}x{r['context']}", f"{r['kv_bytes'] / 1e6:.1f}", r["grid"],
                     f"{t * 1e6:.1f}", f"{r['kgen_host_s'] * 1e6:.1f}", f"{bw / 1e9:.0f}",
                     "n/a" if math.isnan(copy_bw) else f"{bw / copy_bw:.0%}",
                     f"{sd * 1e6:.1f}" if sd else r.get("sdpa", "n/a"), f"{sd / t:.2f}" if sd else "n/a",

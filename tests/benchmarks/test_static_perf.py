@@ -238,11 +238,39 @@ def test_gpu_script_arguments():
     assert gpu_decode.parser().parse_args([]).shapes == pm.SHAPES
 
 
+def test_gpu_script_times_both_decode_paths_when_the_family_has_them(monkeypatch):
+    spec = load_spec(LLAMA)
+    paths = gpu_decode.decode_paths(spec)
+    if "mma_min_group" not in gpu_decode.family_for(spec).params:
+        assert paths == [("default config (no mma_min_group in this kgen)", None)]
+
+    class Family:
+        params = {"threads": None, "mma_min_group": None}
+
+    monkeypatch.setattr(gpu_decode, "family_for", lambda s: Family)
+    assert [c for _, c in gpu_decode.decode_paths(spec)] == [{"mma_min_group": 0}, {"mma_min_group": 1}]
+    assert [n.split(" (")[0] for n, _ in gpu_decode.decode_paths(spec)] == ["CUDA cores", "tensor cores"]
+
+
+def test_static_perf_second_path_rows_are_skipped_with_the_reason(monkeypatch):
+    class Family:
+        kind, params = "paged_decode", {"threads": None}
+
+    monkeypatch.setattr(sp, "family_for", lambda s: Family)
+    skipped: list[str] = []
+    assert sp.mma_paths(LLAMA, load_spec(LLAMA), "cuobjdump", None, skipped) == []
+    assert len(skipped) == 1 and "no `mma_min_group` parameter" in skipped[0]
+
+
 def test_gpu_script_cpu_dry_run_agrees_with_sdpa():
     """The whole pipeline on the CPU (kgen's CPU backend, torch SDPA on the gathered K/V)."""
     pytest.importorskip("torch")
     run = _gpu_script("--cpu-dry-run", "--no-verify", "--shapes", "2x40")
     assert run.returncode == 0, run.stderr[-2000:]
-    row = next(line for line in run.stdout.splitlines() if line.startswith("| llama3_8b_decode"))
-    diff = float(row.strip("| \n").split("|")[-1])
-    assert diff < 1e-2  # fp16 output against SDPA on the same K/V
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| llama3_8b_decode")]
+    paths = {row.split("|")[2].strip() for row in rows}
+    expected = {n for n, _ in gpu_decode.decode_paths(load_spec(LLAMA))}
+    assert paths == expected and len(rows) == len(expected)  # one row per decode path at the one shape
+    for row in rows:
+        diff = float(row.strip("| \n").split("|")[-1])
+        assert diff < 1e-2  # fp16 output against SDPA on the same K/V
