@@ -572,8 +572,8 @@ def assumptions(subjects: list[Subject]) -> str:
         f"- **Tensor cores** (term \"tensor\"): HMMA FLOP from the SASS shape (HMMA.16816: 2 x 16 x 8 x 16 = 4096) at "
         f"{d.tensor_flop_per_sm_clock:.0f} dense fp16 FLOP per SM per clock: the H100/H200 SXM datasheet's 989 "
         "TFLOP/s dense fp16 over 132 SMs at the 1.83 GHz it is quoted at, i.e. one HMMA.16816 per sub-partition "
-        "every 4 clocks; it is assumed mma.sync reaches it (wgmma is Hopper's full-rate path; no decode kernel "
-        "here uses wgmma). A wave's FLOP / (busy SMs x that x clock).",
+        "every 4 clocks; it is assumed mma.sync reaches it, which is optimistic (Hopper reaches its tensor peak "
+        "through wgmma: Luo et al., arXiv 2501.12084; no decode kernel here uses wgmma, and HGMMA is not counted). A wave's FLOP / (busy SMs x that x clock).",
         "- **Binding term**: per wave, the slowest of latency (bytes in flight), issue, smem, tensor and copy "
         "bandwidth sets the wave's time; the cell names the term charged the most time over the launch (the 2 "
         "round trips per wave and per extra launch count as latency, partial results as bandwidth).",

@@ -50,7 +50,8 @@ class Device:
     smem_wavefronts_per_sm_clock: int = 1   # shared memory / L1 data path: one 128-byte wavefront per clock
     # Dense fp16 tensor throughput, FLOP per SM per clock: 989.4 TFLOP/s (H100/H200 SXM datasheet) over
     # 132 SMs at the 1.83 GHz the datasheet's tensor figure is quoted at = 4096: one HMMA.16816 (4096 FLOP)
-    # per SM per clock, i.e. one per sub-partition every 4 clocks. mma.sync reaching that rate is assumed.
+    # per SM per clock, i.e. one per sub-partition every 4 clocks. mma.sync reaching that rate is assumed
+    # (optimistic: Hopper reaches its tensor peak through wgmma, Luo et al., arXiv 2501.12084).
     tensor_flop_per_sm_clock: float = 4096.0
 
 
