@@ -1,11 +1,14 @@
 """Static performance of the decode kernels on sm_90, side by side (no GPU needed; ESTIMATES).
 
-For every bundled paged-decode spec, FlashInfer's batch decode kernel (paged KV, fp16, head_dim 128,
+For every bundled paged-decode spec (and its two decode paths, `mma_min_group` 0 and 1, when the family
+has that parameter), FlashInfer's batch decode kernel (paged KV, fp16 and fp8 e4m3 caches, head_dim 128,
 GQA 4: Llama-3-8B) compiled here from the headers the flashinfer-python wheel carries, and vLLM's
 paged_attention v1/v2 kernels when a vLLM source tree that has them is given: registers, spills,
 local-memory instructions in the SASS, shared memory, occupancy, bytes in flight per thread and per
 SM (read from the SASS, kgen/perf/model.py), and an estimated fraction of H200 copy bandwidth
-at batch {1, 16, 64, 256} x context {512, 4096, 32768}, grid fill included. kgen's grid comes from
+at batch {1, 16, 64, 256} x context {512, 4096, 32768}, grid fill included, with the term that binds
+(bytes in flight, instruction issue, shared memory, tensor cores or copy bandwidth); instructions per byte
+per kernel; issue 19's targets, met or missed. kgen's grid comes from
 `kern.plan(seq_lens, num_sms=132)` when kgen has a planner, else from the fixed launch geometry.
 
     pip install --no-deps flashinfer-python          # headers only: nothing of it is imported
