@@ -652,7 +652,9 @@ def fp8_llama(subjects: list[Subject], specs: Path, cuobjdump: str, cache: Artif
                                    for k in LLAMA_SHAPE) and fp8.spec.kv_cache.block_size == fp16.spec.kv_cache.block_size
     if same:
         return fp8.label
-    variant = fp16.spec.with_overrides(**{"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_head"})
+    # fp8 needs sm_89 or newer: the variant targets the arch this benchmark compiles for
+    variant = fp16.spec.with_overrides(**{"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_head"},
+                                       targets=[ARCH])
     label = "kgen llama3_8b_decode (fp8_e4m3 per_head cache)"
     subjects.append(kgen_subject(specs / "llama3_8b_decode.yaml", cuobjdump, cache, spec=variant, label=label))
     return label

@@ -210,6 +210,20 @@ def test_real_sass_scoreboards_and_the_llama_figures():
     assert "warp-instr per K/V B" in text and "Targets" in text
 
 
+@needs_sass
+def test_fp8_llama_variant_when_the_bundled_fp8_spec_is_missing():
+    """Without decode_fp8_e4m3_per_head among the subjects, the fp8 row is llama3_8b_decode rendered with
+    an fp8 per-head cache: the same shape, half the bytes per token; the target row compares the two."""
+    subjects = [sp.kgen_subject(LLAMA, CUOBJDUMP, None)]
+    label = sp.fp8_llama(subjects, ROOT / "specs", CUOBJDUMP, None)
+    fp8 = sp.find(subjects, label)
+    assert fp8 is not None and fp8.spec.kv_cache.dtype == "fp8_e4m3" and fp8.spec.kv_cache.scale == "per_head"
+    assert fp8.kv_bytes(64, 4096) == subjects[0].kv_bytes(64, 4096) / 2
+    rows = sp.target_rows(subjects, label)
+    (row,) = [r for r in rows if r[0].startswith("fp8 tokens/s")]
+    assert row[1] == f"{label} / kgen llama3_8b_decode" and row[3] in ("met", "MISSED")
+
+
 def test_doc_markers_keep_the_hand_written_text(tmp_path):
     doc = tmp_path / "performance.md"
     doc.write_text(f"# Perf\n\nprose before\n\n{sp.DOC_BEGIN}\nold table\n{sp.DOC_END}\n\nprose after\n")
