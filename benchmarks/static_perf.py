@@ -555,8 +555,8 @@ def assumptions(subjects: list[Subject]) -> str:
         f"{lim.max_threads_per_sm} threads and {lim.max_blocks_per_sm} blocks per SM.",
         f"- **Memory**: {d.copy_bw / 1e12:.1f} TB/s copy bandwidth (a device-to-device copy measured on this "
         f"workplace's H200s; datasheet peak {d.peak_bw / 1e12:.1f} TB/s) and {d.latency_s * 1e6:.1f} us DRAM "
-        "latency. A decode kernel is modeled as latency-bound streaming: bandwidth = min(copy bandwidth, bytes in "
-        "flight / latency) (Little's law). Not modeled: L2 hits of the KV stream, per-SM limits on "
+        "latency. The memory side of the model is latency-bound streaming: bandwidth = min(copy bandwidth, bytes "
+        "in flight / latency) (Little's law); the SM side adds the issue, smem and tensor terms below. Not modeled: L2 hits of the KV stream, per-SM limits on "
         "outstanding misses, instruction latencies and dependency stalls (beyond the issue-rate terms below), "
         "launch gaps (CUDA-graph replay assumed).",
         f"- **Instruction issue** (term \"issue\"): an SM issues {d.issue_per_sm_clock} warp-instructions per clock, "
@@ -592,8 +592,9 @@ def assumptions(subjects: list[Subject]) -> str:
         "deep), bytes in flight = bytes per iteration x latency / iteration time. Per SM: x threads per block x resident blocks. \"Full-GPU ceiling\": that x "
         f"{d.sms} SMs / latency, over the copy bandwidth, for the launch of batch 64 x 4096.",
         "- **Time of a launch**: the sum over waves of equal blocks (a wave: up to SMs x blocks/SM blocks "
-        "resident at once) of wave bytes / min(copy bandwidth, wave blocks x threads x bytes in flight / "
-        "latency), plus 2 latencies per wave (seq_len and block-table reads before the first KV read, the "
+        "resident at once) of the slowest term for that wave (the largest of: wave bytes x latency / (wave blocks x "
+        "threads x bytes in flight), wave bytes / copy bandwidth, and the issue, smem and tensor times above), "
+        "plus 2 latencies per wave (seq_len and block-table reads before the first KV read, the "
         "store at the end). Each extra launch (a split-KV merge or reduce) adds 2 latencies plus its partial "
         "results, written and read back, at the copy bandwidth.",
         "- **Cells**: KV bytes / estimated time / copy bandwidth; in parentheses the binding term; the next table "
