@@ -31,25 +31,28 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from decode_figures import kv_bytes_per_token  # noqa: E402
-
-from kgen.build import build  # noqa: E402
 from kgen.cache import ArtifactCache, content_key  # noqa: E402
-from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report, resources_as_dict  # noqa: E402
+from kgen.compile.nvrtc import parse_ptxas_report  # noqa: E402
 from kgen.families.attention.decode import PAGED_DECODE  # noqa: E402
 from kgen.families.registry import family_for  # noqa: E402
-from kgen.kernel import Kernel  # noqa: E402
 from kgen.perf import model as pm  # noqa: E402
-from kgen.render import render  # noqa: E402
+from kgen.perf.report import (  # noqa: E402, F401  (re-exported: the tests and gpu_decode.py use them from here)
+    Figures,
+    Plan,
+    Subject,
+    kgen_planner,
+    kv_bytes_per_token,
+    planning_kernel,
+)
+from kgen.perf.report import figures as _figures  # noqa: E402
+from kgen.perf.report import kgen_subject as _kgen_subject  # noqa: E402
+from kgen.perf.sass import cuobjdump_env, find_cuobjdump, sass_text, wheel_binary  # noqa: E402, F401
 from kgen.spec.models import load_spec  # noqa: E402
 
 ARCH = "sm_90"
@@ -64,44 +67,10 @@ LLAMA = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "page": 16, "ite
 
 
 # ---- tools ----------------------------------------------------------------------------------------
-def wheel_binary(dist: str, name: str) -> str | None:
-    """A binary an NVIDIA pip wheel installed (None when the wheel is absent)."""
-    try:
-        files = importlib.metadata.distribution(dist).files or []
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    found = [f.locate() for f in files if f.name == name]
-    return str(found[0]) if found else None
-
-
-def find_cuobjdump() -> str | None:
-    return wheel_binary("nvidia-cuda-cuobjdump", "cuobjdump") or shutil.which("cuobjdump")
-
-
 def find_nvcc() -> str | None:
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     cand = Path(home, "bin", "nvcc") if home else None
     return str(cand) if cand and cand.exists() else shutil.which("nvcc")
-
-
-def cuobjdump_env(cuobjdump: str) -> dict:
-    """cuobjdump -sass runs nvdisasm: point it at the nvidia-cuda-nvdisasm wheel's when there is one."""
-    env = dict(os.environ)
-    nvdisasm = wheel_binary("nvidia-cuda-nvdisasm", "nvdisasm")
-    if nvdisasm:
-        env["PATH"] = str(Path(nvdisasm).parent) + os.pathsep + env.get("PATH", "")
-    return env
-
-
-def sass_text(cubin: bytes, cuobjdump: str) -> str:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp, "k.cubin")
-        path.write_bytes(cubin)
-        run = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True,
-                             env=cuobjdump_env(cuobjdump))
-    if run.returncode != 0:
-        raise RuntimeError(f"cuobjdump -sass failed: {run.stderr.strip() or run.stdout.strip()}")
-    return run.stdout
 
 
 def nvcc_cubin(source: str, flags: list[str], nvcc: str, cache: ArtifactCache) -> tuple[bytes, str]:
@@ -121,134 +90,15 @@ def nvcc_cubin(source: str, flags: list[str], nvcc: str, cache: ArtifactCache) -
     return (entry / "k.cubin").read_bytes(), (entry / "ptxas.log").read_text()
 
 
-# ---- what the tables show of each kernel ----------------------------------------------------------
-@dataclass
-class Figures:
-    """ptxas and SASS figures of one kernel function."""
-
-    registers: int
-    spill_stores: int
-    spill_loads: int
-    stack: int
-    static_smem: int
-    ldl: int
-    stl: int
-    in_flight: float                  # bytes per thread in flight in the streaming loops (estimate)
-    loops: list[pm.LoopMLP]
-    bulk: int                         # TMA copies: outside the in-flight model
-    work: pm.Work                     # warp-instructions, smem wavefronts, tensor FLOP per stream byte
-
-
+# ---- what the tables show of each kernel (kgen/perf/report.py) ------------------------------------
 def figures(fn: pm.SassFunction, res) -> Figures:
-    ipt, mlps = pm.thread_in_flight(fn, DEV)
-    ldl, stl = pm.local_memory_instructions(fn)
-    return Figures(res.registers, res.spill_stores, res.spill_loads, res.stack_frame, res.static_smem,
-                   ldl, stl, ipt, mlps, pm.bulk_copies(fn), pm.kernel_work(fn))
-
-
-@dataclass
-class Plan:
-    launches: list[pm.Launch]
-    main: int = 0                     # the launch that streams the KV cache
-    partial_bytes: float = 0.0        # split-KV partial results, written and read back
-
-
-@dataclass
-class Subject:
-    label: str
-    kernels: dict[str, Figures]       # by the kernel names its launches use
-    plan: Callable[[int, int], Plan]  # (batch, context) -> launches
-    kv_bytes: Callable[[int, int], float]
-    grid_source: str
-    dedupe: int = 1                   # blocks reading the same KV (vLLM: one block per query head)
-    spec: object = None
-    notes: list[str] = field(default_factory=list)
-    path: str = ""                    # the decode path (kgen: "CUDA cores" / "tensor cores" by mma_min_group)
-
-    def estimate(self, batch: int, context: int) -> tuple[pm.Estimate | None, pm.Occupancy]:
-        plan = self.plan(batch, context)
-        main = plan.launches[plan.main]
-        fig = self.kernels[main.kernel]
-        occ = pm.occupancy(main.threads, fig.registers, fig.static_smem + main.smem, DEV)
-        if fig.in_flight <= 0 or occ.blocks == 0:
-            return None, occ
-        est = pm.estimate_seconds(self.kv_bytes(batch, context), main.blocks, main.threads, fig.in_flight,
-                                  occ.blocks, extra_launches=len(plan.launches) - 1,
-                                  partial_bytes=plan.partial_bytes, dedupe=self.dedupe, dev=DEV, work=fig.work)
-        return est, occ
-
-
-# ---- kgen ------------------------------------------------------------------------------------------
-def _prod(x) -> int:
-    return int(np.prod(x)) if isinstance(x, (tuple, list)) else int(x)
-
-
-def planning_kernel(spec, rendered) -> Kernel:
-    """A Kernel to plan with: one without a module (planning launches nothing), or, where the planner
-    wants more of it, one built for the CPU backend (a g++ build, cached)."""
-    try:  # with the sm_90 ptxas figures, so the plan fills the SMs by the kernel's own occupancy
-        figures = resources_as_dict(compile_cubin(rendered.source, ARCH).resources)
-        kern = Kernel(spec, rendered.source, rendered.config, None, rendered.kernel_names, resources={ARCH: figures})
-        kern.plan(np.full(1, spec.kv_cache.block_size, dtype=np.int32), num_sms=DEV.sms)
-        return kern
-    except Exception:  # a genuine planner error surfaces again from the built kernel's plan
-        return build(spec, backend="cpu", verify=False, archs=[ARCH])
-
-
-def kgen_planner(spec, rendered) -> tuple[Callable[[int, int], list[pm.Launch]], str]:
-    """kgen's launches for `batch` sequences of `context` tokens: kern.plan when kgen has it, else the
-    family's fixed launch geometry (grid names resolved for a block table just wide enough)."""
-    if hasattr(Kernel, "plan"):
-        kern = planning_kernel(spec, rendered)
-
-        def planned(batch: int, context: int) -> list[pm.Launch]:
-            plan = kern.plan(np.full(batch, context, dtype=np.int32), num_sms=DEV.sms)
-            return [pm.Launch(ln.kernel, _prod(ln.grid), _prod(ln.block), int(ln.smem_bytes)) for ln in plan.launches]
-
-        return planned, "kern.plan(seq_lens, num_sms=132)"
-    decls = family_for(spec).kernels(spec, rendered.config)
-    block, part = spec.kv_cache.block_size, rendered.config.get("partition_size", 0)
-
-    def fixed(batch: int, context: int) -> list[pm.Launch]:
-        width = -(-context // block)
-        sizes = {"num_seqs": batch, "max_partitions": -(-width * block // part) if part else 1}
-        return [pm.Launch(d.name, _prod([sizes[g] if isinstance(g, str) else g for g in d.grid]), _prod(d.block),
-                          d.smem) for d in decls]
-
-    return fixed, f"fixed grid (config {rendered.config}; kgen has no kern.plan)"
+    return _figures(fn, res, DEV)
 
 
 def kgen_subject(path: Path, cuobjdump: str, cache: ArtifactCache, spec=None, config: dict | None = None,
                  label: str | None = None) -> Subject:
     """kgen's kernel for the spec at `path` (or `spec`, a variant of it) with `config` over the defaults."""
-    spec = spec or load_spec(path)
-    rendered = render(spec, config)
-    art = compile_cubin(rendered.source, ARCH, origin=str(path), cache=cache)
-    funcs = pm.parse_sass(sass_text(art.cubin, cuobjdump))
-    kernels = {name: figures(funcs[name], art.resources[name]) for name in rendered.kernel_names}
-    launches, source = kgen_planner(spec, rendered)
-    a = spec.attention
-    window = a.sliding_window or 0
-    per_token = kv_bytes_per_token(spec)
-
-    def plan(batch: int, context: int) -> Plan:
-        lns = launches(batch, context)
-        # the KV-streaming launch: the one named after the spec, else the one keeping most bytes in flight
-        main = next((i for i, ln in enumerate(lns) if ln.kernel == spec.name),
-                    max(range(len(lns)), key=lambda i: getattr(kernels.get(lns[i].kernel), "in_flight", 0)))
-        partial = 0.0
-        if len(lns) > 1:  # fp32 partial output and (m, l) per (sequence, query head, partition)
-            parts = lns[main].blocks / (batch * a.num_kv_heads)
-            partial = 2 * batch * a.num_q_heads * parts * (a.head_dim + 2) * 4
-        return Plan(lns, main, partial)
-
-    def kv_bytes(batch: int, context: int) -> float:
-        return float(batch * (min(context, window) if window else context) * per_token)
-
-    path_name = ""
-    if config and "mma_min_group" in config:
-        path_name = "tensor cores" if config["mma_min_group"] else "CUDA cores"
-    return Subject(label or f"kgen {spec.name}", kernels, plan, kv_bytes, source, spec=spec, path=path_name)
+    return _kgen_subject(path, cuobjdump, cache, spec=spec, config=config, label=label, arch=ARCH)
 
 
 # ---- FlashInfer ------------------------------------------------------------------------------------

@@ -6,8 +6,10 @@ import click
 
 from kgen.cli.build import build
 from kgen.cli.env import env
+from kgen.cli.fib import fib
 from kgen.cli.inspect import abi, schema, show, validate
 from kgen.cli.models import specs_for_model_command
+from kgen.cli.perf import perf
 from kgen.cli.tune import report, tune
 from kgen.cli.verify import verify
 
@@ -18,5 +20,5 @@ def main() -> None:
     """Generate, verify and tune specialized paged-attention CUDA kernels from YAML specs."""
 
 
-for command in (build, validate, show, abi, verify, tune, report, schema, env, specs_for_model_command):
+for command in (build, validate, show, abi, verify, tune, report, schema, env, specs_for_model_command, fib, perf):
     main.add_command(command)

@@ -56,6 +56,14 @@ class Device:
 
 
 H200 = Device()
+# A100 SXM 80GB (sm_80) from its datasheet: 108 SMs, 1.41 GHz maximum boost clock, HBM2e at 2.0 TB/s (2,039 GB/s),
+# 312 TFLOP/s dense fp16 on the tensor cores = 2048 FLOP per SM per clock (one HMMA.16816 per SM every 2 clocks).
+# ASSUMPTIONS, not measurements: the copy bandwidth is the datasheet peak times the H200's measured copy / peak
+# ratio (4.3 / 4.8), i.e. 1.8 TB/s; the DRAM latency under load is taken as the H200's 0.8 us.
+A100 = Device(name="A100 SXM 80GB (sm_80)", sms=limits_for("sm_80").sm_count, limits=limits_for("sm_80"),
+              copy_bw=2.0e12 * 4.3 / 4.8, peak_bw=2.0e12, latency_s=0.8e-6, clock_hz=1.41e9,
+              tensor_flop_per_sm_clock=2048.0)
+DEVICES = {"sm_80": A100, "sm_90": H200}  # the presets `kgen perf --arch` offers
 
 # The shapes both decode benchmarks use (static_perf.py estimates them, gpu_decode.py measures them).
 BATCHES = (1, 16, 64, 256)

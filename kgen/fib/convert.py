@@ -1,0 +1,391 @@
+"""FlashInfer-Bench Definitions to kgen specs and back, and kgen's kernel as a Solution (docs/interop.md §6).
+
+FlashInfer-Bench's paged attention (`op_type: gqa_paged`) keeps the cache as `k_cache`, `v_cache`
+`[num_pages, page_size, num_kv_heads, head_dim]` (kgen: layout separate, order NHD), the page table
+as `kv_indptr`/`kv_indices` (plus `kv_last_page_len` when pages hold more than one token), the
+softmax scale as a call argument `sm_scale`, and a base-2 LSE. kgen fixes the scale in the spec, so
+an exported Definition states it as a constraint (`sm_scale == <value>`), and an import reads it
+back from there (else `auto`, 1/sqrt(head_dim)).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from kgen.errors import KgenUserError, SpecError
+from kgen.fib.schema import Definition, Solution, parse
+from kgen.spec.models import spec_from_dict
+from kgen.version import __version__
+
+OP_TYPE = "gqa_paged"
+DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+FIB_DTYPES = {v: k for k, v in DTYPES.items()}
+CONST_AXES = ("num_qo_heads", "num_kv_heads", "head_dim", "page_size")
+_SCALE = re.compile(r"^\s*sm_scale\s*==\s*([0-9.eE+-]+)\s*$")
+MLA_REASON = ("kgen's MLA cache layout (kv_cache.layout: mla, docs/abi.md §3.5) has not landed in this tree, "
+              "so MLA definitions are not imported")
+
+
+# ---- import ------------------------------------------------------------------------------------------
+def definition_problems(d: Definition) -> list[str]:
+    """Why kgen cannot build this Definition (empty: it can)."""
+    if d.op_type.startswith("mla") or d.name.startswith("mla_"):
+        return [f"op_type '{d.op_type}': {MLA_REASON}"]
+    if d.op_type != OP_TYPE:
+        return [f"op_type '{d.op_type}': kgen imports paged attention only (op_type '{OP_TYPE}': "
+                "gqa_paged_decode_* and gqa_paged_prefill_* definitions)"]
+    problems = []
+    for axis in CONST_AXES:
+        if d.const(axis) is None:
+            problems.append(f"axes.{axis}: required as a const axis (kgen specializes on it)")
+    prefill = is_prefill(d)
+    needed = ["q", "k_cache", "v_cache", "kv_indptr", "kv_indices"] + (["qo_indptr"] if prefill else [])
+    known = set(needed) | {"sm_scale", "kv_last_page_len"}
+    problems += [f"inputs.{n}: required for {'prefill' if prefill else 'decode'}" for n in needed if n not in d.inputs]
+    problems += [f"inputs.{n}: kgen does not know this input (known: {', '.join(sorted(known))})"
+                 for n in d.inputs if n not in known]
+    if "output" not in d.outputs:
+        problems.append("outputs.output: required")
+    problems += [f"outputs.{n}: kgen does not know this output (known: output, lse)"
+                 for n in d.outputs if n not in ("output", "lse")]
+    for n in ("q", "k_cache", "v_cache"):
+        if n in d.inputs and d.inputs[n].dtype not in DTYPES:
+            why = (" (kgen's fp8 caches need a dequantization scale, which this definition does not carry)"
+                   if n != "q" and d.inputs[n].dtype.startswith("float8") else "")
+            problems.append(f"inputs.{n}.dtype: {d.inputs[n].dtype} not supported (allowed: {', '.join(DTYPES)}){why}")
+    if "output" in d.outputs and d.outputs["output"].dtype not in DTYPES:
+        problems.append(f"outputs.output.dtype: {d.outputs['output'].dtype} not supported (allowed: {', '.join(DTYPES)})")
+    if {"k_cache", "v_cache"} <= set(d.inputs) and d.inputs["k_cache"].dtype != d.inputs["v_cache"].dtype:
+        problems.append("inputs.v_cache.dtype: must equal k_cache's (kgen has one cache dtype)")
+    if "k_cache" in d.inputs and not problems:
+        try:
+            cache_order(d)
+        except ValueError as e:
+            problems.append(str(e))
+    if "q" in d.inputs and (d.inputs["q"].shape or [])[1:] != ["num_qo_heads", "head_dim"]:
+        problems.append(f"inputs.q.shape: expected [rows, num_qo_heads, head_dim], got {d.inputs['q'].shape}")
+    return problems
+
+
+def is_prefill(d: Definition) -> bool:
+    return "qo_indptr" in d.inputs or "_prefill" in d.name
+
+
+def cache_order(d: Definition) -> str:
+    """NHD or HND from k_cache's shape (a 3-d [num_pages, num_kv_heads, head_dim] is one token per page)."""
+    for n in ("k_cache", "v_cache"):
+        shape = d.inputs[n].shape or []
+        if shape[1:] == ["page_size", "num_kv_heads", "head_dim"]:
+            order = "NHD"
+        elif shape[1:] == ["num_kv_heads", "page_size", "head_dim"]:
+            order = "HND"
+        elif shape[1:] == ["num_kv_heads", "head_dim"] and d.const("page_size") == 1:
+            order = "NHD"
+        else:
+            raise ValueError(f"inputs.{n}.shape: {shape} is not a paged cache kgen reads ([num_pages, page_size, "
+                             "num_kv_heads, head_dim] or [num_pages, num_kv_heads, page_size, head_dim])")
+    return order
+
+
+def softmax_scale(d: Definition) -> float | str:
+    """The spec's softmax_scale: a `sm_scale == <number>` constraint, `auto` when it is 1/sqrt(head_dim)
+    or when the definition fixes none."""
+    for c in d.constraints or []:
+        m = _SCALE.match(c)
+        if m:
+            try:
+                value = float(m.group(1))
+            except ValueError:
+                continue
+            auto = 1.0 / math.sqrt(d.const("head_dim"))
+            return "auto" if math.isclose(value, auto, rel_tol=1e-9) else value
+    return "auto"
+
+
+def spec_name(definition_name: str) -> str:
+    name = re.sub(r"\W", "_", definition_name)
+    return name if re.match(r"^[A-Za-z_]", name) else f"fib_{name}"
+
+
+def definition_to_spec(d: Definition, origin: str) -> dict[str, Any]:
+    """The kgen spec (as a dict, validated) for Definition `d`; KgenUserError with every reason it cannot."""
+    problems = definition_problems(d)
+    if problems:
+        raise KgenUserError(f"{origin}: definition '{d.name}' cannot be imported:\n"
+                            + "\n".join(f"  {p}" for p in problems))
+    prefill = is_prefill(d)
+    attention: dict[str, Any] = {"num_q_heads": d.const("num_qo_heads"), "num_kv_heads": d.const("num_kv_heads"),
+                                 "head_dim": d.const("head_dim"), "softmax_scale": softmax_scale(d)}
+    if prefill:
+        attention["causal"] = "causal" in d.name
+    data = {
+        "kgen": 1, "name": spec_name(d.name), "kind": "paged_prefill" if prefill else "paged_decode",
+        "attention": attention,
+        "kv_cache": {"block_size": d.const("page_size"), "layout": "separate", "order": cache_order(d),
+                     "dtype": DTYPES[d.inputs["k_cache"].dtype], "scale": "none"},
+        "dtype": {"q": DTYPES[d.inputs["q"].dtype], "out": DTYPES[d.outputs["output"].dtype]},
+        "tail_masking": True,
+    }
+    try:
+        spec_from_dict(data, filename=origin)
+    except SpecError as e:
+        raise KgenUserError(f"{origin}: definition '{d.name}' maps to a spec kgen refuses:\n"
+                            + "\n".join(f"  {p}" for p in e.errors)) from None
+    return data
+
+
+# ---- export ------------------------------------------------------------------------------------------
+def export_problems(spec) -> list[str]:
+    """Why a spec has no FlashInfer-Bench gqa_paged Definition (empty: it has one)."""
+    a, kv = spec.attention, spec.kv_cache
+    if spec.kind not in ("paged_decode", "paged_prefill"):
+        return [f"kind {spec.kind}: only paged_decode and paged_prefill have FlashInfer-Bench definitions"]
+    problems = []
+    if a.sliding_window is not None:
+        problems.append("attention.sliding_window: FlashInfer-Bench's gqa_paged definitions have no window")
+    if a.logits_soft_cap is not None:
+        problems.append("attention.logits_soft_cap: FlashInfer-Bench's gqa_paged definitions have no soft cap")
+    if a.alibi:
+        problems.append("attention.alibi: FlashInfer-Bench's gqa_paged definitions have no ALiBi")
+    if kv.layout != "separate":
+        problems.append(f"kv_cache.layout {kv.layout}: FlashInfer-Bench's definitions keep separate k_cache and "
+                        "v_cache arrays (layout: separate)")
+    if kv.dtype not in FIB_DTYPES:
+        problems.append(f"kv_cache.dtype {kv.dtype}: exported are fp16, bf16 and fp32 caches (FlashInfer-Bench's "
+                        "gqa_paged definitions carry no dequantization scales)")
+    if not spec.tail_masking:
+        problems.append("tail_masking: false promises lengths that are multiples of block_size, which "
+                        "FlashInfer-Bench's workloads do not keep")
+    return problems
+
+
+def definition_name(spec) -> str:
+    a, kv = spec.attention, spec.kv_cache
+    what = "prefill_causal" if spec.kind == "paged_prefill" and a.causal else (
+        "prefill" if spec.kind == "paged_prefill" else "decode")
+    name = f"{OP_TYPE}_{what}_h{a.num_q_heads}_kv{a.num_kv_heads}_d{a.head_dim}_ps{kv.block_size}"
+    dtypes = {spec.dtype.q, spec.dtype.resolved_out, kv.dtype}
+    return name if dtypes == {"bf16"} else f"{name}_{'_'.join(sorted(dtypes))}"  # their datasets are bf16
+
+
+def require_exportable(spec) -> None:
+    problems = export_problems(spec)
+    if problems:
+        where = spec.source_path or spec.name
+        raise KgenUserError(f"{where}: no FlashInfer-Bench definition for this spec:\n"
+                            + "\n".join(f"  {p}" for p in problems))
+
+
+def _inputs(spec) -> tuple[dict[str, Any], list[str]]:
+    """(inputs, names in `run`'s parameter order)."""
+    prefill = spec.kind == "paged_prefill"
+    rows = "total_q" if prefill else "batch_size"
+    q_t, kv_t = FIB_DTYPES[spec.dtype.q], FIB_DTYPES[spec.kv_cache.dtype]
+    cache = (["num_pages", "page_size", "num_kv_heads", "head_dim"] if spec.kv_cache.resolved_order == "NHD"
+             else ["num_pages", "num_kv_heads", "page_size", "head_dim"])
+    inputs: dict[str, Any] = {
+        "q": {"shape": [rows, "num_qo_heads", "head_dim"], "dtype": q_t, "description": "queries"},
+        "k_cache": {"shape": cache, "dtype": kv_t, "description": f"paged K cache ({spec.kv_cache.resolved_order})"},
+        "v_cache": {"shape": cache, "dtype": kv_t, "description": f"paged V cache ({spec.kv_cache.resolved_order})"},
+    }
+    if prefill:
+        inputs["qo_indptr"] = {"shape": ["len_indptr"], "dtype": "int32",
+                               "description": "request i owns query rows qo_indptr[i] .. qo_indptr[i+1]-1"}
+    inputs["kv_indptr"] = {"shape": ["len_indptr"], "dtype": "int32",
+                           "description": "request i owns pages kv_indices[kv_indptr[i]:kv_indptr[i+1]]"}
+    inputs["kv_indices"] = {"shape": ["num_kv_indices"], "dtype": "int32", "description": "page ids"}
+    if spec.kv_cache.block_size > 1:
+        inputs["kv_last_page_len"] = {"shape": ["batch_size"], "dtype": "int32",
+                                      "description": "tokens in each request's last page (1..page_size)"}
+    inputs["sm_scale"] = {"shape": None, "dtype": "float32",
+                          "description": f"softmax scale; kgen's kernel is built for {spec.softmax_scale_value!r}"}
+    return inputs, list(inputs)
+
+
+def spec_to_definition(spec) -> dict[str, Any]:
+    """A FlashInfer-Bench Definition (a dict, validated against kgen.fib.schema.Definition)."""
+    require_exportable(spec)
+    a, kv = spec.attention, spec.kv_cache
+    prefill = spec.kind == "paged_prefill"
+    inputs, params = _inputs(spec)
+    axes: dict[str, Any] = {"num_qo_heads": {"type": "const", "value": a.num_q_heads},
+                            "num_kv_heads": {"type": "const", "value": a.num_kv_heads},
+                            "head_dim": {"type": "const", "value": a.head_dim},
+                            "page_size": {"type": "const", "value": kv.block_size}}
+    for var in (["total_q"] if prefill else []) + ["batch_size", "num_pages", "len_indptr", "num_kv_indices"]:
+        axes[var] = {"type": "var"}
+    rows = "total_q" if prefill else "batch_size"
+    constraints = ["len_indptr == batch_size + 1", "num_kv_indices == kv_indptr[-1]",
+                   f"sm_scale == {spec.softmax_scale_value!r}"]
+    if prefill:
+        constraints.insert(0, "total_q == qo_indptr[-1]")
+    what = "causal prefill" if prefill and a.causal else ("prefill" if prefill else "decode")
+    doc = {
+        "name": definition_name(spec),
+        "op_type": OP_TYPE,
+        "description": (f"Paged GQA {what}: {a.num_q_heads} query heads, {a.num_kv_heads} KV heads, head_dim "
+                        f"{a.head_dim}, {kv.block_size} tokens per page; lse is base 2. Exported by kgen "
+                        f"{__version__} from spec '{spec.name}' (kgen fib export)."),
+        "tags": ["source:kgen", f"kgen:spec:{spec.name}", f"stage:{'prefill' if prefill else 'decode'}"],
+        "axes": axes,
+        "constraints": constraints,
+        "inputs": inputs,
+        "outputs": {"output": {"shape": [rows, "num_qo_heads", "head_dim"], "dtype": FIB_DTYPES[spec.dtype.resolved_out],
+                               "description": "attention output"},
+                    "lse": {"shape": [rows, "num_qo_heads"], "dtype": "float32",
+                            "description": "base-2 log-sum-exp of the scaled logits (-inf for a row with no key)"}},
+        "reference": reference_source(spec, params),
+    }
+    parse(Definition, doc, f"{doc['name']} (exported)")  # kgen writes only what its schema accepts
+    return doc
+
+
+_REFERENCE = '''\
+"""FlashInfer-Bench reference for {name}, exported by kgen from spec '{spec}': paged GQA attention in
+float64 (kgen's reference semantics, docs/abi.md). Takes numpy arrays or torch tensors; returns
+(output, lse) in the caller's library, output in q's dtype, lse float32 and base 2."""
+import math
+
+import numpy as np
+
+PAGE_SIZE = {page}
+NHD = {nhd}  # cache order: [num_pages, page_size, num_kv_heads, head_dim] (else [num_pages, num_kv_heads, page_size, head_dim])
+CAUSAL = {causal}
+
+
+def _f64(x):
+    if hasattr(x, "detach"):
+        x = x.detach().cpu()
+        return (x.double() if x.is_floating_point() else x).numpy().astype(np.float64)
+    return np.asarray(x).astype(np.float64)
+
+
+def _ints(x):
+    if hasattr(x, "detach"):
+        return x.detach().cpu().numpy().astype(np.int64)
+    return np.asarray(x).astype(np.int64)
+
+
+def _gather(cache, pages, kv_len):
+    rows = cache[pages]  # [n, page, H, D] or [n, H, page, D]
+    if not NHD:
+        rows = rows.transpose(0, 2, 1, 3)
+    return rows.reshape(-1, rows.shape[2], rows.shape[3])[:kv_len]
+
+
+def run({params}):
+    qd, kd, vd = _f64(q), _f64(k_cache), _f64(v_cache)
+    indptr, indices = _ints(kv_indptr), _ints(kv_indices)
+    batch = len(indptr) - 1
+    last = {last}
+    q_starts = {q_starts}
+    scale = float(sm_scale)
+    rows, hq, dim = qd.shape
+    group = hq // kd.shape[2 if NHD else 1]
+    out = np.zeros((rows, hq, dim))
+    lse = np.full((rows, hq), -np.inf)
+    for b in range(batch):
+        pages = indices[indptr[b]:indptr[b + 1]]
+        kv_len = (len(pages) - 1) * PAGE_SIZE + int(last[b]) if len(pages) else 0
+        k = np.repeat(_gather(kd, pages, kv_len), group, axis=1)  # [kv_len, hq, dim]
+        v = np.repeat(_gather(vd, pages, kv_len), group, axis=1)
+        r0, r1 = int(q_starts[b]), int(q_starts[b + 1])
+        if r1 == r0 or kv_len == 0:
+            continue
+        logits = np.einsum("rhd,khd->hrk", qd[r0:r1], k) * scale  # [hq, q_len, kv_len]
+        if CAUSAL:
+            q_len = r1 - r0
+            visible = np.arange(kv_len)[None, :] <= (kv_len - q_len + np.arange(q_len))[:, None]
+            logits = np.where(visible[None], logits, -np.inf)
+        m = logits.max(axis=-1, keepdims=True)
+        seen = np.isfinite(m)
+        p = np.where(seen, np.exp(logits - np.where(seen, m, 0.0)), 0.0)
+        total = p.sum(axis=-1, keepdims=True)
+        o = np.einsum("hrk,khd->rhd", p, v) / np.where(total > 0, total, 1.0).transpose(1, 0, 2)
+        out[r0:r1] = o
+        lse[r0:r1] = np.where(total[..., 0] > 0, (m[..., 0] + np.log(np.where(total[..., 0] > 0, total[..., 0], 1.0)))
+                              / math.log(2.0), -np.inf).T
+    if hasattr(q, "detach"):
+        import torch
+
+        return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).to(torch.float32)
+    return out.astype(np.asarray(q).dtype), lse.astype(np.float32)
+'''
+
+
+def reference_source(spec, params: list[str]) -> str:
+    prefill = spec.kind == "paged_prefill"
+    page = spec.kv_cache.block_size
+    last = ("_ints(kv_last_page_len)" if page > 1
+            else "np.minimum(indptr[1:] - indptr[:-1], 1) * PAGE_SIZE  # one token per page")
+    q_starts = "_ints(qo_indptr)" if prefill else "np.arange(batch + 1)  # one query row per request"
+    return _REFERENCE.format(name=definition_name(spec), spec=spec.name, page=page,
+                             nhd=spec.kv_cache.resolved_order == "NHD", causal=prefill and spec.attention.causal,
+                             params=", ".join(params), last=last, q_starts=q_starts)
+
+
+_ENTRY = '''\
+"""FlashInfer-Bench entry point of kgen's kernel for spec '{spec}' (exported by kgen fib export).
+
+kernel.cu is the CUDA source kgen generated for spec.yaml (its ABI: docs/abi.md, `kgen abi spec.yaml`);
+this file adapts FlashInfer-Bench's call (kv_indptr/kv_indices page table, base-2 lse) to it."""
+import math
+from pathlib import Path
+
+import kgen
+from kgen.interop import from_flashinfer, lse_to_base2
+
+HERE = Path(__file__).resolve().parent
+SPEC = kgen.load_spec(HERE / "spec.yaml")
+PAGE_SIZE = {page}
+_kernel = None
+
+
+def kernel():
+    """kernel.cu, verified by kgen when kgen can load a source (kgen.load_source), else kgen's build of spec.yaml
+    (the same source: kgen renders it from the spec)."""
+    global _kernel
+    if _kernel is None:
+        load_source = getattr(kgen, "load_source", None)
+        _kernel = load_source(SPEC, HERE / "kernel.cu") if load_source else kgen.build(SPEC)
+    return _kernel
+
+
+def run({params}):
+    if not math.isclose(float(sm_scale), SPEC.softmax_scale_value, rel_tol=1e-6):
+        raise ValueError(f"sm_scale={{float(sm_scale)}}: this kernel is built for {{SPEC.softmax_scale_value}}")
+    pages = kv_indptr[1:] - kv_indptr[:-1]
+    last = {last}
+    block_tables, seq_lens = from_flashinfer(kv_indptr, kv_indices, last, PAGE_SIZE)
+    out, lse = kernel()(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens,
+                        {extra}return_lse=True)
+    return out, lse_to_base2(lse)
+'''
+
+
+def solution_name(spec) -> str:
+    return f"kgen_{spec.name}"
+
+
+def spec_to_solution(spec, source: str, spec_yaml: str, name: str | None = None) -> dict[str, Any]:
+    """A FlashInfer-Bench Solution holding kgen's kernel source, the spec and a Python entry point."""
+    _, params = _inputs(spec)
+    page = spec.kv_cache.block_size
+    last = "kv_last_page_len" if page > 1 else "(pages > 0) * PAGE_SIZE  # one token per page"
+    extra = "q_indptr=qo_indptr, " if spec.kind == "paged_prefill" else ""
+    entry = _ENTRY.format(spec=spec.name, page=page, params=", ".join(params), last=last, extra=extra)
+    doc = {
+        "name": name or solution_name(spec),
+        "definition": definition_name(spec),
+        "author": "kgen",
+        "description": (f"kgen {__version__}'s generated CUDA kernel for spec '{spec.name}' (kernel.cu), called "
+                        "through kgen (main.py adapts FlashInfer-Bench's page table and base-2 lse)."),
+        "spec": {"language": "cuda", "target_hardware": list(spec.targets), "entry_point": "main.py::run",
+                 "dependencies": [f"kgen=={__version__}"]},
+        "sources": [{"path": "main.py", "content": entry}, {"path": "kernel.cu", "content": source},
+                    {"path": "spec.yaml", "content": spec_yaml}],
+    }
+    parse(Solution, doc, f"{doc['name']} (exported)")
+    return doc

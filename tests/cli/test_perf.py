@@ -1,0 +1,116 @@
+"""`kgen perf` and `kgen verify --source ... --require-speed`: the static model's figures on the command
+line, consistent with benchmarks/static_perf.py; a deliberately serialised kernel fails the speed check
+while kgen's own source passes it."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from conftest import ROOT, TINY_DECODE, run_kgen, write_spec
+
+from kgen.cli import perf as perf_cli
+from kgen.cli.main import main
+from kgen.errors import KgenUserError
+from kgen.perf import model as pm
+from kgen.perf.sass import usable_cuobjdump
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import static_perf as sp  # noqa: E402
+
+LLAMA = ROOT / "specs" / "llama3_8b_decode.yaml"
+PREFILL = ROOT / "specs" / "llama3_8b_prefill.yaml"
+needs_sass = pytest.mark.skipif(usable_cuobjdump() is None, reason="cuobjdump with nvdisasm is not installed "
+                                "(the test extra's nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm)")
+WAIT = "      cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();  // this thread's copies of `tile` have landed\n"
+SERIAL = ("      cp_async_wait<0>();  // serialised: every copy in flight lands before the tile is used\n"
+          "      __syncthreads();\n"
+          "      if (*(volatile const int*)(seq_lens + seq) < 0) return;  // a dependent global read per tile\n")
+
+
+@needs_sass
+def test_perf_table_matches_static_perf():
+    r = run_kgen("perf", str(LLAMA))
+    assert r.returncode == 0, r.stderr
+    assert "Resources on sm_90" in r.stdout and "ESTIMATE" in r.stdout and "| 64x4096" in r.stdout
+    subject = sp.kgen_subject(LLAMA, usable_cuobjdump(), None)
+    for b, c in pm.SHAPES:
+        est, _ = subject.estimate(b, c)
+        row = next(line for line in r.stdout.splitlines() if line.startswith(f"| {b}x{c} "))
+        assert pm.fmt_cell(est) in row  # the same cell static_perf prints, e.g. "76% (issue)"
+
+
+@needs_sass
+def test_perf_json_parses_and_agrees():
+    r = run_kgen("perf", str(LLAMA), "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    (subject,) = rep["subjects"]
+    assert rep["arch"] == "sm_90" and rep["device"]["sms"] == 132 and rep["note"] is None
+    assert [(c["batch"], c["context"]) for c in subject["grid"]] == pm.SHAPES
+    est, _ = sp.kgen_subject(LLAMA, usable_cuobjdump(), None).estimate(64, 4096)
+    cell = next(c for c in subject["grid"] if (c["batch"], c["context"]) == (64, 4096))
+    assert cell["fraction"] == pytest.approx(est.fraction) and cell["bound"] == est.bound
+    (main_launch,) = [x for x in subject["resources"] if x["streams_kv"]]
+    assert main_launch["registers"] > 0 and main_launch["blocks_per_sm"] >= 1
+
+
+@needs_sass
+def test_perf_sm80_preset_and_prefill_note():
+    r = run_kgen("perf", str(LLAMA), "--arch", "sm_80", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["device"]["sms"] == 108 and "A100" in rep["device"]["name"]
+    r = run_kgen("perf", str(PREFILL))
+    assert r.returncode == 0, r.stderr
+    assert "issue 22" in r.stdout and "Resources on sm_90" in r.stdout and "| 64x4096" not in r.stdout
+
+
+def test_perf_refuses_bad_input_with_exit_2():
+    r = run_kgen("perf", str(LLAMA), "--arch", "sm_86")
+    assert r.returncode == 2 and "no device preset" in r.stderr and "Traceback" not in r.stderr
+    r = run_kgen("perf", str(ROOT / "specs" / "copy_blocks_fp16.yaml"))
+    assert r.returncode == 2 and "paged_decode and paged_prefill" in r.stderr
+
+
+def test_perf_without_sass_tools_names_the_install(monkeypatch):
+    monkeypatch.setattr("kgen.perf.sass.usable_cuobjdump", lambda: None)
+    monkeypatch.setattr("kgen.perf.sass.find_cuobjdump", lambda: None)
+    r = CliRunner().invoke(main, ["perf", str(LLAMA)])
+    assert r.exit_code == 2
+    assert "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm" in r.output and r.exception is not None
+
+
+def test_margin_parsing_and_slower_cells():
+    assert perf_cli.parse_margin("10%") == pytest.approx(0.1) and perf_cli.parse_margin("0.25") == 0.25
+    with pytest.raises(KgenUserError, match="margin"):
+        perf_cli.parse_margin("fast")
+    kgen_grid = [{"batch": 1, "context": 512, "fraction": 0.5}, {"batch": 1, "context": 4096, "fraction": 0.8}]
+    mine = [{"fraction": 0.46}, {"fraction": 0.70}]
+    assert perf_cli.slower_cells(kgen_grid, mine, 0.1) == ["1x4096: 70.0% vs kgen's 80.0%"]
+
+
+@needs_sass
+def test_require_speed_fails_a_serialised_kernel_and_passes_kgens_own(tmp_path):
+    spec = write_spec(tmp_path, yaml.safe_dump(TINY_DECODE))
+    own = run_kgen("show", str(spec), "--config", "partition_size=0")  # the ABI's single-pass launch
+    assert own.returncode == 0 and WAIT in own.stdout, own.stderr
+    (tmp_path / "own.cu").write_text(own.stdout)
+    (tmp_path / "slow.cu").write_text(own.stdout.replace(WAIT, SERIAL))
+    r = run_kgen("verify", str(spec), "--source", str(tmp_path / "own.cu"), "--backend", "cpu", "--require-speed")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "time ratio kgen (ABI launch) / source" in r.stdout and "| 64x4096" in r.stdout
+    r = run_kgen("verify", str(spec), "--source", str(tmp_path / "slow.cu"), "--backend", "cpu",
+                 "--require-speed", "10%")
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "verified" in r.stdout  # correct: it fails on speed alone
+    assert "estimated slower than kgen's kernel by more than 10%" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_require_speed_needs_a_source(tmp_path):
+    spec = write_spec(tmp_path, yaml.safe_dump(TINY_DECODE))
+    r = run_kgen("verify", str(spec), "--require-speed")
+    assert r.returncode == 2 and "give --source" in r.stderr
