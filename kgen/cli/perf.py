@@ -17,21 +17,23 @@ from kgen.cli.common import guard, load_specs, out
 from kgen.errors import KgenUserError
 from kgen.families.registry import family_for
 from kgen.perf import model as pm
-from kgen.perf.report import Subject, kgen_subject, source_subject
-from kgen.perf.sass import require_cuobjdump
+from kgen.perf.report import (
+    Subject,
+    is_decode,
+    is_prefill,
+    kgen_subject,
+    source_subject,
+)
+from kgen.perf.sass import require_cuobjdump, usable_cuobjdump
 
 PERF_ARCHS = tuple(pm.DEVICES)
 PREFILL_NOTE = ("the speed model covers decode only: prefill's tensor-core model is not there yet (issue 22); "
                 "resources only")
 
 
-def is_decode(spec) -> bool:
-    return spec.kind == "paged_decode"
-
-
 def subjects_for(spec, source_file: str | None, arch: str) -> list[Subject]:
     """kgen's kernel for the spec, then the hand-written one when there is a source."""
-    if spec.kind not in ("paged_decode", "paged_prefill"):
+    if not (is_decode(spec) or is_prefill(spec)):
         raise KgenUserError(f"{spec.source_path or spec.name}: kgen perf covers paged_decode and paged_prefill "
                             f"specs (got kind {spec.kind})")
     cuobjdump = require_cuobjdump()
@@ -99,7 +101,7 @@ def perf_report(spec, source_file: str | None, arch: str) -> dict:
     dev = pm.DEVICES[arch]
     decode = is_decode(spec)
     subjects = subjects_for(spec, source_file, arch)
-    return {"spec": spec.name, "kind": spec.kind, "arch": arch,
+    return {"spec": spec.name, "kind": spec.kind, "prefill": is_prefill(spec), "arch": arch,
             "device": {"name": dev.name, "sms": dev.sms, "copy_bw": dev.copy_bw, "peak_bw": dev.peak_bw,
                        "clock_hz": dev.clock_hz, "latency_s": dev.latency_s},
             "estimate": "static ESTIMATE from ptxas, SASS and launch geometry (docs/performance.md), not a measurement",
@@ -138,7 +140,7 @@ def print_report(rep: dict) -> None:
                          f"{r['static_smem']}+{r['dynamic_smem']}", r["threads"],
                          f"{r['blocks_per_sm']} ({r['occupancy_limit']})", r["warps_per_sm"],
                          f"{r['in_flight_per_thread']:.0f}", f"{r['in_flight_per_sm'] / 1024:.0f}"])
-    whole = " (prefill: each sequence's 4096 tokens prefilled in one chunk)" if rep["kind"] == "paged_prefill" else ""
+    whole = " (prefill: each sequence's 4096 tokens prefilled in one chunk)" if rep["prefill"] else ""
     say(f"\nResources on {rep['arch']} (the launches for batch 64 x context 4096{whole})\n")
     say(md_table(RESOURCE_HEAD, rows))
     if rep["note"]:
@@ -181,8 +183,6 @@ def perf(spec, source_file, arch, as_json):
     """Static figures and estimated speed of SPEC's kernel (no GPU; needs cuobjdump and nvdisasm)."""
     check_arch(arch)
     (loaded,) = load_specs((spec,))
-    if family_for(loaded) is None:  # pragma: no cover - load_specs refuses unsupported kinds
-        raise KgenUserError(f"{spec}: no family")
     rep = perf_report(loaded, source_file, arch)
     if as_json:
         click.echo(json.dumps(rep, indent=2))
@@ -207,8 +207,6 @@ def speed_beside_kgen(spec, source_file: str, margin: float | None, arch: str = 
     """Print the source's figures beside kgen's kernel for the same spec. Returns the perf report, or None
     (with a one-line note) when there are no SASS tools or no speed model for the kind; with `margin`,
     those are errors (exit 2), and the caller fails the kernel on the cells `slower_cells` names."""
-    from kgen.perf.sass import usable_cuobjdump
-
     why = None
     if usable_cuobjdump() is None:
         why = "no speed comparison: cuobjdump/nvdisasm not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)"
@@ -226,8 +224,6 @@ def speed_beside_kgen(spec, source_file: str, margin: float | None, arch: str = 
 
 def require_speed_model(spec) -> None:
     """--require-speed's preconditions without printing: SASS tools and a decode spec (else exit 2)."""
-    from kgen.perf.sass import require_cuobjdump
-
     require_cuobjdump()
     if not is_decode(spec):
         raise KgenUserError(f"--require-speed: {PREFILL_NOTE.split(';')[0]}")

@@ -11,7 +11,13 @@ from rich.table import Table
 
 from kgen.build import build as build_kernel
 from kgen.cli.common import SEED, Failed, guard, load_specs, out
-from kgen.cli.perf import parse_margin, slower_cells, speed_beside_kgen
+from kgen.cli.perf import (
+    parse_margin,
+    perf_report,
+    require_speed_model,
+    slower_cells,
+    speed_beside_kgen,
+)
 from kgen.errors import CompileError, KgenUserError
 from kgen.fib.convert import require_exportable, solution_name
 from kgen.fib.trace import append_traces, case_traces, compile_error_trace
@@ -65,8 +71,6 @@ def verify(spec, source_file, backend, seed, as_json, trace_file, speed_margin):
             kgen_grid, mine = rep["subjects"][0]["grid"], rep["subjects"][1]["grid"]
             slower = slower_cells(kgen_grid, mine, margin)
     elif margin is not None:  # --json: the comparison runs silently
-        from kgen.cli.perf import perf_report, require_speed_model
-
         require_speed_model(loaded)
         rep = perf_report(loaded, source_file, "sm_90")
         slower = slower_cells(rep["subjects"][0]["grid"], rep["subjects"][1]["grid"], margin)

@@ -15,6 +15,9 @@ import re
 from typing import Any
 
 from kgen.errors import KgenUserError, SpecError
+from kgen.families.attention.decode import PAGED_DECODE
+from kgen.families.attention.prefill import PAGED_PREFILL
+from kgen.families.registry import family_for
 from kgen.fib.schema import Definition, Solution, parse
 from kgen.spec.models import spec_from_dict
 from kgen.version import __version__
@@ -40,7 +43,7 @@ def definition_problems(d: Definition) -> list[str]:
     for axis in CONST_AXES:
         if d.const(axis) is None:
             problems.append(f"axes.{axis}: required as a const axis (kgen specializes on it)")
-    prefill = is_prefill(d)
+    prefill = definition_is_prefill(d)
     needed = ["q", "k_cache", "v_cache", "kv_indptr", "kv_indices"] + (["qo_indptr"] if prefill else [])
     known = set(needed) | {"sm_scale", "kv_last_page_len"}
     problems += [f"inputs.{n}: required for {'prefill' if prefill else 'decode'}" for n in needed if n not in d.inputs]
@@ -69,7 +72,7 @@ def definition_problems(d: Definition) -> list[str]:
     return problems
 
 
-def is_prefill(d: Definition) -> bool:
+def definition_is_prefill(d: Definition) -> bool:
     return "qo_indptr" in d.inputs or "_prefill" in d.name
 
 
@@ -115,7 +118,7 @@ def definition_to_spec(d: Definition, origin: str) -> dict[str, Any]:
     if problems:
         raise KgenUserError(f"{origin}: definition '{d.name}' cannot be imported:\n"
                             + "\n".join(f"  {p}" for p in problems))
-    prefill = is_prefill(d)
+    prefill = definition_is_prefill(d)
     attention: dict[str, Any] = {"num_q_heads": d.const("num_qo_heads"), "num_kv_heads": d.const("num_kv_heads"),
                                  "head_dim": d.const("head_dim"), "softmax_scale": softmax_scale(d)}
     if prefill:
@@ -137,10 +140,18 @@ def definition_to_spec(d: Definition, origin: str) -> dict[str, Any]:
 
 
 # ---- export ------------------------------------------------------------------------------------------
+def is_decode(spec) -> bool:
+    return family_for(spec) is PAGED_DECODE
+
+
+def is_prefill(spec) -> bool:
+    return family_for(spec) is PAGED_PREFILL
+
+
 def export_problems(spec) -> list[str]:
     """Why a spec has no FlashInfer-Bench gqa_paged Definition (empty: it has one)."""
     a, kv = spec.attention, spec.kv_cache
-    if spec.kind not in ("paged_decode", "paged_prefill"):
+    if not (is_decode(spec) or is_prefill(spec)):
         return [f"kind {spec.kind}: only paged_decode and paged_prefill have FlashInfer-Bench definitions"]
     problems = []
     if a.sliding_window is not None:
@@ -163,8 +174,8 @@ def export_problems(spec) -> list[str]:
 
 def definition_name(spec) -> str:
     a, kv = spec.attention, spec.kv_cache
-    what = "prefill_causal" if spec.kind == "paged_prefill" and a.causal else (
-        "prefill" if spec.kind == "paged_prefill" else "decode")
+    what = "prefill_causal" if is_prefill(spec) and a.causal else (
+        "prefill" if is_prefill(spec) else "decode")
     name = f"{OP_TYPE}_{what}_h{a.num_q_heads}_kv{a.num_kv_heads}_d{a.head_dim}_ps{kv.block_size}"
     dtypes = {spec.dtype.q, spec.dtype.resolved_out, kv.dtype}
     return name if dtypes == {"bf16"} else f"{name}_{'_'.join(sorted(dtypes))}"  # their datasets are bf16
@@ -180,7 +191,7 @@ def require_exportable(spec) -> None:
 
 def _inputs(spec) -> tuple[dict[str, Any], list[str]]:
     """(inputs, names in `run`'s parameter order)."""
-    prefill = spec.kind == "paged_prefill"
+    prefill = is_prefill(spec)
     rows = "total_q" if prefill else "batch_size"
     q_t, kv_t = FIB_DTYPES[spec.dtype.q], FIB_DTYPES[spec.kv_cache.dtype]
     cache = (["num_pages", "page_size", "num_kv_heads", "head_dim"] if spec.kv_cache.resolved_order == "NHD"
@@ -208,7 +219,7 @@ def spec_to_definition(spec) -> dict[str, Any]:
     """A FlashInfer-Bench Definition (a dict, validated against kgen.fib.schema.Definition)."""
     require_exportable(spec)
     a, kv = spec.attention, spec.kv_cache
-    prefill = spec.kind == "paged_prefill"
+    prefill = is_prefill(spec)
     inputs, params = _inputs(spec)
     axes: dict[str, Any] = {"num_qo_heads": {"type": "const", "value": a.num_q_heads},
                             "num_kv_heads": {"type": "const", "value": a.num_kv_heads},
@@ -316,7 +327,7 @@ def run({params}):
 
 
 def reference_source(spec, params: list[str]) -> str:
-    prefill = spec.kind == "paged_prefill"
+    prefill = is_prefill(spec)
     page = spec.kv_cache.block_size
     last = ("_ints(kv_last_page_len)" if page > 1
             else "np.minimum(indptr[1:] - indptr[:-1], 1) * PAGE_SIZE  # one token per page")
@@ -374,7 +385,7 @@ def spec_to_solution(spec, source: str, spec_yaml: str, name: str | None = None)
     _, params = _inputs(spec)
     page = spec.kv_cache.block_size
     last = "kv_last_page_len" if page > 1 else "(pages > 0) * PAGE_SIZE  # one token per page"
-    extra = "q_indptr=qo_indptr, " if spec.kind == "paged_prefill" else ""
+    extra = "q_indptr=qo_indptr, " if is_prefill(spec) else ""
     entry = _ENTRY.format(spec=spec.name, page=page, params=", ".join(params), last=last, extra=extra)
     doc = {
         "name": name or solution_name(spec),

@@ -18,8 +18,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kgen.fib.convert import definition_name
+import numpy
+
+from kgen.fib.convert import definition_name, is_prefill
 from kgen.fib.schema import Trace, parse
+from kgen.tune.results import device_info
 from kgen.verify.judge.report import describe_failure
 from kgen.version import __version__
 
@@ -43,13 +46,9 @@ def _error(x: float) -> float | str:
 
 
 def environment(backend: str) -> dict[str, Any]:
-    import numpy
-
     hardware = "CPU (kgen's SIMT runtime)"
     if backend == "cuda":
         try:
-            from kgen.tune.results import device_info
-
             info = device_info("cuda")
             hardware = f"{info['name']} ({info['compute_capability']})"
         except Exception:  # noqa: BLE001 - the trace still says it ran on a GPU
@@ -65,7 +64,7 @@ def workload(spec, sizes: list[int], key: str) -> dict[str, Any]:
     axes = {"len_indptr": len(sizes) + 1, "num_kv_indices": pages, "batch_size": len(sizes)}
     inputs: dict[str, Any] = {name: {"type": "random"} for name in ("q", "k_cache", "v_cache", "kv_indptr",
                                                                      "kv_indices")}
-    if spec.kind == "paged_prefill":
+    if is_prefill(spec):
         inputs["qo_indptr"] = {"type": "random"}
     if block > 1:
         inputs["kv_last_page_len"] = {"type": "random"}

@@ -14,13 +14,27 @@ from pathlib import Path
 
 import numpy as np
 
+from kgen.build import build
 from kgen.compile.nvrtc import compile_cubin, resources_as_dict
+from kgen.families.attention.decode import PAGED_DECODE
+from kgen.families.attention.prefill import PAGED_PREFILL
+from kgen.families.base import resolve_config
+from kgen.families.registry import family_for
 from kgen.formats.dtypes import dtype
 from kgen.kernel import Kernel
 from kgen.perf import model as pm
 from kgen.perf.sass import sass_text
 from kgen.render import Rendered, render
 from kgen.spec.models import load_spec
+from kgen.verify.untrusted.source_policy import prepare_source
+
+
+def is_decode(spec) -> bool:
+    return family_for(spec) is PAGED_DECODE
+
+
+def is_prefill(spec) -> bool:
+    return family_for(spec) is PAGED_PREFILL
 
 
 def kv_bytes_per_token(spec) -> int:
@@ -98,12 +112,10 @@ def planning_kernel(spec, rendered, arch: str = "sm_90", dev: pm.Device = pm.H20
     try:  # with the arch's ptxas figures, so the plan fills the SMs by the kernel's own occupancy
         figs = resources_as_dict(compile_cubin(rendered.source, arch).resources)
         kern = Kernel(spec, rendered.source, rendered.config, None, rendered.kernel_names, resources={arch: figs})
-        first = {"q_indptr": np.array([0, 1], dtype=np.int32)} if spec.kind == "paged_prefill" else {}
+        first = {"q_indptr": np.array([0, 1], dtype=np.int32)} if is_prefill(spec) else {}
         kern.plan(np.full(1, spec.kv_cache.block_size, dtype=np.int32), num_sms=dev.sms, **first)
         return kern
     except Exception:  # a genuine planner error surfaces again from the built kernel's plan
-        from kgen.build import build
-
         return build(spec, backend="cpu", verify=False, archs=[arch], config=dict(rendered.config))
 
 
@@ -116,14 +128,12 @@ def kgen_planner(spec, rendered, arch: str = "sm_90",
 
         def planned(batch: int, context: int) -> list[pm.Launch]:
             lengths = {}
-            if spec.kind == "paged_prefill":  # each sequence prefilled whole: q_len = context
+            if is_prefill(spec):  # each sequence prefilled whole: q_len = context
                 lengths["q_indptr"] = np.arange(batch + 1, dtype=np.int32) * context
             plan = kern.plan(np.full(batch, context, dtype=np.int32), num_sms=dev.sms, **lengths)
             return [pm.Launch(ln.kernel, _prod(ln.grid), _prod(ln.block), int(ln.smem_bytes)) for ln in plan.launches]
 
         return planned, f"kern.plan(seq_lens, num_sms={dev.sms})"
-    from kgen.families.registry import family_for
-
     decls = family_for(spec).kernels(spec, rendered.config)
     block, part = spec.kv_cache.block_size, rendered.config.get("partition_size", 0)
 
@@ -181,10 +191,6 @@ def source_subject(spec, source: str, cuobjdump: str, arch: str = "sm_90", origi
                    label: str | None = None) -> Subject:
     """A hand-written kernel (the ABI of `kgen abi SPEC`, launched with the family's ABI config), checked
     by the same source policy as `kgen verify --source` before it is compiled."""
-    from kgen.families.base import resolve_config
-    from kgen.families.registry import family_for
-    from kgen.verify.untrusted.source_policy import prepare_source
-
     prepared = prepare_source(source, origin)
     family = family_for(spec)
     config = resolve_config(family, spec, family.abi_config(spec))
