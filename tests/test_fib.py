@@ -11,7 +11,8 @@ import math
 
 import numpy as np
 import pytest
-from conftest import ROOT, run_kgen
+import yaml
+from conftest import ROOT, TINY_DECODE, run_kgen, run_python, write_spec
 
 from kgen.errors import KgenUserError
 from kgen.families.attention.reference import attention_outputs
@@ -281,9 +282,6 @@ def test_cli_export_refuses_a_spec_without_a_definition(tmp_path):
 
 
 def test_cli_verify_appends_one_trace_per_case(tmp_path):
-    import yaml
-    from conftest import TINY_DECODE, write_spec
-
     spec = write_spec(tmp_path, yaml.safe_dump(TINY_DECODE))
     traces = tmp_path / "t.jsonl"
     r = run_kgen("verify", str(spec), "--backend", "cpu", "--json", "--trace", str(traces))
@@ -295,3 +293,46 @@ def test_cli_verify_appends_one_trace_per_case(tmp_path):
         t = parse(Trace, line, str(traces))
         assert t.evaluation.status == ("PASSED" if case["passed"] else "INCORRECT_NUMERICAL")
         assert t.solution == "kgen_tiny_decode" and t.definition.startswith("gqa_paged_decode_h4_kv2_d32")
+
+
+def test_exported_solution_runs_on_the_cpu_and_matches_the_exported_reference(tmp_path):
+    """The Solution's main.py (kgen's kernel behind FlashInfer-Bench's call) against the Definition's
+    reference, in a fresh process on the CPU backend."""
+    spec = write_spec(tmp_path, yaml.safe_dump({**TINY_DECODE, "kv_cache": {**TINY_DECODE["kv_cache"], "block_size": 8}}))
+    r = run_kgen("fib", "export", str(spec), "-o", str(tmp_path / "fib"))
+    assert r.returncode == 0, r.stderr
+    code = """
+import glob, json, os, sys
+import numpy as np
+from kgen.interop import to_flashinfer
+sol = json.load(open(glob.glob('fib/solutions/gqa_paged/*/*.json')[0]))
+ref_doc = json.load(open(glob.glob('fib/definitions/gqa_paged/*.json')[0]))
+os.makedirs('src')
+for s in sol['sources']:
+    open(os.path.join('src', s['path']), 'w').write(s['content'])
+sys.path.insert(0, 'src')
+import main
+ns = {}
+exec(ref_doc['reference'], ns)
+rng = np.random.default_rng(1)
+lens = np.array([5, 17, 8, 1], np.int32)  # kgen decode takes seq_lens >= 1
+tables = rng.permutation(13)[:12].reshape(4, 3).astype(np.int32)
+k, v = (rng.standard_normal((13, 8, 2, 32)).astype(np.float16) for _ in range(2))
+q = rng.standard_normal((4, 4, 32)).astype(np.float16)
+indptr, indices, last = to_flashinfer(tables, lens, 8)
+args = (q, k, v, indptr, indices, last, np.float32(32 ** -0.5))
+out, lse = main.run(*args)
+ref_out, ref_lse = ns['run'](*args)
+same = np.isneginf(ref_lse) & np.isneginf(lse)  # a sequence with no keys: -inf in both
+print(float(np.abs(out.astype(np.float64) - ref_out.astype(np.float64)).max()), float(np.abs(np.where(same, 0.0, lse - ref_lse)).max()))
+try:
+    main.run(*args[:-1], 0.5)
+except ValueError as e:
+    print('refused', e)
+"""
+    r = run_python(code, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    first, second = r.stdout.splitlines()[-2:]
+    out_err, lse_err = map(float, first.split())
+    assert out_err < 2e-3 and lse_err < 1e-3  # fp16 kernel output against the float64 reference
+    assert second.startswith("refused sm_scale=0.5")

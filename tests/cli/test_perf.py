@@ -107,10 +107,16 @@ def test_require_speed_fails_a_serialised_kernel_and_passes_kgens_own(tmp_path):
                  "--require-speed", "10%")
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     assert "verified" in r.stdout  # correct: it fails on speed alone
-    assert "estimated slower than kgen's kernel by more than 10%" in r.stderr and "Traceback" not in r.stderr
+    assert "estimated slower than kgen's kernel (same ABI launch) by more than 10%" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_require_speed_needs_a_source(tmp_path):
     spec = write_spec(tmp_path, yaml.safe_dump(TINY_DECODE))
     r = run_kgen("verify", str(spec), "--require-speed")
     assert r.returncode == 2 and "give --source" in r.stderr
+
+
+@needs_sass
+def test_require_speed_refuses_prefill_before_running(tmp_path):
+    r = run_kgen("verify", str(PREFILL), "--source", str(tmp_path / "never_read.cu"), "--require-speed")
+    assert r.returncode == 2 and "issue 22" in r.stderr and "Traceback" not in r.stderr
