@@ -88,6 +88,17 @@ def test_dataset_decode_definition_imports():
     assert (spec.dtype.q, spec.dtype.resolved_out, spec.tail_masking) == ("bf16", "bf16", True)
 
 
+def test_dataset_ps64_decode_definition_with_last_page_len_imports():
+    d = dataset_decode()
+    d["name"] = "gqa_paged_decode_h32_kv8_d128_ps64"
+    d["axes"]["page_size"]["value"] = 64
+    d["inputs"] = {**{k: v for k, v in d["inputs"].items() if k != "sm_scale"},
+                   "kv_last_page_len": {"shape": ["batch_size"], "dtype": "int32"},
+                   "sm_scale": {"shape": [], "dtype": "float32"}}
+    spec = spec_from_dict(definition_to_spec(parse(Definition, d, "d.json"), "d.json"))
+    assert spec.kv_cache.block_size == 64 and spec.kind == "paged_decode"
+
+
 def test_dataset_prefill_definition_imports_causal():
     data = definition_to_spec(parse(Definition, dataset_prefill(), "p.json"), "p.json")
     spec = spec_from_dict(data)
