@@ -1,0 +1,344 @@
+"""A static performance model of tensor-core prefill kernels on one GPU (no GPU needed; ESTIMATES).
+
+Decode streams bytes (kgen/perf/model.py); prefill multiplies tiles. This module reuses model.py's
+SASS parsing (`parse_sass`, `loops`, `smem_wavefronts`, `mma_flop`, `loop_mlp`), its Device presets
+and kgen.plan.occupancy, and adds what a tensor-core kernel needs:
+
+- `main_loop` / `tile_work`: the CTA's main loop (the loop whose body holds the most tensor-core FLOP)
+  and one warp's work in one iteration of it, counted in the SASS: HMMA/HGMMA count, shape and FLOP,
+  shared-memory wavefronts (LDSM, LDS, STS, LDGSTS), FP32 (FFMA/FMUL/FADD/FMNMX) and MUFU (MUFU.EX2)
+  instructions, total warp-instructions, global bytes per thread.
+- `cta_seconds`: one CTA's time for `tiles` iterations of that loop while `k` CTAs share its SM: the
+  slowest of the tensor, issue, MUFU, FP32, smem and latency terms (`PrefillPipes` states the rates).
+- `launch_estimate`: every CTA of a launch, in launch order, placed on the first free of SMs x k slots
+  (list scheduling: a long causal CTA does not hold a whole wave back); the launch takes the latest
+  finish, at least its DRAM bytes over the copy bandwidth; the binding term is the one charged the
+  most CTA-time.
+- `kgen_ctas` / `flashinfer_ctas`: the tile iterations of each CTA of kgen's paged-prefill launch and
+  of FlashInfer's BatchPrefillWithPagedKVCacheKernel (sm80 path), re-stated from their sources.
+- `causal_flop`: the FLOP the tables divide by (4 x head_dim x visible (query, key) pairs x q heads).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import re
+from dataclasses import dataclass, field
+
+from kgen.perf import model as pm
+
+
+# ---- rates the decode model does not carry ------------------------------------------------------
+@dataclass(frozen=True)
+class PrefillPipes:
+    """Per-SM rates of the pipes a prefill tile uses, beyond pm.Device's issue/smem/tensor figures.
+    MUFU: 16 results per SM per clock for ex2 (a warp's MUFU.EX2 takes 2 clocks of an SM) and FP32:
+    128 (sm_90) or 64 (sm_80) lanes per SM per clock: the CUDA C++ Programming Guide's arithmetic
+    instruction throughput table (compute capability 8.0 and 9.0 columns). `mma_sync_fraction`:
+    the share of the dense tensor peak (pm.Device.tensor_flop_per_sm_clock) an HMMA (mma.sync)
+    stream reaches; 1.0 by default (the optimistic ceiling), see docs/performance.md.
+    `tile_latency_s`: one round trip of a K/V tile request in the cp.async pipeline: an ASSUMPTION
+    between an L2 hit (most prefill K/V reads: many CTAs read the same K/V rows) and the loaded DRAM
+    trip pm.Device.latency_s."""
+
+    mufu_per_sm_clock: int = 16
+    fp32_per_sm_clock: int = 128
+    mma_sync_fraction: float = 1.0
+    tile_latency_s: float = 0.4e-6
+    hgmma_fraction: float = 1.0   # share of the dense peak wgmma (HGMMA) reaches
+
+
+PIPES = {"sm_90": PrefillPipes(), "sm_80": PrefillPipes(fp32_per_sm_clock=64)}
+
+# H100/H200 SXM dense fp16/bf16 tensor peak, the datasheet figure the fractions are of.
+DENSE_PEAK = {"sm_90": 989.4e12, "sm_80": 312e12}
+# The clock that peak is quoted at: 989.4e12 / (132 SMs x 4096 FLOP/SM/clk) = 1.83 GHz on sm_90.
+TENSOR_CLOCK = {"sm_90": 1.83e9, "sm_80": 1.41e9}
+
+# ---- SASS ---------------------------------------------------------------------------------------
+FP32_OPS = ("FFMA", "FMUL", "FADD", "FMNMX")
+_HGMMA = re.compile(r"^HGMMA\.(\d+)x(\d+)x(\d+)")
+
+
+def hgmma_flop(ins: pm.Instr) -> int:
+    """FLOP one warp's HGMMA (wgmma) instruction stands for: a warpgroup's m x n x k product
+    (2 x m x n x k) is issued by each of its 4 warps, so a quarter per warp instruction."""
+    m = _HGMMA.match(ins.opcode)
+    return 2 * int(m.group(1)) * int(m.group(2)) * int(m.group(3)) // 4 if m else 0
+
+
+def tensor_flop(ins: pm.Instr) -> int:
+    return pm.mma_flop(ins) or hgmma_flop(ins)
+
+
+def _mma_shape(ins: pm.Instr) -> str | None:
+    if ins.base in ("HMMA", "IMMA", "HGMMA"):
+        return ins.opcode.split(".")[0] + "." + ins.opcode.split(".")[1] if "." in ins.opcode else ins.opcode
+    return None
+
+
+def main_loop(fn: pm.SassFunction) -> pm.Loop | None:
+    """The loop whose body holds the most tensor-core FLOP (the outermost one on a tie: the tile loop
+    around unrolled fragment loops); None when no loop holds an MMA."""
+    best, score = None, (0, 0)
+    for lp in pm.loops(fn):
+        flop = sum(tensor_flop(i) for i in fn.instrs[lp.start:lp.end + 1])
+        key = (flop, lp.end - lp.start)
+        if flop and key > score:
+            best, score = lp, key
+    return best
+
+
+@dataclass
+class TileWork:
+    """One warp's work in one iteration of the main loop, counted in the SASS (every instruction of
+    the body once, nested loops included once, predicated-off instructions still issued)."""
+
+    loop: pm.Loop | None
+    instrs: int = 0
+    mma: dict = field(default_factory=dict)   # {"HMMA.16816": count, ...}
+    mma_flop: int = 0          # tensor-core FLOP per warp per iteration
+    wavefronts: int = 0        # shared-memory wavefronts (LDSM, LDS, STS, LDGSTS, STSM)
+    ldsm: int = 0              # of which LDSM wavefronts
+    fp32: int = 0              # FFMA/FMUL/FADD/FMNMX warp-instructions
+    mufu: int = 0              # MUFU.EX2 warp-instructions
+    mufu_other: int = 0        # other MUFU (RCP, ...)
+    global_bytes: int = 0      # global bytes per thread (LDG/LDGSTS)
+    fixed_instrs: int = 0      # warp-instructions outside the main loop (once per warp)
+    latencies_per_iter: float = 0.0   # model.loop_mlp: round trips per iteration the loop waits for
+    disjoint_mma_loops: int = 0       # other loops with MMAs outside the main loop (counted once)
+
+
+def tile_work(fn: pm.SassFunction, dev: pm.Device = pm.H200) -> TileWork:
+    lp = main_loop(fn)
+    if lp is None:
+        return TileWork(None, fixed_instrs=len(fn.instrs))
+    body = fn.instrs[lp.start:lp.end + 1]
+    w = TileWork(lp, instrs=len(body), fixed_instrs=len(fn.instrs) - len(body))
+    for ins in body:
+        shape = _mma_shape(ins)
+        if shape:
+            w.mma[shape] = w.mma.get(shape, 0) + 1
+        w.mma_flop += tensor_flop(ins)
+        wf = pm.smem_wavefronts(ins)
+        w.wavefronts += wf
+        w.ldsm += wf if ins.base == "LDSM" else 0
+        w.fp32 += ins.base in FP32_OPS
+        if ins.base == "MUFU":
+            if "EX2" in ins.mods:
+                w.mufu += 1
+            else:
+                w.mufu_other += 1
+        w.global_bytes += pm.global_load_bytes(ins)
+    if w.global_bytes:
+        w.latencies_per_iter = pm.loop_mlp(fn, lp, dev).latencies_per_iter
+    w.disjoint_mma_loops = sum(1 for o in pm.loops(fn) if not o.overlaps(lp)
+                               and any(tensor_flop(i) for i in fn.instrs[o.start:o.end + 1]))
+    return w
+
+
+# ---- one CTA, one launch --------------------------------------------------------------------------
+PREFILL_TERMS = ("tensor", "issue", "mufu", "fp32", "smem", "latency")
+
+
+def cta_terms(work: TileWork, tiles: float, warps: int, k: int, dev: pm.Device, pipes: PrefillPipes,
+              unroll: float = 1.0) -> dict[str, float]:
+    """Seconds each pipe needs for one CTA of `warps` warps running `tiles` main-loop iterations while
+    `k` CTAs share its SM equally (each gets 1/k of every per-SM rate; issue: min(4, warps x k) warps
+    issue per clock). `unroll`: main-loop iterations of the SASS per tile (1 unless the compiler
+    unrolled the tile loop)."""
+    it = tiles / unroll
+    clk = dev.clock_hz
+    hgmma = any(s.startswith("HGMMA") for s in work.mma)
+    eff = pipes.hgmma_fraction if hgmma else pipes.mma_sync_fraction
+    tensor_rate = dev.tensor_flop_per_sm_clock * eff * clk / k
+    issue_rate = min(dev.issue_per_sm_clock, warps * k) * clk / k
+    return {
+        "tensor": it * warps * work.mma_flop / tensor_rate,
+        "issue": (it * warps * work.instrs + warps * work.fixed_instrs) / issue_rate,
+        "mufu": it * warps * (work.mufu + work.mufu_other) * 32 / (pipes.mufu_per_sm_clock * clk / k),
+        "fp32": it * warps * work.fp32 * 32 / (pipes.fp32_per_sm_clock * clk / k),
+        "smem": it * warps * work.wavefronts / (dev.smem_wavefronts_per_sm_clock * clk / k),
+        "latency": it * work.latencies_per_iter * pipes.tile_latency_s,
+    }
+
+
+@dataclass
+class PrefillEstimate:
+    seconds: float
+    flop: float
+    tflops: float
+    fraction: float          # of the dense peak
+    bound: str
+    ctas: int
+    resident: int            # CTAs the GPU holds at once (SMs x k)
+    busy: dict = field(default_factory=dict)    # CTA-seconds charged to each term
+
+
+def launch_estimate(ctas: list[float], work: TileWork, warps: int, k: int, flop: float, dram_bytes: float,
+                    dev: pm.Device, pipes: PrefillPipes, peak: float, extra_launches: int = 0,
+                    extra_bytes: float = 0.0, unroll: float = 1.0) -> PrefillEstimate:
+    """`ctas`: main-loop tile iterations of each CTA, in launch order. Each CTA takes its slowest term
+    (plus two tile latencies: its first tile's request and its store) on the first free of SMs x k
+    slots; the launch ends with the last CTA, and takes at least `dram_bytes` over the copy bandwidth.
+    Each extra launch (a split-KV merge) adds two latencies plus `extra_bytes` at the copy bandwidth."""
+    k = max(1, k)
+    slots = [0.0] * (dev.sms * k)
+    heapq.heapify(slots)
+    busy = dict.fromkeys(PREFILL_TERMS, 0.0)
+    end = 0.0
+    cache: dict[float, tuple[float, str]] = {}
+    for tiles in ctas:
+        if tiles not in cache:
+            terms = cta_terms(work, tiles, warps, k, dev, pipes, unroll)
+            bound = max(terms, key=terms.get)
+            cache[tiles] = (terms[bound] + 2 * pipes.tile_latency_s, bound)
+        t, bound = cache[tiles]
+        busy[bound] += t
+        start = heapq.heappop(slots)
+        heapq.heappush(slots, start + t)
+        end = max(end, start + t)
+    floor = dram_bytes / dev.copy_bw
+    if floor > end:
+        busy["bandwidth"] = floor - end
+        end = floor
+    end += extra_launches * 2 * dev.latency_s + extra_bytes / dev.copy_bw
+    seconds = max(end, 1e-12)
+    tflops = flop / seconds
+    return PrefillEstimate(seconds, flop, tflops, tflops / peak, max(busy, key=busy.get), len(ctas),
+                           dev.sms * k, busy)
+
+
+# ---- FLOP ------------------------------------------------------------------------------------------
+def visible_pairs(q_len: int, kv_len: int, causal: bool = True, window: int = 0) -> int:
+    """(query, key) pairs a chunk of q_len tokens at the end of kv_len keys sees: row j (position
+    p = kv_len - q_len + j) sees keys 0..p (causal), p-window+1..p (window), or all kv_len."""
+    if not causal:
+        return q_len * kv_len
+    pos0 = kv_len - q_len
+    if not window:
+        return q_len * pos0 + q_len * (q_len + 1) // 2
+    return sum(min(pos0 + j + 1, window) for j in range(q_len))
+
+
+def causal_flop(seqs: list[tuple[int, int]], head_dim: int, num_q_heads: int, window: int = 0) -> float:
+    """4 x head_dim x visible pairs x query heads: S = Q K^T and O = P V, 2 FLOP per multiply-add each."""
+    return float(4 * head_dim * num_q_heads * sum(visible_pairs(q, kv, True, window) for q, kv in seqs))
+
+
+# ---- CTAs of kgen's launch (templates/common/paged_prefill.cuh, kgen/families/attention/prefill.py) --
+def kgen_ctas(seqs: list[tuple[int, int]], group: int, num_kv_heads: int, warps: int, kv_tile: int,
+              partitions: int = 1, partition_tokens: int = 0, window: int = 0, causal: bool = True) -> list[int]:
+    """Tile iterations of every block of kgen's paged-prefill launch, in launch order (x fastest:
+    blockIdx.x counts each sequence's tiles of 16 x warps packed (token, group head) rows, the last
+    (heaviest) tile first, plus one spare block per sequence that exits; y: KV head; z: partition).
+    A block walks keys [lo, hi): lo = max(0, p_first - window + 1) with a window, hi = p_last + 1
+    (causal) or kv_len; with partitions, clipped to [z x P, (z + 1) x P) (the last: to the end),
+    and a partition past ceil(kv_len / P) exits. Iterations: ceil((hi - lo) / kv_tile)."""
+    rows_per = 16 * warps
+    xs: list[list[int]] = [[] for _ in range(max(1, partitions))]
+    for z in range(max(1, partitions)):
+        for q_len, kv_len in seqs:
+            n = -(-q_len * group // rows_per)
+            pos0 = kv_len - q_len
+            for i in range(n):
+                tile = n - 1 - i
+                r0 = tile * rows_per
+                rows = min(rows_per, q_len * group - r0)
+                lo = max(0, pos0 + r0 // group - window + 1) if window else 0
+                hi = pos0 + (r0 + rows - 1) // group + 1 if causal else kv_len
+                if partitions > 1:
+                    if z >= min(-(-kv_len // partition_tokens), partitions):
+                        xs[z].append(0)
+                        continue
+                    lo = max(lo, z * partition_tokens)
+                    if z < partitions - 1:
+                        hi = min(hi, (z + 1) * partition_tokens)
+                xs[z].append(max(0, -(-(hi - lo) // kv_tile)))
+        xs[z] += [0] * len(seqs)  # the spare blocks of grid x
+    return [t for z in range(max(1, partitions)) for _ in range(num_kv_heads) for t in xs[z]]
+
+
+# ---- FlashInfer's batch prefill, sm80 path (flashinfer/data/include/flashinfer: utils.cuh,
+# attention/scheduler.cuh, attention/prefill.cuh of the flashinfer-python wheel) ---------------------
+def flashinfer_cta_tile_q(avg_packed_qo_len: int, head_dim: int) -> int:
+    """utils.cuh FA2DetermineCtaTileQ for head_dim < 256 on sm_80+: 128 past 64 packed rows, 64 past 16,
+    else 16."""
+    if avg_packed_qo_len > 64 and head_dim < 256:
+        return 128
+    return 64 if avg_packed_qo_len > 16 else 16
+
+
+def flashinfer_traits(cta_tile_q: int, head_dim: int, kv_itemsize: int, q_itemsize: int = 2,
+                      smem_per_sm: int = 233472, smem_optin: int = 232448) -> dict:
+    """prefill.cuh BatchPrefillWithPagedKVCacheDispatched for head_dim <= 256 (no VO split, no RoPE,
+    fp32 QK accumulation): NUM_MMA_Q (2 for a 128-row tile, else 1), NUM_WARPS_Q (4 past 16 rows, else
+    1), NUM_WARPS_KV = 4 / NUM_WARPS_Q; K/V smem per NUM_MMA_KV = (D_QK + D_VO) x 16 x NUM_WARPS_KV x
+    sizeof(KV), plus a D x 16 x NUM_WARPS_KV q-type repack tile for a one-byte KV (use_kv_repack); the
+    Q tile CTA_TILE_Q x D x sizeof(Q) fixed; 2 CTAs per SM when two minimum tiles fit the SM; NUM_MMA_KV
+    = the DISPATCH_NUM_MMA_KV step (8, 4, 2, 1) at or below min(smem bound, 8 / NUM_MMA_Q)."""
+    num_mma_q = 2 if cta_tile_q > 64 else 1
+    warps_q = 4 if cta_tile_q > 16 else 1
+    warps_kv = 4 // warps_q
+    per_kv = 2 * head_dim * 16 * warps_kv * kv_itemsize
+    if kv_itemsize == 1 and cta_tile_q > 16 and head_dim != 64:
+        per_kv += head_dim * 16 * warps_kv * q_itemsize
+    fixed = cta_tile_q * head_dim * q_itemsize
+    min_kv = warps_q // 2 if kv_itemsize == 1 and warps_q > 2 else 1
+    ctas_per_sm = 2 if smem_per_sm >= 2 * (fixed + min_kv * per_kv) else 1
+    per_block = min(smem_per_sm // ctas_per_sm, smem_optin)
+    limit = min((per_block - fixed) // per_kv, 8 // num_mma_q)
+    num_mma_kv = next(s for s in (8, 4, 2, 1) if limit >= s)
+    return {"CTA_TILE_Q": cta_tile_q, "NUM_MMA_Q": num_mma_q, "NUM_WARPS_Q": warps_q, "NUM_WARPS_KV": warps_kv,
+            "NUM_MMA_KV": num_mma_kv, "NUM_MMA_D": head_dim // 16, "CTA_TILE_KV": num_mma_kv * 16 * warps_kv,
+            "threads": 32 * warps_q * warps_kv, "smem": fixed + num_mma_kv * per_kv}
+
+
+def flashinfer_chunk(packed: list[int], kv_pages: list[int], cta_tile_q: int, max_batch_if_split: int,
+                     min_chunk_pages: int) -> tuple[bool, int]:
+    """scheduler.cuh PrefillBinarySearchKVChunkSize (CUDA graphs off): the smallest chunk (pages, at
+    least 128 / page_size) whose work items sum(ceil(packed / CTA_TILE_Q) x ceil(pages / chunk)) fit
+    max_batch_size_if_split = 2 x SMs / kv_heads; split when that chunk is under the longest KV."""
+    low, high = min_chunk_pages, max(max(kv_pages), 1)
+    while low < high:
+        mid = (low + high) // 2
+        n = sum(-(-p // cta_tile_q) * -(-max(kv, 1) // mid) for p, kv in zip(packed, kv_pages, strict=True))
+        if n > max_batch_if_split:
+            low = mid + 1
+        else:
+            high = mid
+    return low < max(max(kv_pages), 1), low
+
+
+def flashinfer_ctas(seqs: list[tuple[int, int]], group: int, num_kv_heads: int, page: int, traits: dict,
+                    sms: int) -> tuple[list[int], int]:
+    """(tile iterations of every CTA in launch order, KV chunks in all): scheduler.cuh PrefillSplitQOKVIndptr
+    work items (request, q tile, KV chunk) on grid x, KV heads on grid z; prefill.cuh's causal
+    num_iterations = ceil(min(chunk_size, max(0, kv_len - qo_len + ceil((q_tile + 1) x CTA_TILE_Q /
+    group) - chunk_start)) / CTA_TILE_KV)."""
+    tq, tkv = traits["CTA_TILE_Q"], traits["CTA_TILE_KV"]
+    packed = [q * group for q, _ in seqs]
+    pages = [-(-kv // page) for _, kv in seqs]
+    split, chunk_pages = flashinfer_chunk(packed, pages, tq, 2 * sms // num_kv_heads, max(128 // page, 1))
+    items = []
+    chunks = 0
+    for (q_len, kv_len), p, np_ in zip(seqs, packed, pages, strict=True):
+        n_chunks = -(-max(np_, 1) // chunk_pages) if split else 1
+        size = chunk_pages * page if split else kv_len
+        chunks += n_chunks
+        for qt in range(-(-p // tq)):
+            limit = kv_len - q_len + -(-((qt + 1) * tq) // group)
+            for c in range(n_chunks):
+                start = min(c * size, kv_len)
+                csize = min((c + 1) * size, kv_len) - start
+                items.append(-(-min(csize, max(0, limit - start)) // tkv))
+    return [t for _ in range(num_kv_heads) for t in items], (chunks if split else 0)
+
+
+def fmt_tflops(e: PrefillEstimate | None) -> str:
+    return "n/a" if e is None else f"{e.tflops / 1e12:.0f} ({100 * e.fraction:.0f}%, {e.bound})"
+
+
+def finite(e: PrefillEstimate) -> bool:
+    return all(math.isfinite(x) for x in (e.seconds, e.tflops, e.fraction))
