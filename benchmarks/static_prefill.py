@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.metadata
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from static_perf import find_nvcc, flashinfer_data, md_table, nvcc_cubin  # noqa: E402
 
-from kgen.cache import ArtifactCache  # noqa: E402
+from kgen.cache import ArtifactCache, content_key  # noqa: E402
 from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report  # noqa: E402
 from kgen.families.attention.prefill import PAGED_PREFILL, tiles  # noqa: E402
 from kgen.families.registry import family_for  # noqa: E402
@@ -99,15 +100,19 @@ class Kernel:
     ctas: object               # (seqs, num_q_heads, num_kv_heads) -> (tile iterations per CTA, extra launches, extra bytes)
     kv_itemsize: int
     notes: list[str] = field(default_factory=list)
+    mma_warps: int = 0         # warps running the main loop (a warp-specialized kernel: its consumers); 0: all
+
+    @property
+    def warps(self) -> int:
+        return self.mma_warps or self.threads // 32
 
     @property
     def occ(self) -> pm.Occupancy:
         return pm.occupancy(self.threads, self.registers, self.smem, DEV)
 
     def expected_flop(self) -> int:
-        """FLOP one warp's iteration should hold: 16 x (rows / warps / 16) rows x kv_tile keys x d x 4."""
-        warps = self.threads // 32
-        return 4 * (self.rows // warps) * self.kv_tile * 128
+        """FLOP one warp's iteration should hold: rows / warps x kv_tile keys x d x 4."""
+        return 4 * (self.rows // self.warps) * self.kv_tile * 128
 
     def estimate(self, seqs, num_q_heads: int, num_kv_heads: int, pipes: pf.PrefillPipes = PIPES):
         ctas, extra, extra_bytes = self.ctas(seqs, num_q_heads, num_kv_heads)
@@ -116,7 +121,7 @@ class Kernel:
         dram = (sum(kv for _, kv in seqs) * num_kv_heads * 2 * 128 * self.kv_itemsize
                 + tokens * num_q_heads * 128 * 2 * 2)
         unroll = max(1, round(self.work.mma_flop / self.expected_flop()))
-        return pf.launch_estimate(ctas, self.work, self.threads // 32, self.occ.blocks, flop, dram, DEV, pipes,
+        return pf.launch_estimate(ctas, self.work, self.warps, self.occ.blocks, flop, dram, DEV, pipes,
                                   PEAK, extra, extra_bytes, unroll)
 
 
@@ -239,6 +244,104 @@ def flashinfer_kernel(nvcc: str, cuobjdump: str, cache: ArtifactCache, kv_dtype:
                    f"{res.spill_stores} B spill stores; 16-token pages"])
 
 
+# ---- FlashInfer (sm90 path: wgmma, warp-specialized, persistent) ------------------------------------
+FI90_PARAMS = (["maybe_prefix_len_ptr", "maybe_token_pos_in_items_ptr", "maybe_max_item_len_ptr", "maybe_scale_v"],
+               ["uint32_t", "uint16_t", "uint16_t", "float"],
+               ["logits_soft_cap", "sm_scale", "scale_v_scalar", "token_pos_in_items_len"],
+               ["double", "double", "double", "int64_t"])
+FI90_INSTANCE = """
+#include <flashinfer/attention/hopper/prefill_sm90.cuh>
+namespace flashinfer {
+template cudaError_t BatchPrefillWithPagedKVCacheDispatched<128, 128, MaskMode::kCausal, false, true,
+    DefaultAttention<false>, PagedParams>(PagedParams& params, bool enable_pdl, cudaStream_t stream);
+}
+"""
+# cutlass's reference tensor fill (pulled in by flashinfer/cutlass_utils.cuh) includes curand_kernel.h; the
+# attention kernel never calls it, and a CUDA toolkit without cuRAND headers builds with these declarations.
+CURAND_STUB = """#pragma once
+struct curandStateXORWOW { unsigned d; };
+typedef curandStateXORWOW curandState_t;
+typedef curandStateXORWOW curandState;
+__device__ void curand_init(unsigned long long, unsigned long long, unsigned long long, curandState_t*);
+__device__ float curand_uniform(curandState_t*);
+__device__ float curand_normal(curandState_t*);
+__device__ double curand_uniform_double(curandState_t*);
+__device__ double curand_normal_double(curandState_t*);
+__device__ unsigned int curand(curandState_t*);
+"""
+FI90_CTA_Q, FI90_CTA_KV = 128, 96   # prefill_sm90.cuh's dispatch for head_dim 128, causal, paged KV
+
+
+def nvcc_sm90a(source: str, flags: list[str], nvcc: str, cache: ArtifactCache) -> tuple[bytes, str]:
+    """(cubin, ptxas -v log) for sm_90a (wgmma needs the arch-specific target), cached by content."""
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    key = content_key("static-prefill-sm90a", source, "\0".join(flags), version, CURAND_STUB)
+
+    def build(tmp: Path) -> None:
+        (tmp / "stub").mkdir()
+        (tmp / "stub" / "curand_kernel.h").write_text(CURAND_STUB)
+        (tmp / "k.cu").write_text(source)
+        run = subprocess.run([nvcc, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", *flags,
+                              f"-I{tmp / 'stub'}", "-o", str(tmp / "k.cubin"), str(tmp / "k.cu")],
+                             capture_output=True, text=True)
+        if run.returncode != 0:
+            raise RuntimeError(f"nvcc failed:\n{run.stderr[-3000:]}")
+        (tmp / "ptxas.log").write_text(run.stderr + run.stdout)
+
+    entry, _ = cache.get_or_build("static-prefill", key, build)
+    return (entry / "k.cubin").read_bytes(), (entry / "ptxas.log").read_text()
+
+
+def flashinfer_sm90_kernel(nvcc: str, cuobjdump: str, cache: ArtifactCache) -> Kernel:
+    """FlashInfer's sm90 batch prefill (attention/hopper/prefill_sm90.cuh), fp16 paged KV, head_dim 128,
+    causal: the wheel's csrc/batch_prefill_sm90_customize_config.jinja rendered as gen_batch_prefill_module
+    does for the fa3 backend, and its BatchPrefillWithPagedKVCacheDispatched instantiated (which
+    instantiates the kernel its dispatch picks), with flashinfer/jit/core.py's sm90a flags."""
+    import jinja2
+
+    data = flashinfer_data()
+    if data is None:
+        raise RuntimeError("flashinfer-python is not installed (pip install --no-deps flashinfer-python)")
+    version = importlib.metadata.version("flashinfer-python")
+    tn, td, sn, sd = FI90_PARAMS
+    decl = "".join(f"{t}* {n};\n" for t, n in zip(td, tn, strict=True)) + "".join(
+        f"{t} {n};\n" for t, n in zip(sd, sn, strict=True))
+    template = jinja2.Template((data / "csrc" / "batch_prefill_sm90_customize_config.jinja").read_text())
+    config = template.render(
+        additional_func_params="", additional_params_setter="", additional_params_decl=decl, dtype_q="half",
+        dtype_kv="half", dtype_o="half", idtype="int32_t", head_dim_qk=128, head_dim_vo=128,
+        use_logits_soft_cap="false", use_sliding_window="false", variant_name="DefaultAttention<false>",
+        variant_decl="#include<flashinfer/attention/hopper/variants.cuh>")
+    source = f"// flashinfer-python {version} batch prefill sm90\n" + config.replace("#pragma once", "") + FI90_INSTANCE
+    flags = ["-O3", "-DNDEBUG", "-std=c++17", "-use_fast_math", "--expt-relaxed-constexpr", "--expt-extended-lambda",
+             "-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED", "-DFLASHINFER_ENABLE_F16", "-DFLASHINFER_ENABLE_BF16",
+             "-DFLASHINFER_ENABLE_FP8_E4M3", "-DFLASHINFER_ENABLE_FP8_E5M2", f"-I{data / 'include'}",
+             f"-I{data / 'cutlass' / 'include'}", f"-I{data / 'cutlass' / 'tools' / 'util' / 'include'}",
+             f"-I{data / 'cccl' / 'cub'}", f"-I{data / 'cccl' / 'libcudacxx' / 'include'}",
+             f"-I{data / 'cccl' / 'thrust'}"]
+    cubin, log = nvcc_sm90a(source, flags, nvcc, cache)
+    funcs = pm.parse_sass(sass_text(cubin, cuobjdump))
+    (name,) = [n for n in funcs if "PrefillWithKVCacheKernel" in n]
+    res = parse_ptxas_report(log)[name]
+    threads = ((FI90_CTA_Q // 64) + 1) * 128  # kernel_traits.cuh NUM_WARPS = (CTA_Q / 64 + 1) x 4
+    work = pf.tile_work(funcs[name], DEV)
+
+    def ctas(seqs, num_q_heads, num_kv_heads):
+        return pf.flashinfer_sm90_items(seqs, num_q_heads, FI90_CTA_Q, FI90_CTA_KV), 0, 0.0
+
+    label = f"FlashInfer {version} BatchPrefill sm90 path"
+    return Kernel(label, res.registers, f"{res.spill_stores}/{res.spill_loads}", res.static_smem, threads, work,
+                  FI90_CTA_Q, FI90_CTA_KV, ctas, 2,
+                  [f"{label}: AttentionKernelTraits CTA_Q {FI90_CTA_Q}, CTA_KV {FI90_CTA_KV}, 2 stages, {threads} "
+                   f"threads (one producer warpgroup, {FI90_CTA_Q // 64} consumer warpgroups: the model runs the "
+                   "consumers' main loop; the producers' instructions are not charged), 1 persistent CTA per SM "
+                   "(its registers); work items = (query head, request, 128-token query tile), no GQA packing "
+                   "(scheduler.cuh PrefillSM90Plan), list-scheduled on the 132 SMs. HGMMA reads its operands "
+                   "from shared memory through descriptors: that traffic is not in the smem term; its main loop "
+                   "waits on barriers (SYNCS), not on loads, so the latency term is 0"],
+                  mma_warps=FI90_CTA_Q // 64 * 4)
+
+
 # ---- tables ---------------------------------------------------------------------------------------------
 def build(cache: ArtifactCache) -> tuple[dict, list[str]]:
     """{(model label, kv dtype): [Kernel, ...]} and what could not be built."""
@@ -258,6 +361,15 @@ def build(cache: ArtifactCache) -> tuple[dict, list[str]]:
         except (RuntimeError, ValueError) as e:
             fi[kv] = None
             skipped.append(f"FlashInfer ({kv} KV): {str(e)[-400:]}")
+    fi90 = None
+    try:
+        if nvcc is None:
+            raise RuntimeError("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
+        fi90 = flashinfer_sm90_kernel(nvcc, cuobjdump, cache)
+    except (RuntimeError, ValueError) as e:
+        skipped.append(f"FlashInfer sm90 path (fp16 KV): {str(e)[-400:]}")
+    skipped.append("FlashInfer sm90 path with an fp8 KV cache: not built (its fp8 path is a separate kernel, "
+                   "batch_prefill_fp8_sm90; not done in this pass)")
     groups = {}
     for model, over in MODELS.items():
         for kv, spec in base.items():
@@ -265,6 +377,8 @@ def build(cache: ArtifactCache) -> tuple[dict, list[str]]:
             rows = [kgen_kernel(spec, cuobjdump, cache, f"kgen {spec.name}" + (" (64 q heads)" if over else ""))]
             if fi[kv] is not None:
                 rows.append(fi[kv])
+            if kv == "fp16" and fi90 is not None:
+                rows.append(fi90)
             groups[(model, kv)] = (spec, rows)
     return groups, skipped
 
@@ -311,40 +425,44 @@ def work_table(groups) -> str:
             mma = ", ".join(f"{n} x{c}" for n, c in w.mma.items())
             rows.append([k.label, k.registers, k.spills, k.smem, k.threads, f"{occ.blocks} ({occ.limiter})",
                          f"{k.rows} x {k.kv_tile}", mma, f"{w.mma_flop / k.expected_flop():.3f}", w.instrs,
-                         w.ldsm, w.wavefronts, w.fp32, w.mufu, w.global_bytes, f"{w.latencies_per_iter:.2f}"])
+                         w.ldsm, w.wavefronts, w.fp32, w.mufu, w.branches, w.global_bytes, f"{w.latencies_per_iter:.2f}"])
     head = ["kernel (sm_90)", "regs", "spill st/ld B", "smem/CTA B", "threads", "CTAs/SM (limit)",
             "CTA tile rows x keys", "MMA per warp per iteration", "MMA FLOP / expected", "warp-instr/iter",
-            "LDSM wavefronts", "smem wavefronts", "FP32 instr", "MUFU.EX2", "global B/thread", "round trips/iter"]
+            "LDSM wavefronts", "smem wavefronts", "FP32 instr", "MUFU.EX2", "BRA", "global B/thread", "round trips/iter"]
     return md_table(head, rows)
 
 
 def fa2_table(groups, cuobjdump: str, cache: ArtifactCache) -> tuple[str, list[float], list[float]]:
     """FlashInfer's sm80 kernel (and kgen's llama3_8b_prefill rendered for 16/16 heads) on the FA3 paper's
     shape, next to FA2's published figures; the model's error at mma.sync 1.0 and 0.5 of the peak."""
-    fi = next((k for (_, kv), (_, ks) in groups.items() if kv == "fp16" for k in ks if k.label.startswith("FlashInfer")),
-              None)
+    fp16 = [k for (_, kv), (_, ks) in groups.items() if kv == "fp16" for k in ks]
+    fi = next((k for k in fp16 if k.label.startswith("FlashInfer") and "sm80" in k.label), None)
+    fi90 = next((k for k in fp16 if "sm90" in k.label), None)
     mha = load_spec(ROOT / "specs" / "llama3_8b_prefill.yaml").with_overrides(
         **{"attention.num_q_heads": 16, "attention.num_kv_heads": 16})
     kg = kgen_kernel(mha, cuobjdump, cache, "kgen llama3_8b_prefill (16/16 heads)")
     half = dataclasses.replace(PIPES, mma_sync_fraction=0.5)
-    rows, errors, errors_half = [], [], []
+    rows, errors, errors_half, errors90 = [], [], [], []
     for s in FA3_SEQLENS:
         seqs = [(s, s)] * (16384 // s)
         e_fi = fi.estimate(seqs, 16, 16) if fi is not None else None
         e_half = fi.estimate(seqs, 16, 16, half) if fi is not None else None
         e_kg = kg.estimate(seqs, 16, 16)
+        e_90 = fi90.estimate(seqs, 16, 16) if fi90 is not None else None
         cells = []
-        for e, errs in ((e_fi, errors), (e_half, errors_half)):
-            err = e.tflops / 1e12 / FA2_PUBLISHED[s] - 1 if e else None
+        for e, errs, pub in ((e_fi, errors, FA2_PUBLISHED), (e_half, errors_half, FA2_PUBLISHED),
+                             (e_90, errors90, FA3_PUBLISHED)):
+            err = e.tflops / 1e12 / pub[s] - 1 if e else None
             if err is not None:
                 errs.append(err)
             cells += [pf.fmt_tflops(e), "n/a" if err is None else f"{100 * err:+.0f}%"]
         rows.append([f"{16384 // s} x {s}", cells[0], cells[2], FA2_PUBLISHED[s], cells[1], cells[3],
-                     pf.fmt_tflops(e_kg), FA3_PUBLISHED[s]])
+                     cells[4], FA3_PUBLISHED[s], cells[5], pf.fmt_tflops(e_kg)])
     head = ["batch x seqlen (16 heads, d128, causal, MHA)", "FlashInfer sm80 path (ESTIMATE)",
             "same, mma.sync at 0.5 (ESTIMATE)", "FA2 published", "error vs FA2", "error vs FA2 at 0.5",
-            "kgen llama3_8b_prefill, 16/16 heads (ESTIMATE)", "FA3 published"]
-    return md_table(head, rows), errors, errors_half
+            "FlashInfer sm90 path (ESTIMATE)", "FA3 published", "error vs FA3",
+            "kgen llama3_8b_prefill, 16/16 heads (ESTIMATE)"]
+    return md_table(head, rows), errors, errors_half, errors90
 
 
 def register_table(cuobjdump: str, cache: ArtifactCache) -> str:
@@ -426,27 +544,32 @@ def assumptions(groups, skipped) -> str:
 
 def report(cache: ArtifactCache) -> str:
     groups, skipped = build(cache)
-    fa2, errors, errors_half = fa2_table(groups, find_cuobjdump(), cache)
+    fa2, errors, errors_half, errors90 = fa2_table(groups, find_cuobjdump(), cache)
     half = dataclasses.replace(PIPES, mma_sync_fraction=0.5)
     sens = {k: v for k, v in groups.items() if k[1] == "fp16"}
     err_line = ("no FlashInfer figures" if not errors else
                 f"Model error against FA2's published figures: {min(errors) * 100:+.0f}% to {max(errors) * 100:+.0f}% "
                 f"(mean {np.mean(errors) * 100:+.0f}%) with mma.sync at the dense peak; {min(errors_half) * 100:+.0f}% "
                 f"to {max(errors_half) * 100:+.0f}% (mean {np.mean(errors_half) * 100:+.0f}%) at half of it. The model "
-                "is a throughput bound (no dependency stalls, no softmax/MMA serialization), so it over-estimates")
+                "is a throughput bound (no dependency stalls, no softmax/MMA serialization), so it over-estimates"
+                + ("" if not errors90 else
+                   f". FlashInfer's sm90 path (wgmma, warp-specialized: FA3's design, not FA3 itself) against FA3's "
+                   f"published figures: {min(errors90) * 100:+.0f}% to {max(errors90) * 100:+.0f}% "
+                   f"(mean {np.mean(errors90) * 100:+.0f}%)"))
     parts = [
         "### Estimated prefill throughput on H200 (sm_90), TFLOP/s\n",
         f"Shapes: {', '.join(s for s, _ in SHAPES)} ({MIXED_NOTE}).",
         estimate_table(groups),
-        "\n### The same with mma.sync at half the dense peak (sensitivity, fp16 KV)\n",
+        "\n### The same with mma.sync at half the dense peak (sensitivity, fp16 KV; wgmma rows unchanged)\n",
         estimate_table(sens, half),
         "\n### CTAs of the main launch (busy: with at least one KV tile)\n",
         cta_table(groups),
         "\n### Per-iteration work of the main loop (one warp, from the SASS)\n",
         work_table(groups),
         "\n### Check against published figures (H100 SXM, FA3 paper's benchmark shape)\n",
-        "FlashInfer's sm80 kernel is FA2-style (mma.sync, cp.async) but it is NOT FlashAttention-2: the published "
-        "FA2 figures are a stand-in for the kind of kernel, and the model runs at the H200 preset (H100 SXM has "
+        "FlashInfer's sm80 kernel is FA2-style (mma.sync, cp.async) but it is NOT FlashAttention-2, and its sm90 "
+        "kernel follows FA3's design but is NOT FlashAttention-3: the published figures are stand-ins for the "
+        "kind of kernel, and the model runs at the H200 preset (H100 SXM has "
         f"the same SMs and tensor peak; its lower HBM bandwidth does not bind here). {err_line}.\n",
         fa2,
         "\n### Registers and spills of the bundled prefill specs\n",

@@ -79,15 +79,21 @@ def _mma_shape(ins: pm.Instr) -> str | None:
 
 
 def main_loop(fn: pm.SassFunction) -> pm.Loop | None:
-    """The loop whose body holds the most tensor-core FLOP (the outermost one on a tie: the tile loop
-    around unrolled fragment loops); None when no loop holds an MMA."""
-    best, score = None, (0, 0)
-    for lp in pm.loops(fn):
-        flop = sum(tensor_flop(i) for i in fn.instrs[lp.start:lp.end + 1])
-        key = (flop, lp.end - lp.start)
-        if flop and key > score:
-            best, score = lp, key
-    return best
+    """Of the loops holding MMAs that no shorter MMA-holding loop lies in or overlaps (backward branches
+    of a persistent kernel's control flow need not nest), the one with the most tensor-core FLOP, the
+    shorter on a tie: the tile loop around unrolled fragment loops, and in a persistent,
+    warp-specialized kernel (FlashInfer's sm90 path) the steady-state iteration rather than the
+    regions around its peeled and masked iterations. None when no loop holds an MMA."""
+    found = [(lp, sum(tensor_flop(i) for i in fn.instrs[lp.start:lp.end + 1])) for lp in pm.loops(fn)]
+    found = [(lp, f) for lp, f in found if f]
+
+    def span(lp: pm.Loop) -> int:
+        return lp.end - lp.start
+
+    inner = [(lp, f) for lp, f in found if not any(o != lp and o.overlaps(lp) and span(o) < span(lp) for o, _ in found)]
+    if not inner:
+        return None
+    return max(inner, key=lambda x: (x[1], -(x[0].end - x[0].start)))[0]
 
 
 @dataclass
@@ -105,6 +111,7 @@ class TileWork:
     mufu: int = 0              # MUFU.EX2 warp-instructions
     mufu_other: int = 0        # other MUFU (RCP, ...)
     global_bytes: int = 0      # global bytes per thread (LDG/LDGSTS)
+    branches: int = 0          # BRA inside the body (both sides of each are counted as issued)
     fixed_instrs: int = 0      # warp-instructions outside the main loop (once per warp)
     latencies_per_iter: float = 0.0   # model.loop_mlp: round trips per iteration the loop waits for
     disjoint_mma_loops: int = 0       # other loops with MMAs outside the main loop (counted once)
@@ -131,6 +138,7 @@ def tile_work(fn: pm.SassFunction, dev: pm.Device = pm.H200) -> TileWork:
             else:
                 w.mufu_other += 1
         w.global_bytes += pm.global_load_bytes(ins)
+        w.branches += ins.base == "BRA"
     if w.global_bytes:
         w.latencies_per_iter = pm.loop_mlp(fn, lp, dev).latencies_per_iter
     w.disjoint_mma_loops = sum(1 for o in pm.loops(fn) if not o.overlaps(lp)
@@ -334,6 +342,22 @@ def flashinfer_ctas(seqs: list[tuple[int, int]], group: int, num_kv_heads: int, 
                 csize = min((c + 1) * size, kv_len) - start
                 items.append(-(-min(csize, max(0, limit - start)) // tkv))
     return [t for _ in range(num_kv_heads) for t in items], (chunks if split else 0)
+
+
+def flashinfer_sm90_items(seqs: list[tuple[int, int]], num_q_heads: int, cta_q: int = 128, cta_kv: int = 96) -> list[int]:
+    """Main-loop iterations of every work item of FlashInfer's sm90 batch prefill (scheduler.cuh
+    PrefillSM90Plan): per query head, the requests by KV length (longest first), each one's query
+    tiles of cta_q tokens (one head: GQA heads are not packed) from the last; a causal tile sees
+    kv_len - qo_len + min((tile + 1) x cta_q, qo_len) keys, in iterations of cta_kv. The plan hands
+    the items in this order to the least-loaded of the SMs' persistent CTAs (by its cost estimate);
+    list scheduling them on SMs x 1 slots is that greedy by modeled time."""
+    order = sorted(seqs, key=lambda s: -s[1])
+    items = []
+    for q_len, kv_len in order:
+        tiles = -(-q_len // cta_q)
+        for t in range(tiles - 1, -1, -1):
+            items.append(-(-(kv_len - q_len + min((t + 1) * cta_q, q_len)) // cta_kv))
+    return items * num_q_heads
 
 
 def fmt_tflops(e: PrefillEstimate | None) -> str:

@@ -145,3 +145,21 @@ def test_real_kgen_prefill_cubin_through_the_model():
     assert pf.finite(e) and e.seconds > 0 and e.bound in (*pf.PREFILL_TERMS, "bandwidth")
     big = k.estimate([(4096, 4096)], 32, 8)
     assert pf.finite(big) and 0 < big.fraction < 1 and math.isfinite(big.tflops)
+
+
+def test_main_loop_skips_regions_overlapping_a_shorter_mma_loop():
+    """A persistent kernel's backward branches need not nest: a long region overlapping the short
+    steady-state MMA loop is not the main loop, even with more MMAs in it."""
+    rows = [("HMMA.16816.F32 R0, R4, R8, R0", 7, 0)] * 3                      # 0..2: peeled iteration
+    rows += [("HMMA.16816.F32 R0, R4, R8, R0", 7, 0)] * 2 + [("@P0 BRA 0x30", 7, 0)]  # 3..5: steady loop
+    rows += [("IADD3 R1, R1, 0x1, RZ", 7, 0), ("@P1 BRA 0x10", 7, 0), ("EXIT", 7, 0)]  # 1..7: overlaps it
+    fn = pm.parse_sass(_listing("k", rows))["k"]
+    lp = pf.main_loop(fn)
+    assert (lp.start, lp.end) == (3, 5) and pf.tile_work(fn, DEV).mma == {"HMMA.16816": 2}
+
+
+def test_flashinfer_sm90_items_by_hand():
+    """Two requests, the longer first; 128-token tiles from the last, one per query head (no GQA packing):
+    a 200-token prompt's tiles see 200 and 128 keys = 3 and 2 iterations of 96; a 100-token chunk at the
+    end of 300 keys: 300 keys = 4 iterations."""
+    assert pf.flashinfer_sm90_items([(200, 200), (100, 300)], 2) == [4, 3, 2] * 2
