@@ -1,14 +1,14 @@
 """Static performance of the prefill kernels on sm_90, side by side (no GPU needed; ESTIMATES).
 
 kgen's paged-prefill kernels (the bundled llama3_8b_prefill and prefill_fp8_e4m3 specs, and GQA 8
-variants of them) and FlashInfer's BatchPrefillWithPagedKVCacheKernel (its sm80 / FA2-style path,
-mma.sync), compiled here from the flashinfer-python wheel's headers with nvcc, instantiated the way
-its JIT does: each kernel's main loop is read from the SASS (kgen/perf/prefill_model.py: HMMA count
+variants of them) and FlashInfer's batch prefill (BatchPrefillWithPagedKVCacheKernel, its sm80 /
+FA2-style path, mma.sync; and its sm90 path, wgmma, fp16 KV only), compiled here from the
+flashinfer-python wheel's headers with nvcc, instantiated the way its JIT does: each kernel's main loop is read from the SASS (kgen/perf/prefill_model.py: HMMA count
 and shape, smem wavefronts, FP32 and MUFU instructions, warp-instructions per tile iteration), its
 grid is planned for each shape (kgen: kern.plan; FlashInfer: its scheduler, re-stated), and the
 model gives TFLOP/s, the fraction of the 989 TFLOP/s dense fp16 peak and the term that binds.
-Also: FlashInfer's kernel on the FlashAttention-3 paper's benchmark shape next to the published
-FlashAttention-2 figures (a stand-in, not the same kernel), and registers/spills of every bundled
+Also: FlashInfer's kernels on the FlashAttention-3 paper's benchmark shape next to the published
+FlashAttention-2 and -3 figures (stand-ins, not the same kernels), and registers/spills of every bundled
 prefill spec on sm_80 and sm_90.
 
     pip install --no-deps flashinfer-python          # headers only: nothing of it is imported
@@ -101,6 +101,7 @@ class Kernel:
     kv_itemsize: int
     notes: list[str] = field(default_factory=list)
     mma_warps: int = 0         # warps running the main loop (a warp-specialized kernel: its consumers); 0: all
+    smem_known: bool = True    # False: dynamic smem not computed (occupancy from registers and static smem)
 
     @property
     def warps(self) -> int:
@@ -339,7 +340,7 @@ def flashinfer_sm90_kernel(nvcc: str, cuobjdump: str, cache: ArtifactCache) -> K
                    "(scheduler.cuh PrefillSM90Plan), list-scheduled on the 132 SMs. HGMMA reads its operands "
                    "from shared memory through descriptors: that traffic is not in the smem term; its main loop "
                    "waits on barriers (SYNCS), not on loads, so the latency term is 0"],
-                  mma_warps=FI90_CTA_Q // 64 * 4)
+                  mma_warps=FI90_CTA_Q // 64 * 4, smem_known=False)
 
 
 # ---- tables ---------------------------------------------------------------------------------------------
@@ -423,7 +424,7 @@ def work_table(groups) -> str:
             seen.add(k.label)
             w, occ = k.work, k.occ
             mma = ", ".join(f"{n} x{c}" for n, c in w.mma.items())
-            rows.append([k.label, k.registers, k.spills, k.smem, k.threads, f"{occ.blocks} ({occ.limiter})",
+            rows.append([k.label, k.registers, k.spills, k.smem if k.smem_known else "n/a", k.threads, f"{occ.blocks} ({occ.limiter})",
                          f"{k.rows} x {k.kv_tile}", mma, f"{w.mma_flop / k.expected_flop():.3f}", w.instrs,
                          w.ldsm, w.wavefronts, w.fp32, w.mufu, w.branches, w.global_bytes, f"{w.latencies_per_iter:.2f}"])
     head = ["kernel (sm_90)", "regs", "spill st/ld B", "smem/CTA B", "threads", "CTAs/SM (limit)",
@@ -513,8 +514,10 @@ def assumptions(groups, skipped) -> str:
         f"{PIPES.tile_latency_s * 1e6:.1f} us, an ASSUMPTION between an L2 hit and the {pm.H200.latency_s * 1e6:.1f} "
         "us loaded DRAM trip (most K/V tile reads of a prefill are L2 hits: every query tile of a KV head reads "
         "the same rows).",
-        "- **Per CTA**: the main loop is the loop whose body holds the most tensor-core FLOP; a warp's counts per "
-        "iteration (every instruction of the body once, predicated-off ones issued) x the CTA's iterations (its "
+        "- **Per CTA**: the main loop is the loop holding the most tensor-core FLOP that no shorter MMA loop lies in "
+        "or overlaps; a warp's counts per iteration (every instruction of the body once, predicated-off ones "
+        "issued, both sides of every branch inside it: an upper bound where a branch skips code on most "
+        "iterations, e.g. masking off the causal diagonal; the BRA column counts them) x the CTA's iterations (its "
         "KV tiles, from the launch geometry) x its warps; with k CTAs resident per SM (kgen.plan.occupancy) each "
         "gets 1/k of every per-SM rate. A CTA's time: the slowest term + 2 tile latencies; its instructions "
         "outside the loop are issued once per warp.",
