@@ -80,94 +80,121 @@ __device__ __forceinline__ float token_group_sum(float v) {
   return v;
 }
 
-// Issue the cp.async copies of one tile (its tokens [tbase, tbase + NT)) into `stage`.
-// Tokens outside [tok_begin, tok_end) are not read: their bytes are zero-filled, so a
-// masked token's K and V are 0 in shared memory, never the poison of an unread slot.
+// The cp.async copies of a tile (its tokens [tbase, tbase + NT)) into a pipeline stage.
+// Everything that does not change from tile to tile is computed once, when the block starts:
+// each thread's copies sit at fixed tokens of a tile and fixed head_dim offsets, so their
+// offsets inside a cache block (KV head, slot, head_dim run) and their shared-memory
+// destinations are constants; per tile only the block-table entry and the tile's offset in it
+// are added. Tiles are aligned to NT and NT, B are powers of two, so a tile lies inside one cache
+// block (B >= NT: one table entry a tile, read once) or covers whole blocks (B < NT: a copy's
+// block is the tile's first plus a constant). Tokens outside [tok_begin, tok_end) are not read:
+// their bytes are zero-filled, so a masked token's K and V are 0 in shared memory, never the
+// poison of an unread slot (and no table entry past the sequence is followed).
 template <class Cfg>
-__device__ __forceinline__ void issue_tile(
-    unsigned char* __restrict__ stage, int tbase, int tok_begin, int tok_end, int kv_head,
-    const int* __restrict__ table, const typename Cfg::kv_t* __restrict__ k_cache,
-    const typename Cfg::kv_t* __restrict__ v_cache, const float* __restrict__ k_scale,
-    const float* __restrict__ v_scale, long long k_s_block, long long k_s_head, long long k_s_token,
-    long long k_s_run, long long v_s_block, long long v_s_head, long long v_s_token, long long v_s_run,
-    long long ks_s_block, long long ks_s_head, long long ks_s_token, long long vs_s_block, long long vs_s_head,
-    long long vs_s_token) {
+struct TileCopier {
   typedef DecodeShape<Cfg> S;
   typedef typename Cfg::kv_t kv_t;
-  constexpr int D = S::D, NT = S::NT, T = S::T, B = Cfg::BLOCK_SIZE, ES = S::ES;
-  const unsigned tid = threadIdx.x;  // unsigned: index math by shifts and masks
-  kv_t* ks = reinterpret_cast<kv_t*>(stage);
-  kv_t* vs = reinterpret_cast<kv_t*>(stage + S::K_BYTES);
+  static constexpr int D = S::D, NT = S::NT, T = S::T, B = Cfg::BLOCK_SIZE, ES = S::ES;
+  static constexpr bool ONE_BLOCK = B >= NT;  // every tile inside one cache block
+  // K rows (and V rows, same mapping, unless V_BY_TOKEN): copy c = tid + k * T is piece
+  // c % PER_ROW of token c / PER_ROW; it lands at element c * KE of the stage.
+  static constexpr int KE = S::K_COPY / ES;  // elements per copy
+  static constexpr int PER_ROW = D / KE;
+  static constexpr int COPIES = NT * PER_ROW;
+  static constexpr int ITERS = (COPIES + T - 1) / T;
+  // Per-token scales: copy c = tid + k * T of [0, NT) K, [NT, 2 NT) V.
+  static constexpr int SCOPIES = S::TOKEN_SCALES ? 2 * NT : 0;
+  static constexpr int SITERS = (SCOPIES + T - 1) / T;
 
-  // K rows (and V rows, same mapping, unless V_BY_TOKEN): consecutive threads take
-  // consecutive K_COPY-byte pieces of a row.
-  constexpr int KE = S::K_COPY / ES;  // elements per copy
-  constexpr int PER_ROW = D / KE;
-  constexpr int COPIES = NT * PER_ROW;
-#pragma unroll
-  for (int k = 0; k < (COPIES + T - 1) / T; ++k) {
-    const unsigned c = tid + k * T;
-    if (COPIES % T == 0 || c < COPIES) {
-      const int t = c / PER_ROW, d0 = (c % PER_ROW) * KE, pos = tbase + t;
-      const bool valid = pos >= tok_begin && pos < tok_end;
-      const kv_t* ksrc = k_cache;
-      const kv_t* vsrc = v_cache;
-      if (valid) {
-        const long long phys = table[(unsigned)pos / B];
-        const int slot = (unsigned)pos % B;
-        ksrc = k_cache + phys * k_s_block + kv_head * k_s_head + slot * k_s_token + run_offset<Cfg::K_RUN>(d0, k_s_run);
-        vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0;
-      }
-      cp_async<S::K_COPY>(ks + t * D + d0, ksrc, valid ? S::K_COPY : 0);
-      if (!S::V_BY_TOKEN) cp_async<S::K_COPY>(vs + t * D + d0, vsrc, valid ? S::K_COPY : 0);
-    }
-  }
+  const int* __restrict__ table;
+  const kv_t* __restrict__ k_cache;
+  const kv_t* __restrict__ v_cache;
+  const float* __restrict__ k_scale;
+  const float* __restrict__ v_scale;
+  long long k_s_block, k_s_head, k_s_token, k_s_run, v_s_block, v_s_head, v_s_token, v_s_run;
+  long long ks_s_block, ks_s_head, ks_s_token, vs_s_block, vs_s_head, vs_s_token;
+  int kv_head;
 
-  // vLLM V: V_COPY-byte pieces along the token axis of one head_dim row (VE tokens of one
-  // cache block); a piece that runs past tok_end reads only the tokens before it.
-  if (S::V_BY_TOKEN) {
-    constexpr int VE = S::V_COPY / ES;
-    constexpr int PER_D = NT / VE;
-    constexpr int VCOPIES = D * PER_D;
+  // The tile's tokens [tbase, tbase + NT) into `stage`.
+  __device__ __forceinline__ void issue(unsigned char* __restrict__ stage, int tbase, int tok_begin,
+                                        int tok_end) const {
+    const unsigned tid = threadIdx.x;  // unsigned: index math by shifts and masks
+    kv_t* ks = reinterpret_cast<kv_t*>(stage);
+    kv_t* vs = reinterpret_cast<kv_t*>(stage + S::K_BYTES);
+    const int lo = tok_begin - tbase, hi = tok_end - tbase;  // the tile's valid tokens: [lo, hi)
+    // B >= NT: the tile's one block and its first slot there (the table entry is valid: every
+    // tile issued holds a token of [tok_begin, tok_end)). B < NT: the tile's first block.
+    const unsigned first = (unsigned)tbase / B;
+    const long long phys0 = ONE_BLOCK ? table[first] : 0;
+    const int slot0 = ONE_BLOCK ? (unsigned)tbase % B : 0;
 #pragma unroll
-    for (int k = 0; k < (VCOPIES + T - 1) / T; ++k) {
+    for (int k = 0; k < ITERS; ++k) {
       const unsigned c = tid + k * T;
-      if (VCOPIES % T == 0 || c < VCOPIES) {
-        const int d = c / PER_D, t0 = (c % PER_D) * VE, pos = tbase + t0;
-        const int n = min(VE, tok_end - pos);
-        const bool valid = n > 0 && pos + VE > tok_begin;
+      if (COPIES % T == 0 || c < COPIES) {
+        const int t = c / PER_ROW, d0 = (c % PER_ROW) * KE, slot = slot0 + t % B;
+        const bool valid = t >= lo && t < hi;
+        const kv_t* ksrc = k_cache;
         const kv_t* vsrc = v_cache;
-        if (valid) vsrc = v_cache + table[(unsigned)pos / B] * v_s_block + kv_head * v_s_head + d * v_s_run + (unsigned)pos % B;
-        kv_t* dst = vs + d * S::V_ROW + t0;
-        if constexpr (S::V_COPY >= 4) {
-          cp_async<(S::V_COPY >= 4 ? S::V_COPY : 4)>(dst, vsrc, valid ? n * ES : 0);
-        } else {  // pieces under 4 bytes (tiny blocks): a plain copy, landed at issue
-          unsigned char* db = reinterpret_cast<unsigned char*>(dst);
-          const unsigned char* sb = reinterpret_cast<const unsigned char*>(vsrc);
+        if (valid) {
+          const long long phys = ONE_BLOCK ? phys0 : table[first + t / B];
+          ksrc = k_cache + phys * k_s_block + kv_head * k_s_head + slot * k_s_token + run_offset<Cfg::K_RUN>(d0, k_s_run);
+          vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0;
+        }
+        cp_async<S::K_COPY>(ks + c * KE, ksrc, valid ? S::K_COPY : 0);
+        if (!S::V_BY_TOKEN) cp_async<S::K_COPY>(vs + c * KE, vsrc, valid ? S::K_COPY : 0);
+      }
+    }
+
+    // vLLM V: V_COPY-byte pieces along the token axis of one head_dim row (VE tokens of one
+    // cache block); a piece that runs past tok_end reads only the tokens before it.
+    if (S::V_BY_TOKEN) {
+      constexpr int VE = S::V_COPY / ES;
+      constexpr int PER_D = NT / VE;
+      constexpr int VCOPIES = D * PER_D;
 #pragma unroll
-          for (int b = 0; b < S::V_COPY; ++b) db[b] = valid && b < n * ES ? sb[b] : (unsigned char)0;
+      for (int k = 0; k < (VCOPIES + T - 1) / T; ++k) {
+        const unsigned c = tid + k * T;
+        if (VCOPIES % T == 0 || c < VCOPIES) {
+          const int d = c / PER_D, t0 = (c % PER_D) * VE, pos = tbase + t0;
+          const int n = min(VE, tok_end - pos);
+          const bool valid = n > 0 && pos + VE > tok_begin;
+          const kv_t* vsrc = v_cache;
+          if (valid) vsrc = v_cache + table[(unsigned)pos / B] * v_s_block + kv_head * v_s_head + d * v_s_run + (unsigned)pos % B;
+          kv_t* dst = vs + d * S::V_ROW + t0;
+          if constexpr (S::V_COPY >= 4) {
+            cp_async<(S::V_COPY >= 4 ? S::V_COPY : 4)>(dst, vsrc, valid ? n * ES : 0);
+          } else {  // pieces under 4 bytes (tiny blocks): a plain copy, landed at issue
+            unsigned char* db = reinterpret_cast<unsigned char*>(dst);
+            const unsigned char* sb = reinterpret_cast<const unsigned char*>(vsrc);
+#pragma unroll
+            for (int b = 0; b < S::V_COPY; ++b) db[b] = valid && b < n * ES ? sb[b] : (unsigned char)0;
+          }
+        }
+      }
+    }
+
+    // Per-token scales: [0, NT) K, [NT, 2 NT) V.
+    if (S::TOKEN_SCALES) {
+      float* ss = reinterpret_cast<float*>(stage + S::K_BYTES + S::V_BYTES);
+#pragma unroll
+      for (int k = 0; k < SITERS; ++k) {
+        const unsigned c = tid + k * T;
+        if (SCOPIES % T == 0 || c < SCOPIES) {
+          const int t = c % NT;
+          const bool valid = t >= lo && t < hi;
+          const float* src = k_scale;
+          if (valid) {
+            const long long phys = ONE_BLOCK ? phys0 : table[first + t / B];
+            const int slot = slot0 + t % B;
+            src = c < NT ? k_scale + phys * ks_s_block + kv_head * ks_s_head + slot * ks_s_token
+                         : v_scale + phys * vs_s_block + kv_head * vs_s_head + slot * vs_s_token;
+          }
+          cp_async<4>(ss + c, src, valid ? 4 : 0);
         }
       }
     }
   }
-
-  // Per-token scales: [0, NT) K, [NT, 2 NT) V.
-  if (S::TOKEN_SCALES) {
-    float* ss = reinterpret_cast<float*>(stage + S::K_BYTES + S::V_BYTES);
-    for (unsigned c = tid; c < 2 * NT; c += T) {
-      const int t = c % NT, pos = tbase + t;
-      const bool valid = pos >= tok_begin && pos < tok_end;
-      const float* src = k_scale;
-      if (valid) {
-        const long long phys = table[(unsigned)pos / B];
-        const int slot = (unsigned)pos % B;
-        src = c < NT ? k_scale + phys * ks_s_block + kv_head * ks_s_head + slot * ks_s_token
-                     : v_scale + phys * vs_s_block + kv_head * vs_s_head + slot * vs_s_token;
-      }
-      cp_async<4>(ss + c, src, valid ? 4 : 0);
-    }
-  }
-}
+};
 
 template <class Cfg>
 __device__ __forceinline__ void paged_decode_body(
@@ -217,16 +244,16 @@ __device__ __forceinline__ void paged_decode_body(
 
   __shared__ __align__(16) unsigned char smem[S::SMEM_BYTES];
   const int* table = block_tables + (long long)seq * max_blocks_per_seq;
-  auto issue = [&](int tile) {
-    issue_tile<Cfg>(smem + (tile % STAGES) * S::STAGE_BYTES, tile0 + tile * NT, tok_begin, tok_end, kv_head, table,
-                    k_cache, v_cache, k_scale, v_scale, k_s_block, k_s_head, k_s_token, k_s_run, v_s_block,
-                    v_s_head, v_s_token, v_s_run, ks_s_block, ks_s_head, ks_s_token, vs_s_block, vs_s_head,
-                    vs_s_token);
+  const TileCopier<Cfg> copier{table, k_cache, v_cache, k_scale, v_scale, k_s_block, k_s_head, k_s_token,
+                               k_s_run, v_s_block, v_s_head, v_s_token, v_s_run, ks_s_block, ks_s_head,
+                               ks_s_token, vs_s_block, vs_s_head, vs_s_token, kv_head};
+  auto issue = [&](int tile, int stage) {  // tile `tile` into pipeline stage `stage`
+    copier.issue(smem + stage * S::STAGE_BYTES, tile0 + tile * NT, tok_begin, tok_end);
   };
   // The first STAGES - 1 tiles are requested before anything else is done.
 #pragma unroll
   for (int t = 0; t < STAGES - 1; ++t) {
-    if (t < ntiles) issue(t);
+    if (t < ntiles) issue(t, t);
     cp_async_commit();
   }
 
@@ -257,10 +284,12 @@ __device__ __forceinline__ void paged_decode_body(
   if (Cfg::SCALE_MODE == 2) k_sc = k_scale[kv_head], v_sc = v_scale[kv_head];
 
   // The loop bound is uniform across the block, so every lane reaches every shuffle and barrier.
+  // cur: the stage computed (tile % STAGES); prev: the one computed before, refilled this time.
+  int cur = 0, prev = STAGES - 1;
   for (int tile = 0; tile < ntiles; ++tile) {
     if (STAGES == 1) {
       __syncthreads();  // everybody is done with the buffer
-      issue(tile);
+      issue(tile, 0);
       cp_async_commit();
       cp_async_wait<0>();
     } else {
@@ -268,11 +297,13 @@ __device__ __forceinline__ void paged_decode_body(
     }
     __syncthreads();  // everybody's have; and everybody is done with tile - 1, whose buffer is refilled next
     if (STAGES > 1) {
-      if (tile + STAGES - 1 < ntiles) issue(tile + STAGES - 1);
+      if (tile + STAGES - 1 < ntiles) issue(tile + STAGES - 1, prev);
       cp_async_commit();
     }
 
-    const unsigned char* stage = smem + (tile % STAGES) * S::STAGE_BYTES;
+    const unsigned char* stage = smem + cur * S::STAGE_BYTES;
+    prev = cur;
+    cur = cur + 1 == STAGES ? 0 : cur + 1;
     const kv_t* ks = reinterpret_cast<const kv_t*>(stage);
     const kv_t* vs = reinterpret_cast<const kv_t*>(stage + S::K_BYTES);
     const float* ss = reinterpret_cast<const float*>(stage + S::K_BYTES + S::V_BYTES);
