@@ -80,6 +80,41 @@ __device__ __forceinline__ float token_group_sum(float v) {
   return v;
 }
 
+// The sums over the LANES lanes of a row group of all H x J values of v (the "transpose
+// reduce", for H x J a power of two): at each butterfly step a lane keeps half of its values
+// and sends its partner the other half, so the sums cost about H x J - 1 shuffles, not
+// H x J x log2(LANES); then each lane gathers every sum back from the lane that holds it.
+template <int LANES, int H, int J>
+__device__ __forceinline__ void row_group_sums(float (&v)[H][J]) {
+  constexpr int N = H * J;
+  static_assert((N & (N - 1)) == 0, "a power of two of values");
+  const unsigned lane = threadIdx.x % LANES;
+  float w[N];
+#pragma unroll
+  for (int x = 0; x < N; ++x) w[x] = v[x / J][x % J];
+  // After the steps, lane l holds the sums of values [l / (LANES / N) ..] (N <= LANES: one, the
+  // lowest steps a plain butterfly) or [l * (N / LANES), + N / LANES) (N > LANES).
+#pragma unroll
+  for (int offset = LANES / 2, n = N; offset > 0; offset >>= 1) {
+    if (n > 1) {
+      const bool upper = lane & offset;  // keeps the upper half
+#pragma unroll
+      for (int i = 0; i < n / 2; ++i) {
+        const float send = upper ? w[i] : w[i + n / 2];
+        const float keep = upper ? w[i + n / 2] : w[i];
+        w[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset, 32);
+      }
+      n /= 2;
+    } else {
+      w[0] += __shfl_xor_sync(0xffffffffu, w[0], offset, 32);
+    }
+  }
+  constexpr int HELD = N > LANES ? N / LANES : 1;  // sums a lane holds
+  constexpr int SPREAD = N < LANES ? LANES / N : 1;  // lanes holding the same one
+#pragma unroll
+  for (int x = 0; x < N; ++x) v[x / J][x % J] = __shfl_sync(0xffffffffu, w[x % HELD], (x / HELD) * SPREAD, LANES);
+}
+
 // The cp.async copies of a tile (its tokens [tbase, tbase + NT)) into a pipeline stage.
 // Everything that does not change from tile to tile is computed once, when the block starts:
 // each thread's copies sit at fixed tokens of a tile and fixed head_dim offsets, so their
@@ -333,13 +368,19 @@ __device__ __forceinline__ void paged_decode_body(
           }
         }
       }
+      if constexpr (((HPT * SUB) & (HPT * SUB - 1)) == 0 && HPT * SUB > 1) {
+        row_group_sums<LANES, HPT, SUB>(s);
+      } else {
 #pragma unroll
-      for (int h = 0; h < HPT; ++h)
+        for (int h = 0; h < HPT; ++h)
 #pragma unroll
-        for (int j = 0; j < SUB; ++j) s[h][j] = token_group_sum<LANES>(s[h][j]);
+          for (int j = 0; j < SUB; ++j) s[h][j] = token_group_sum<LANES>(s[h][j]);
+      }
 
       // Online softmax over the batch: one rescale of o per batch; s becomes each token's
-      // weight exp(s - m) times its V scale (0 for a masked token).
+      // weight exp(s - m) times its V scale. A masked token's logit becomes -inf, its weight 0:
+      // the batch's tokens j in [jlo, jhi) are in [tok_begin, tok_end).
+      const int jlo = tok_begin - pos1, jhi = tok_end - pos1;
 #pragma unroll
       for (int h = 0; h < HPT; ++h) {
         float m_tile = KGEN_NEG_INF;
@@ -347,16 +388,19 @@ __device__ __forceinline__ void paged_decode_body(
         for (int j = 0; j < SUB; ++j) {
           const int pos = pos1 + j;
           const float ksj = S::TOKEN_SCALES ? ss[t1 + j] : k_sc;
-          s[h][j] = adjust_logit<Cfg>(s[h][j] * ksj * Cfg::SOFTMAX_SCALE, slope[h], pos, seq_len - 1);
-          if (pos >= tok_begin && pos < tok_end) m_tile = fmaxf(m_tile, s[h][j]);
+          const float x = adjust_logit<Cfg>(s[h][j] * ksj * Cfg::SOFTMAX_SCALE, slope[h], pos, seq_len - 1);
+          s[h][j] = j >= jlo && j < jhi ? x : KGEN_NEG_INF;
+          m_tile = fmaxf(m_tile, s[h][j]);
         }
         const float f = st[h].raise_max(m_tile);
 #pragma unroll
         for (int i = 0; i < OUT; ++i) o[h][i] *= f;
+        // exp(s - m) = 2^(s log2(e) - m log2(e)); m is -inf only while every logit so far is masked.
+        constexpr float LOG2E = 1.4426950408889634f;
+        const float mb = st[h].m * LOG2E;
 #pragma unroll
         for (int j = 0; j < SUB; ++j) {
-          const int pos = pos1 + j;
-          const float p = pos >= tok_begin && pos < tok_end ? __expf(s[h][j] - st[h].m) : 0.0f;
+          const float p = j >= jlo && j < jhi ? fast_exp2(s[h][j] * LOG2E - mb) : 0.0f;
           st[h].l += p;
           s[h][j] = p * (S::TOKEN_SCALES ? ss[NT + t1 + j] : v_sc);
         }
