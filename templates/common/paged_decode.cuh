@@ -80,40 +80,50 @@ __device__ __forceinline__ float token_group_sum(float v) {
   return v;
 }
 
-// The sums over the LANES lanes of a row group of all H x J values of v (the "transpose
-// reduce", for H x J a power of two): at each butterfly step a lane keeps half of its values
-// and sends its partner the other half, so the sums cost about H x J - 1 shuffles, not
-// H x J x log2(LANES); then each lane gathers every sum back from the lane that holds it.
-template <int LANES, int H, int J>
-__device__ __forceinline__ void row_group_sums(float (&v)[H][J]) {
-  constexpr int N = H * J;
+// The sums over the LANES lanes of a row group of all N = H x J values of v (N a power of two),
+// by a "transpose reduce": at each butterfly step a lane keeps half of its values and sends its
+// partner the other half, so the sums cost about N - 1 shuffles, not N x log2(LANES). Afterwards
+// lane l holds the HELD sums [(l / SPREAD) x HELD, + HELD) of the values in v's order (N < LANES:
+// one, the same in SPREAD neighbouring lanes; the lowest steps a plain butterfly).
+template <int LANES, int N>
+struct RowGroupSums {
   static_assert((N & (N - 1)) == 0, "a power of two of values");
-  const unsigned lane = threadIdx.x % LANES;
-  float w[N];
+  static constexpr int HELD = N > LANES ? N / LANES : 1;    // sums a lane holds
+  static constexpr int SPREAD = N < LANES ? LANES / N : 1;  // lanes holding the same ones
+
+  template <int H, int J>
+  static __device__ __forceinline__ void reduce(const float (&v)[H][J], float (&held)[HELD]) {
+    static_assert(H * J == N, "values");
+    const unsigned lane = threadIdx.x % LANES;
+    float w[N];
 #pragma unroll
-  for (int x = 0; x < N; ++x) w[x] = v[x / J][x % J];
-  // After the steps, lane l holds the sums of values [l / (LANES / N) ..] (N <= LANES: one, the
-  // lowest steps a plain butterfly) or [l * (N / LANES), + N / LANES) (N > LANES).
+    for (int x = 0; x < N; ++x) w[x] = v[x / J][x % J];
 #pragma unroll
-  for (int offset = LANES / 2, n = N; offset > 0; offset >>= 1) {
-    if (n > 1) {
-      const bool upper = lane & offset;  // keeps the upper half
+    for (int offset = LANES / 2, n = N; offset > 0; offset >>= 1) {
+      if (n > 1) {
+        const bool upper = lane & offset;  // keeps the upper half
 #pragma unroll
-      for (int i = 0; i < n / 2; ++i) {
-        const float send = upper ? w[i] : w[i + n / 2];
-        const float keep = upper ? w[i + n / 2] : w[i];
-        w[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset, 32);
+        for (int i = 0; i < n / 2; ++i) {
+          const float send = upper ? w[i] : w[i + n / 2];
+          const float keep = upper ? w[i + n / 2] : w[i];
+          w[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset, 32);
+        }
+        n /= 2;
+      } else {
+        w[0] += __shfl_xor_sync(0xffffffffu, w[0], offset, 32);
       }
-      n /= 2;
-    } else {
-      w[0] += __shfl_xor_sync(0xffffffffu, w[0], offset, 32);
     }
-  }
-  constexpr int HELD = N > LANES ? N / LANES : 1;  // sums a lane holds
-  constexpr int SPREAD = N < LANES ? LANES / N : 1;  // lanes holding the same one
 #pragma unroll
-  for (int x = 0; x < N; ++x) v[x / J][x % J] = __shfl_sync(0xffffffffu, w[x % HELD], (x / HELD) * SPREAD, LANES);
-}
+    for (int i = 0; i < HELD; ++i) held[i] = w[i];
+  }
+
+  // Every lane gets all N values back from the lanes holding them.
+  template <int H, int J>
+  static __device__ __forceinline__ void gather(const float (&held)[HELD], float (&v)[H][J]) {
+#pragma unroll
+    for (int x = 0; x < N; ++x) v[x / J][x % J] = __shfl_sync(0xffffffffu, held[x % HELD], (x / HELD) * SPREAD, LANES);
+  }
+};
 
 // The cp.async copies of a tile (its tokens [tbase, tbase + NT)) into a pipeline stage.
 // Everything that does not change from tile to tile is computed once, when the block starts:
@@ -318,6 +328,17 @@ __device__ __forceinline__ void paged_decode_body(
   if (Cfg::SCALE_MODE == 1) k_sc = k_scale[0], v_sc = v_scale[0];
   if (Cfg::SCALE_MODE == 2) k_sc = k_scale[kv_head], v_sc = v_scale[kv_head];
 
+  // Where a batch's logits are a power of two (DIST), the transpose reduce (RowGroupSums) leaves
+  // each lane HELD logits of one head, hl: tokens [jb, jb + HELD) of each batch; it computes the
+  // softmax of those only, HEAD_LANES lanes sharing a head's. l_part: this lane's share of head
+  // hl's sum of weights (its tokens), summed over those lanes after the loop.
+  constexpr bool DIST = ((HPT * SUB) & (HPT * SUB - 1)) == 0 && HPT <= LANES;
+  typedef RowGroupSums<LANES, (DIST ? HPT * SUB : 1)> R;
+  constexpr int HEAD_LANES = SUB / R::HELD * R::SPREAD;
+  const int xb = lane / R::SPREAD * R::HELD;
+  const int hl = xb / SUB, jb = xb % SUB;
+  float l_part = 0.0f;
+
   // The loop bound is uniform across the block, so every lane reaches every shuffle and barrier.
   // cur: the stage computed (tile % STAGES); prev: the one computed before, refilled this time.
   int cur = 0, prev = STAGES - 1;
@@ -368,41 +389,80 @@ __device__ __forceinline__ void paged_decode_body(
           }
         }
       }
-      if constexpr (((HPT * SUB) & (HPT * SUB - 1)) == 0 && HPT * SUB > 1) {
-        row_group_sums<LANES, HPT, SUB>(s);
+      // Token j of the batch: its logit from its dot product (-inf when masked: the batch's
+      // tokens in [tok_begin, tok_end) are [jlo, jhi)), its weight exp(s - m) as
+      // 2^(s log2(e) - m log2(e)) (0 when masked; m is finite where a token of the batch is
+      // valid), and that weight times its V scale.
+      const int jlo = tok_begin - pos1, jhi = tok_end - pos1;
+      constexpr float LOG2E = 1.4426950408889634f;
+      auto logit = [&](float dot, int j, float sl) {
+        const float ksj = S::TOKEN_SCALES ? ss[t1 + j] : k_sc;
+        const float x = adjust_logit<Cfg>(dot * ksj * Cfg::SOFTMAX_SCALE, sl, pos1 + j, seq_len - 1);
+        return j >= jlo && j < jhi ? x : KGEN_NEG_INF;
+      };
+      auto prob = [&](float x, int j, float mb) { return j >= jlo && j < jhi ? fast_exp2(x * LOG2E - mb) : 0.0f; };
+      auto v_weight = [&](float p, int j) { return p * (S::TOKEN_SCALES ? ss[NT + t1 + j] : v_sc); };
+      if constexpr (DIST) {
+        // The logits summed over the row group by a transpose reduce, which leaves each lane
+        // HELD of them (all of one head, hl): the online softmax is computed on those only, the
+        // head's tile max over the lanes holding its logits, the weights gathered back at the end.
+        float w[R::HELD];
+        R::reduce(s, w);
+        float m_loc = KGEN_NEG_INF, sl = slope[0];
+#pragma unroll
+        for (int h = 1; h < HPT; ++h) sl = h == hl ? slope[h] : sl;
+#pragma unroll
+        for (int i = 0; i < R::HELD; ++i) {
+          w[i] = logit(w[i], jb + i, sl);
+          m_loc = fmaxf(m_loc, w[i]);
+        }
+#pragma unroll
+        for (int offset = R::SPREAD; offset < HEAD_LANES; offset <<= 1)
+          m_loc = fmaxf(m_loc, __shfl_xor_sync(0xffffffffu, m_loc, offset, 32));
+        // Every lane raises every head's max (one rescale of o per batch); this lane's head's
+        // factor and max for its own weights.
+        float f_l = 1.0f, mb = 0.0f;
+#pragma unroll
+        for (int h = 0; h < HPT; ++h) {
+          const float m_tile = HPT == 1 ? m_loc : __shfl_sync(0xffffffffu, m_loc, h * HEAD_LANES, LANES);
+          const float f = st[h].raise_max(m_tile);
+#pragma unroll
+          for (int i = 0; i < OUT; ++i) o[h][i] *= f;
+          if (HPT == 1 || h == hl) f_l = f, mb = st[h].m * LOG2E;
+        }
+        l_part *= f_l;
+#pragma unroll
+        for (int i = 0; i < R::HELD; ++i) {
+          const float p = prob(w[i], jb + i, mb);
+          l_part += p;
+          w[i] = v_weight(p, jb + i);
+        }
+        R::gather(w, s);
       } else {
 #pragma unroll
         for (int h = 0; h < HPT; ++h)
 #pragma unroll
           for (int j = 0; j < SUB; ++j) s[h][j] = token_group_sum<LANES>(s[h][j]);
-      }
 
-      // Online softmax over the batch: one rescale of o per batch; s becomes each token's
-      // weight exp(s - m) times its V scale. A masked token's logit becomes -inf, its weight 0:
-      // the batch's tokens j in [jlo, jhi) are in [tok_begin, tok_end).
-      const int jlo = tok_begin - pos1, jhi = tok_end - pos1;
+        // Online softmax over the batch: one rescale of o per batch; s becomes each token's weight.
 #pragma unroll
-      for (int h = 0; h < HPT; ++h) {
-        float m_tile = KGEN_NEG_INF;
+        for (int h = 0; h < HPT; ++h) {
+          float m_tile = KGEN_NEG_INF;
 #pragma unroll
-        for (int j = 0; j < SUB; ++j) {
-          const int pos = pos1 + j;
-          const float ksj = S::TOKEN_SCALES ? ss[t1 + j] : k_sc;
-          const float x = adjust_logit<Cfg>(s[h][j] * ksj * Cfg::SOFTMAX_SCALE, slope[h], pos, seq_len - 1);
-          s[h][j] = j >= jlo && j < jhi ? x : KGEN_NEG_INF;
-          m_tile = fmaxf(m_tile, s[h][j]);
-        }
-        const float f = st[h].raise_max(m_tile);
+          for (int j = 0; j < SUB; ++j) {
+            s[h][j] = logit(s[h][j], j, slope[h]);
+            m_tile = fmaxf(m_tile, s[h][j]);
+          }
+          const float f = st[h].raise_max(m_tile);
 #pragma unroll
-        for (int i = 0; i < OUT; ++i) o[h][i] *= f;
-        // exp(s - m) = 2^(s log2(e) - m log2(e)); m is -inf only while every logit so far is masked.
-        constexpr float LOG2E = 1.4426950408889634f;
-        const float mb = st[h].m * LOG2E;
+          for (int i = 0; i < OUT; ++i) o[h][i] *= f;
+          const float mb = st[h].m * LOG2E;
 #pragma unroll
-        for (int j = 0; j < SUB; ++j) {
-          const float p = j >= jlo && j < jhi ? fast_exp2(s[h][j] * LOG2E - mb) : 0.0f;
-          st[h].l += p;
-          s[h][j] = p * (S::TOKEN_SCALES ? ss[NT + t1 + j] : v_sc);
+          for (int j = 0; j < SUB; ++j) {
+            const float p = prob(s[h][j], j, mb);
+            st[h].l += p;
+            s[h][j] = v_weight(p, j);
+          }
         }
       }
 
@@ -438,6 +498,14 @@ __device__ __forceinline__ void paged_decode_body(
         }
       }
     }
+  }
+
+  if constexpr (DIST) {  // each head's l: the sum of its lanes' shares (each held by SPREAD lanes)
+#pragma unroll
+    for (int offset = R::SPREAD; offset < HEAD_LANES; offset <<= 1)
+      l_part += __shfl_xor_sync(0xffffffffu, l_part, offset, 32);
+#pragma unroll
+    for (int h = 0; h < HPT; ++h) st[h].l = HPT == 1 ? l_part : __shfl_sync(0xffffffffu, l_part, h * HEAD_LANES, LANES);
   }
 
   // Merge the token slots through shared memory (the tile buffers are free once every
