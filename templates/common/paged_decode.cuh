@@ -80,94 +80,166 @@ __device__ __forceinline__ float token_group_sum(float v) {
   return v;
 }
 
-// Issue the cp.async copies of one tile (its tokens [tbase, tbase + NT)) into `stage`.
-// Tokens outside [tok_begin, tok_end) are not read: their bytes are zero-filled, so a
-// masked token's K and V are 0 in shared memory, never the poison of an unread slot.
-template <class Cfg>
-__device__ __forceinline__ void issue_tile(
-    unsigned char* __restrict__ stage, int tbase, int tok_begin, int tok_end, int kv_head,
-    const int* __restrict__ table, const typename Cfg::kv_t* __restrict__ k_cache,
-    const typename Cfg::kv_t* __restrict__ v_cache, const float* __restrict__ k_scale,
-    const float* __restrict__ v_scale, long long k_s_block, long long k_s_head, long long k_s_token,
-    long long k_s_run, long long v_s_block, long long v_s_head, long long v_s_token, long long v_s_run,
-    long long ks_s_block, long long ks_s_head, long long ks_s_token, long long vs_s_block, long long vs_s_head,
-    long long vs_s_token) {
-  typedef DecodeShape<Cfg> S;
-  typedef typename Cfg::kv_t kv_t;
-  constexpr int D = S::D, NT = S::NT, T = S::T, B = Cfg::BLOCK_SIZE, ES = S::ES;
-  const unsigned tid = threadIdx.x;  // unsigned: index math by shifts and masks
-  kv_t* ks = reinterpret_cast<kv_t*>(stage);
-  kv_t* vs = reinterpret_cast<kv_t*>(stage + S::K_BYTES);
+// The sums over the LANES lanes of a row group of all N = H x J values of v (N a power of two),
+// by a "transpose reduce": at each butterfly step a lane keeps half of its values and sends its
+// partner the other half, so the sums cost about N - 1 shuffles, not N x log2(LANES). Afterwards
+// lane l holds the HELD sums [(l / SPREAD) x HELD, + HELD) of the values in v's order (N < LANES:
+// one, the same in SPREAD neighbouring lanes; the lowest steps a plain butterfly).
+template <int LANES, int N>
+struct RowGroupSums {
+  static_assert((N & (N - 1)) == 0, "a power of two of values");
+  static constexpr int HELD = N > LANES ? N / LANES : 1;    // sums a lane holds
+  static constexpr int SPREAD = N < LANES ? LANES / N : 1;  // lanes holding the same ones
 
-  // K rows (and V rows, same mapping, unless V_BY_TOKEN): consecutive threads take
-  // consecutive K_COPY-byte pieces of a row.
-  constexpr int KE = S::K_COPY / ES;  // elements per copy
-  constexpr int PER_ROW = D / KE;
-  constexpr int COPIES = NT * PER_ROW;
+  template <int H, int J>
+  static __device__ __forceinline__ void reduce(const float (&v)[H][J], float (&held)[HELD]) {
+    static_assert(H * J == N, "values");
+    const unsigned lane = threadIdx.x % LANES;
+    float w[N];
 #pragma unroll
-  for (int k = 0; k < (COPIES + T - 1) / T; ++k) {
-    const unsigned c = tid + k * T;
-    if (COPIES % T == 0 || c < COPIES) {
-      const int t = c / PER_ROW, d0 = (c % PER_ROW) * KE, pos = tbase + t;
-      const bool valid = pos >= tok_begin && pos < tok_end;
-      const kv_t* ksrc = k_cache;
-      const kv_t* vsrc = v_cache;
-      if (valid) {
-        const long long phys = table[(unsigned)pos / B];
-        const int slot = (unsigned)pos % B;
-        ksrc = k_cache + phys * k_s_block + kv_head * k_s_head + slot * k_s_token + run_offset<Cfg::K_RUN>(d0, k_s_run);
-        vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0;
+    for (int x = 0; x < N; ++x) w[x] = v[x / J][x % J];
+#pragma unroll
+    for (int offset = LANES / 2, n = N; offset > 0; offset >>= 1) {
+      if (n > 1) {
+        const bool upper = lane & offset;  // keeps the upper half
+#pragma unroll
+        for (int i = 0; i < n / 2; ++i) {
+          const float send = upper ? w[i] : w[i + n / 2];
+          const float keep = upper ? w[i + n / 2] : w[i];
+          w[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset, 32);
+        }
+        n /= 2;
+      } else {
+        w[0] += __shfl_xor_sync(0xffffffffu, w[0], offset, 32);
       }
-      cp_async<S::K_COPY>(ks + t * D + d0, ksrc, valid ? S::K_COPY : 0);
-      if (!S::V_BY_TOKEN) cp_async<S::K_COPY>(vs + t * D + d0, vsrc, valid ? S::K_COPY : 0);
     }
+#pragma unroll
+    for (int i = 0; i < HELD; ++i) held[i] = w[i];
   }
 
-  // vLLM V: V_COPY-byte pieces along the token axis of one head_dim row (VE tokens of one
-  // cache block); a piece that runs past tok_end reads only the tokens before it.
-  if (S::V_BY_TOKEN) {
-    constexpr int VE = S::V_COPY / ES;
-    constexpr int PER_D = NT / VE;
-    constexpr int VCOPIES = D * PER_D;
+  // Every lane gets all N values back from the lanes holding them.
+  template <int H, int J>
+  static __device__ __forceinline__ void gather(const float (&held)[HELD], float (&v)[H][J]) {
 #pragma unroll
-    for (int k = 0; k < (VCOPIES + T - 1) / T; ++k) {
+    for (int x = 0; x < N; ++x) v[x / J][x % J] = __shfl_sync(0xffffffffu, held[x % HELD], (x / HELD) * SPREAD, LANES);
+  }
+};
+
+// The cp.async copies of a tile (its tokens [tbase, tbase + NT)) into a pipeline stage.
+// Everything that does not change from tile to tile is computed once, when the block starts:
+// each thread's copies sit at fixed tokens of a tile and fixed head_dim offsets, so their
+// offsets inside a cache block (KV head, slot, head_dim run) and their shared-memory
+// destinations are constants; per tile only the block-table entry and the tile's offset in it
+// are added. Tiles are aligned to NT and NT, B are powers of two, so a tile lies inside one cache
+// block (B >= NT: one table entry a tile, read once) or covers whole blocks (B < NT: a copy's
+// block is the tile's first plus a constant). Tokens outside [tok_begin, tok_end) are not read:
+// their bytes are zero-filled, so a masked token's K and V are 0 in shared memory, never the
+// poison of an unread slot (and no table entry past the sequence is followed).
+template <class Cfg>
+struct TileCopier {
+  typedef DecodeShape<Cfg> S;
+  typedef typename Cfg::kv_t kv_t;
+  static constexpr int D = S::D, NT = S::NT, T = S::T, B = Cfg::BLOCK_SIZE, ES = S::ES;
+  static constexpr bool ONE_BLOCK = B >= NT;  // every tile inside one cache block
+  // K rows (and V rows, same mapping, unless V_BY_TOKEN): copy c = tid + k * T is piece
+  // c % PER_ROW of token c / PER_ROW; it lands at element c * KE of the stage.
+  static constexpr int KE = S::K_COPY / ES;  // elements per copy
+  static constexpr int PER_ROW = D / KE;
+  static constexpr int COPIES = NT * PER_ROW;
+  static constexpr int ITERS = (COPIES + T - 1) / T;
+  // Per-token scales: copy c = tid + k * T of [0, NT) K, [NT, 2 NT) V.
+  static constexpr int SCOPIES = S::TOKEN_SCALES ? 2 * NT : 0;
+  static constexpr int SITERS = (SCOPIES + T - 1) / T;
+
+  const int* __restrict__ table;
+  const kv_t* __restrict__ k_cache;
+  const kv_t* __restrict__ v_cache;
+  const float* __restrict__ k_scale;
+  const float* __restrict__ v_scale;
+  long long k_s_block, k_s_head, k_s_token, k_s_run, v_s_block, v_s_head, v_s_token, v_s_run;
+  long long ks_s_block, ks_s_head, ks_s_token, vs_s_block, vs_s_head, vs_s_token;
+  int kv_head;
+
+  // The tile's tokens [tbase, tbase + NT) into `stage`.
+  __device__ __forceinline__ void issue(unsigned char* __restrict__ stage, int tbase, int tok_begin,
+                                        int tok_end) const {
+    const unsigned tid = threadIdx.x;  // unsigned: index math by shifts and masks
+    kv_t* ks = reinterpret_cast<kv_t*>(stage);
+    kv_t* vs = reinterpret_cast<kv_t*>(stage + S::K_BYTES);
+    const int lo = tok_begin - tbase, hi = tok_end - tbase;  // the tile's valid tokens: [lo, hi)
+    // B >= NT: the tile's one block and its first slot there (the table entry is valid: every
+    // tile issued holds a token of [tok_begin, tok_end)). B < NT: the tile's first block.
+    const unsigned first = (unsigned)tbase / B;
+    const long long phys0 = ONE_BLOCK ? table[first] : 0;
+    const int slot0 = ONE_BLOCK ? (unsigned)tbase % B : 0;
+#pragma unroll
+    for (int k = 0; k < ITERS; ++k) {
       const unsigned c = tid + k * T;
-      if (VCOPIES % T == 0 || c < VCOPIES) {
-        const int d = c / PER_D, t0 = (c % PER_D) * VE, pos = tbase + t0;
-        const int n = min(VE, tok_end - pos);
-        const bool valid = n > 0 && pos + VE > tok_begin;
+      if (COPIES % T == 0 || c < COPIES) {
+        const int t = c / PER_ROW, d0 = (c % PER_ROW) * KE, slot = slot0 + t % B;
+        const bool valid = t >= lo && t < hi;
+        const kv_t* ksrc = k_cache;
         const kv_t* vsrc = v_cache;
-        if (valid) vsrc = v_cache + table[(unsigned)pos / B] * v_s_block + kv_head * v_s_head + d * v_s_run + (unsigned)pos % B;
-        kv_t* dst = vs + d * S::V_ROW + t0;
-        if constexpr (S::V_COPY >= 4) {
-          cp_async<(S::V_COPY >= 4 ? S::V_COPY : 4)>(dst, vsrc, valid ? n * ES : 0);
-        } else {  // pieces under 4 bytes (tiny blocks): a plain copy, landed at issue
-          unsigned char* db = reinterpret_cast<unsigned char*>(dst);
-          const unsigned char* sb = reinterpret_cast<const unsigned char*>(vsrc);
+        if (valid) {
+          const long long phys = ONE_BLOCK ? phys0 : table[first + t / B];
+          ksrc = k_cache + phys * k_s_block + kv_head * k_s_head + slot * k_s_token + run_offset<Cfg::K_RUN>(d0, k_s_run);
+          vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0;
+        }
+        cp_async<S::K_COPY>(ks + c * KE, ksrc, valid ? S::K_COPY : 0);
+        if (!S::V_BY_TOKEN) cp_async<S::K_COPY>(vs + c * KE, vsrc, valid ? S::K_COPY : 0);
+      }
+    }
+
+    // vLLM V: V_COPY-byte pieces along the token axis of one head_dim row (VE tokens of one
+    // cache block); a piece that runs past tok_end reads only the tokens before it.
+    if (S::V_BY_TOKEN) {
+      constexpr int VE = S::V_COPY / ES;
+      constexpr int PER_D = NT / VE;
+      constexpr int VCOPIES = D * PER_D;
 #pragma unroll
-          for (int b = 0; b < S::V_COPY; ++b) db[b] = valid && b < n * ES ? sb[b] : (unsigned char)0;
+      for (int k = 0; k < (VCOPIES + T - 1) / T; ++k) {
+        const unsigned c = tid + k * T;
+        if (VCOPIES % T == 0 || c < VCOPIES) {
+          const int d = c / PER_D, t0 = (c % PER_D) * VE, pos = tbase + t0;
+          const int n = min(VE, tok_end - pos);
+          const bool valid = n > 0 && pos + VE > tok_begin;
+          const kv_t* vsrc = v_cache;
+          if (valid) vsrc = v_cache + table[(unsigned)pos / B] * v_s_block + kv_head * v_s_head + d * v_s_run + (unsigned)pos % B;
+          kv_t* dst = vs + d * S::V_ROW + t0;
+          if constexpr (S::V_COPY >= 4) {
+            cp_async<(S::V_COPY >= 4 ? S::V_COPY : 4)>(dst, vsrc, valid ? n * ES : 0);
+          } else {  // pieces under 4 bytes (tiny blocks): a plain copy, landed at issue
+            unsigned char* db = reinterpret_cast<unsigned char*>(dst);
+            const unsigned char* sb = reinterpret_cast<const unsigned char*>(vsrc);
+#pragma unroll
+            for (int b = 0; b < S::V_COPY; ++b) db[b] = valid && b < n * ES ? sb[b] : (unsigned char)0;
+          }
+        }
+      }
+    }
+
+    // Per-token scales: [0, NT) K, [NT, 2 NT) V.
+    if (S::TOKEN_SCALES) {
+      float* ss = reinterpret_cast<float*>(stage + S::K_BYTES + S::V_BYTES);
+#pragma unroll
+      for (int k = 0; k < SITERS; ++k) {
+        const unsigned c = tid + k * T;
+        if (SCOPIES % T == 0 || c < SCOPIES) {
+          const int t = c % NT;
+          const bool valid = t >= lo && t < hi;
+          const float* src = k_scale;
+          if (valid) {
+            const long long phys = ONE_BLOCK ? phys0 : table[first + t / B];
+            const int slot = slot0 + t % B;
+            src = c < NT ? k_scale + phys * ks_s_block + kv_head * ks_s_head + slot * ks_s_token
+                         : v_scale + phys * vs_s_block + kv_head * vs_s_head + slot * vs_s_token;
+          }
+          cp_async<4>(ss + c, src, valid ? 4 : 0);
         }
       }
     }
   }
-
-  // Per-token scales: [0, NT) K, [NT, 2 NT) V.
-  if (S::TOKEN_SCALES) {
-    float* ss = reinterpret_cast<float*>(stage + S::K_BYTES + S::V_BYTES);
-    for (unsigned c = tid; c < 2 * NT; c += T) {
-      const int t = c % NT, pos = tbase + t;
-      const bool valid = pos >= tok_begin && pos < tok_end;
-      const float* src = k_scale;
-      if (valid) {
-        const long long phys = table[(unsigned)pos / B];
-        const int slot = (unsigned)pos % B;
-        src = c < NT ? k_scale + phys * ks_s_block + kv_head * ks_s_head + slot * ks_s_token
-                     : v_scale + phys * vs_s_block + kv_head * vs_s_head + slot * vs_s_token;
-      }
-      cp_async<4>(ss + c, src, valid ? 4 : 0);
-    }
-  }
-}
+};
 
 template <class Cfg>
 __device__ __forceinline__ void paged_decode_body(
@@ -217,16 +289,16 @@ __device__ __forceinline__ void paged_decode_body(
 
   __shared__ __align__(16) unsigned char smem[S::SMEM_BYTES];
   const int* table = block_tables + (long long)seq * max_blocks_per_seq;
-  auto issue = [&](int tile) {
-    issue_tile<Cfg>(smem + (tile % STAGES) * S::STAGE_BYTES, tile0 + tile * NT, tok_begin, tok_end, kv_head, table,
-                    k_cache, v_cache, k_scale, v_scale, k_s_block, k_s_head, k_s_token, k_s_run, v_s_block,
-                    v_s_head, v_s_token, v_s_run, ks_s_block, ks_s_head, ks_s_token, vs_s_block, vs_s_head,
-                    vs_s_token);
+  const TileCopier<Cfg> copier{table, k_cache, v_cache, k_scale, v_scale, k_s_block, k_s_head, k_s_token,
+                               k_s_run, v_s_block, v_s_head, v_s_token, v_s_run, ks_s_block, ks_s_head,
+                               ks_s_token, vs_s_block, vs_s_head, vs_s_token, kv_head};
+  auto issue = [&](int tile, int stage) {  // tile `tile` into pipeline stage `stage`
+    copier.issue(smem + stage * S::STAGE_BYTES, tile0 + tile * NT, tok_begin, tok_end);
   };
   // The first STAGES - 1 tiles are requested before anything else is done.
 #pragma unroll
   for (int t = 0; t < STAGES - 1; ++t) {
-    if (t < ntiles) issue(t);
+    if (t < ntiles) issue(t, t);
     cp_async_commit();
   }
 
@@ -256,11 +328,24 @@ __device__ __forceinline__ void paged_decode_body(
   if (Cfg::SCALE_MODE == 1) k_sc = k_scale[0], v_sc = v_scale[0];
   if (Cfg::SCALE_MODE == 2) k_sc = k_scale[kv_head], v_sc = v_scale[kv_head];
 
+  // Where a batch's logits are a power of two (DIST), the transpose reduce (RowGroupSums) leaves
+  // each lane HELD logits of one head, hl: tokens [jb, jb + HELD) of each batch; it computes the
+  // softmax of those only, HEAD_LANES lanes sharing a head's. l_part: this lane's share of head
+  // hl's sum of weights (its tokens), summed over those lanes after the loop.
+  constexpr bool DIST = ((HPT * SUB) & (HPT * SUB - 1)) == 0 && HPT <= LANES;
+  typedef RowGroupSums<LANES, (DIST ? HPT * SUB : 1)> R;
+  constexpr int HEAD_LANES = SUB / R::HELD * R::SPREAD;
+  const int xb = lane / R::SPREAD * R::HELD;
+  const int hl = xb / SUB, jb = xb % SUB;
+  float l_part = 0.0f;
+
   // The loop bound is uniform across the block, so every lane reaches every shuffle and barrier.
+  // cur: the stage computed (tile % STAGES); prev: the one computed before, refilled this time.
+  int cur = 0, prev = STAGES - 1;
   for (int tile = 0; tile < ntiles; ++tile) {
     if (STAGES == 1) {
       __syncthreads();  // everybody is done with the buffer
-      issue(tile);
+      issue(tile, 0);
       cp_async_commit();
       cp_async_wait<0>();
     } else {
@@ -268,11 +353,13 @@ __device__ __forceinline__ void paged_decode_body(
     }
     __syncthreads();  // everybody's have; and everybody is done with tile - 1, whose buffer is refilled next
     if (STAGES > 1) {
-      if (tile + STAGES - 1 < ntiles) issue(tile + STAGES - 1);
+      if (tile + STAGES - 1 < ntiles) issue(tile + STAGES - 1, prev);
       cp_async_commit();
     }
 
-    const unsigned char* stage = smem + (tile % STAGES) * S::STAGE_BYTES;
+    const unsigned char* stage = smem + cur * S::STAGE_BYTES;
+    prev = cur;
+    cur = cur + 1 == STAGES ? 0 : cur + 1;
     const kv_t* ks = reinterpret_cast<const kv_t*>(stage);
     const kv_t* vs = reinterpret_cast<const kv_t*>(stage + S::K_BYTES);
     const float* ss = reinterpret_cast<const float*>(stage + S::K_BYTES + S::V_BYTES);
@@ -302,32 +389,80 @@ __device__ __forceinline__ void paged_decode_body(
           }
         }
       }
+      // Token j of the batch: its logit from its dot product (-inf when masked: the batch's
+      // tokens in [tok_begin, tok_end) are [jlo, jhi)), its weight exp(s - m) as
+      // 2^(s log2(e) - m log2(e)) (0 when masked; m is finite where a token of the batch is
+      // valid), and that weight times its V scale.
+      const int jlo = tok_begin - pos1, jhi = tok_end - pos1;
+      constexpr float LOG2E = 1.4426950408889634f;
+      auto logit = [&](float dot, int j, float sl) {
+        const float ksj = S::TOKEN_SCALES ? ss[t1 + j] : k_sc;
+        const float x = adjust_logit<Cfg>(dot * ksj * Cfg::SOFTMAX_SCALE, sl, pos1 + j, seq_len - 1);
+        return j >= jlo && j < jhi ? x : KGEN_NEG_INF;
+      };
+      auto prob = [&](float x, int j, float mb) { return j >= jlo && j < jhi ? fast_exp2(x * LOG2E - mb) : 0.0f; };
+      auto v_weight = [&](float p, int j) { return p * (S::TOKEN_SCALES ? ss[NT + t1 + j] : v_sc); };
+      if constexpr (DIST) {
+        // The logits summed over the row group by a transpose reduce, which leaves each lane
+        // HELD of them (all of one head, hl): the online softmax is computed on those only, the
+        // head's tile max over the lanes holding its logits, the weights gathered back at the end.
+        float w[R::HELD];
+        R::reduce(s, w);
+        float m_loc = KGEN_NEG_INF, sl = slope[0];
 #pragma unroll
-      for (int h = 0; h < HPT; ++h)
+        for (int h = 1; h < HPT; ++h) sl = h == hl ? slope[h] : sl;
 #pragma unroll
-        for (int j = 0; j < SUB; ++j) s[h][j] = token_group_sum<LANES>(s[h][j]);
-
-      // Online softmax over the batch: one rescale of o per batch; s becomes each token's
-      // weight exp(s - m) times its V scale (0 for a masked token).
-#pragma unroll
-      for (int h = 0; h < HPT; ++h) {
-        float m_tile = KGEN_NEG_INF;
-#pragma unroll
-        for (int j = 0; j < SUB; ++j) {
-          const int pos = pos1 + j;
-          const float ksj = S::TOKEN_SCALES ? ss[t1 + j] : k_sc;
-          s[h][j] = adjust_logit<Cfg>(s[h][j] * ksj * Cfg::SOFTMAX_SCALE, slope[h], pos, seq_len - 1);
-          if (pos >= tok_begin && pos < tok_end) m_tile = fmaxf(m_tile, s[h][j]);
+        for (int i = 0; i < R::HELD; ++i) {
+          w[i] = logit(w[i], jb + i, sl);
+          m_loc = fmaxf(m_loc, w[i]);
         }
-        const float f = st[h].raise_max(m_tile);
 #pragma unroll
-        for (int i = 0; i < OUT; ++i) o[h][i] *= f;
+        for (int offset = R::SPREAD; offset < HEAD_LANES; offset <<= 1)
+          m_loc = fmaxf(m_loc, __shfl_xor_sync(0xffffffffu, m_loc, offset, 32));
+        // Every lane raises every head's max (one rescale of o per batch); this lane's head's
+        // factor and max for its own weights.
+        float f_l = 1.0f, mb = 0.0f;
 #pragma unroll
-        for (int j = 0; j < SUB; ++j) {
-          const int pos = pos1 + j;
-          const float p = pos >= tok_begin && pos < tok_end ? __expf(s[h][j] - st[h].m) : 0.0f;
-          st[h].l += p;
-          s[h][j] = p * (S::TOKEN_SCALES ? ss[NT + t1 + j] : v_sc);
+        for (int h = 0; h < HPT; ++h) {
+          const float m_tile = HPT == 1 ? m_loc : __shfl_sync(0xffffffffu, m_loc, h * HEAD_LANES, LANES);
+          const float f = st[h].raise_max(m_tile);
+#pragma unroll
+          for (int i = 0; i < OUT; ++i) o[h][i] *= f;
+          if (HPT == 1 || h == hl) f_l = f, mb = st[h].m * LOG2E;
+        }
+        l_part *= f_l;
+#pragma unroll
+        for (int i = 0; i < R::HELD; ++i) {
+          const float p = prob(w[i], jb + i, mb);
+          l_part += p;
+          w[i] = v_weight(p, jb + i);
+        }
+        R::gather(w, s);
+      } else {
+#pragma unroll
+        for (int h = 0; h < HPT; ++h)
+#pragma unroll
+          for (int j = 0; j < SUB; ++j) s[h][j] = token_group_sum<LANES>(s[h][j]);
+
+        // Online softmax over the batch: one rescale of o per batch; s becomes each token's weight.
+#pragma unroll
+        for (int h = 0; h < HPT; ++h) {
+          float m_tile = KGEN_NEG_INF;
+#pragma unroll
+          for (int j = 0; j < SUB; ++j) {
+            s[h][j] = logit(s[h][j], j, slope[h]);
+            m_tile = fmaxf(m_tile, s[h][j]);
+          }
+          const float f = st[h].raise_max(m_tile);
+#pragma unroll
+          for (int i = 0; i < OUT; ++i) o[h][i] *= f;
+          const float mb = st[h].m * LOG2E;
+#pragma unroll
+          for (int j = 0; j < SUB; ++j) {
+            const float p = prob(s[h][j], j, mb);
+            st[h].l += p;
+            s[h][j] = v_weight(p, j);
+          }
         }
       }
 
@@ -363,6 +498,14 @@ __device__ __forceinline__ void paged_decode_body(
         }
       }
     }
+  }
+
+  if constexpr (DIST) {  // each head's l: the sum of its lanes' shares (each held by SPREAD lanes)
+#pragma unroll
+    for (int offset = R::SPREAD; offset < HEAD_LANES; offset <<= 1)
+      l_part += __shfl_xor_sync(0xffffffffu, l_part, offset, 32);
+#pragma unroll
+    for (int h = 0; h < HPT; ++h) st[h].l = HPT == 1 ? l_part : __shfl_sync(0xffffffffu, l_part, h * HEAD_LANES, LANES);
   }
 
   // Merge the token slots through shared memory (the tile buffers are free once every

@@ -19,6 +19,18 @@ namespace kgen {
 
 typedef signed char i8;
 
+// ---- 2^x with denormal results flushed to 0: one MUFU.EX2 on the GPU (ex2.approx.ftz, no range
+// fix-up around it, unlike __expf's ex2.approx without -ftz); exp2f on the CPU.
+#ifdef KGEN_SIMT
+__device__ __forceinline__ float fast_exp2(float x) { return exp2f(x); }
+#else
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+#endif
+
 // ---- scalar conversions to and from float (the kernels compute in fp32) ----
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }

@@ -44,9 +44,9 @@ def _kernel(spec, config=None, old: str | None = None, new: str = "") -> Kernel:
 # (id, spec overrides, config, source fragment, replacement, cases that must fail, cases that must pass)
 MUTATIONS = [
     ("v_scale_dropped", {"kv_cache.dtype": "int8", "kv_cache.scale": "per_head"}, None,
-     "s[h][j] = p * (S::TOKEN_SCALES ? ss[NT + t1 + j] : v_sc);", "s[h][j] = p;", {"len_1", "long"}, set()),
+     "{ return p * (S::TOKEN_SCALES ? ss[NT + t1 + j] : v_sc); }", "{ return p; }", {"len_1", "long"}, set()),
     ("k_scale_dropped", {"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_tensor"}, None,
-     "s[h][j] * ksj * Cfg::SOFTMAX_SCALE", "s[h][j] * Cfg::SOFTMAX_SCALE", {"long"}, {"len_1"}),
+     "dot * ksj * Cfg::SOFTMAX_SCALE", "dot * Cfg::SOFTMAX_SCALE", {"long"}, {"len_1"}),
     ("per_head_scale_of_head_0", {"kv_cache.dtype": "int8", "kv_cache.scale": "per_head"}, None,
      "k_sc = k_scale[kv_head], v_sc = v_scale[kv_head];", "k_sc = k_scale[0], v_sc = v_scale[0];",
      {"len_1", "long"}, set()),

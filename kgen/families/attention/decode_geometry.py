@@ -17,6 +17,11 @@ TILE_BYTES_PER_THREAD = 64  # K and V bytes each thread requests per tile, at le
 # docs/performance.md: 48 bytes in flight per thread with 2 stages, 96 with 3, on sm_90).
 AUTO_STAGES = 3
 BATCH_TOKENS = 8  # logits a thread holds at once (tokens x its heads)
+# Elements a lane reads from shared memory and widens at once, at most: 16 bytes of fp16/bf16, 8 of
+# fp8/int8 (copies stay 16 bytes). A 1-byte cache's lane then holds 8 elements of a head, and
+# heads_per_thread 0 gives each thread 2 heads (when the group has them): as many query elements
+# (16) as one head of 16-byte vectors, each K/V element widened once for both.
+COMPUTE_VEC = 8
 
 
 def vector_width(spec) -> int:
@@ -42,7 +47,7 @@ class DecodeGeometry:
     """How kgen's decode kernel cuts its work (templates/common/paged_decode.cuh, docs/decode-family.md)."""
 
     threads: int
-    vec: int              # head_dim elements a lane loads and converts at once
+    vec: int              # head_dim elements a lane reads from shared memory and widens at once
     lanes: int            # lanes of a row group (they split head_dim)
     chunks_per_lane: int
     heads_per_thread: int
@@ -91,11 +96,12 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
         problems.append(f"heads_per_thread must be 0 (auto) or 1 to the GQA group {G} (got {hpt})")
     if problems:
         return None, problems
-    vec = vector_width(spec)
+    load = vector_width(spec)  # elements per copy (16 bytes where head_dim allows)
+    vec = min(load, COMPUTE_VEC)
     chunks = D // vec
     lanes = min(32, _pow2_ceil(chunks))
     groups = T // lanes
-    hpt = hpt or -(-G // groups)
+    hpt = hpt or max(-(-G // groups), min(G, load // vec))
     head_sets = -(-G // hpt)
     if head_sets > groups:
         return None, [f"threads {T} make {groups} row groups of {lanes} lanes, fewer than the {head_sets} that "
@@ -104,7 +110,7 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
     vllm = CacheFormat.of(spec).vllm
     target = -(-TILE_BYTES_PER_THREAD * T // (2 * D * es))  # tokens per tile for the bytes per thread
     tpt = _pow2_ceil(-(-target // slots))
-    v_copy = vllm_v_copy(spec) if vllm else vec * es
+    v_copy = vllm_v_copy(spec) if vllm else load * es
     while slots * tpt * es < v_copy:
         tpt *= 2
     tile = slots * tpt
@@ -129,6 +135,6 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
     geometry = DecodeGeometry(
         threads=T, vec=vec, lanes=lanes, chunks_per_lane=-(-chunks // lanes), heads_per_thread=hpt,
         head_sets=head_sets, token_slots=slots, tile_tokens=tile, stages=stages,
-        k_copy=16 if vllm else vec * es, v_copy=v_copy, v_row=v_row, stage_bytes=stage, smem_bytes=smem,
+        k_copy=16 if vllm else load * es, v_copy=v_copy, v_row=v_row, stage_bytes=stage, smem_bytes=smem,
         tile_bytes=tile * (2 * D * es + (8 if scales else 0)))
     return geometry, []
