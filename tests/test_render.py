@@ -25,7 +25,12 @@ def test_config_constants_come_from_the_spec(llama):
     for line in ("NUM_Q_HEADS = 32;", "NUM_KV_HEADS = 8;", "GROUP = 4;", "HEAD_DIM = 128;", "BLOCK_SIZE = 16;",
                  "TAIL_MASK = true;", "typedef __half kv_t;"):
         assert line in src, line
-    assert 'extern "C" __global__ void __launch_bounds__(128) llama3_8b_decode(' in src
+    # group 4 >= mma_min_group 4: the tensor-core body, two of the 128 threads' warps (two 32-token stages fit)
+    assert "TENSOR_CORES = true;" in src
+    assert 'extern "C" __global__ void __launch_bounds__(64) llama3_8b_decode(' in src
+    cuda_cores = render(llama, {"mma_min_group": 0}).source
+    assert "TENSOR_CORES = false;" in cuda_cores
+    assert 'extern "C" __global__ void __launch_bounds__(128) llama3_8b_decode(' in cuda_cores
 
 
 def test_source_includes_cuda_and_kgen_provided_headers_only(llama):
@@ -35,8 +40,8 @@ def test_source_includes_cuda_and_kgen_provided_headers_only(llama):
     src = render(llama).source
     includes = re.findall(r"#include\s*[<\"]([^>\"]+)", src)
     assert sorted(includes) == ["cuda_bf16.h", "cuda_fp16.h", "cuda_fp8.h", "kgen/async_copy.cuh",
-                                "kgen/convert.cuh", "kgen/platform.cuh", "kgen/softmax.cuh"]
-    assert "void paged_decode_body(" in src
+                                "kgen/convert.cuh", "kgen/mma.cuh", "kgen/platform.cuh", "kgen/softmax.cuh"]
+    assert "void paged_decode_body(" in src and "void paged_decode_mma_body(" in src
 
 
 BODIES = {"paged_decode": "paged_decode_body", "paged_prefill": "paged_prefill_body",
@@ -49,7 +54,8 @@ def test_no_family_source_holds_another_familys_body(path):
     provided header (templates/common/softmax.cuh), never from a copy in the source."""
     spec = load_spec(path)
     src = render(spec).source
-    assert f"kgen::{BODIES[spec.kind]}<" in src or f"kgen::{BODIES[spec.kind]}(" in src
+    body = "paged_decode_mma_body" if "TENSOR_CORES = true;" in src else BODIES[spec.kind]  # decode's two bodies
+    assert f"kgen::{body}<" in src or f"kgen::{body}(" in src
     assert [body for kind, body in BODIES.items() if kind != spec.kind and body in src] == []
     assert "struct SoftmaxState" not in src
     uses_softmax = spec.kind in ("paged_decode", "paged_prefill")
@@ -63,7 +69,7 @@ def test_rendering_is_deterministic_and_path_free(llama, tmp_path):
 
 
 def test_config_changes_source_and_adds_merge_kernel(llama):
-    split = render(llama, {"partition_size": 256, "threads": 256})
+    split = render(llama, {"partition_size": 256, "threads": 256, "mma_min_group": 0})
     assert "SPLIT = true;" in split.source and "__launch_bounds__(256)" in split.source
     assert split.kernel_names == ["llama3_8b_decode", "llama3_8b_decode_merge"]
     single = render(llama, {"partition_size": 0})
@@ -74,7 +80,7 @@ def test_spec_tuning_defaults_are_used(llama):
     assert render(llama).config == {
         "threads": llama.tuning.defaults.get("threads", 128),
         "partition_size": llama.tuning.defaults.get("partition_size", 0),
-        "stages": 0, "heads_per_thread": 0,  # the family's defaults: the spec does not set them
+        "stages": 0, "heads_per_thread": 0, "mma_min_group": 4,  # the family's defaults: the spec does not set them
     }
 
 

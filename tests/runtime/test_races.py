@@ -262,8 +262,8 @@ def test_generated_kernels_verify_clean_in_race_mode(spec_name, config):
 def test_generated_decode_without_a_barrier_is_reported():
     """The race detector sees the generated kernel's shared memory, cp.async copies included: drop
     the barrier between the wait for a tile's copies and reading the tile, and it names both lines."""
-    spec = kgen.load_spec(SPECS / "llama3_8b_decode.yaml")
-    kern = kgen.build(spec, backend="cpu", verify=False, race_check=True)
+    spec = kgen.load_spec(SPECS / "llama3_8b_decode.yaml")  # the CUDA-core body (mma_min_group 0)
+    kern = kgen.build(spec, backend="cpu", config={"mma_min_group": 0}, verify=False, race_check=True)
     barrier = kern.source.index("__syncthreads();  // everybody's have")
     mutant = kern.source[:barrier] + kern.source[barrier + len("__syncthreads();"):]
     kern.module = CpuModule.from_source(mutant, kern.kernel_names, race_check=True)

@@ -165,7 +165,7 @@ def test_compile_failure_scores_inf_and_the_run_goes_on(spec, monkeypatch, tmp_p
         tune_measure._KERNELS.clear()
     bad = [m for m in results["measurements"] if m["config"]["partition_size"] == 32]
     assert bad and all(m["status"] == "compile_failed" and m["reason"] for m in bad)
-    assert all(w == {"threads": 64, "partition_size": 0, "stages": 0, "heads_per_thread": 0}
+    assert all(w == {"threads": 64, "partition_size": 0, "stages": 0, "heads_per_thread": 0, "mma_min_group": 4}
                for w in results["winners"].values())
 
 
@@ -240,7 +240,7 @@ def test_manifest_hook_warns_on_a_foreign_device(spec, tuned):
     foreign["device"]["name"] = "NVIDIA H100"
     with pytest.warns(TuningWarning, match="ignoring the manifest's tuning results"):
         kern = tuned_from_manifest(base, foreign, "cpu")
-    assert kern.config == {"threads": 64, "partition_size": 0, "stages": 0, "heads_per_thread": 0}  # untuned defaults
+    assert kern.config == {"threads": 64, "partition_size": 0, "stages": 0, "heads_per_thread": 0, "mma_min_group": 4}  # untuned defaults
     assert tuned_from_manifest(base, None, "cpu") is base
 
 

@@ -64,7 +64,8 @@ WRITE_OUT = "  // Write out: the final output, or this partition's normalised pa
 O_ACC = "for (int i = 0; i < VEC; ++i) o[h][c * VEC + i] += s[h][j] * vf[i];"
 NTILES = "const int ntiles = tok_end > tok_begin ? (tok_end - tile0 + NT - 1) / NT : 0;"
 
-# (id, spec overrides, config, old, new, cases that must fail, cases that must pass, words of the failure)
+# (id, spec overrides, config, old, new, cases that must fail, cases that must pass, words of the failure);
+# the mutants edit the CUDA-core body (paged_decode.cuh): split configs pin it with mma_min_group 0
 MUTANTS = [
     ("no_max_subtraction", {}, None, "    const float m_new = fmaxf(m, m_tile);\n    const float f = rescale(",
      "    const float m_new = 0.0f;\n    const float f = rescale(",
@@ -102,7 +103,7 @@ MUTANTS = [
      {"len_1", "long"}, set(), ("past the end of 'out'",)),
     ("lse_of_one_head_unwritten", {}, None, LSE_WRITE, f"if (h != 1) {LSE_WRITE}",
      {"mixed_batch_lse"}, {"mixed_batch"}, ("lse[",)),
-    ("split_scratch_written_one_partition_late", {}, {"partition_size": 32},
+    ("split_scratch_written_one_partition_late", {}, {"partition_size": 32, "mma_min_group": 0},
      "part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * D + d]",
      "part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part + 1) * D + d]",
      {"len_P+1"}, set(), ("outside 'part_o'",)),
@@ -129,7 +130,7 @@ def test_unmutated_kernel_passes_the_same_cases():
     names = set().union(*(m[5] | m[6] for m in MUTANTS if m[2] is None))
     report = _run(_mutant(_spec(), NTILES, NTILES), names)
     assert report.passed, report.summary()
-    split = _run(_mutant(_spec(), NTILES, NTILES, {"partition_size": 32}), {"len_1", "len_P+1", "long_32k"})
+    split = _run(_mutant(_spec(), NTILES, NTILES, {"partition_size": 32, "mma_min_group": 0}), {"len_1", "len_P+1", "long_32k"})
     assert split.passed, split.summary()
 
 
@@ -231,7 +232,7 @@ def test_cli_names_case_sequence_head_length_element_expected_and_got(tmp_path):
     spec_path = tmp_path / "adv.yaml"
     spec_path.write_text(json.dumps({**BASE, "name": "adv_cli"}))
     spec = kgen.load_spec(spec_path)
-    src = render(spec, {"partition_size": 0}).source
+    src = render(spec, {"partition_size": 0, "mma_min_group": 0}).source
     assert src.count(OUT_WRITE) == 1
     src = src.replace(OUT_WRITE, OUT_WRITE.replace("acc * blk.inv_sum())", "acc * blk.inv_sum() * (h == 5 ? 1.5f : 1.0f))"))
     (tmp_path / "k.cu").write_text(src)
@@ -260,7 +261,7 @@ def test_cli_names_case_sequence_head_length_element_expected_and_got(tmp_path):
 def test_wrong_signature_names_parameter_type_and_abi_version(tmp_path, decl_edit, call_edit, param, ctype):
     spec_path = tmp_path / "sig.yaml"
     spec_path.write_text(json.dumps({**BASE, "name": "adv_sig"}))
-    src = render(kgen.load_spec(spec_path), {"partition_size": 0}).source  # the ABI 1 launch
+    src = render(kgen.load_spec(spec_path), {"partition_size": 0, "mma_min_group": 0}).source  # the ABI 1 launch
     start = src.index('extern "C"')
     end = src.index(") {", start) + 1  # the declaration of the kernel, then its body
     head, decl, body = src[:start], src[start:end], src[end:]
@@ -332,7 +333,7 @@ def test_cuda_backend_runs_the_adversarial_cases_and_catches_ignored_out_strides
     names = {"strided_q_out", "large_logits", "huge_pool", "long_uniform"}
     good = verify(kgen.build(spec, backend="cuda", verify=False), seed=SEED, cases=sorted(names))
     assert good.passed, good.summary()
-    r = render(spec)
+    r = render(spec, {"mma_min_group": 0})  # OUT_WRITE is the CUDA-core body's
     bad_src = r.source.replace(OUT_WRITE, OUT_WRITE.replace("seq * o_s_seq + (long long)h * o_s_head + d",
                                                             "((long long)seq * Cfg::NUM_Q_HEADS + h) * D + d"))
     bad = verify(kernel_from_source(spec, bad_src, backend="cuda", config=r.config), seed=SEED, cases=["strided_q_out"])

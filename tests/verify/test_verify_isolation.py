@@ -50,7 +50,7 @@ def spec():
 
 @pytest.fixture(scope="module")
 def source(spec):
-    src = render(spec, {"partition_size": 0}).source
+    src = render(spec, {"partition_size": 0, "mma_min_group": 0}).source
     assert src.count(BODY) == 1
     return src
 
@@ -71,7 +71,7 @@ def test_fused_cache_reached_by_address_passes_isolated():
     """A fused cache reaches the kernel as two addresses inside it (not as arrays): the isolated child
     maps it at the caller's addresses (Launch.reached), so they hold there."""
     spec = kgen.spec_from_dict(SPEC).with_overrides(**{"kv_cache.layout": "fused", "kv_cache.order": "HND"})
-    kern = kernel_from_source(spec, render(spec, {"partition_size": 0}).source, backend="cpu", archs=[])
+    kern = kernel_from_source(spec, render(spec, {"partition_size": 0, "mma_min_group": 0}).source, backend="cpu", archs=[])
     report = verify(kern, seed=8)
     assert report.passed, report.summary()
     kern.module.close()

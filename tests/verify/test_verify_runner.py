@@ -41,52 +41,68 @@ def _kernel(spec, config=None, old: str | None = None, new: str = "") -> Kernel:
     return kernel_from_source(spec, src, backend="cpu", config=r.config, archs=[])
 
 
+CUDA_CORES = {"mma_min_group": 0}  # the CUDA-core body (paged_decode.cuh) for any group
+
 # (id, spec overrides, config, source fragment, replacement, cases that must fail, cases that must pass)
 MUTATIONS = [
-    ("v_scale_dropped", {"kv_cache.dtype": "int8", "kv_cache.scale": "per_head"}, None,
+    ("v_scale_dropped", {"kv_cache.dtype": "int8", "kv_cache.scale": "per_head"}, CUDA_CORES,
      "{ return p * (S::TOKEN_SCALES ? ss[NT + t1 + j] : v_sc); }", "{ return p; }", {"len_1", "long"}, set()),
-    ("k_scale_dropped", {"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_tensor"}, None,
+    ("k_scale_dropped", {"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_tensor"}, CUDA_CORES,
      "dot * ksj * Cfg::SOFTMAX_SCALE", "dot * Cfg::SOFTMAX_SCALE", {"long"}, {"len_1"}),
-    ("per_head_scale_of_head_0", {"kv_cache.dtype": "int8", "kv_cache.scale": "per_head"}, None,
+    ("per_head_scale_of_head_0", {"kv_cache.dtype": "int8", "kv_cache.scale": "per_head"}, CUDA_CORES,
      "k_sc = k_scale[kv_head], v_sc = v_scale[kv_head];", "k_sc = k_scale[0], v_sc = v_scale[0];",
      {"len_1", "long"}, set()),
-    ("per_token_scale_strides_swapped", {"kv_cache.dtype": "fp8_e5m2", "kv_cache.scale": "per_token_head"}, None,
+    ("per_token_scale_strides_swapped", {"kv_cache.dtype": "fp8_e5m2", "kv_cache.scale": "per_token_head"}, CUDA_CORES,
      "kv_head * ks_s_head + slot * ks_s_token", "kv_head * ks_s_token + slot * ks_s_head", {"long"}, set()),
-    ("merge_drops_last_partition", {}, {"partition_size": 32},
+    ("merge_drops_last_partition", {}, {"partition_size": 32, "mma_min_group": 0},
      "const int num_parts = split_partitions(kv_len, partition_tokens, max_partitions);",
      "const int num_parts = min(kv_len / partition_tokens, max_partitions);",
      {"len_P+1", "len_2P+1"}, {"len_P"}),
     # (len_P is one partition: its plan does not split, so it cannot see this one)
-    ("partition_end_off_by_one", {}, {"partition_size": 32},
+    ("partition_end_off_by_one", {}, {"partition_size": 32, "mma_min_group": 0},
      "hi = min(hi, (part + 1) * partition_tokens);", "hi = min(hi, (part + 1) * partition_tokens - 1);",
      {"len_P+1", "len_2P+1"}, {"len_P-1", "len_P", "len_1"}),
-    ("window_off_by_one", {"attention.sliding_window": 24}, None,
+    ("window_off_by_one", {"attention.sliding_window": 24}, CUDA_CORES,
      "seq_len - Cfg::SLIDING_WINDOW : 0", "seq_len - Cfg::SLIDING_WINDOW - 1 : 0",
      {"len_W+1", "len_W+2B+1"}, {"len_W-1", "len_W"}),
-    ("tail_mask_removed", {}, None,
+    ("tail_mask_removed", {}, CUDA_CORES,
      "const int ctx_end = Cfg::TAIL_MASK ? seq_len : ((seq_len + B - 1) / B) * B;",
      "const int ctx_end = ((seq_len + B - 1) / B) * B;", {"len_B-1", "len_B+1"}, {"len_B"}),
-    ("v_read_with_k_strides", {}, None,
+    ("v_read_with_k_strides", {}, CUDA_CORES,
      "kv_head * v_s_head + slot * v_s_token", "kv_head * k_s_head + slot * k_s_token",
      {"padded_pool"}, {"long", "len_B+1"}),
-    ("gqa_query_head_off_by_one", {}, None,
+    ("gqa_query_head_off_by_one", {}, CUDA_CORES,
      "q + seq * q_s_seq + (long long)(q_head0 + g) * q_s_head;",
      "q + seq * q_s_seq + (long long)((q_head0 + g + 1) % Cfg::NUM_Q_HEADS) * q_s_head;",
      {"long", "len_B+1"}, {"len_1"}),
-    ("alibi_sign_flipped", {"attention.alibi": True}, None,
+    ("alibi_sign_flipped", {"attention.alibi": True}, CUDA_CORES,
      "alibi_slope * (float)(key_pos - query_pos)", "alibi_slope * (float)(query_pos - key_pos)",
      {"long"}, {"len_1"}),
-    ("soft_cap_missing", {"attention.logits_soft_cap": 2.0, "attention.softmax_scale": 0.5}, None,
+    ("soft_cap_missing", {"attention.logits_soft_cap": 2.0, "attention.softmax_scale": 0.5}, CUDA_CORES,
      "if (Cfg::SOFT_CAP > 0.0f) s = Cfg::SOFT_CAP * tanhf(s / Cfg::SOFT_CAP);", "",
      {"long"}, {"len_1"}),
     ("lse_without_max", {}, None,  # SoftmaxState::lse(), the one LSE of both launch plans
      "return m + logf(l);", "return logf(l);", {"mixed_batch_lse"}, {"mixed_batch"}),
-    ("split_lse_without_max", {}, {"partition_size": 32},
+    ("split_lse_without_max", {}, {"partition_size": 32, "mma_min_group": 0},
      "return m + logf(l);", "return logf(l);", {"mixed_batch_lse"}, {"mixed_batch"}),
-    ("last_output_element_unwritten", {}, None,
+    ("last_output_element_unwritten", {}, CUDA_CORES,
      "for (int i = tid; i < G * D; i += T) {\n    const int g = i / D, d = i % D;\n    SoftmaxState blk",
      "for (int i = tid; i < G * D - 1; i += T) {\n    const int g = i / D, d = i % D;\n    SoftmaxState blk",
      {"len_1", "long", "mixed_batch"}, set()),
+    # the tensor-core body (templates/common/paged_decode_mma.cuh; BASE's group 4 takes it by default)
+    ("mma_tail_mask_dropped", {}, None,
+     "s[j][i] = pos >= tok_begin && pos < tok_end ? y : KGEN_NEG_INF;", "s[j][i] = pos >= tok_begin ? y : KGEN_NEG_INF;",
+     {"len_B-1", "len_B+1"}, {"len_B"}),
+    ("mma_q_k_permutation_wrong", {"kv_cache.dtype": "int8", "kv_cache.scale": "per_head"}, None,
+     "  if (!BYTES8) return k;\n", "  return k;\n", {"len_B+1", "long"}, {"len_1"}),  # one key: weight 1 whatever its logit
+    ("mma_v_columns_unpermuted", {"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_tensor"}, None,
+     "return 32 * (nt / 4) + 16 * (k / 2) + 2 * n + k % 2;", "return 8 * nt + n;", {"len_1", "long"}, set()),
+    ("mma_token_v_scale_dropped", {"kv_cache.dtype": "fp8_e5m2", "kv_cache.scale": "per_token_head"}, None,
+     "if (S::TOKEN_SCALES) s[j][i] *= ss[NT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;", "",
+     {"long"}, {"len_1"}),  # one key: v_ref is its own scale, and the output times v_ref is right
+    ("mma_stage_refilled_without_barrier", {}, None,
+     "    __syncthreads();  // every warp's copies have landed, and every warp is done with tile - 1: refill its stage\n",
+     "", {"len_1"}, set()),  # the race checker stops at the first case (a shared-memory race report)
 ]
 
 

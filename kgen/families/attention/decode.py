@@ -24,7 +24,8 @@ from kgen.families.attention.decode_geometry import (
     vector_width,
     vllm_v_copy,
 )
-from kgen.families.base import Config, TunableParam, threads_problems
+from kgen.families.attention.decode_mma_geometry import body_note, mma_geometry, mma_unsupported, uses_tensor_cores
+from kgen.families.base import Config, TunableParam, resolve_config, threads_problems
 from kgen.families.binding import host_values
 from kgen.formats.cache import CacheFormat, describe
 from kgen.formats.dtypes import dtype
@@ -36,25 +37,44 @@ class PagedDecodeFamily(AttentionFamily):
     # the kind's identity: its name, template, query rows and cases (the rest is AttentionFamily's)
     kind, template, rows, cases_module = "paged_decode", "paged_decode.cu.j2", DECODE_ROWS, decode_cases
     params = {"threads": TunableParam("threads", 128), "partition_size": TunableParam("partition_size", 64),
-              "stages": TunableParam("stages", 0), "heads_per_thread": TunableParam("heads_per_thread", 0)}
+              "stages": TunableParam("stages", 0), "heads_per_thread": TunableParam("heads_per_thread", 0),
+              # the tensor-core body (paged_decode_mma.cuh) for GQA groups of at least this many heads; 0: never
+              "mma_min_group": TunableParam("mma_min_group", 4)}
 
     # ---- generation -------------------------------------------------------------------
     def check_config(self, spec, config: Config) -> list[str]:
         problems = threads_problems(config["threads"]) + self.partition_problems(config)
-        if not problems:
+        if config["mma_min_group"] < 0:
+            problems.append(f"mma_min_group must be 0 (never) or a group size (got {config['mma_min_group']})")
+        if not problems and uses_tensor_cores(spec, config):
+            hpt, G = config["heads_per_thread"], spec.group_size  # the CUDA-core body's, still checked
+            if not 0 <= hpt <= G:
+                problems.append(f"heads_per_thread must be 0 (auto) or 1 to the GQA group {G} (got {hpt})")
+            problems += mma_geometry(spec, config)[1]
+        elif not problems:
             problems += decode_geometry(spec, config)[1]
         return problems
 
     def default_space(self, spec) -> dict[str, list[int]]:
-        return {"threads": [64, 128, 256], "partition_size": [0, 64, 256], "stages": [2, 3]}
+        space = {"threads": [64, 128, 256], "partition_size": [0, 64, 256], "stages": [2, 3]}
+        if spec.group_size >= 4 and mma_unsupported(spec) is None:  # both bodies are worth a try
+            space["mma_min_group"] = [0, 4]
+        return space
+
+    def abi_config(self, spec) -> Config:
+        # The hand-written contract (ABI 1) is the single-pass launch with `threads` threads: the
+        # CUDA-core body's; kgen's tensor-core body (which may launch fewer) is kgen's own choice.
+        return {"partition_size": 0, "mma_min_group": 0}
 
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
         a, P = spec.attention, config["partition_size"]
         table = self.arguments(spec, config)
         # ABI 1 launches G x head_dim fp32 of dynamic shared memory (the group's queries); kgen's own
         # split configs keep everything in static shared memory and launch none, for occupancy.
+        # the tensor-core body runs as many warps of `threads` as its tiles fit in shared memory
+        threads = mma_geometry(spec, config)[0].threads if uses_tensor_cores(spec, config) else config["threads"]
         main = KernelDecl(spec.name, tuple(table), (a.num_kv_heads, "num_seqs", "max_partitions" if P else 1),
-                          config["threads"], smem=0 if P else spec.group_size * a.head_dim * 4)
+                          threads, smem=0 if P else spec.group_size * a.head_dim * 4)
         return [main, merge_kernel(spec, table, DECODE_ROWS)] if P else [main]
 
     def schedule(self, spec, config: Config, lengths: dict[str, np.ndarray], target_blocks: int,
@@ -75,10 +95,12 @@ class PagedDecodeFamily(AttentionFamily):
         return sizes, kernels if split.merged else kernels[:1]
 
     def template_context(self, spec, config: Config) -> dict[str, Any]:
-        geo, problems = decode_geometry(spec, config)
+        mma = uses_tensor_cores(spec, config)
+        geo, problems = (mma_geometry if mma else decode_geometry)(spec, config)
         if geo is None:
             raise ValueError("; ".join(problems))  # render() runs check_config first
-        return {**template_context(spec, config, self.kernels(spec, config)), "threads": config["threads"], "geo": geo}
+        return {**template_context(spec, config, self.kernels(spec, config)), "threads": config["threads"],
+                "geo": geo, "tensor_cores": mma, "body_note": body_note(spec, config)}
 
     def abi_notes(self, spec) -> list[str]:
         a, kv = spec.attention, spec.kv_cache
@@ -96,6 +118,7 @@ class PagedDecodeFamily(AttentionFamily):
             f"Loads: {vector_width(spec)} elements per vector load; pointers and strides must keep them aligned"
             + (f" (V: {vllm_v_copy(spec) // dtype(kv.dtype).itemsize} tokens per load along its block_size axis)"
                if CacheFormat.of(spec).vllm else "") + ".",
+            "kgen's own kernel, default config: " + body_note(spec, resolve_config(self, spec, None)),
             "A hand-written kernel implements the single-pass launch below (part_o and part_ml null, max_partitions "
             "1); kgen's split-KV configs add partitions on grid z and a merge kernel.",
         ]

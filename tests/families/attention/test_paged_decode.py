@@ -297,7 +297,7 @@ def test_bundled_specs_keep_64_bytes_in_flight_per_thread():
 @pytest.mark.parametrize("overrides,config,pattern", [
     ({}, {"stages": 5}, r"stages must be 0 \(auto\) or 1 to 4 \(got 5\)"),
     ({}, {"heads_per_thread": 4}, r"heads_per_thread must be 0 \(auto\) or 1 to the GQA group 3 \(got 4\)"),
-    ({"attention.num_q_heads": 12}, {"threads": 32, "heads_per_thread": 1},
+    ({"attention.num_q_heads": 12}, {"threads": 32, "heads_per_thread": 1, "mma_min_group": 0},
      r"threads 32 make 4 row groups of 8 lanes, fewer than the 6 that heads_per_thread 1 needs"),
 ])
 def test_bad_pipeline_configs_are_refused(overrides, config, pattern):
@@ -317,7 +317,7 @@ def test_registers_do_not_grow_with_the_gqa_group():
     regs = {}
     for group in (1, 4, 16):
         spec = _spec(**{"attention.num_q_heads": 2 * group, "attention.head_dim": 128})
-        rendered = render(spec, {"heads_per_thread": 1, "threads": 256})
+        rendered = render(spec, {"heads_per_thread": 1, "threads": 256, "mma_min_group": 0})  # the CUDA-core body
         res = compile_cubin(rendered.source, "sm_90").resources[spec.name]
         assert res.spill_stores == res.spill_loads == res.stack_frame == 0, res
         regs[group] = res.registers

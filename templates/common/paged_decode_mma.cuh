@@ -1,0 +1,521 @@
+// Paged decode on the tensor cores, for grouped query heads (docs/decode-family.md, "Tensor cores
+// for grouped query heads"). The same kernel, launch grid and merge kernel as the CUDA-core body
+// (paged_decode.cuh, whose merge body this one shares); only the block's work differs.
+//
+// Rows. The block's GROUP query heads (those of its KV head) are the 16 rows of mma.sync
+// m16n8k16 (fp32 accumulate); rows at or past GROUP are zero queries whose results are dropped.
+// The MMA operand type is q's (fp16 or bf16). Q's A fragments are built once, from global memory,
+// and kept in registers for the whole kernel.
+//
+// Tokens. The block walks its tokens in tiles of TILE_TOKENS = 16 * WARPS, STAGES deep in flight
+// (cp.async, K and V rows landing as stored, ROW_BYTES a row: padded to an odd number of 16-byte
+// units, so the eight rows of an ldmatrix fall in different banks). Warp w takes tokens
+// [16w, 16w + 16) of every tile: S = Q K^T is 16 heads x 16 tokens (two n8 tiles), P V one k16
+// step. Each warp keeps its own online-softmax state (two rows a lane: heads g and g + 8) and its
+// 16 x head_dim fp32 output; the warps' (o, m, l) are merged through shared memory at the end.
+//
+// Fragments. A 16-bit cache (q's type) goes to the MMA as stored: K by ldmatrix, V by
+// ldmatrix.trans. An 8-bit cache (fp8 e4m3/e5m2, int8) is converted in registers, each element
+// once, with packed conversions (fp8x2 -> half2, int8 by the byte-permute magic number): its
+// values are exact in fp16 and bf16, so the operands carry no rounding.
+//   K: ldmatrix on 8-bit rows gives lane (g, t) bytes 4t..4t+3 of token g's 16-byte chunk, i.e.
+//      head_dim elements 4t..4t+3 of the chunk; converted, (4t, 4t+1) is the B register of
+//      reduction index k = 2t, 2t+1 and (4t+2, 4t+3) that of k = 2t+8, 2t+9. The reduction index
+//      of Q K^T may be permuted as long as Q's A fragments use the same permutation, so Q's
+//      columns are taken in that order (qk_column below).
+//   V: ldmatrix.trans on 8-bit rows, each row read as eight 16-bit elements, gives lane (g, t) the
+//      byte pairs (2g, 2g+1) of tokens 2t and 2t+1; one byte permute makes (token 2t, token 2t+1)
+//      of column 2g and of column 2g+1: the B registers of two n8 output tiles, one holding the even
+//      columns of the 16-byte chunk, the other the odd ones (the output columns are permuted, and
+//      written back where they belong). This costs one ldmatrix per four MMAs and one permute and
+//      one packed conversion per register; a converting pass into a 16-bit V tile followed by
+//      ldmatrix.trans would convert as many elements but add a shared-memory store and reload
+//      of every element and a barrier per tile, so the register route is the cheaper one.
+//
+// Scales (real = stored * scale), in fp32 outside the products, as prefill does: per tensor or head,
+// K's folds into the softmax scale and V's multiplies the output; per token, logit column j times
+// k_scale[j] before the soft-cap, bias and mask, and P[:, j] times v_scale[j] before P is rounded
+// to q's type (fp16 q: times v_scale[j] / v_ref, v_ref the largest V scale of the block's keys, and
+// the output times v_ref, so P stays within fp16's range). l sums the unscaled P.
+//
+// Needs kgen/platform.cuh, async_copy.cuh, convert.cuh, softmax.cuh and mma.cuh before it.
+#pragma once
+
+namespace kgen {
+
+template <class A, class B> struct DecodeMmaSame { static constexpr bool value = false; };
+template <class A> struct DecodeMmaSame<A, A> { static constexpr bool value = true; };
+
+template <class Cfg>
+struct DecodeMmaShape {
+  typedef typename Cfg::q_t T;   // MMA operand type
+  typedef typename Cfg::kv_t KV;
+  static constexpr int D = Cfg::HEAD_DIM, G = Cfg::GROUP;
+  static constexpr int WARPS = Cfg::WARPS, THREADS = 32 * WARPS;
+  static constexpr int NT = Cfg::TILE_TOKENS;  // tokens per tile, 16 a warp
+  static constexpr int STAGES = Cfg::STAGES;
+  static constexpr int ES = (int)sizeof(KV);
+  static constexpr bool BYTES8 = ES == 1;      // an 8-bit cache: converted in registers
+  static constexpr int ROW = Cfg::ROW_BYTES;   // bytes per shared-memory row
+  static constexpr int KC = D / 16;            // k16 chunks of Q K^T
+  static constexpr int ONT = D / 8;            // n8 tiles of the output
+  static constexpr int RR = G <= 8 ? 1 : 2;   // rows a lane holds: g, and g + 8 when the group passes 8
+  static constexpr bool TOKEN_SCALES = Cfg::SCALE_MODE == 3;
+  static constexpr bool V_REF = TOKEN_SCALES && DecodeMmaSame<T, __half>::value;
+  static constexpr int KV_BYTES = NT * ROW;    // one K (or V) tile
+  static constexpr int STAGE_BYTES = 2 * KV_BYTES + (TOKEN_SCALES ? 8 * NT : 0);
+  static constexpr int MERGE_BYTES = G * D * 4 + WARPS * G * 8;  // o [G][D], then (m, l) [warp][G]
+  static constexpr int RED_BYTES = V_REF ? 128 : 0;
+  static constexpr int BODY_BYTES = STAGES * STAGE_BYTES > MERGE_BYTES ? STAGES * STAGE_BYTES : MERGE_BYTES;
+  static constexpr int SMEM_BYTES = BODY_BYTES + RED_BYTES;
+  static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's geometry and the template disagree");
+  static_assert(NT == 16 * WARPS && THREADS == Cfg::NUM_THREADS && WARPS <= 32, "warps");
+  static_assert(D % 16 == 0 && G <= 16 && ES <= 2 && sizeof(T) == 2, "tensor-core decode combo");
+  static_assert(ROW % 16 == 0 && ROW >= D * ES, "rows");
+  static_assert(STAGES >= 1 && STAGES <= 4, "stages");
+};
+
+// acc += A B on the tensor cores for the lane's rows g (and g + 8 when RR is 2). With RR 1 (a group
+// of at most 8 heads) rows 8..15 are padding: their accumulators are neither kept nor read, which
+// halves the registers of S and of the output.
+template <class T, int RR>
+__device__ __forceinline__ void mma_rows(float (&acc)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  if constexpr (RR == 2) {
+    mma_m16n8k16<T>(acc, a, b, acc);
+  } else {
+    const float c[4] = {acc[0], acc[1], 0.0f, 0.0f};
+    float d[4];
+    mma_m16n8k16<T>(d, a, b, c);
+    acc[0] = d[0];
+    acc[1] = d[1];
+  }
+}
+
+// Head_dim element of reduction index k (0..15) of a k16 chunk of Q K^T: as is for a 16-bit cache;
+// for an 8-bit one, the order in which ldmatrix and the packed conversions deliver K (above).
+template <bool BYTES8>
+__device__ __forceinline__ int qk_column(int k) {
+  if (!BYTES8) return k;
+  return k < 8 ? 4 * (k / 2) + k % 2 : 4 * ((k - 8) / 2) + 2 + k % 2;
+}
+
+// Two 8-bit cache elements (the low and high byte of `two`) as two elements of T in one register,
+// exactly (fp8 and int8 values are exact in fp16 and bf16).
+template <class KV, class T> struct Pair8;
+template <__nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ unsigned fp8x2_to_half2_bits(unsigned short two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, KIND);  // cvt.rn.f16x2.e4m3x2 / e5m2x2 on sm_89+
+  unsigned r;
+  memcpy(&r, &h, 4);
+  return r;
+}
+template <__nv_fp8_interpretation_t KIND>
+struct Pair8Fp8Half {
+  static __device__ __forceinline__ unsigned two(unsigned short x) { return fp8x2_to_half2_bits<KIND>(x); }
+};
+template <__nv_fp8_interpretation_t KIND>
+struct Pair8Fp8Bf16 {  // via half2 and float2: exact (fp8's values are bf16 values)
+  static __device__ __forceinline__ unsigned two(unsigned short x) {
+    const unsigned h = fp8x2_to_half2_bits<KIND>(x);
+    __half2 hh;
+    memcpy(&hh, &h, 4);
+    const float2 f = __half22float2(hh);
+    return pack2<__nv_bfloat16>(f.x, f.y);
+  }
+};
+template <> struct Pair8<__nv_fp8_e4m3, __half> : Pair8Fp8Half<__NV_E4M3> {};
+template <> struct Pair8<__nv_fp8_e5m2, __half> : Pair8Fp8Half<__NV_E5M2> {};
+template <> struct Pair8<__nv_fp8_e4m3, __nv_bfloat16> : Pair8Fp8Bf16<__NV_E4M3> {};
+template <> struct Pair8<__nv_fp8_e5m2, __nv_bfloat16> : Pair8Fp8Bf16<__NV_E5M2> {};
+template <> struct Pair8<i8, __half> {
+  // 0x6400 | (x + 128) is the half 1024 + 128 + x exactly; subtracting 1152 gives x.
+  static __device__ __forceinline__ unsigned two(unsigned short x) {
+    const unsigned u = (unsigned)x ^ 0x8080u;
+    const unsigned bits = __byte_perm(u, 0x64646464u, 0x4140u);
+    __half2 h;
+    memcpy(&h, &bits, 4);
+    h = __hsub2(h, __floats2half2_rn(1152.0f, 1152.0f));
+    unsigned r;
+    memcpy(&r, &h, 4);
+    return r;
+  }
+};
+template <> struct Pair8<i8, __nv_bfloat16> {
+  // bf16's 8-bit significand cannot hold 128 + x over a power of two: through fp32's magic number.
+  static __device__ __forceinline__ unsigned two(unsigned short x) {
+    const unsigned u = (unsigned)x ^ 0x8080u;
+    const float lo = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440u)) - 8388736.0f;
+    const float hi = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7441u)) - 8388736.0f;
+    return pack2<__nv_bfloat16>(lo, hi);
+  }
+};
+
+// Issue the cp.async copies of one tile (tokens [tbase, tbase + NT)) into `stage`: K rows, V rows
+// (ROW bytes apart), then the per-token scales (K's NT, V's NT). Tokens outside
+// [tok_begin, tok_end) are not read: their bytes are zero-filled.
+template <class Cfg>
+__device__ __forceinline__ void decode_mma_issue_tile(
+    unsigned char* __restrict__ stage, int tbase, int tok_begin, int tok_end, int kv_head,
+    const int* __restrict__ table, const typename Cfg::kv_t* __restrict__ k_cache,
+    const typename Cfg::kv_t* __restrict__ v_cache, const float* __restrict__ k_scale,
+    const float* __restrict__ v_scale, long long k_s_block, long long k_s_head, long long k_s_token,
+    long long k_s_run, long long v_s_block, long long v_s_head, long long v_s_token, long long ks_s_block,
+    long long ks_s_head, long long ks_s_token, long long vs_s_block, long long vs_s_head, long long vs_s_token) {
+  typedef DecodeMmaShape<Cfg> S;
+  typedef typename Cfg::kv_t KV;
+  constexpr int B = Cfg::BLOCK_SIZE, NT = S::NT, T = S::THREADS;
+  constexpr int CHUNK = 16 / S::ES;           // elements per 16-byte copy
+  constexpr int PER_ROW = S::D / CHUNK;
+  constexpr int COPIES = NT * PER_ROW;
+  const unsigned tid = threadIdx.x;
+#pragma unroll 2  // (fully unrolled, ptxas keeps every copy's address live: 24 registers more at D 128)
+  for (int k = 0; k < (COPIES + T - 1) / T; ++k) {
+    const unsigned c = tid + k * T;
+    if (COPIES % T == 0 || c < COPIES) {
+      const int t = c / PER_ROW, d0 = (c % PER_ROW) * CHUNK, pos = tbase + t;
+      const bool valid = pos >= tok_begin && pos < tok_end;
+      const KV* ksrc = k_cache;
+      const KV* vsrc = v_cache;
+      if (valid) {
+        const long long phys = table[(unsigned)pos / B];
+        const int slot = (unsigned)pos % B;
+        ksrc = k_cache + phys * k_s_block + kv_head * k_s_head + slot * k_s_token + run_offset<Cfg::K_RUN>(d0, k_s_run);
+        vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0;
+      }
+      cp_async<16>(stage + t * S::ROW + d0 * S::ES, ksrc, valid ? 16 : 0);
+      cp_async<16>(stage + S::KV_BYTES + t * S::ROW + d0 * S::ES, vsrc, valid ? 16 : 0);
+    }
+  }
+  if (S::TOKEN_SCALES) {
+    float* ss = reinterpret_cast<float*>(stage + 2 * S::KV_BYTES);
+    for (unsigned c = tid; c < 2 * NT; c += T) {
+      const int t = c % NT, pos = tbase + t;
+      const bool valid = pos >= tok_begin && pos < tok_end;
+      const float* src = k_scale;
+      if (valid) {
+        const long long phys = table[(unsigned)pos / B];
+        const int slot = (unsigned)pos % B;
+        src = c < NT ? k_scale + phys * ks_s_block + kv_head * ks_s_head + slot * ks_s_token
+                     : v_scale + phys * vs_s_block + kv_head * vs_s_head + slot * vs_s_token;
+      }
+      cp_async<4>(ss + c, src, valid ? 4 : 0);
+    }
+  }
+}
+
+// s[j] += Q . K[tokens 8j .. 8j + 7]^T over head_dim, for the warp's 16 tokens of a tile (k_w: the
+// first one's row).
+template <class Cfg>
+__device__ __forceinline__ void decode_mma_qk(float (&s)[2][4], const unsigned (&qf)[DecodeMmaShape<Cfg>::KC][4],
+                                              const unsigned char* k_w, int lane) {
+  typedef DecodeMmaShape<Cfg> S;
+  typedef typename S::T T;
+#pragma unroll
+  for (int c = 0; c < S::KC; ++c) {
+    unsigned b0[2], b1[2];
+    if constexpr (!S::BYTES8) {
+      unsigned b[4];  // matrices: tokens 0-7 x dims 0-7, 0-7 x 8-15, 8-15 x 0-7, 8-15 x 8-15 of the chunk
+      ldmatrix<4, false>(b, k_w + (lane % 8 + (lane / 16) * 8) * S::ROW + (c * 16 + ((lane / 8) % 2) * 8) * 2);
+      b0[0] = b[0], b0[1] = b[1], b1[0] = b[2], b1[1] = b[3];
+    } else {
+      unsigned r[2];  // tokens 0-7 and 8-15 of the chunk: lane (g, t) gets bytes 4t .. 4t + 3 of token g
+      ldmatrix<2, false>(r, k_w + (lane % 16) * S::ROW + c * 16);
+      typedef Pair8<typename Cfg::kv_t, T> P;
+      b0[0] = P::two((unsigned short)(r[0] & 0xFFFFu)), b0[1] = P::two((unsigned short)(r[0] >> 16));
+      b1[0] = P::two((unsigned short)(r[1] & 0xFFFFu)), b1[1] = P::two((unsigned short)(r[1] >> 16));
+    }
+    mma_rows<T, S::RR>(s[0], qf[c], b0);
+    mma_rows<T, S::RR>(s[1], qf[c], b1);
+  }
+}
+
+// Output column of accumulator o[nt][i] (i & 1: the second of the lane's two columns).
+template <bool BYTES8>
+__device__ __forceinline__ int pv_column(int nt, int i, int t) {
+  const int n = 2 * t + (i & 1);
+  if (!BYTES8) return 8 * nt + n;
+  // 8-bit V: n8 tiles come in fours per 32 columns: even and odd columns of the first 16, then
+  // of the next 16.
+  const int k = nt % 4;
+  return 32 * (nt / 4) + 16 * (k / 2) + 2 * n + k % 2;
+}
+
+// o += P[16 heads x the warp's 16 tokens] V[those tokens, head_dim] (v_w: the first token's row).
+template <class Cfg>
+__device__ __forceinline__ void decode_mma_pv(float (&o)[DecodeMmaShape<Cfg>::ONT][4], const unsigned (&a)[4],
+                                              const unsigned char* v_w, int lane) {
+  typedef DecodeMmaShape<Cfg> S;
+  typedef typename S::T T;
+  if constexpr (!S::BYTES8) {
+    const unsigned char* v_row = v_w + (lane % 8 + ((lane / 8) % 2) * 8) * S::ROW;
+#pragma unroll
+    for (int nt = 0; nt < S::ONT; nt += 2) {
+      unsigned b[4];
+      ldmatrix<4, true>(b, v_row + 8 * (nt + lane / 16) * 2);
+      const unsigned b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+      mma_rows<T, S::RR>(o[nt], a, b0);
+      mma_rows<T, S::RR>(o[nt + 1], a, b1);
+    }
+  } else {
+    typedef Pair8<typename Cfg::kv_t, T> P;
+    // matrices: tokens 0-7 and 8-15 of bytes [32q, 32q + 16), then of [32q + 16, 32q + 32)
+    const unsigned char* v_row = v_w + (lane % 8 + ((lane / 8) % 2) * 8) * S::ROW + 16 * (lane / 16);
+#pragma unroll
+    for (int q = 0; q < (S::D + 31) / 32; ++q) {
+      constexpr int LAST = S::D % 32 == 0 ? 4 : 2;  // a last group of 16 columns takes two matrices
+      if (LAST == 2 && q == S::D / 32) {
+        unsigned r[2];
+        ldmatrix<2, true>(r, v_row + 32 * q);
+        // bytes (tok 2t col 2g, tok 2t col 2g+1, tok 2t+1 col 2g, tok 2t+1 col 2g+1) -> even | odd pairs
+        const unsigned e0 = __byte_perm(r[0], 0, 0x3120u), e1 = __byte_perm(r[1], 0, 0x3120u);
+        const unsigned be[2] = {P::two((unsigned short)(e0 & 0xFFFFu)), P::two((unsigned short)(e1 & 0xFFFFu))};
+        const unsigned bo[2] = {P::two((unsigned short)(e0 >> 16)), P::two((unsigned short)(e1 >> 16))};
+        mma_rows<T, S::RR>(o[4 * q], a, be);
+        mma_rows<T, S::RR>(o[4 * q + 1], a, bo);
+      } else {
+        unsigned r[4];
+        ldmatrix<4, true>(r, v_row + 32 * q);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // columns [32q + 16h, 32q + 16h + 16)
+          const unsigned e0 = __byte_perm(r[2 * h], 0, 0x3120u), e1 = __byte_perm(r[2 * h + 1], 0, 0x3120u);
+          const unsigned be[2] = {P::two((unsigned short)(e0 & 0xFFFFu)), P::two((unsigned short)(e1 & 0xFFFFu))};
+          const unsigned bo[2] = {P::two((unsigned short)(e0 >> 16)), P::two((unsigned short)(e1 >> 16))};
+          mma_rows<T, S::RR>(o[4 * q + 2 * h], a, be);
+          mma_rows<T, S::RR>(o[4 * q + 2 * h + 1], a, bo);
+        }
+      }
+    }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void paged_decode_mma_body(
+    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
+    const typename Cfg::kv_t* __restrict__ k_cache, const typename Cfg::kv_t* __restrict__ v_cache,
+    const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
+    const float* __restrict__ k_scale, const float* __restrict__ v_scale,
+    const float* __restrict__ alibi_slopes, float* __restrict__ part_o, float* __restrict__ part_ml,
+    float* __restrict__ lse, int max_blocks_per_seq, int max_partitions, long long q_s_seq,
+    long long q_s_head, long long o_s_seq, long long o_s_head, long long k_s_block, long long k_s_head,
+    long long k_s_token, long long k_s_run, long long v_s_block, long long v_s_head, long long v_s_token,
+    long long v_s_run, long long ks_s_block, long long ks_s_head, long long ks_s_token,
+    long long vs_s_block, long long vs_s_head, long long vs_s_token, int partition_tokens = 0) {
+  typedef DecodeMmaShape<Cfg> S;
+  typedef typename S::T T;
+  constexpr int D = S::D, G = S::G, NT = S::NT, STAGES = S::STAGES, WARPS = S::WARPS;
+  constexpr int B = Cfg::BLOCK_SIZE;
+  const bool split = Cfg::SPLIT && max_partitions > 1;
+  const int P = partition_tokens;
+  const int kv_head = blockIdx.x, seq = blockIdx.y, part = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int q_head0 = kv_head * G;
+
+  const int seq_len = seq_lens[seq];
+  // Keys the query may see: [ctx_begin, seq_len); without tail masking the promise is that
+  // seq_len is a multiple of B, so whole blocks are read.
+  const int ctx_end = Cfg::TAIL_MASK ? seq_len : ((seq_len + B - 1) / B) * B;
+  int ctx_begin = 0;
+  if (Cfg::SLIDING_WINDOW > 0) ctx_begin = seq_len > Cfg::SLIDING_WINDOW ? seq_len - Cfg::SLIDING_WINDOW : 0;
+  int tok_begin = ctx_begin, tok_end = ctx_end;
+  if (split) {
+    if (part >= split_partitions(seq_len, P, max_partitions)) return;  // uniform across the block
+    clip_to_partition(part, P, max_partitions, tok_begin, tok_end);
+  }
+  const int tile0 = tok_begin / NT * NT;
+  const int ntiles = tok_end > tok_begin ? (tok_end - tile0 + NT - 1) / NT : 0;
+
+  __shared__ __align__(16) unsigned char smem[S::SMEM_BYTES];
+  const int* table = block_tables + (long long)seq * max_blocks_per_seq;
+  auto issue = [&](int tile) {
+    decode_mma_issue_tile<Cfg>(smem + (tile % STAGES) * S::STAGE_BYTES, tile0 + tile * NT, tok_begin, tok_end,
+                               kv_head, table, k_cache, v_cache, k_scale, v_scale, k_s_block, k_s_head, k_s_token,
+                               k_s_run, v_s_block, v_s_head, v_s_token, ks_s_block, ks_s_head, ks_s_token,
+                               vs_s_block, vs_s_head, vs_s_token);
+  };
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (i < ntiles) issue(i);
+    cp_async_commit();
+  }
+
+  // Q's A fragments: rows g and g + 8 (query heads; zeros past the group), reduction index k of
+  // chunk c at head_dim column 16c + qk_column(k).
+  unsigned qf[S::KC][4];
+  float slope[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int head = g + 8 * rr;
+    const bool real = (S::RR == 2 || rr == 0) && head < G;
+    const typename Cfg::q_t* qh = q + seq * q_s_seq + (long long)(q_head0 + (real ? head : 0)) * q_s_head;
+#pragma unroll
+    for (int c = 0; c < S::KC; ++c)
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const int k = 2 * t + 8 * hi;
+        const int d0 = 16 * c + qk_column<S::BYTES8>(k), d1 = 16 * c + qk_column<S::BYTES8>(k + 1);
+        qf[c][rr + 2 * hi] = S::RR == 1 && rr == 1 ? 0u  // padding rows: constant zeros
+                                                   : pack2<T>(real ? to_float(qh[d0]) : 0.0f, real ? to_float(qh[d1]) : 0.0f);
+      }
+    slope[rr] = Cfg::ALIBI && real ? alibi_slopes[q_head0 + head] : 0.0f;
+  }
+
+  // Scales outside the products.
+  float qk_scale = Cfg::SOFTMAX_SCALE, v_out = 1.0f, v_inv_ref = 1.0f;
+  if (Cfg::SCALE_MODE == 1) qk_scale *= k_scale[0], v_out = v_scale[0];
+  if (Cfg::SCALE_MODE == 2) qk_scale *= k_scale[kv_head], v_out = v_scale[kv_head];
+  if constexpr (S::V_REF) {  // fp16 P: V's per-token scales relative to their largest over the block's keys
+    float mx = 0.0f;
+    for (int pos = tok_begin + tid; pos < tok_end; pos += S::THREADS)
+      mx = fmaxf(mx, v_scale[table[pos / B] * vs_s_block + kv_head * vs_s_head + (pos % B) * vs_s_token]);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off, 32));
+    float* red = reinterpret_cast<float*>(smem + S::BODY_BYTES);
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = 0.0f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, red[w]);
+    if (mx > 0.0f && mx < 3.0e38f) v_out = mx, v_inv_ref = 1.0f / mx;  // (all zero or not finite: no rescaling)
+  }
+
+  SoftmaxState st[2] = {SoftmaxState::empty(), SoftmaxState::empty()};
+  float o[S::ONT][4];
+#pragma unroll
+  for (int nt = 0; nt < S::ONT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o[nt][i] = 0.0f;
+
+  // The loop bound is uniform across the block, so every thread reaches every barrier.
+  for (int tile = 0; tile < ntiles; ++tile) {
+    if (STAGES == 1) {
+      __syncthreads();  // everybody is done with the buffer
+      issue(tile);
+      cp_async_commit();
+      cp_async_wait<0>();
+    } else {
+      cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();  // this thread's copies of `tile` have landed
+    }
+    __syncthreads();  // every warp's copies have landed, and every warp is done with tile - 1: refill its stage
+    if (STAGES > 1) {
+      if (tile + STAGES - 1 < ntiles) issue(tile + STAGES - 1);
+      cp_async_commit();
+    }
+    const int pos_w = tile0 + tile * NT + 16 * warp;  // the warp's first token
+    if (pos_w >= tok_end || pos_w + 16 <= tok_begin) continue;  // warp-uniform: none of its tokens is seen
+    const unsigned char* stage = smem + (tile % STAGES) * S::STAGE_BYTES;
+    const unsigned char* k_w = stage + 16 * warp * S::ROW;
+    const unsigned char* v_w = stage + S::KV_BYTES + 16 * warp * S::ROW;
+    const float* ss = reinterpret_cast<const float*>(stage + 2 * S::KV_BYTES) + 16 * warp;
+
+    float s[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[j][i] = 0.0f;
+    decode_mma_qk<Cfg>(s, qf, k_w, lane);
+
+    // s[j][i]: head g + 8 (i >> 1), token 8j + 2t + (i & 1) of the warp's 16.
+    float m_tile[2] = {KGEN_NEG_INF, KGEN_NEG_INF};
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int i = 0; i < 2 * S::RR; ++i) {
+        const int rr = i >> 1, col = 8 * j + 2 * t + (i & 1), pos = pos_w + col;
+        const float x = S::TOKEN_SCALES ? s[j][i] * (qk_scale * ss[col]) : s[j][i] * qk_scale;
+        const float y = adjust_logit<Cfg>(x, slope[rr], pos, seq_len - 1);
+        s[j][i] = pos >= tok_begin && pos < tok_end ? y : KGEN_NEG_INF;
+        m_tile[rr] = fmaxf(m_tile[rr], s[j][i]);
+      }
+    float l_tile[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int rr = 0; rr < S::RR; ++rr) {  // the four lanes of a group hold the row's tokens
+      m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 1, 32));
+      m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 2, 32));
+      const float f = st[rr].raise_max(m_tile[rr]);
+#pragma unroll
+      for (int nt = 0; nt < S::ONT; ++nt) o[nt][2 * rr] *= f, o[nt][2 * rr + 1] *= f;
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int i = 0; i < 2 * S::RR; ++i) {
+        const int rr = i >> 1;
+        s[j][i] = s[j][i] == KGEN_NEG_INF ? 0.0f : __expf(s[j][i] - st[rr].m);
+        l_tile[rr] += s[j][i];
+        if (S::TOKEN_SCALES) s[j][i] *= ss[NT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;  // P V sees P times V's scales
+      }
+    st[0].l += l_tile[0];  // this lane's share; the four lanes' shares add up at the end
+    st[1].l += l_tile[1];
+    const unsigned a[4] = {pack2<T>(s[0][0], s[0][1]), S::RR == 2 ? pack2<T>(s[0][2], s[0][3]) : 0u,
+                           pack2<T>(s[1][0], s[1][1]), S::RR == 2 ? pack2<T>(s[1][2], s[1][3]) : 0u};
+    decode_mma_pv<Cfg>(o, a, v_w, lane);
+  }
+
+  // Merge the warps through shared memory (free once every copy has landed and every thread is
+  // past the loop): (m, l) [warp][head], then o [head][d] accumulated warp by warp.
+#pragma unroll
+  for (int rr = 0; rr < S::RR; ++rr) {
+    st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 1, 32);
+    st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 2, 32);
+  }
+  cp_async_wait_all();
+  __syncthreads();
+  float* o_s = reinterpret_cast<float*>(smem);
+  float* ml_s = o_s + G * D;
+  if (t == 0) {
+#pragma unroll
+    for (int rr = 0; rr < S::RR; ++rr) {
+      const int head = g + 8 * rr;
+      if (head < G) ml_s[(warp * G + head) * 2] = st[rr].m, ml_s[(warp * G + head) * 2 + 1] = st[rr].l;
+    }
+  }
+  __syncthreads();
+  float f[2];
+#pragma unroll
+  for (int rr = 0; rr < S::RR; ++rr) {
+    const int head = g + 8 * rr < G ? g + 8 * rr : 0;
+    float m = KGEN_NEG_INF;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) m = fmaxf(m, ml_s[(w * G + head) * 2]);
+    f[rr] = SoftmaxState::rescale(st[rr].m, m);  // this warp's share of the block's state
+  }
+#pragma unroll 1
+  for (int w = 0; w < WARPS; ++w) {
+    if (warp == w) {
+#pragma unroll
+      for (int nt = 0; nt < S::ONT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 2 * S::RR; ++i) {
+          const int head = g + 8 * (i >> 1), d = pv_column<S::BYTES8>(nt, i, t);
+          if (head < G) {
+            float* dst = o_s + head * D + d;
+            *dst = (w == 0 ? 0.0f : *dst) + o[nt][i] * f[i >> 1];
+          }
+        }
+    }
+    __syncthreads();
+  }
+
+  // Write out: the final output, or this partition's normalised partial and its (m, l).
+  for (int i = tid; i < G * D; i += S::THREADS) {
+    const int head = i / D, d = i % D;
+    SoftmaxState blk = SoftmaxState::empty();
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) blk.merge(SoftmaxState{ml_s[(w * G + head) * 2], ml_s[(w * G + head) * 2 + 1]});
+    const float x = o_s[i] * blk.inv_sum() * v_out;
+    const int h = q_head0 + head;
+    if (split) {
+      part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * D + d] = x;
+      if (d == 0) {
+        float* ml = part_ml + (((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * 2;
+        ml[0] = blk.m;
+        ml[1] = blk.l;
+      }
+    } else {
+      out[seq * o_s_seq + (long long)h * o_s_head + d] = from_float<typename Cfg::out_t>(x);
+      if (d == 0 && lse != nullptr) lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = blk.lse();
+    }
+  }
+}
+
+}  // namespace kgen
