@@ -15,7 +15,11 @@ from kgen.families.attention.decode_cases import make_decode_case
 from kgen.render import render
 from kgen.runtime.cpu import CpuModule
 from kgen.runtime.isolated import IsolatedCpuModule
-from kgen.verify.untrusted.handwritten import declared_parameter_count, kernel_from_source, source_config
+from kgen.verify.untrusted.handwritten import (
+    declared_parameter_count,
+    kernel_from_source,
+    source_config,
+)
 
 CORPUS = Path(__file__).parent / "corpus"
 
