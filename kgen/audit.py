@@ -24,6 +24,7 @@ audited yet (their outputs are in-place pool writes; a bit-exact shadow needs a 
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 import warnings
@@ -34,13 +35,27 @@ from typing import Any
 import numpy as np
 
 from kgen.arrays import to_numpy
+from kgen.cache import ArtifactCache
+from kgen.compile.nvrtc import compile_cubin, resources_as_dict
 from kgen.errors import AuditError, AuditWarning, UnsupportedError
+from kgen.families.attention.reference import attention_reference
+from kgen.families.registry import FAMILIES, family_for
 from kgen.formats.cache import cache_names
 from kgen.formats.dtypes import dtype
+from kgen.render import render
+from kgen.runtime.cuda import CudaModule, cupy_module, device_arch
 from kgen.seeds import fresh_seed
+from kgen.verify.judge.bounds import (
+    EPS_FP32,
+    K_FACTOR,
+    check_lse,
+    check_output,
+    row_floor,
+)
 from kgen.verify.judge.report import CaseResult, describe_failure
+from kgen.verify.runner import verify as run_verify
 
-AUDITED_KINDS = ("paged_decode", "paged_prefill")
+AUDITED_KINDS = tuple(kind for kind, family in FAMILIES.items() if family.auditable)
 ON_MISMATCH = ("raise", "warn")
 _FP8 = ("fp8_e4m3", "fp8_e5m2")
 _RECENT = 1024  # call numbers of the most recent audited calls kept in stats.checked_calls
@@ -76,6 +91,11 @@ class AuditStats:
                 "pending": self.pending}
 
 
+def auditable(spec) -> bool:
+    """Whether kern.audit can check this spec's calls (its family's `auditable`)."""
+    return bool(family_for(spec).auditable)
+
+
 def check_rate(rate: Any) -> float:
     """`rate` as a float in [0, 1]; ValueError naming what was given otherwise."""
     if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 <= float(rate) <= 1.0:
@@ -92,10 +112,9 @@ class AuditedKernel:
         self.rate = check_rate(rate)
         if on_mismatch not in ON_MISMATCH:
             raise ValueError(f"on_mismatch must be one of {', '.join(ON_MISMATCH)}, got {on_mismatch!r}")
-        kind = kernel.spec.kind
-        if kind not in AUDITED_KINDS:
-            raise UnsupportedError(f"{kernel.spec.name}: kind {kind} cannot be audited yet (audits cover "
-                                   f"{', '.join(AUDITED_KINDS)})")
+        if not auditable(kernel.spec):
+            raise UnsupportedError(f"{kernel.spec.name}: kind {kernel.spec.kind} cannot be audited yet (audits "
+                                   f"cover {', '.join(AUDITED_KINDS)})")
         self.kernel = getattr(kernel, "kernel", kernel)  # auditing an audited kernel audits the kernel
         self.on_mismatch = on_mismatch
         self.seed = int(seed if seed is not None else fresh_seed())
@@ -197,8 +216,6 @@ def host_arguments(kernel, arguments: dict[str, Any]) -> dict[str, np.ndarray]:
 
 def _references(spec, args: dict):
     """The float64 reference and the input-precision model (the verifier's yardsticks)."""
-    from kgen.families.attention.reference import attention_reference
-
     round_to = None if spec.dtype.q == "fp32" else dtype(spec.dtype.q).numpy
     return (attention_reference(spec, args["q"], args),
             attention_reference(spec, args["q"], args, dtype=np.float32, round_to=round_to, magnitudes=False))
@@ -207,8 +224,6 @@ def _references(spec, args: dict):
 def judge_call(spec, name: str, args: dict, out, lse, ref, lowp) -> CaseResult:
     """One call's output (and LSE when it returned one) against the reference, per (row, head), with
     the verifier's bound; the worse of the two results (the failing one when either fails)."""
-    from kgen.verify.judge.bounds import check_lse, check_output
-
     lens = [int(n) for n in np.asarray(args["seq_lens"]).reshape(-1)]
     ind = args.get("q_indptr")
     result = check_output(name, lens, to_numpy(out), ref.out, lowp.out, spec.dtype.resolved_out, ref.magnitude,
@@ -218,6 +233,20 @@ def judge_call(spec, name: str, args: dict, out, lse, ref, lowp) -> CaseResult:
     lse_result = check_lse(name + " (lse)", lens, to_numpy(lse), ref.lse, lowp.lse, ref.logit_magnitude,
                            spec.attention.head_dim, q_indptr=ind)
     return lse_result if not lse_result.passed else result
+
+
+def _trusted_cuda_kernel(kernel):
+    """kgen's own kernel for `kernel`'s spec (default config) on this GPU, verified: what kgen.build
+    does for the CUDA backend (kgen.build is not imported: it imports kgen.kernel, which imports this
+    module), built as the audited kernel's own class."""
+    spec = kernel.spec
+    rendered = render(spec)
+    art = compile_cubin(rendered.source, device_arch(), origin=f"spec {spec.name} (audit)")
+    cubin = ArtifactCache().put_file("loaded", f"{hashlib.sha256(art.cubin).hexdigest()}.cubin", art.cubin)
+    trusted = type(kernel)(spec, rendered.source, rendered.config, CudaModule(cubin, rendered.kernel_names),
+                           rendered.kernel_names, resources={device_arch(): resources_as_dict(art.resources)})
+    trusted.report = run_verify(trusted)
+    return trusted
 
 
 class DeviceShadow:
@@ -236,12 +265,9 @@ class DeviceShadow:
     it of each other."""
 
     def __init__(self, kernel):
-        from kgen.build import build
-        from kgen.runtime.cuda import cupy_module
-
         self.cp = cupy_module()
         self.spec = kernel.spec
-        self.trusted = build(kernel.spec, backend="cuda")  # kgen's own kernel, verified before use
+        self.trusted = _trusted_cuda_kernel(kernel)  # kgen's own kernel, verified before use
         if not self.trusted.report.passed:
             raise AuditError(f"kgen audit: kgen's own kernel for {kernel.spec.name} failed verification, so it "
                              f"cannot audit: {self.trusted.report.summary()}")
@@ -276,8 +302,6 @@ class DeviceShadow:
 
     def completed(self, wait: bool = False):
         """(call number, CaseResult) of each pending comparison that has finished, in call order."""
-        from kgen.verify.judge.bounds import EPS_FP32, K_FACTOR, row_floor
-
         eps_q = float(np.finfo(np.float32).eps) if self.spec.dtype.q == "fp32" else \
             float(np.finfo(dtype(self.spec.dtype.q).numpy).eps)
         while self.pending and (wait or self.pending[0][1].done):

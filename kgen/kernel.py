@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from kgen.arrays import as_array_arg, checks_values
+from kgen.audit import AuditedKernel
 from kgen.errors import ArgumentError
 from kgen.families.base import Config
 from kgen.families.binding import host_values
@@ -111,8 +112,6 @@ class Kernel:
         counts calls, checked calls and mismatches. A mismatch raises kgen.AuditError, or warns
         (kgen.errors.AuditWarning) with on_mismatch="warn"; the caller always gets this kernel's
         own output. `seed` fixes which calls are checked (None: a fresh seed, kept in `.seed`)."""
-        from kgen.audit import AuditedKernel
-
         return AuditedKernel(self, rate, on_mismatch, seed)
 
     def __repr__(self) -> str:

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from kgen.audit import AUDITED_KINDS
+from kgen.audit import auditable
 from kgen.build import build, select_backend
 from kgen.errors import KgenUserError
 from kgen.model_specs import KINDS, LayerAttention, layer_specs
@@ -96,7 +96,7 @@ def _build(spec, backend: str):
                 if not kern.report.passed:
                     raise KgenUserError(f"kgen: {spec.name} failed verification, so it will not serve: "
                                         f"{kern.report.summary()}")
-            if rate > 0 and spec.kind in AUDITED_KINDS:
+            if rate > 0 and auditable(spec):
                 kern = kern.audit(rate)
                 log.info("kgen: %s audited at rate %g (seed %d)", spec.name, rate, kern.seed)
             _BUILT[key] = kern

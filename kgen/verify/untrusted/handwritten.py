@@ -14,6 +14,7 @@ ordinary Kernel, like `kgen.build`'s.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from kgen.build import compile_cubins, load_module, select_backend
@@ -93,8 +94,9 @@ def kernel_from_source(spec, source: str, backend: str = "auto", config: Config 
     missing = [n for n in names if f"{n}(" not in source.replace(" (", "(")]
     if missing:
         raise KgenUserError(
-            f"{origin}: defines no kernel named {', '.join(missing)}; it must declare "
-            f'extern "C" __global__ void {names[0]}(...) with the signature of `kgen abi {spec.source_path or spec.name}`'
+            f"{origin}: defines no kernel named {', '.join(missing)}{_what_it_is(spec, source, prepared.text)}; "
+            f'it must declare extern "C" __global__ void {names[0]}(...) with the signature of '
+            f"`kgen abi {spec.source_path or spec.name}`"
         )
     rendered = Rendered(prepared.text, names, config)
     chosen = select_backend(backend)  # a bad backend is refused before any compile
@@ -111,6 +113,37 @@ def kernel_from_source(spec, source: str, backend: str = "auto", config: Config 
     return Kernel(spec, prepared.text, config, module, names,
                   resources={arch: resources_as_dict(a.resources) for arch, a in cubins.items()},
                   artifacts={"cubins": cubins})
+
+
+_SHOW_HEADER = re.compile(r"^// Family (\w+); config:", re.M)
+
+
+def global_kernels(text: str) -> list[str]:
+    """The names of the `__global__` functions a preprocessed source defines or declares."""
+    code = "\n".join("" if line.lstrip().startswith("#") else line for line in text.split("\n"))
+    tokens = tokenize(code)
+    names = []
+    for i, t in enumerate(tokens):
+        if t.text != "__global__":
+            continue
+        for j in range(i + 1, min(i + 16, len(tokens) - 1)):
+            if tokens[j].kind == "id" and tokens[j + 1].text == "(" and tokens[j].text != "__launch_bounds__":
+                names.append(tokens[j].text)
+                break
+    return list(dict.fromkeys(names))
+
+
+def _what_it_is(spec, source: str, text: str) -> str:
+    """What a source that lacks the spec's kernel holds instead: its kernels, and the kind kgen's
+    own header (`kgen show`) says it was generated for."""
+    found = global_kernels(text)
+    parts = [f" (it defines {', '.join(found)})" if found else " (it defines no __global__ kernel)"]
+    m = _SHOW_HEADER.search(source)
+    if m:
+        parts.append(f": it is a {m[1]} kernel for another spec (its `kgen show` header says so), and "
+                     f"{spec.name} is a {spec.kind} spec; verify it against the spec it was generated from, "
+                     f"or start from `kgen show {spec.source_path or spec.name}`")
+    return "".join(parts)
 
 
 def source_config(spec, text: str) -> Config:
