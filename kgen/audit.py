@@ -14,7 +14,8 @@ means in `kgen verify`:
   later changes them) into the auditor's own buffers; the comparison (device reductions) and the
   copy of its per-row figures to pinned host memory run on a side stream, and the verdict is read
   when that stream's event has completed, at a later call (never waiting) or when `.stats` /
-  `.flush()` asks. Unaudited calls do no extra work and no host synchronisation.
+  `.flush()` asks; a mismatch is raised (or warned) there, naming the audited call's number.
+  Unaudited calls add no launch and no host synchronisation.
 
 Sampling: one draw per call from `np.random.default_rng(seed)` (seed None: a fresh one, kept in
 `.seed`), so the same seed audits the same call numbers. Rate 0 draws nothing and adds one
@@ -42,6 +43,7 @@ from kgen.families.attention.reference import attention_reference
 from kgen.families.registry import FAMILIES, family_for
 from kgen.formats.cache import cache_names
 from kgen.formats.dtypes import dtype
+from kgen.optional import module_of
 from kgen.render import render
 from kgen.runtime.cuda import CudaModule, cupy_module, device_arch
 from kgen.seeds import fresh_seed
@@ -277,13 +279,13 @@ class DeviceShadow:
     def submit(self, number: int, plan, arguments: dict[str, Any], result) -> None:
         cp = self.cp
         out, lse = result if isinstance(result, tuple) else (result, None)
-        got = cp.asarray(out).astype(cp.float32)  # on the caller's stream: a copy the caller cannot change
-        got_lse = cp.asarray(lse).astype(cp.float32) if lse is not None else None
+        got = self._f32(out)  # on the caller's stream: a copy the caller cannot change
+        got_lse = self._f32(lse) if lse is not None else None
         call = {k: v for k, v in arguments.items() if k not in ("out", "lse", "return_lse")}
         trusted = self.trusted(**call, return_lse=lse is not None)
         t_out, t_lse = trusted if isinstance(trusted, tuple) else (trusted, None)
-        want = cp.asarray(t_out).astype(cp.float32)
-        want_lse = cp.asarray(t_lse).astype(cp.float32) if t_lse is not None else None
+        want = self._f32(t_out)
+        want_lse = self._f32(t_lse) if t_lse is not None else None
         ready = cp.cuda.get_current_stream().record()
         self.side.wait_event(ready)
         with self.side:
@@ -299,6 +301,15 @@ class DeviceShadow:
             done = self.side.record()
         width = int(np.prod(call["block_tables"].shape[1:])) * self.spec.kv_cache.block_size
         self.pending.append((number, done, views, figures, host, width))
+
+    def _f32(self, x):
+        """A new float32 CuPy copy of a device output (torch or CuPy; bf16 from its bits: CuPy has no bf16)."""
+        cp = self.cp
+        if module_of(x) == "torch":
+            return cp.from_dlpack(x.detach().float().contiguous())
+        if x.dtype.itemsize == 2 and x.dtype != cp.float16:  # kgen's bf16 on CuPy: a 2-byte view of the bits
+            return (x.view(cp.uint16).astype(cp.uint32) << 16).view(cp.float32)
+        return x.astype(cp.float32)
 
     def completed(self, wait: bool = False):
         """(call number, CaseResult) of each pending comparison that has finished, in call order."""
