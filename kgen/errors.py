@@ -38,3 +38,25 @@ class CompileError(KgenError):
 
 class KernelRuntimeError(KgenError):
     """A kernel launch failed (CPU-backend deadlock, sanitizer report, CUDA error)."""
+
+
+class VerificationError(KgenError):
+    """A kernel failed verification (`kgen.load_source` of a hand-written source whose matrix has a
+    failing case). `.report` is the VerificationReport: every case, the seed to replay it."""
+
+    def __init__(self, message: str, report=None):
+        self.report = report
+        super().__init__(message)
+
+
+class AuditError(KgenError):
+    """An audited call (`kern.audit(rate)`) disagreed with the trusted recomputation beyond the
+    verifier's bound. `.result` is the CaseResult of the comparison (where, got, expected, bound)."""
+
+    def __init__(self, message: str, result=None):
+        self.result = result
+        super().__init__(message)
+
+
+class AuditWarning(UserWarning):
+    """What an audited kernel with on_mismatch="warn" emits for a mismatch (warnings.warn)."""

@@ -85,6 +85,8 @@ def manifest_for(kernel, spec_file: str | None = None, tuning: dict | None = Non
         "config": kernel.config,
         "kernel_names": kernel.kernel_names,
         "source_sha256": _sha256(kernel.source),
+        # a hand-written kernel (kgen.load_source, `kgen build --source`): the file it came from
+        "handwritten_source": kernel.artifacts.get("origin"),
         "compilers": {"nvrtc": nvrtc_version()},
         "cubins": {arch: {"file": _cubin_file(arch), "sha256": _sha256(a.cubin),
                           "resources": kernel.resources.get(arch, {})} for arch, a in cubins.items()},

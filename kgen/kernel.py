@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from kgen.arrays import as_array_arg, checks_values
+from kgen.audit import AuditedKernel
 from kgen.errors import ArgumentError
 from kgen.families.base import Config
 from kgen.families.binding import host_values
@@ -103,6 +104,15 @@ class Kernel:
 
     def _gpu_sms(self) -> int:
         return device_sm_count() if getattr(self.module, "backend", "cpu") == "cuda" else DEFAULT_SMS
+
+    def audit(self, rate: float, on_mismatch: str = "raise", seed: int | None = None):
+        """The same callable with sampled shadow checks (kgen/audit.py): a random `rate` (0..1) of
+        calls is recomputed by a trusted computation (the float64 reference on the CPU backend,
+        kgen's own kernel for the spec on CUDA) and compared within the verifier's bound; `.stats`
+        counts calls, checked calls and mismatches. A mismatch raises kgen.AuditError, or warns
+        (kgen.errors.AuditWarning) with on_mismatch="warn"; the caller always gets this kernel's
+        own output. `seed` fixes which calls are checked (None: a fresh seed, kept in `.seed`)."""
+        return AuditedKernel(self, rate, on_mismatch, seed)
 
     def __repr__(self) -> str:
         verdict = "unverified" if self.report is None else ("passed" if self.report.passed else "FAILED")

@@ -28,13 +28,14 @@ _EXPECTED = {
     "bool": "one of " + ", ".join(_TRUE + _FALSE),
     "int": "a whole number >= 0",
     "size": "a number of bytes >= 0, optionally with a k or M suffix (64k, 1M)",
+    "rate": "a number in [0, 1] (0.01 = one in a hundred)",
 }
 
 
 @dataclass(frozen=True)
 class Setting:
     name: str
-    kind: str  # str | path | choice | bool | int | size
+    kind: str  # str | path | choice | bool | int | size | rate
     help: str
     default: Any = None  # the value when unset (a callable is called); None: "not set"
     choices: tuple[str, ...] = ()  # kind "choice" only
@@ -85,6 +86,12 @@ def _parse(setting: Setting, raw: str) -> Any:
         return True if low in _TRUE else False if low in _FALSE else None
     if kind == "int":
         return int(raw) if raw.strip().isdigit() else None
+    if kind == "rate":
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            return None
+        return value if 0.0 <= value <= 1.0 else None  # NaN fails both comparisons
     if kind == "size":
         m = _SIZE.match(raw.strip())
         if m is None:
@@ -157,6 +164,20 @@ KGEN_VLLM_SPEC_DIR = _declare(Setting(
     "a folder of kgen specs (as `kgen specs-for-model` writes them) that the vLLM backend uses in place of "
     "the specs it derives, matched by name: tuned configs or edited specs go into service this way",
     default=None, default_text="unset: the derived specs",
+))
+
+KGEN_VLLM_SOURCE_DIR = _declare(Setting(
+    "KGEN_VLLM_SOURCE_DIR", "path",
+    "a folder of hand-written kernel sources, <spec name>.cu with the spec named as `kgen specs-for-model` "
+    "names it (any prefix, then _<layer key>_<kind>): each is verified (kgen.load_source) and serves that layer "
+    "type's kind in place of kgen's kernel",
+    default=None, default_text="unset: kgen's own kernels",
+))
+KGEN_VLLM_AUDIT_RATE = _declare(Setting(
+    "KGEN_VLLM_AUDIT_RATE", "rate",
+    "the fraction of decode and prefill calls the vLLM backend recomputes with a trusted kernel and checks "
+    "within the verifier's bound (kern.audit: a mismatch raises kgen.AuditError and stops the step)",
+    default=0.0,
 ))
 
 KGEN_VLLM_MIXED = _declare(Setting(

@@ -45,7 +45,7 @@ def test_only_the_registry_reads_the_environment():
 def test_each_setting_is_documented_and_typed():
     for s in REGISTRY.values():
         assert s.name.startswith("KGEN_") and len(s.help) > 20
-        assert s.kind in ("str", "path", "choice", "bool", "int", "size")
+        assert s.kind in ("str", "path", "choice", "bool", "int", "size", "rate")
         assert (s.kind == "choice") == bool(s.choices)
         assert s.expected()
 
@@ -58,11 +58,19 @@ def test_each_setting_is_documented_and_typed():
     ("KGEN_SIMT_STACK", "4096", 4096),
     ("KGEN_SIMT_STACK", "64k", 64 << 10),
     ("KGEN_SIMT_STACK", "2M", 2 << 20),
+    ("KGEN_VLLM_AUDIT_RATE", "0.01", 0.01),
+    ("KGEN_VLLM_AUDIT_RATE", "1", 1.0),
+    ("KGEN_VLLM_SOURCE_DIR", "/tmp/kernels", Path("/tmp/kernels")),
 ])
 def test_values_are_parsed_to_their_type(monkeypatch, name, raw, value):
     monkeypatch.setenv(name, raw)
     assert REGISTRY[name].value() == value
     assert REGISTRY[name].source() == "environment"
+
+
+def test_audit_rate_defaults_to_zero(monkeypatch):
+    monkeypatch.delenv("KGEN_VLLM_AUDIT_RATE", raising=False)
+    assert settings.KGEN_VLLM_AUDIT_RATE.value() == 0.0
 
 
 def test_unset_and_empty_mean_the_default(monkeypatch):
@@ -80,6 +88,10 @@ def test_unset_and_empty_mean_the_default(monkeypatch):
     ("KGEN_SIMT_THREADS", "four", "whole number"),
     ("KGEN_SIMT_THREADS", "-1", "whole number"),
     ("KGEN_SIMT_STACK", "1G", "k or M suffix"),
+    ("KGEN_VLLM_AUDIT_RATE", "1.5", "a number in [0, 1]"),
+    ("KGEN_VLLM_AUDIT_RATE", "-0.1", "a number in [0, 1]"),
+    ("KGEN_VLLM_AUDIT_RATE", "nan", "a number in [0, 1]"),
+    ("KGEN_VLLM_AUDIT_RATE", "often", "a number in [0, 1]"),
 ])
 def test_invalid_values_are_refused_with_name_value_and_allowed(monkeypatch, name, raw, allowed):
     monkeypatch.setenv(name, raw)

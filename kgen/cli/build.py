@@ -1,4 +1,6 @@
-"""`kgen build`: render, compile, verify and write generated/<name>/ for each spec."""
+"""`kgen build`: render, compile, verify and write generated/<name>/ for each spec; with
+`--source FILE.cu`, the same from a hand-written kernel (verified isolated, like `kgen verify
+--source`), for one spec."""
 
 from __future__ import annotations
 
@@ -8,9 +10,10 @@ from rich.progress import Progress
 
 from kgen.build import build as build_kernel
 from kgen.cli.common import SEED, Failed, check_archs, err, guard, load_specs, out
-from kgen.errors import CompileError, KgenUserError
+from kgen.errors import CompileError, KgenUserError, VerificationError
 from kgen.generated import check_output, write_generated
 from kgen.tune.runner import tune_spec
+from kgen.verify.untrusted.handwritten import load_source
 
 
 @click.command()
@@ -22,14 +25,26 @@ from kgen.tune.runner import tune_spec
 @click.option("--seed", type=SEED, default=None, help="verification seed (default: fresh)")
 @click.option("--force", is_flag=True,
               help="replace OUTPUT/<name> even when it is not kgen's own unchanged output (deletes what is there)")
+@click.option("--source", "source_file", type=click.Path(), default=None,
+              help="build this hand-written .cu file (the ABI of `kgen abi SPEC`, or `kgen show SPEC` edited) "
+                   "instead of kgen's kernel; one SPEC; verified isolated first")
 @guard
-def build(specs, output, archs, backend, tune, seed, force):
+def build(specs, output, archs, backend, tune, seed, force, source_file):
     """Build, verify and write generated/<name>/ for each SPEC."""
     loaded = load_specs(specs)
     check_archs(archs)
     if not output:
         raise KgenUserError("-o: empty path (use -o . for the current directory)")
+    if source_file is not None:
+        if len(loaded) != 1:
+            raise KgenUserError(f"--source: one SPEC with one hand-written source (got {len(loaded)} specs)")
+        if tune:
+            raise KgenUserError("--source: --tune searches kgen's own kernel's configs; a hand-written kernel "
+                                "has one launch (leave out --tune)")
     check_output(output, [spec.name for spec in loaded], force)  # refuse before spending time on a build
+    if source_file is not None:
+        _build_source(loaded[0], source_file, output, archs, backend, seed, force)
+        return
     failed = []
     with Progress(console=err, transient=True) as progress:
         task = progress.add_task("building", total=len(loaded))
@@ -61,3 +76,17 @@ def build(specs, output, archs, backend, tune, seed, force):
             progress.advance(task)
     if failed:
         raise Failed(f"{len(failed)} kernel(s) failed: {', '.join(failed)}")
+
+
+def _build_source(spec, source_file: str, output: str, archs, backend: str, seed, force: bool) -> None:
+    """Verify a hand-written source (isolated) and, when it passes, write OUTPUT/<name>/ from it."""
+    with Progress(console=err, transient=True) as progress:
+        progress.add_task(f"{spec.name}: verify {source_file} (isolated), build", total=None)
+        try:
+            kernel = load_source(spec, source_file, backend=backend, seed=seed, archs=list(archs) or None)
+        except VerificationError as e:
+            out.print(f"[red]FAIL[/red] {escape(str(e))} (nothing written)")
+            raise Failed(f"1 kernel failed: {spec.name}") from None
+    path = write_generated(kernel, output, spec_file=str(spec.source_path), force=force)
+    out.print(f"[green]ok[/green]   {escape(kernel.report.summary())} from {escape(source_file)} "
+              f"-> {escape(str(path))}")

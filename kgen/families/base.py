@@ -112,6 +112,10 @@ class Family(Protocol):
 class FamilyBase:
     """What most families share: names from the kernels, the ABI config, a threads-only space."""
 
+    # Whether `kern.audit(rate)` can shadow-check this kind's calls (kgen/audit.py: a returned output
+    # judged against the float64 reference with the verifier's bound); in-place kinds cannot yet.
+    auditable = False
+
     def abi_config(self, spec) -> Config:
         return {}
 

@@ -15,8 +15,11 @@ Limits of one launch (`Limits`):
                arrays it receives (a sparse pool counts only its touched pages). The defaults,
                15 s + 1 ms per thread + 200 ns per byte (5 MB/s), leave a wide margin over
                what the CPU backend needs on a loaded 2-core machine (about 100 MB/s).
-  CPU time   = RLIMIT_CPU, wall time * workers + 1 s from the launch on (SIGXCPU past it): the
-               limit that still holds if the parent stops watching.
+               On an oversubscribed machine (1-minute load average above the CPU count) the wall
+               limit of a CPU launch is stretched by load / CPUs, at most MAX_LOAD_STRETCH times
+               (load_stretch): a correct kernel that gets a fraction of a core is not killed for it.
+  CPU time   = RLIMIT_CPU, wall time (unstretched) * workers + 1 s from the launch on (SIGXCPU
+               past it): the limit that still holds if the parent stops watching.
   memory     = RLIMIT_AS, the child's address space with the arrays mapped + memory_bytes + per
                worker thread 136 MiB (thread stack, malloc arena) and its fiber stacks. A kernel that
                asks for more gets NULL from malloc or std::bad_alloc.
@@ -65,6 +68,19 @@ _SIGNAL_MEANING = {
     "SIGILL": "illegal instruction", "SIGKILL": "killed", "SIGXCPU": "CPU-time limit exceeded",
     "SIGXFSZ": "file-size limit exceeded", "SIGTRAP": "trap",
 }
+
+
+MAX_LOAD_STRETCH = 8.0
+
+
+def load_stretch() -> float:
+    """How much longer than on an idle machine a launch may take here: the 1-minute load average
+    per CPU, between 1 and MAX_LOAD_STRETCH (1 where the OS gives no load average)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return 1.0
+    return max(1.0, min(MAX_LOAD_STRETCH, load / (os.cpu_count() or 1)))
 
 
 @dataclass(frozen=True)
@@ -359,12 +375,13 @@ class IsolatedCpuModule:
         for a in map(_as_pointer_arg, ln.reached):
             self._pointer(ln.kernel, -1, a, staging, buffers)
         grid, block = _dims(ln.grid, "grid"), _dims(ln.block, "block")
-        timeout = self.limits.wall_seconds(grid, block, sum(b.committed_bytes() for b in buffers))
+        base = self.limits.wall_seconds(grid, block, sum(b.committed_bytes() for b in buffers))
+        timeout = base * load_stretch()  # wall time stretches on an oversubscribed machine; CPU time does not
         threads = math.prod(block)
         memory = self.limits.memory_headroom(self.workers, threads, self.stack_size or DEFAULT_FIBER_STACK)
         request = {"op": "launch", "kernel": ln.kernel, "grid": grid, "block": block, "smem": int(ln.smem),
                    "args": args, "sizes": [len(b) for b in buffers], "homes": [b.home for b in buffers],
-                   "cpu_seconds": math.ceil(timeout * self.workers) + 1, "memory_bytes": memory}
+                   "cpu_seconds": math.ceil(base * self.workers) + 1, "memory_bytes": memory}
         note = f" (limits: {timeout:.1f} s, {memory / GiB:.1f} GiB of memory beyond its arrays)"
         what = f"kernel '{ln.kernel}'"
         # The arrays go to the addresses they have here; should the child's own mappings sit there,

@@ -4,7 +4,11 @@ and counted per layer as they launch.
 
 A spec that fails verification is never served: `kernels_for` raises instead. With
 KGEN_VLLM_SPEC_DIR set, a spec file of the derived name in that folder replaces the derived one
-(its tuning defaults included), after a check that it is still the same contract.
+(its tuning defaults included), after a check that it is still the same contract. With
+KGEN_VLLM_SOURCE_DIR set, a hand-written source `<spec name>.cu` of the derived name (any prefix,
+then _<layer key>_<kind>) serves that kind instead of kgen's kernel, after kgen.load_source has
+verified it (its kernels are named after the file: kgen's spec is served under that name). With
+KGEN_VLLM_AUDIT_RATE > 0, decode and prefill calls are audited at that rate (kern.audit).
 """
 
 from __future__ import annotations
@@ -13,13 +17,16 @@ import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
+from kgen.audit import auditable
 from kgen.build import build, select_backend
 from kgen.errors import KgenUserError
 from kgen.model_specs import KINDS, LayerAttention, layer_specs
 from kgen.runtime.cuda import device_arch
-from kgen.settings import KGEN_VLLM_SPEC_DIR
+from kgen.settings import KGEN_VLLM_AUDIT_RATE, KGEN_VLLM_SOURCE_DIR, KGEN_VLLM_SPEC_DIR
 from kgen.spec.models import load_spec
+from kgen.verify.untrusted.handwritten import load_source
 
 log = logging.getLogger("vllm.kgen")  # under vLLM's logger: its handler and level apply
 _LOCK = threading.Lock()
@@ -61,15 +68,38 @@ def _override(spec):
     return replaced
 
 
+def _source(spec) -> Path | None:
+    """KGEN_VLLM_SOURCE_DIR/<prefix>_<layer key>_<kind>.cu for `spec`, when there is one."""
+    folder = KGEN_VLLM_SOURCE_DIR.value()
+    if folder is None:
+        return None
+    suffix = spec.name.removeprefix("vllm")
+    found = sorted(folder.glob(f"*{suffix}.cu"))
+    return found[0] if found else None
+
+
 def _build(spec, backend: str):
+    """The verified kernel of `spec` (kgen's, or a hand-written source's), audited at
+    KGEN_VLLM_AUDIT_RATE for the attention kinds."""
+    rate = KGEN_VLLM_AUDIT_RATE.value()
+    source = _source(spec)
+    key = f"{spec.name} {source} {rate}"
     with _LOCK:
-        kern = _BUILT.get(spec.name)
+        kern = _BUILT.get(key)
         if kern is None:
-            kern = build(spec, backend=backend, archs=_archs(backend))
-            if not kern.report.passed:
-                raise KgenUserError(f"kgen: {spec.name} failed verification, so it will not serve: "
-                                    f"{kern.report.summary()}")
-            _BUILT[spec.name] = kern
+            if source is not None:
+                served = spec.with_overrides(name=source.stem)  # its kernels are named after the file
+                log.info("kgen: %s from the hand-written %s (verifying)", spec.name, source)
+                kern = load_source(served, source, backend=backend, archs=_archs(backend))  # VerificationError
+            else:
+                kern = build(spec, backend=backend, archs=_archs(backend))
+                if not kern.report.passed:
+                    raise KgenUserError(f"kgen: {spec.name} failed verification, so it will not serve: "
+                                        f"{kern.report.summary()}")
+            if rate > 0 and auditable(spec):
+                kern = kern.audit(rate)
+                log.info("kgen: %s audited at rate %g (seed %d)", spec.name, rate, kern.seed)
+            _BUILT[key] = kern
     return kern
 
 

@@ -17,7 +17,7 @@ import pytest
 from kgen.compile.host import compile_host
 from kgen.compile.nvrtc import compile_cubin
 from kgen.errors import ArgumentError, KernelRuntimeError
-from kgen.runtime import _wire, shared
+from kgen.runtime import _wire, isolated, shared
 from kgen.runtime.base import Launch
 from kgen.runtime.cpu import CpuModule
 from kgen.runtime.cuda import IsolatedCudaModule, device_arch, encode_cuda_args
@@ -134,7 +134,8 @@ def test_abort_and_arithmetic_faults_name_their_signal(mod, kernel, args, signal
         mod.launch(one(kernel, *args))
 
 
-def test_endless_loop_times_out_within_the_scaled_limit_and_the_group_is_killed(artifact):
+def test_endless_loop_times_out_within_the_scaled_limit_and_the_group_is_killed(artifact, monkeypatch):
+    monkeypatch.setattr(isolated, "load_stretch", lambda: 1.0)  # the limit itself, whatever the machine's load
     limits = Limits(floor_s=2.0, thread_s=0.5)
     expected = limits.wall_seconds((1, 1, 1), (2, 1, 1), 4096)
     mod = IsolatedCpuModule(artifact, limits=limits)
@@ -403,3 +404,20 @@ def test_cuda_faults_and_hangs_are_verdicts_and_arrays_travel_by_ipc(tmp_path):
         assert cupy.array_equal(out, 2 * x[:, 1])
     finally:
         mod.close()
+
+
+def test_wall_limit_stretches_with_the_load_cpu_limit_does_not(artifact, monkeypatch):
+    """On an oversubscribed machine a correct kernel gets a fraction of a core: its wall limit
+    grows by load / CPUs (at most MAX_LOAD_STRETCH), its CPU-time limit stays."""
+    monkeypatch.setattr(os, "getloadavg", lambda: (4.0 * (os.cpu_count() or 1), 0.0, 0.0))
+    assert isolated.load_stretch() == 4.0
+    monkeypatch.setattr(os, "getloadavg", lambda: (1000.0 * (os.cpu_count() or 1), 0.0, 0.0))
+    assert isolated.load_stretch() == isolated.MAX_LOAD_STRETCH
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert isolated.load_stretch() == 1.0
+    monkeypatch.setattr(isolated, "load_stretch", lambda: 2.0)
+    limits = Limits(floor_s=1.0, thread_s=0.0, byte_s=0.0)
+    mod = IsolatedCpuModule(artifact, limits=limits)
+    with pytest.raises(KernelRuntimeError, match=r"kernel 'spin' timed out after 2\.0 s and was killed"):
+        mod.launch(Launch("spin", (1, 1, 1), (2, 1, 1), 0, [np.zeros(1, np.float32)]))
+    mod.close()

@@ -71,3 +71,42 @@ def test_a_tuned_spec_in_the_spec_dir_serves_in_place_of_the_derived_one(tmp_pat
     (tmp_path / f"{docs['prefill']['name']}.yaml").write_text(yaml.safe_dump(docs["prefill"]))
     with pytest.raises(KgenUserError, match="not the contract vLLM's layer needs"):
         kernels_for(layer, backend="cpu")
+
+
+def test_audit_rate_setting_audits_decode_and_prefill(monkeypatch):
+    from kgen.audit import AuditedKernel
+
+    monkeypatch.setenv("KGEN_VLLM_AUDIT_RATE", "1")
+    layer = LayerAttention(HQ, H, D, D ** -0.5, "fp32", "fp32", B)
+    kernels = kernels_for(layer, backend="cpu")
+    assert isinstance(kernels.decode, AuditedKernel) and isinstance(kernels.prefill, AuditedKernel)
+    assert not isinstance(kernels.cache_write, AuditedKernel)  # cache kinds are not audited
+    torch.manual_seed(1)
+    T = 50
+    key, val, q = torch.randn(T, H, D), torch.randn(T, H, D), torch.randn(1, HQ, D)
+    k_pool, v_pool = page_pools(torch.zeros(NB, H, B, 2 * D), D)
+    table = torch.tensor([[3, 1]], dtype=torch.int32)
+    slots = (table[0, torch.arange(T) // B] * B + torch.arange(T) % B).long()
+    kernels.cache_write(key=key, value=val, k_cache=k_pool, v_cache=v_pool, slot_mapping=slots)
+    out = torch.zeros(1, HQ, D)
+    kernels.decode(q=q, out=out, k_cache=k_pool, v_cache=v_pool, block_tables=table,
+                   seq_lens=torch.tensor([T], dtype=torch.int32))
+    assert (kernels.decode.stats.checked, kernels.decode.stats.mismatches) == (1, 0)
+    monkeypatch.setenv("KGEN_VLLM_AUDIT_RATE", "0")
+    assert not isinstance(kernels_for(layer, backend="cpu").decode, AuditedKernel)
+
+
+def test_a_handwritten_source_in_the_source_dir_serves_verified(tmp_path, monkeypatch):
+    from kgen.model_specs import layer_spec_dicts
+    from kgen.render import render
+    from kgen.spec.models import spec_from_dict
+
+    layer = LayerAttention(HQ, H, D, D ** -0.5, "fp32", "fp32", 16)
+    docs = layer_spec_dicts(layer, prefix="mine")  # as `kgen specs-for-model` names them
+    spec = spec_from_dict(docs["decode"])
+    (tmp_path / f"{spec.name}.cu").write_text(render(spec, {"partition_size": 0}).source)  # `kgen show`, ABI 1
+    monkeypatch.setenv("KGEN_VLLM_SOURCE_DIR", str(tmp_path))
+    kernels = kernels_for(layer, backend="cpu")
+    assert kernels.decode.spec.name == spec.name and kernels.decode.report.passed
+    assert kernels.decode.artifacts["origin"] == str(tmp_path / f"{spec.name}.cu")
+    assert kernels.prefill.spec.name.startswith("vllm_")  # no source for it: kgen's kernel

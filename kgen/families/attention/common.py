@@ -125,6 +125,7 @@ class AttentionFamily(FamilyBase):
 
     rows: Rows
     cases_module: Any
+    auditable = True  # kern.audit: the call's out (and lse) against the reference (kgen/audit.py)
 
     def unsupported(self, spec) -> list[str]:
         return layout_problems(spec)
