@@ -441,6 +441,12 @@ def assumptions(subjects: list[Subject]) -> str:
         "read, mostly a cache hit). Over the last 24 passes (whole periods of any pipeline up to 8 stages "
         "deep), bytes in flight = bytes per iteration x latency / iteration time. Per SM: x threads per block x resident blocks. \"Full-GPU ceiling\": that x "
         f"{d.sms} SMs / latency, over the copy bandwidth, for the launch of batch 64 x 4096.",
+        "- **Nested loops** (kgen/perf/model.py, `steady_body`): a streaming loop that issues reads but never "
+        "waits for them (the tensor-core decode body's copy loop, `#pragma unroll 2`) is part of the loop around "
+        "it, which is then the unit. Loops nested in the unit repeat per iteration as kgen's geometry says "
+        "(`TileHint`): a copy loop until it has read the tile's bytes per thread, a loop without reads (the "
+        "CUDA-core body's batch loop) tokens per thread and tile / batch tokens times. FlashInfer's, vLLM's "
+        "and hand-written kernels have no hint: their nested loops count once per iteration.",
         "- **Time of a launch**: the sum over waves of equal blocks (a wave: up to SMs x blocks/SM blocks "
         "resident at once) of the slowest term for that wave (the largest of: wave bytes x latency / (wave blocks x "
         "threads x bytes in flight), wave bytes / copy bandwidth, and the issue, smem and tensor times above), "

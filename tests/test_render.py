@@ -25,10 +25,12 @@ def test_config_constants_come_from_the_spec(llama):
     for line in ("NUM_Q_HEADS = 32;", "NUM_KV_HEADS = 8;", "GROUP = 4;", "HEAD_DIM = 128;", "BLOCK_SIZE = 16;",
                  "TAIL_MASK = true;", "typedef __half kv_t;"):
         assert line in src, line
-    # group 4 >= mma_min_group 4: the tensor-core body, two of the 128 threads' warps (two 32-token stages fit)
-    assert "TENSOR_CORES = true;" in src
-    assert 'extern "C" __global__ void __launch_bounds__(64) llama3_8b_decode(' in src
-    cuda_cores = render(llama, {"mma_min_group": 0}).source
+    # fp16 cache, group 4 < mma_min_group 8 (auto): the CUDA-core body; from 4 heads on request, the
+    # tensor-core body on two of the 128 threads' warps (two 32-token stages fit)
+    tensor = render(llama, {"mma_min_group": 4}).source
+    assert "TENSOR_CORES = true;" in tensor
+    assert 'extern "C" __global__ void __launch_bounds__(64) llama3_8b_decode(' in tensor
+    cuda_cores = src
     assert "TENSOR_CORES = false;" in cuda_cores
     assert 'extern "C" __global__ void __launch_bounds__(128) llama3_8b_decode(' in cuda_cores
 
@@ -37,11 +39,14 @@ def test_source_includes_cuda_and_kgen_provided_headers_only(llama):
     """The source is not self-contained: it includes CUDA's own number-format headers and kgen's
     provided headers (which both compilers resolve to kgen's copies: docs/abi.md), nothing else;
     the decode body is inlined."""
-    src = render(llama).source
-    includes = re.findall(r"#include\s*[<\"]([^>\"]+)", src)
-    assert sorted(includes) == ["cuda_bf16.h", "cuda_fp16.h", "cuda_fp8.h", "kgen/async_copy.cuh",
-                                "kgen/convert.cuh", "kgen/mma.cuh", "kgen/platform.cuh", "kgen/softmax.cuh"]
-    assert "void paged_decode_body(" in src and "void paged_decode_mma_body(" in src
+    common = ["cuda_bf16.h", "cuda_fp16.h", "cuda_fp8.h", "kgen/async_copy.cuh", "kgen/convert.cuh",
+              "kgen/platform.cuh", "kgen/softmax.cuh"]
+    src = render(llama).source  # fp16 group 4: the CUDA-core body (mma_min_group auto)
+    assert sorted(re.findall(r"#include\s*[<\"]([^>\"]+)", src)) == common
+    assert "void paged_decode_body(" in src and "void paged_decode_mma_body(" not in src
+    tensor = render(llama, {"mma_min_group": 4}).source  # the tensor-core body needs mma.cuh too
+    assert sorted(re.findall(r"#include\s*[<\"]([^>\"]+)", tensor)) == sorted([*common, "kgen/mma.cuh"])
+    assert "void paged_decode_body(" in tensor and "void paged_decode_mma_body(" in tensor
 
 
 BODIES = {"paged_decode": "paged_decode_body", "paged_prefill": "paged_prefill_body",
@@ -80,7 +85,7 @@ def test_spec_tuning_defaults_are_used(llama):
     assert render(llama).config == {
         "threads": llama.tuning.defaults.get("threads", 128),
         "partition_size": llama.tuning.defaults.get("partition_size", 0),
-        "stages": 0, "heads_per_thread": 0, "mma_min_group": 4,  # the family's defaults: the spec does not set them
+        "stages": 0, "heads_per_thread": 0, "mma_min_group": -1,  # the family's defaults: the spec does not set them
     }
 
 

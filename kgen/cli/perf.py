@@ -46,7 +46,8 @@ def subjects_for(spec, source_file: str | None, arch: str) -> list[Subject]:
     # Like for like first: kgen's kernel with the launch a hand-written kernel implements (ABI 1: the family's
     # abi_config, single pass), then the source, then kgen's kernel as kgen launches it (its default config).
     abi = family_for(spec).abi_config(spec)
-    return [kgen_subject(spec.source_path, cuobjdump, None, spec=spec, arch=arch, config=abi,
+    # (the ABI row reads kgen's SASS alone, as the source's is read: no geometry hint for either)
+    return [kgen_subject(spec.source_path, cuobjdump, None, spec=spec, arch=arch, config=abi, hinted=False,
                          label=f"kgen {spec.name} (ABI launch: {', '.join(f'{k}={v}' for k, v in abi.items())})"),
             source_subject(spec, text, cuobjdump, arch, origin=str(source_file)),
             kgen_subject(spec.source_path, cuobjdump, None, spec=spec, arch=arch,

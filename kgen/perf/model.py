@@ -219,15 +219,17 @@ class LoopMLP:
     in_flight: float            # Little's law: bytes per iteration / iteration time x latency
 
 
-def loop_mlp(fn: SassFunction, loop: Loop, dev: Device = H200, passes: int = 48, measured: int = 24) -> LoopMLP:
+def loop_mlp(fn: SassFunction, loop: Loop, dev: Device = H200, passes: int = 48, measured: int = 24,
+             body: list[Instr] | None = None) -> LoopMLP:
     """Walk the loop body `passes` times in order (branches inside it taken as falling through) on a
     clock that only stalls advance, compute taking no time. A global read is issued at the current
     time; an instruction that waits on a scoreboard holding global reads, or a `DEPBAR.LE SB0, N` that
     retires cp.async groups (LDGSTS ... LDGDEPBAR), moves the clock to the latest issue time among
     what it waits for plus one DRAM latency (`hit_weight` of one when it waits for < 8 bytes per
     thread: a block-table or scale read, mostly a cache hit). The last `measured` passes are the
-    steady state: bytes in flight per thread = bytes per pass x latency / time per pass."""
-    body = fn.instrs[loop.start:loop.end + 1]
+    steady state: bytes in flight per thread = bytes per pass x latency / time per pass. `body`: one
+    steady iteration as `steady_loops` unrolls it (default: the loop's instructions once)."""
+    body = body if body is not None else fn.instrs[loop.start:loop.end + 1]
     board = [[0, 0.0] for _ in range(6)]  # per scoreboard: global bytes outstanding, latest issue time
     groups: deque[tuple[int, float]] = deque()
     open_group = [0, 0.0]
@@ -260,7 +262,7 @@ def loop_mlp(fn: SassFunction, loop: Loop, dev: Device = H200, passes: int = 48,
             elif nbytes and ins.wbar != NO_BARRIER:
                 board[ins.wbar] = [board[ins.wbar][0] + nbytes, clock]
     marks.append((clock, stalls))
-    per_iter = loop_load_bytes(fn, loop)
+    per_iter = sum(map(global_load_bytes, body))
     span = (marks[-1][0] - marks[-1 - measured][0]) / measured
     waits = (marks[-1][1] - marks[-1 - measured][1]) / measured
     if span <= 0:  # nothing inside the loop waits for its reads: count one iteration's reads in flight
@@ -268,11 +270,77 @@ def loop_mlp(fn: SassFunction, loop: Loop, dev: Device = H200, passes: int = 48,
     return LoopMLP(per_iter, span, waits, per_iter / span)
 
 
-def thread_in_flight(fn: SassFunction, dev: Device = H200) -> tuple[float, list[LoopMLP]]:
+@dataclass(frozen=True)
+class TileHint:
+    """What the SASS cannot say about a kernel's nested loops, from its geometry: the stream bytes each
+    thread reads per tile (a nested copy loop runs until it has read them) and how often a nested loop
+    that reads nothing runs per tile (the CUDA-core decode body's batch loop)."""
+
+    tile_bytes: float = 0.0
+    inner_trips: int = 1
+
+
+def _waits_for_reads(body: list[Instr]) -> bool:
+    """Does `body` wait for the stream it reads: a DEPBAR (cp.async groups) or a scoreboard wait on a plain
+    global read of 8 bytes or more (also one carried over from the previous iteration)? A wait on a
+    block-table entry or a scale (`stream_bytes` 0) does not count."""
+    boards = 0
+    for ins in body + body:
+        if ins.base == "DEPBAR" or ins.wait & boards:
+            return True
+        if stream_bytes(ins) and ins.wbar != NO_BARRIER:
+            boards |= 1 << ins.wbar
+    return False
+
+
+def _nested(fn: SassFunction, unit: Loop) -> list[Loop]:
+    """The outermost loops strictly inside `unit`."""
+    inner = [lp for lp in loops(fn) if lp != unit and unit.contains(lp)]
+    return [lp for lp in inner if not any(o != lp and o.contains(lp) for o in inner)]
+
+
+def steady_body(fn: SassFunction, loop: Loop, hint: TileHint | None = None) -> tuple[Loop, list[Instr]]:
+    """One steady-state iteration of a streaming loop, as the instructions it issues. A loop that
+    issues reads but never waits for them (a tile's copy loop, `#pragma unroll 2` say) is a part of
+    the loop around it, which is the unit then. Loops nested in the unit repeat per iteration: a copy
+    loop until it has read the hint's tile bytes, a loop without reads `inner_trips` times (without a
+    hint: once each)."""
+    unit = loop
+    if not _waits_for_reads(fn.instrs[loop.start:loop.end + 1]):
+        outer = [lp for lp in loops(fn) if lp != loop and lp.contains(loop)]
+        if outer:
+            unit = min(outer, key=lambda lp: lp.end - lp.start)
+    body: list[Instr] = []
+    at = unit.start
+    for lp in sorted(_nested(fn, unit), key=lambda lp: lp.start) if hint else []:
+        body += fn.instrs[at:lp.start]
+        seg = fn.instrs[lp.start:lp.end + 1]
+        nbytes = sum(map(global_load_bytes, seg))
+        if nbytes:
+            other = loop_load_bytes(fn, unit) - nbytes
+            trips = max(1, round((hint.tile_bytes - other) / nbytes)) if hint.tile_bytes else 1
+        else:
+            trips = max(1, hint.inner_trips)
+        body += seg * trips
+        at = lp.end + 1
+    return unit, body + fn.instrs[at:unit.end + 1]
+
+
+def steady_loops(fn: SassFunction, hint: TileHint | None = None) -> list[tuple[Loop, list[Instr]]]:
+    """The streaming loops' steady iterations (`steady_body`), each unit once; a unit that never waits
+    for its reads (a prologue issuing the first tiles) is left out when another one waits."""
+    units: dict[Loop, list[Instr]] = {}
+    for lp, _ in streaming_loops(fn):
+        unit, body = steady_body(fn, lp, hint)
+        units.setdefault(unit, body)
+    waiting = {u: b for u, b in units.items() if _waits_for_reads(b)}
+    return list((waiting or units).items())
+
+
+def thread_in_flight(fn: SassFunction, dev: Device = H200, hint: TileHint | None = None) -> tuple[float, list[LoopMLP]]:
     """Bytes in flight per thread over the streaming loops of a kernel: with several (K loop, V loop)
     each moves its share of the bytes (by bytes per iteration) at its own rate (harmonic mean)."""
-    picked = streaming_loops(fn)
-    mlps = [loop_mlp(fn, lp, dev) for lp, _ in picked]
+    mlps = [loop_mlp(fn, unit, dev, body=body) for unit, body in steady_loops(fn, hint)]
     if not mlps:
         return 0.0, []
     return sum(m.bytes_per_iter for m in mlps) / sum(m.bytes_per_iter / m.in_flight for m in mlps), mlps
@@ -320,8 +388,8 @@ class LoopWork:
     mma_flop: int            # tensor-core FLOP
 
 
-def loop_work(fn: SassFunction, loop: Loop) -> LoopWork:
-    body = fn.instrs[loop.start:loop.end + 1]
+def loop_work(fn: SassFunction, loop: Loop, body: list[Instr] | None = None) -> LoopWork:
+    body = body if body is not None else fn.instrs[loop.start:loop.end + 1]
     return LoopWork(len(body), sum(map(stream_bytes, body)), sum(map(smem_wavefronts, body)),
                     sum(map(mma_flop, body)))
 
@@ -341,10 +409,10 @@ class Work:
     loop_bytes: int = 0            # stream bytes per thread per iteration, summed likewise
 
 
-def kernel_work(fn: SassFunction) -> Work:
+def kernel_work(fn: SassFunction, hint: TileHint | None = None) -> Work:
     """Work per stream byte over the streaming loops (each loop moves its share of the bytes: per byte
     it is the loops' summed work over their summed bytes), plus the rest of the function once per warp."""
-    works = [(lp, loop_work(fn, lp)) for lp, _ in streaming_loops(fn)]
+    works = [(unit, loop_work(fn, unit, body)) for unit, body in steady_loops(fn, hint)]
     nbytes = 32 * sum(w.stream_bytes for _, w in works)
     if not nbytes:
         return Work(fixed_instrs=len(fn.instrs), fixed_wavefronts=sum(map(smem_wavefronts, fn.instrs)))

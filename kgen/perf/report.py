@@ -62,11 +62,11 @@ class Figures:
     work: pm.Work                     # warp-instructions, smem wavefronts, tensor FLOP per stream byte
 
 
-def figures(fn: pm.SassFunction, res, dev: pm.Device = pm.H200) -> Figures:
-    ipt, mlps = pm.thread_in_flight(fn, dev)
+def figures(fn: pm.SassFunction, res, dev: pm.Device = pm.H200, hint: pm.TileHint | None = None) -> Figures:
+    ipt, mlps = pm.thread_in_flight(fn, dev, hint)
     ldl, stl = pm.local_memory_instructions(fn)
     return Figures(res.registers, res.spill_stores, res.spill_loads, res.stack_frame, res.static_smem,
-                   ldl, stl, ipt, mlps, pm.bulk_copies(fn), pm.kernel_work(fn))
+                   ldl, stl, ipt, mlps, pm.bulk_copies(fn), pm.kernel_work(fn, hint))
 
 
 @dataclass
@@ -146,14 +146,27 @@ def kgen_planner(spec, rendered, arch: str = "sm_90",
     return fixed, f"fixed grid (config {rendered.config}; kgen has no kern.plan)"
 
 
+def tile_hint(spec, config) -> pm.TileHint | None:
+    """What kgen's decode geometry says about its kernel's nested loops (kgen/perf/model.py, TileHint):
+    the K/V bytes a thread copies per tile, and the CUDA-core body's batch loop trips per tile. None for
+    other kinds (and for hand-written sources, whose loops kgen's geometry does not describe)."""
+    if not is_decode(spec):
+        return None
+    ctx = PAGED_DECODE.template_context(spec, config)
+    geo = ctx["geo"]
+    tile_bytes = geo.tile_tokens * kv_bytes_per_token(spec) / spec.attention.num_kv_heads / geo.threads
+    return pm.TileHint(tile_bytes, 1 if ctx["tensor_cores"] else geo.tokens_per_thread // geo.batch_tokens)
+
+
 def kernel_subject(spec, rendered: Rendered, cuobjdump: str, arch: str = "sm_90", cache=None, origin: str = "",
-                   label: str | None = None, path_name: str = "") -> Subject:
+                   label: str | None = None, path_name: str = "", hint: pm.TileHint | None = None) -> Subject:
     """The Subject of `rendered` (kgen's source for `spec`, or a hand-written one with its ABI config)
-    compiled for `arch` on that arch's device preset (pm.DEVICES)."""
+    compiled for `arch` on that arch's device preset (pm.DEVICES); `hint`: kgen's geometry (tile_hint)."""
     dev = pm.DEVICES.get(arch, pm.H200)
     art = compile_cubin(rendered.source, arch, origin=origin or spec.name, cache=cache)
     funcs = pm.parse_sass(sass_text(art.cubin, cuobjdump))
-    kernels = {name: figures(funcs[name], art.resources[name], dev) for name in rendered.kernel_names}
+    kernels = {name: figures(funcs[name], art.resources[name], dev, hint if name == spec.name else None)
+               for name in rendered.kernel_names}
     launches, source = kgen_planner(spec, rendered, arch, dev)
     a = spec.attention
     window = a.sliding_window or 0
@@ -177,14 +190,17 @@ def kernel_subject(spec, rendered: Rendered, cuobjdump: str, arch: str = "sm_90"
 
 
 def kgen_subject(path: Path, cuobjdump: str, cache, spec=None, config: dict | None = None,
-                 label: str | None = None, arch: str = "sm_90") -> Subject:
-    """kgen's kernel for the spec at `path` (or `spec`, a variant of it) with `config` over the defaults."""
+                 label: str | None = None, arch: str = "sm_90", hinted: bool = True) -> Subject:
+    """kgen's kernel for the spec at `path` (or `spec`, a variant of it) with `config` over the defaults.
+    `hinted`: read its nested loops with kgen's geometry (tile_hint); False reads the SASS alone, as a
+    hand-written source is read, for a like-for-like comparison."""
     spec = spec or load_spec(path)
     rendered = render(spec, config)
     path_name = ""
     if config and "mma_min_group" in config:
         path_name = "tensor cores" if config["mma_min_group"] else "CUDA cores"
-    return kernel_subject(spec, rendered, cuobjdump, arch, cache, origin=str(path), label=label, path_name=path_name)
+    return kernel_subject(spec, rendered, cuobjdump, arch, cache, origin=str(path), label=label, path_name=path_name,
+                          hint=tile_hint(spec, rendered.config) if hinted else None)
 
 
 def source_subject(spec, source: str, cuobjdump: str, arch: str = "sm_90", origin: str = "<source>",

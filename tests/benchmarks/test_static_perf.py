@@ -288,3 +288,29 @@ def test_gpu_script_cpu_dry_run_agrees_with_sdpa():
     for row in rows:
         diff = float(row.strip("| \n").split("|")[-1])
         assert diff < 1e-2  # fp16 output against SDPA on the same K/V
+
+
+def _tile_loop() -> pm.SassFunction:
+    """A tile loop as the tensor-core decode body compiles: a copy loop (two 16-byte cp.async, no wait:
+    `#pragma unroll 2`) and a compute loop without reads (HMMA, FFMA) nested in the loop that waits."""
+    rows = [("DEPBAR.LE SB0, 0x1", 7, 0), ("LDGSTS.E.BYPASS.LTC128B.128 [R1], desc[UR4][R2.64]", 7, 0),
+            ("LDGSTS.E.BYPASS.LTC128B.128 [R1+0x10], desc[UR4][R2.64+0x10]", 7, 0), ("@P1 BRA 0x10", 7, 0),
+            ("LDGDEPBAR", 7, 0), ("HMMA.16816.F32 R12, R4, R6, R12", 7, 0), ("FFMA R8, R4, R4, R8", 7, 0),
+            ("@P2 BRA 0x50", 7, 0), ("@P0 BRA 0x0", 7, 0), ("EXIT", 7, 0)]
+    return pm.parse_sass(_listing("k", rows))["k"]
+
+
+def test_a_copy_loop_that_never_waits_is_counted_with_its_tile_loop():
+    """The copy loop reads the stream but waits for nothing: the unit is the tile loop around it. Without
+    a hint each nested loop counts once (9 instructions, 32 bytes); with kgen's geometry the copy loop
+    runs until it has read 128 bytes (4 trips) and the compute loop 3 times: 3 + 4 x 3 + 3 x 3 = 24
+    instructions and 3 HMMA per 128 bytes."""
+    fn = _tile_loop()
+    assert [lp for lp, _ in pm.streaming_loops(fn)] == [pm.Loop(1, 3)]
+    bare = pm.kernel_work(fn)
+    assert (bare.loop_instrs, bare.loop_bytes, bare.fixed_instrs) == (9, 32, 1)
+    hinted = pm.kernel_work(fn, pm.TileHint(tile_bytes=128, inner_trips=3))
+    assert (hinted.loop_instrs, hinted.loop_bytes) == (24, 128)
+    assert hinted.flop_per_byte == pytest.approx(3 * 4096 / (32 * 128))
+    in_flight, (mlp,) = pm.thread_in_flight(fn, hint=pm.TileHint(tile_bytes=128, inner_trips=3))
+    assert mlp.bytes_per_iter == 128 and in_flight > 0

@@ -153,9 +153,9 @@ def test_every_config_failing_is_an_error_not_a_silent_default(spec, monkeypatch
 def test_compile_failure_scores_inf_and_the_run_goes_on(spec, monkeypatch, tmp_path):
     real = PAGED_DECODE.template_context
 
-    def broken(spec_, config):  # partition 32 renders a kernel NVRTC rejects (bad vector width)
+    def broken(spec_, config):  # partition 32 renders a kernel NVRTC rejects (a constant that does not parse)
         ctx = real(spec_, config)
-        return {**ctx, "vec": 3} if config["partition_size"] == 32 else ctx
+        return {**ctx, "softmax_scale": "1.0f +"} if config["partition_size"] == 32 else ctx
 
     monkeypatch.setattr(PAGED_DECODE, "template_context", broken)
     tune_measure._KERNELS.clear()
@@ -165,7 +165,7 @@ def test_compile_failure_scores_inf_and_the_run_goes_on(spec, monkeypatch, tmp_p
         tune_measure._KERNELS.clear()
     bad = [m for m in results["measurements"] if m["config"]["partition_size"] == 32]
     assert bad and all(m["status"] == "compile_failed" and m["reason"] for m in bad)
-    assert all(w == {"threads": 64, "partition_size": 0, "stages": 0, "heads_per_thread": 0, "mma_min_group": 4}
+    assert all(w == {"threads": 64, "partition_size": 0, "stages": 0, "heads_per_thread": 0, "mma_min_group": -1}
                for w in results["winners"].values())
 
 
@@ -240,7 +240,7 @@ def test_manifest_hook_warns_on_a_foreign_device(spec, tuned):
     foreign["device"]["name"] = "NVIDIA H100"
     with pytest.warns(TuningWarning, match="ignoring the manifest's tuning results"):
         kern = tuned_from_manifest(base, foreign, "cpu")
-    assert kern.config == {"threads": 64, "partition_size": 0, "stages": 0, "heads_per_thread": 0, "mma_min_group": 4}  # untuned defaults
+    assert kern.config == {"threads": 64, "partition_size": 0, "stages": 0, "heads_per_thread": 0, "mma_min_group": -1}  # untuned defaults
     assert tuned_from_manifest(base, None, "cpu") is base
 
 

@@ -34,14 +34,14 @@ def tiny(tuning: dict | None) -> object:
 def test_llama_space_is_the_product_of_its_params():
     space = expand_space(load_spec(LLAMA))
     assert space.size == 9 and len(space.configs) == 9 and not space.pruned
-    assert space.defaults == {"threads": 128, "partition_size": 64, "stages": 0, "heads_per_thread": 0, "mma_min_group": 4}
+    assert space.defaults == {"threads": 128, "partition_size": 64, "stages": 0, "heads_per_thread": 0, "mma_min_group": -1}
 
 
 def test_constraints_and_template_checks_prune_with_reasons():
     spec = tiny({"params": {"threads": [32, 64, 2048], "partition_size": [0, 24, 32]},
                  "constraints": ["threads >= 32 * group_size"]})
     space = expand_space(spec)
-    fixed = {"stages": 0, "heads_per_thread": 0, "mma_min_group": 4}  # the template's parameters the space leaves at their defaults
+    fixed = {"stages": 0, "heads_per_thread": 0, "mma_min_group": -1}  # the template's parameters the space leaves at their defaults
     assert space.configs == [{"threads": 64, "partition_size": 0, **fixed}, {"threads": 64, "partition_size": 32, **fixed}]
     reasons = {(p["config"]["threads"], p["config"]["partition_size"]): p["reason"] for p in space.pruned}
     assert "threads >= 32 * group_size" in reasons[(32, 0)]

@@ -39,13 +39,14 @@ class PagedDecodeFamily(AttentionFamily):
     params = {"threads": TunableParam("threads", 128), "partition_size": TunableParam("partition_size", 64),
               "stages": TunableParam("stages", 0), "heads_per_thread": TunableParam("heads_per_thread", 0),
               # the tensor-core body (paged_decode_mma.cuh) for GQA groups of at least this many heads; 0: never
-              "mma_min_group": TunableParam("mma_min_group", 4)}
+              "mma_min_group": TunableParam("mma_min_group", -1)}
 
     # ---- generation -------------------------------------------------------------------
     def check_config(self, spec, config: Config) -> list[str]:
         problems = threads_problems(config["threads"]) + self.partition_problems(config)
-        if config["mma_min_group"] < 0:
-            problems.append(f"mma_min_group must be 0 (never) or a group size (got {config['mma_min_group']})")
+        if config["mma_min_group"] < -1:
+            problems.append(f"mma_min_group must be -1 (auto), 0 (never) or a group size "
+                            f"(got {config['mma_min_group']})")
         if not problems and uses_tensor_cores(spec, config):
             hpt, G = config["heads_per_thread"], spec.group_size  # the CUDA-core body's, still checked
             if not 0 <= hpt <= G:

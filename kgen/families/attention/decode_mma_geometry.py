@@ -41,24 +41,42 @@ def mma_unsupported(spec) -> str | None:
     return None
 
 
-def uses_tensor_cores(spec, config: Config) -> bool:
-    """Whether `config` renders the tensor-core body: group >= mma_min_group (0: never) and supported."""
+AUTO = -1  # mma_min_group's default: AUTO_MIN_GROUP by the cache's element width
+# From the static model's issue term (docs/performance.md, benchmarks/static_perf.py): a 16-bit cache's
+# CUDA-core loop stays under the issue limit up to GQA 4 and keeps more bytes in flight than the
+# tensor-core launch (fewer threads, more registers), so tensor cores from 8 heads; an 8-bit cache's
+# CUDA-core loop converts twice the elements per byte and is issue-bound already at GQA 4.
+AUTO_MIN_GROUP = {2: 8, 1: 4}
+
+
+def min_group(spec, config: Config) -> int:
+    """mma_min_group with auto (-1) resolved for this spec's cache."""
     n = config.get("mma_min_group", 0)
+    return AUTO_MIN_GROUP.get(dtype(spec.kv_cache.dtype).itemsize, 0) if n == AUTO else n
+
+
+def uses_tensor_cores(spec, config: Config) -> bool:
+    """Whether `config` renders the tensor-core body: group >= mma_min_group (0: never; -1: auto, see
+    AUTO_MIN_GROUP) and supported."""
+    n = min_group(spec, config)
     return n > 0 and spec.group_size >= n and mma_unsupported(spec) is None
 
 
 def body_note(spec, config: Config) -> str:
     """One line naming the body a config renders, and why."""
-    n = config.get("mma_min_group", 0)
+    n = min_group(spec, config)
+    auto = " (auto)" if config.get("mma_min_group", 0) == AUTO else ""
     why = mma_unsupported(spec)
     if uses_tensor_cores(spec, config):
         return (f"Body: tensor cores (mma.sync m16n8k16, fp32 accumulate; the group's {spec.group_size} query heads "
-                f"are the MMA rows), since group {spec.group_size} >= mma_min_group {n}.")
-    if n <= 0:
+                f"are the MMA rows), since group {spec.group_size} >= mma_min_group {n}{auto}.")
+    if config.get("mma_min_group", 0) == 0:
         return "Body: CUDA cores (mma_min_group 0: the tensor-core body is off)."
-    if spec.group_size < n:
-        return f"Body: CUDA cores (group {spec.group_size} < mma_min_group {n})."
-    return f"Body: CUDA cores; the tensor-core body does not support {why}."
+    if why is not None:
+        return f"Body: CUDA cores; the tensor-core body does not support {why}."
+    if n <= 0:
+        return f"Body: CUDA cores (mma_min_group {n}{auto}: the tensor-core body is off)."
+    return f"Body: CUDA cores (group {spec.group_size} < mma_min_group {n}{auto})."
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ MATRIX = [
 @pytest.mark.parametrize("overrides,config", MATRIX, ids=[str(i) for i in range(len(MATRIX))])
 def test_tensor_core_body_verifies(overrides, config):
     spec = _spec(**overrides)
+    config = {"mma_min_group": 1, **config}  # the tensor-core body for every row (auto would leave fp16 group 4)
     assert _tensor_cores(spec, config)
     kernel = kgen.build(spec, backend="cpu", config=config, archs=[], verify=True, seed=19)
     assert kernel.report.passed, kernel.report.summary()
@@ -83,11 +84,17 @@ def test_unsupported_combos_fall_back_and_say_so(overrides, config, why):
 
 
 def test_threshold_picks_the_body_and_the_notes_name_it():
-    spec = _spec()  # group 4
-    assert _tensor_cores(spec) and _tensor_cores(spec, {"mma_min_group": 4})
+    spec = _spec()  # group 4, fp16 cache
+    assert _tensor_cores(spec, {"mma_min_group": 4}) and _tensor_cores(spec, {"mma_min_group": 1})
     assert not _tensor_cores(spec, {"mma_min_group": 8}) and not _tensor_cores(spec, {"mma_min_group": 0})
-    assert not _tensor_cores(_spec(**{"attention.num_q_heads": 6, "attention.num_kv_heads": 2}))  # group 3 < 4
-    assert "Body: tensor cores" in abi_text(spec)
+    # auto (the default, -1): from 8 heads for a 16-bit cache, from 4 for an 8-bit one
+    assert not _tensor_cores(spec) and "group 4 < mma_min_group 8 (auto)" in abi_text(spec)
+    group8 = _spec(**{"attention.num_q_heads": 16})
+    assert _tensor_cores(group8) and "Body: tensor cores" in abi_text(group8)
+    fp8 = _spec(**{"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_head"})
+    assert _tensor_cores(fp8)
+    assert not _tensor_cores(_spec(**{"attention.num_q_heads": 6, "attention.num_kv_heads": 2,
+                                      "kv_cache.dtype": "int8", "kv_cache.scale": "per_head"}))  # group 3 < 4
     assert "Body: CUDA cores" in abi_text(_spec(**{"dtype.q": "fp32", "kv_cache.dtype": "fp32"}))
     assert mma_unsupported(spec) is None
     assert PAGED_DECODE.default_space(spec)["mma_min_group"] == [0, 4]
@@ -97,18 +104,19 @@ def test_threshold_picks_the_body_and_the_notes_name_it():
 def test_same_kernels_and_grid_as_the_cuda_core_body():
     spec = _spec()
     for P in (0, 64):
-        tc = PAGED_DECODE.kernels(spec, resolve_config(PAGED_DECODE, spec, {"partition_size": P}))
+        tc = PAGED_DECODE.kernels(spec, resolve_config(PAGED_DECODE, spec, {"partition_size": P, "mma_min_group": 4}))
         cc = PAGED_DECODE.kernels(spec, resolve_config(PAGED_DECODE, spec, {"partition_size": P, "mma_min_group": 0}))
         assert [(k.name, k.params, k.grid, k.smem) for k in tc] == [(k.name, k.params, k.grid, k.smem) for k in cc]
 
 
 def test_geometry_fits_static_shared_memory_and_refuses_too_many_stages():
     spec = _spec(**{"attention.head_dim": 256})
-    geo, problems = mma_geometry(spec, resolve_config(PAGED_DECODE, spec, {"threads": 256}))
+    geo, problems = mma_geometry(spec, resolve_config(PAGED_DECODE, spec, {"threads": 256, "mma_min_group": 4}))
     assert not problems and geo.stages >= 2 and geo.smem_bytes <= 48 * 1024
-    problems = PAGED_DECODE.check_config(spec, resolve_config(PAGED_DECODE, spec, {"stages": 4}))
+    problems = PAGED_DECODE.check_config(spec, resolve_config(PAGED_DECODE, spec, {"stages": 4, "mma_min_group": 4}))
     assert problems and "shared memory" in problems[0]
-    assert PAGED_DECODE.check_config(spec, resolve_config(PAGED_DECODE, spec, {"mma_min_group": -1}))
+    assert not PAGED_DECODE.check_config(spec, resolve_config(PAGED_DECODE, spec, {"mma_min_group": -1}))  # auto
+    assert PAGED_DECODE.check_config(spec, resolve_config(PAGED_DECODE, spec, {"mma_min_group": -2}))
 
 
 @pytest.mark.parametrize("overrides", [
@@ -122,7 +130,7 @@ def test_geometry_fits_static_shared_memory_and_refuses_too_many_stages():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_nvrtc_compiles_without_spills(overrides, arch):
     spec = _spec(**overrides)
-    rendered = render(spec, {"partition_size": 64})
+    rendered = render(spec, {"partition_size": 64, "mma_min_group": 1})
     assert "TENSOR_CORES = true;" in rendered.source
     res = compile_cubin(rendered.source, arch).resources[spec.name]
     assert res.spill_stores == res.spill_loads == res.stack_frame == 0, res
