@@ -181,10 +181,10 @@ def serving_decode_cases(spec, rng: np.random.Generator) -> list[tuple[str, dict
     B = spec.kv_cache.block_size
     looks = _looks(rng, 4)
     S = MAX_BATCH if rng.random() < 0.25 else int(np.exp(rng.uniform(math.log(10), math.log(MAX_BATCH))))
-    big = context_lengths(rng, S, budget=12000)
+    big = context_lengths(rng, S, budget=6000)
     small = context_lengths(rng, int(rng.integers(2, 10)), budget=3000, median=150)
     tree = context_lengths(rng, int(rng.integers(4, 25)), budget=4000, median=80)
-    steps_lens = context_lengths(rng, int(rng.integers(1, 5)), budget=400, median=40, cap=200)
+    steps_lens = context_lengths(rng, int(rng.integers(1, 4)), budget=240, median=30, cap=120)
     cases = []
     for name, lens, look, ways in (("serving_batch", big, looks[0], 3), ("serving_small", small, looks[1], 3),
                                    ("serving_prefix_tree", tree, looks[2], 4)):
