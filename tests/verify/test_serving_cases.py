@@ -9,12 +9,23 @@ import math
 import numpy as np
 import pytest
 
+from kgen import load_spec
 from kgen.families.attention import decode_cases, prefill_cases
-from kgen.families.attention.decode_cases import _case_inputs, _outputs, make_decode_case
+from kgen.families.attention.decode_cases import (
+    _case_inputs,
+    _outputs,
+    make_decode_case,
+)
 from kgen.families.attention.prefill_cases import make_prefill_case
 from kgen.families.attention.reference import attention_reference
-from kgen.families.attention.serving import FILLS, MAX_BATCH, PADDINGS, Q_DISTS, Serving, prefix_groups
-from kgen import load_spec
+from kgen.families.attention.serving import (
+    FILLS,
+    MAX_BATCH,
+    PADDINGS,
+    Q_DISTS,
+    Serving,
+    prefix_groups,
+)
 
 SPECS = __import__("pathlib").Path(__file__).parents[2] / "specs"
 

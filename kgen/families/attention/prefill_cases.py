@@ -19,7 +19,13 @@ import numpy as np
 from kgen.arrays import args_to_backend, to_numpy
 from kgen.families.attention.decode_cases import make_decode_case
 from kgen.families.attention.reference import Reference, attention_reference
-from kgen.families.attention.serving import Serving, draw_q, draw_serving, prefill_output, serving_prefill_cases
+from kgen.families.attention.serving import (
+    Serving,
+    draw_q,
+    draw_serving,
+    prefill_output,
+    serving_prefill_cases,
+)
 from kgen.families.base import Bench, Case, Config
 from kgen.formats.dtypes import dtype
 from kgen.verify.judge.bounds import check_lse, check_output
