@@ -55,13 +55,13 @@ def fill_unread(store: np.ndarray, vstore: np.ndarray, unread: list[tuple[int, i
     stays; 'stale' copies slots of blocks in use (what a freed sequence leaves), 'plausible' draws
     fresh values; 'mixed' picks one of the three per region. Returns the regions given values."""
     filled = []
-    src = [b for b in used] or [0]
     for blk, first in unread:
         how = str(rng.choice(("nan", "stale", "plausible"))) if fill == "mixed" else fill
         if how == "nan" or first >= B:
             continue
         n = B - first
-        if how == "stale":
+        src = [b for b in used if b != blk]  # other blocks' slots (a lone block: plausible values instead)
+        if how == "stale" and src:
             blocks, slots = rng.choice(src, size=n), rng.integers(0, B, size=n)
             store[blk, first:], vstore[blk, first:] = store[blocks, slots], vstore[blocks, slots]
             # a stale slot of a block in use may be one of its own unread ones: draw those afresh
