@@ -71,6 +71,7 @@ def test_decode_serving_cases_vary_what_a_test_used_to_fix(decode_spec, seed):
     assert {s.fill for s in looks} == set(FILLS)  # every filler, padding and query distribution each run
     assert {s.padding for s in looks} == set(PADDINGS)
     assert {s.q_dist for s in looks} == set(Q_DISTS)
+    assert "zero" in (batch["serving"].padding, cases["serving_prefix_tree"].params["serving"].padding)
     classic = [c.params["serving"] for c in cases.values() if "serving" in c.params]
     assert len({s.spare_cols for s in classic}) > 1  # not always one spare table column
 
