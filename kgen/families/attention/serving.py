@@ -212,12 +212,13 @@ def serving_prefill_cases(spec, rng: np.random.Generator) -> list[tuple[str, dic
     lens = [max(c, q) for c, q in zip(ctx, q_lens, strict=True)]
     groups = prefix_groups(rng, lens, B, 3)
     cases.append(("serving_batch", {"seq_lens": lens, "q_lens": q_lens}, looks[0], groups))
-    S = int(rng.integers(3, 13))  # the CPU backend runs a 256-row chunk for tens of seconds: short contexts
-    ctx = context_lengths(rng, S, budget=500, median=30, cap=120)
+    # Many decode rows with short contexts beside one chunk of 256+ rows (the CPU backend runs such a
+    # chunk of the single-pass ABI launch for tens of seconds; the decode rows cost little)
+    S = int(rng.integers(8, 25))
+    ctx = context_lengths(rng, S, budget=400, median=20, cap=48)
     q_lens = [1] * S
-    q_lens[0] = int(rng.integers(256, 273))  # the long chunk, from an empty cache or after a short prefix
-    if S > 3:
-        q_lens[1] = int(rng.integers(2, 33))
+    q_lens[0] = int(rng.integers(256, 265))  # the long chunk, from an empty cache or after a short prefix
+    q_lens[1] = int(rng.integers(2, 17))
     lens = [c + (q if q > 1 else 0) for c, q in zip(ctx, q_lens, strict=True)]
     lens[0] = q_lens[0] + (0 if rng.random() < 0.5 else int(rng.integers(1, 2 * B + 1)))
     groups = prefix_groups(rng, lens, B, 3)
