@@ -1,11 +1,14 @@
 """The hand-written kernel corpus (tests/verify/corpus/, described by its manifest.yaml) run
 through the real `kgen verify SPEC --source FILE`, one subprocess per file.
 
-Correct originals must pass (exit 0); every mutant, one planted bug each, must be rejected
-(exit 1); every hostile kernel must be refused (exit 2) or rejected (exit 1) by a verifier that
+Correct originals must pass (exit 0); every mutant, one planted bug each, and every kernel that
+cheats only while watched (cheat_*, ISSUE 21) must be rejected (exit 1); every hostile kernel must be refused (exit 2) or rejected (exit 1) by a verifier that
 returns on its own (no signal, no timeout) and creates nothing outside its scratch directory:
 no /tmp/kgen_corpus_pwned_* marker, nothing in the working directory it was started in, and no
 echo of a file the kernel tried to #include.
+
+The cheats are slow (each a whole verification run): a representative subset runs by default,
+the entries marked `opt_in: true` in the manifest only with `pytest -m all_cheats`.
 """
 
 from __future__ import annotations
@@ -94,7 +97,12 @@ def test_variant_is_a_small_edit_of_its_original(entry):
     assert 0 < len(changed) <= MAX_EDIT_LINES, "\n".join(changed)
 
 
-@pytest.mark.parametrize("entry", list(MANIFEST))
+def _entries():
+    """Every manifest entry; those with `opt_in: true` (slow cheats) behind the all_cheats marker."""
+    return [pytest.param(e, marks=pytest.mark.all_cheats) if info.get("opt_in") else e for e, info in MANIFEST.items()]
+
+
+@pytest.mark.parametrize("entry", _entries())
 def test_verify_source(entry, cache_dir, tmp_path):
     info = MANIFEST[entry]
     cwd = tmp_path / "cwd"

@@ -29,6 +29,15 @@ from kgen.families.attention.adversarial_cases import (
     poison,
 )
 from kgen.families.attention.reference import Reference, attention_reference
+from kgen.families.attention.serving import (
+    Serving,
+    draw_q,
+    draw_serving,
+    pad_table,
+    prefill_output,
+    serving_decode_cases,
+    share_map,
+)
 from kgen.families.base import Bench, Case, Config
 from kgen.formats.cache import CacheFormat, scale_to_layout, to_layout
 from kgen.formats.dtypes import dtype
@@ -38,6 +47,32 @@ from kgen.verify.judge.report import CaseResult
 from kgen.verify.judge.sparse import byte_ranges, sparse_to_backend
 
 POOL_FACTOR = 3  # pool blocks per block in use
+
+
+def fill_unread(store: np.ndarray, vstore: np.ndarray, unread: list[tuple[int, int]], used: list[int], B: int,
+                spread: float, fill: str, rng: np.random.Generator) -> list[tuple[int, int]]:
+    """Fill the unread regions (block, first unread slot) of the canonical K and V stores: NaN poison
+    stays; 'stale' copies slots of blocks in use (what a freed sequence leaves), 'plausible' draws
+    fresh values; 'mixed' picks one of the three per region. Returns the regions given values."""
+    filled = []
+    for blk, first in unread:
+        how = str(rng.choice(("nan", "stale", "plausible"))) if fill == "mixed" else fill
+        if how == "nan" or first >= B:
+            continue
+        n = B - first
+        src = [b for b in used if b != blk]  # other blocks' slots (a lone block: plausible values instead)
+        if how == "stale" and src:
+            blocks, slots = rng.choice(src, size=n), rng.integers(0, B, size=n)
+            store[blk, first:], vstore[blk, first:] = store[blocks, slots], vstore[blocks, slots]
+            # a stale slot of a block in use may be one of its own unread ones: draw those afresh
+            bad = ~np.isfinite(store[blk, first:]) | ~np.isfinite(vstore[blk, first:])
+            store[blk, first:][bad] = rng.standard_normal(int(bad.sum())) * spread
+            vstore[blk, first:][bad] = rng.standard_normal(int(bad.sum())) * spread
+        else:
+            store[blk, first:] = rng.standard_normal(store[blk, first:].shape) * spread
+            vstore[blk, first:] = rng.standard_normal(vstore[blk, first:].shape) * spread
+        filled.append((blk, first))
+    return filled
 
 
 def _cast(values: np.ndarray, name: str) -> np.ndarray:
@@ -80,33 +115,37 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
 
 
 def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_prefix: bool = False,
-                     extra_table_cols: int = 1, padded: bool = False) -> dict:
+                     extra_table_cols: int = 1, padded: bool = False, serving: Serving | None = None) -> dict:
     """Keyword arguments for a decode call (numpy arrays) plus out pre-filled with NaN.
-    With `padded` the cache pools (and per-token scales) are strided views into larger arrays."""
+    With `padded` the cache pools (and per-token scales) are strided views into larger arrays.
+    Without `serving`: NaN in every unread slot, one spare table column, unused blocks as padding and
+    sequences 0 and 1 sharing their common full blocks when `share_prefix`; with it, the case's
+    serving look (kgen/families/attention/serving.py: fillers, table shape and padding, prefix
+    groups, query distribution)."""
     a, kv = spec.attention, spec.kv_cache
     B, H, D, Hq = kv.block_size, a.num_kv_heads, a.head_dim, a.num_q_heads
     S = len(seq_lens)
+    if serving is None:
+        serving = Serving(spare_cols=extra_table_cols, groups=[([0, 1], 1 << 30)] if share_prefix and S >= 2 else [])
+    elif share_prefix and S >= 2 and not serving.groups:
+        serving.groups = [([0, 1], 1 << 30)]
     nblocks = [math.ceil(n / B) for n in seq_lens]
-    M = max(nblocks) + extra_table_cols
-    shared = 0
-    if share_prefix and S >= 2:
-        shared = min(seq_lens[0], seq_lens[1]) // B  # full blocks both sequences cover
-    needed = sum(nblocks) - shared
-    N = POOL_FACTOR * needed + 2
+    M = max(nblocks) + serving.spare_cols
+    shared = share_map(seq_lens, B, serving.groups)
+    needed = sum(nblocks) - len(shared)
+    N = POOL_FACTOR * needed + 2 if serving.pool_spare is None else needed + max(2, int(needed * serving.pool_spare))
     perm = rng.permutation(N)
-    tables = np.empty((S, M), dtype=np.int32)
-    used_blocks, nxt = set(), 0
+    tables = np.zeros((S, max(M, 1)), dtype=np.int32)
+    nxt = 0
     for i, nb in enumerate(nblocks):
         for j in range(nb):
-            if i == 1 and j < shared:
-                tables[i, j] = tables[0, j]
-            else:
+            if (i, j) not in shared:
                 tables[i, j] = perm[nxt]
                 nxt += 1
-            used_blocks.add(int(tables[i, j]))
-    unused = [int(b) for b in perm[nxt:]]
-    for i, nb in enumerate(nblocks):  # never-read entries point at poisoned blocks
-        tables[i, nb:] = rng.choice(unused, size=M - nb)
+    for (i, j), (src, col) in shared.items():  # then the shared ones: the group's first sequence's blocks
+        tables[i, j] = tables[src, col]
+    used, unused = [int(b) for b in perm[:nxt]], [int(b) for b in perm[nxt:]]
+    pad_table(tables, nblocks, used, unused, N, serving.padding, rng)  # never-read entries
 
     # canonical storage [N, B, H, D] of stored values, poison everywhere first
     store = np.full((N, B, H, D), poison(kv.dtype), dtype=np.float64)
@@ -115,12 +154,16 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
     spread = 100.0 if kv.dtype == "int8" else (3.0 if quant else 1.0)
     for i, n in enumerate(seq_lens):
         for j in range(nblocks[i]):
-            if i == 1 and j < shared:
-                continue  # written by sequence 0: shared prefix tokens are identical
+            if (i, j) in shared:
+                continue  # written by the group's first sequence: shared prefix tokens are identical
             blk, count = int(tables[i, j]), min(B, n - j * B)
             # drawn head-major, as [H, count, D]: the same random stream for every layout
             store[blk, :count] = (rng.standard_normal((H, count, D)) * spread).transpose(1, 0, 2)
             vstore[blk, :count] = (rng.standard_normal((H, count, D)) * spread).transpose(1, 0, 2)
+    # unread slots: the tails of last blocks and the blocks no sequence uses, filled as the case says
+    unread = [(int(tables[i, nb - 1]), seq_lens[i] - (nb - 1) * B) for i, nb in enumerate(nblocks)
+              if nb and seq_lens[i] % B] + [(b, 0) for b in unused]
+    filled = fill_unread(store, vstore, unread, used, B, spread, serving.fill, rng)
     args = to_layout(spec, _cast(store, kv.dtype), _cast(vstore, kv.dtype))
 
     if padded:
@@ -136,6 +179,8 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
                 args[name] = (base * rng.uniform(0.5, 1.5, H)).astype(np.float32)
             else:
                 pool = np.full((N, B, H), np.nan, dtype=np.float32)
+                for blk, first in filled:  # unread slots holding values have scales too
+                    pool[blk, first:] = base * rng.uniform(0.5, 1.5, (B - first, H))
                 for i, n in enumerate(seq_lens):
                     for j in range(nblocks[i]):
                         count = min(B, n - j * B)
@@ -145,7 +190,7 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
                     args[name] = _strided(args[name], (0, 1, 1), np.nan)
     if a.alibi:
         args["alibi_slopes"] = alibi_slopes(Hq)
-    args["q"] = _cast(rng.standard_normal((S, Hq, D)), spec.dtype.q)
+    args["q"] = _cast(draw_q(rng, (S, Hq, D), serving.q_dist), spec.dtype.q)
     args["block_tables"] = tables
     args["seq_lens"] = np.asarray(seq_lens, dtype=np.int32)
     args["out"] = np.full((S, Hq, D), np.nan, dtype=dtype(spec.dtype.resolved_out).numpy)
@@ -185,8 +230,15 @@ def decode_case_matrix(spec, config: Config, rng: np.random.Generator) -> list[t
 
 
 def matrix_cases(spec, config: Config, rng: np.random.Generator) -> list[Case]:
-    return [Case(name, {"seq_lens": lens, "share_prefix": share, **ADVERSARIAL.get(name, {})}, list(lens))
-            for name, lens, share in decode_case_matrix(spec, config, rng)]
+    """The matrix of decode_case_matrix, each classic case with its serving look drawn from `rng`
+    (kgen/families/attention/serving.py), then the serving cases."""
+    cases = []
+    for name, lens, share in decode_case_matrix(spec, config, rng):
+        params = {"seq_lens": lens, "share_prefix": share, **ADVERSARIAL.get(name, {})}
+        if "profile" not in params:
+            params["serving"] = draw_serving(rng)
+        cases.append(Case(name, params, list(lens)))
+    return cases + [Case(name, params, list(params["seq_lens"])) for name, params in serving_decode_cases(spec, rng)]
 
 
 def _references(spec, args: dict) -> tuple[Reference, Reference]:
@@ -203,7 +255,8 @@ def _case_inputs(spec, case: Case, rng: np.random.Generator) -> tuple[dict, dict
         built = build_pool_case(spec, lens, rng, p["profile"], huge=p.get("huge", False))
         args, sparse = built.args, built.sparse
     else:
-        args = make_decode_case(spec, lens, rng, share_prefix=p["share_prefix"], padded=case.name == "padded_pool")
+        args = make_decode_case(spec, lens, rng, share_prefix=p.get("share_prefix", False),
+                                padded=case.name == "padded_pool", serving=p.get("serving"))
         args.pop("out")
         sparse = {}
     if p.get("strided"):  # q as a view with gaps between heads and sequences (poison in them)
@@ -216,25 +269,53 @@ def _case_inputs(spec, case: Case, rng: np.random.Generator) -> tuple[dict, dict
 
 def _outputs(spec, case: Case, args: dict, plan, rng: np.random.Generator) -> list[Guarded]:
     """out (strided for a strided case), the LSE when the case checks it, and the plan's split-KV
-    scratch: each pre-filled with NaN inside guard bytes."""
-    S, (_, Hq, D) = len(case.params["seq_lens"]), args["q"].shape
+    scratch: each pre-filled per (row, head) with NaN, zeros or stale values inside guard bytes."""
+    S, (_, Hq, D) = len(args["seq_lens"]), args["q"].shape
     out_np = dtype(spec.dtype.resolved_out).numpy
     pad = (1, 2, max(1, 16 // out_np.itemsize)) if case.params.get("strided") else None
-    buffers = [guarded("out", (S, Hq, D), out_np, rng, pad=pad)]
-    if case.params.get("lse") or case.name == "mixed_batch":
-        buffers.append(guarded("lse", (S, Hq), np.float32, rng))
+
+    def buffer(name, shape, np_dtype, stale_mean=0.0, pad=None):
+        return guarded(name, shape, np_dtype, rng, pad=pad, content=prefill_output(shape, np_dtype, rng, stale_mean))
+
+    buffers = [buffer("out", (S, Hq, D), out_np, pad=pad)]
+    if case.params.get("lse") or case.name in ("mixed_batch", "serving_batch", "serving_steps"):
+        buffers.append(buffer("lse", (S, Hq), np.float32, stale_mean=4.0))
     parts = plan.sizes["max_partitions"] if plan is not None else 1
     if parts > 1:
-        buffers += [guarded("part_o", (S, Hq, parts, D), np.float32, rng),
-                    guarded("part_ml", (S, Hq, parts, 2), np.float32, rng)]
+        buffers += [buffer("part_o", (S, Hq, parts, D), np.float32),
+                    buffer("part_ml", (S, Hq, parts, 2), np.float32, stale_mean=2.0)]
     return buffers
 
 
 def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
     """One decode case: inputs sealed, outputs and scratch poisoned inside guards, every
-    (sequence, head) of the output (and of the LSE when requested) within its own bound."""
+    (sequence, head) of the output (and of the LSE when requested) within its own bound. A case
+    with `steps` is that many consecutive launches (decode steps: every sequence one token longer
+    each time, new queries, new outputs), each checked; the first failing one is the verdict."""
     spec, name, lens = kernel.spec, case.name, case.params["seq_lens"]
-    args, sparse = _case_inputs(spec, case, rng)
+    steps = case.params.get("steps", 0)
+    if not steps:
+        args, sparse = _case_inputs(spec, case, rng)
+        return _launch(kernel, case, args, sparse, rng)
+    inc = 1 if spec.tail_masking else spec.kv_cache.block_size  # tokens a step adds (the contract's multiples)
+    final = Case(name, {**case.params, "seq_lens": [n + (steps - 1) * inc for n in lens]}, case.sizes)
+    args, sparse = _case_inputs(spec, final, rng)  # the pool of the last step; earlier steps read less of it
+    S, Hq, D = args["q"].shape
+    results: list[CaseResult] = []
+    for k in range(steps):
+        step = dict(args, seq_lens=np.asarray([n + k * inc for n in lens], dtype=np.int32))
+        step["q"] = _cast(draw_q(rng, (S, Hq, D), case.params["serving"].q_dist), spec.dtype.q)
+        results = _launch(kernel, Case(name, case.params, list(step["seq_lens"].tolist())), step, sparse, rng)
+        for r in results:
+            r.note = f"step {k + 1} of {steps}" + (f"; {r.note}" if r.note else "")
+        if not all(r.passed for r in results):
+            break
+    return results
+
+
+def _launch(kernel, case: Case, args: dict, sparse: dict, rng: np.random.Generator) -> list[CaseResult]:
+    spec, name = kernel.spec, case.name
+    lens = [int(n) for n in args["seq_lens"]]
     ref, lowp = _references(spec, args)
     # Split configs run with partitions of exactly partition_size, so the len_P cases sit on
     # partition boundaries (a call without a plan may choose a larger multiple).

@@ -19,6 +19,13 @@ import numpy as np
 from kgen.arrays import args_to_backend, to_numpy
 from kgen.families.attention.decode_cases import make_decode_case
 from kgen.families.attention.reference import Reference, attention_reference
+from kgen.families.attention.serving import (
+    Serving,
+    draw_q,
+    draw_serving,
+    prefill_output,
+    serving_prefill_cases,
+)
 from kgen.families.base import Bench, Case, Config
 from kgen.formats.dtypes import dtype
 from kgen.verify.judge.bounds import check_lse, check_output
@@ -26,17 +33,22 @@ from kgen.verify.judge.report import CaseResult
 
 
 def make_prefill_case(spec, seq_lens: list[int], q_lens: list[int], rng: np.random.Generator,
-                      share_prefix: bool = False, padded: bool = False, q_gain: float = 1.0) -> dict:
-    """Keyword arguments for a prefill call (numpy arrays): decode's poisoned paged caches for
-    `seq_lens`, q [sum(q_lens), Hq, D] packed by sequence (q_gain times the unit normal), q_indptr,
-    and out pre-filled with NaN."""
+                      share_prefix: bool = False, padded: bool = False, q_gain: float = 1.0,
+                      serving: Serving | None = None) -> dict:
+    """Keyword arguments for a prefill call (numpy arrays): decode's paged caches for `seq_lens`
+    (poisoned, or with `serving` the case's serving look: kgen/families/attention/serving.py),
+    q [sum(q_lens), Hq, D] packed by sequence (q_gain times the unit normal, or the serving look's
+    distribution), q_indptr, and out pre-filled with NaN (with `serving`: NaN, zeros or stale
+    values per (row, head))."""
     a = spec.attention
-    args = make_decode_case(spec, seq_lens, rng, share_prefix=share_prefix, padded=padded)
+    args = make_decode_case(spec, seq_lens, rng, share_prefix=share_prefix, padded=padded, serving=serving)
     T = int(sum(q_lens))
     args["q_indptr"] = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    q = q_gain * rng.standard_normal((T, a.num_q_heads, a.head_dim))
+    shape = (T, a.num_q_heads, a.head_dim)
+    q = q_gain * (rng.standard_normal(shape) if serving is None else draw_q(rng, shape, serving.q_dist))
     args["q"] = q.astype(dtype(spec.dtype.q).numpy)
-    args["out"] = np.full((T, a.num_q_heads, a.head_dim), np.nan, dtype=dtype(spec.dtype.resolved_out).numpy)
+    out_np = dtype(spec.dtype.resolved_out).numpy
+    args["out"] = np.full(shape, np.nan, dtype=out_np) if serving is None else prefill_output(shape, out_np, rng)
     return args
 
 
@@ -101,7 +113,16 @@ def prefill_case_matrix(spec, config: Config, rng: np.random.Generator) -> list[
 
 
 def matrix_cases(spec, config: Config, rng: np.random.Generator) -> list[Case]:
-    return [Case(c["name"], c, list(c["seq_lens"])) for c in prefill_case_matrix(spec, config, rng)]
+    """The matrix of prefill_case_matrix, each case with its serving look drawn from `rng`
+    (kgen/families/attention/serving.py; sharp_rows keeps its unit-normal queries), then the
+    serving cases."""
+    cases = []
+    for c in prefill_case_matrix(spec, config, rng):
+        look = draw_serving(rng)
+        if "q_gain" in c:
+            look.q_dist = "normal"
+        cases.append(Case(c["name"], {**c, "serving": look}, list(c["seq_lens"])))
+    return cases + [Case(name, {"name": name, **p}, list(p["seq_lens"])) for name, p in serving_prefill_cases(spec, rng)]
 
 
 def references(spec, args: dict) -> tuple[Reference, Reference]:
@@ -126,15 +147,24 @@ def check(name: str, spec, args: dict, out, ref: Reference, lowp: Reference, lse
 
 def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
     spec, p = kernel.spec, case.params
+    serving = p.get("serving")
     args = make_prefill_case(spec, p["seq_lens"], p["q_lens"], rng, share_prefix=p.get("share_prefix", False),
-                             padded=p.get("padded", False), q_gain=p.get("q_gain", 1.0))
+                             padded=p.get("padded", False), q_gain=p.get("q_gain", 1.0), serving=serving)
     ref, lowp = references(spec, args)
     want_lse = p.get("lse", False)
-    dev_args = args_to_backend(args, kernel.backend)
     # Split configs run with partitions of exactly partition_size, so the partition cases sit on
     # partition boundaries (a call without a plan may choose a larger multiple).
     P = kernel.config.get("partition_size", 0)
     plan = kernel.plan(args["seq_lens"], q_indptr=args["q_indptr"], partition_tokens=P) if P else None
+    T, Hq, D = args["q"].shape
+    if serving is not None:  # the LSE and the split scratch pre-filled like out: NaN, zeros or stale values
+        if want_lse:
+            args["lse"] = prefill_output((T, Hq), np.float32, rng, stale_mean=4.0)
+        parts = plan.sizes["max_partitions"] if plan is not None else 1
+        if parts > 1 and T:
+            args["part_o"] = prefill_output((T, Hq, parts, D), np.float32, rng)
+            args["part_ml"] = prefill_output((T, Hq, parts, 2), np.float32, rng, stale_mean=2.0)
+    dev_args = args_to_backend(args, kernel.backend)
     result = kernel(**dev_args, return_lse=True, plan=plan) if want_lse else kernel(**dev_args, plan=plan)
     out, lse = result if want_lse else (result, None)
     return check(case.name, spec, args, out, ref, lowp, lse)
