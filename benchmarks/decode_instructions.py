@@ -76,7 +76,7 @@ def measure(path: Path, cuobjdump: str) -> dict:
         for i in range(lp.start, lp.end + 1):
             weight[i - loop.start] = trips
     counts: Counter = Counter()
-    for w, ins in zip(weight, fn.instrs[loop.start:loop.end + 1]):
+    for w, ins in zip(weight, fn.instrs[loop.start:loop.end + 1], strict=True):
         counts[classify(ins)] += w
     instrs = sum(counts.values())
     nbytes = geo.tile_bytes / geo.threads

@@ -16,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from kgen.errors import ToolchainError
+from kgen.settings import child_environment
 
 INSTALL = "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
 
@@ -36,7 +37,7 @@ def find_cuobjdump() -> str | None:
 
 def cuobjdump_env(cuobjdump: str) -> dict:
     """cuobjdump -sass runs nvdisasm: point it at the nvidia-cuda-nvdisasm wheel's when there is one."""
-    env = dict(os.environ)
+    env = child_environment()
     nvdisasm = wheel_binary("nvidia-cuda-nvdisasm", "nvdisasm")
     if nvdisasm:
         env["PATH"] = str(Path(nvdisasm).parent) + os.pathsep + env.get("PATH", "")

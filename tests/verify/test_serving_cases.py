@@ -1,4 +1,4 @@
-"""The serving look of the attention cases (kgen/families/attention/serving.py, DESIGN.md 6.2):
+"""The serving look of the attention cases (kgen/families/attention/serving.py, docs/verification.md 3.1):
 nothing in a case marks it as a test. Inputs only, no kernel runs (the corpus's cheat_* kernels,
 tests/verify/test_corpus.py, check that the look catches kernels that cheat while watched)."""
 

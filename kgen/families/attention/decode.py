@@ -24,7 +24,12 @@ from kgen.families.attention.decode_geometry import (
     vector_width,
     vllm_v_copy,
 )
-from kgen.families.attention.decode_mma_geometry import body_note, mma_geometry, mma_unsupported, uses_tensor_cores
+from kgen.families.attention.decode_mma_geometry import (
+    body_note,
+    mma_geometry,
+    mma_unsupported,
+    uses_tensor_cores,
+)
 from kgen.families.base import Config, TunableParam, resolve_config, threads_problems
 from kgen.families.binding import host_values
 from kgen.formats.cache import CacheFormat, describe

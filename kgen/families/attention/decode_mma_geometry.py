@@ -119,7 +119,7 @@ def mma_geometry(spec, config: Config) -> tuple[MmaGeometry | None, list[str]]:
     for warps in range(max(1, config["threads"] // 32), 0, -1):
         row, stage, merge, red = _sizes(spec, warps)
 
-        def need(n: int) -> int:
+        def need(n: int, stage: int = stage, merge: int = merge, red: int = red) -> int:
             return max(n * stage, merge) + red
 
         if want:

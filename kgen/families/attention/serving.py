@@ -1,4 +1,4 @@
-"""Inputs a kernel cannot tell from serving (DESIGN.md section 6.2, docs/verification.md).
+"""Inputs a kernel cannot tell from serving (docs/verification.md, section 3.1).
 
 A kernel that behaves only while it is watched passes any fixed test, so every attention case
 draws from its run's seed what a serving engine's calls vary in:
