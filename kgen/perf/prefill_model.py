@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 
 from kgen.perf import model as pm
+from kgen.plan.arch import limits_for
 
 
 # ---- rates the decode model does not carry ------------------------------------------------------
@@ -279,13 +280,16 @@ def flashinfer_cta_tile_q(avg_packed_qo_len: int, head_dim: int) -> int:
 
 
 def flashinfer_traits(cta_tile_q: int, head_dim: int, kv_itemsize: int, q_itemsize: int = 2,
-                      smem_per_sm: int = 233472, smem_optin: int = 232448) -> dict:
+                      smem_per_sm: int | None = None, smem_optin: int | None = None) -> dict:
     """prefill.cuh BatchPrefillWithPagedKVCacheDispatched for head_dim <= 256 (no VO split, no RoPE,
     fp32 QK accumulation): NUM_MMA_Q (2 for a 128-row tile, else 1), NUM_WARPS_Q (4 past 16 rows, else
     1), NUM_WARPS_KV = 4 / NUM_WARPS_Q; K/V smem per NUM_MMA_KV = (D_QK + D_VO) x 16 x NUM_WARPS_KV x
     sizeof(KV), plus a D x 16 x NUM_WARPS_KV q-type repack tile for a one-byte KV (use_kv_repack); the
     Q tile CTA_TILE_Q x D x sizeof(Q) fixed; 2 CTAs per SM when two minimum tiles fit the SM; NUM_MMA_KV
     = the DISPATCH_NUM_MMA_KV step (8, 4, 2, 1) at or below min(smem bound, 8 / NUM_MMA_Q)."""
+    limits = limits_for("sm_90")  # the device FlashInfer queries (sharedMemPerMultiprocessor, ...Optin)
+    smem_per_sm = limits.smem_per_sm if smem_per_sm is None else smem_per_sm
+    smem_optin = limits.smem_per_block if smem_optin is None else smem_optin
     num_mma_q = 2 if cta_tile_q > 64 else 1
     warps_q = 4 if cta_tile_q > 16 else 1
     warps_kv = 4 // warps_q

@@ -74,8 +74,8 @@ MUTANTS = [
      {"long_uniform", "long_32k"}, {"long", "mixed_batch"}, ()),
     ("stops_at_32768_tokens", {}, None, NTILES, NTILES.replace("(tok_end - tile0", "(min(tok_end, 32768) - tile0"),
      {"long_32k"}, {"long_uniform", "long"}, ()),
-    ("fp16_sum_accumulator", {}, None, "          st[h].l += p;",
-     "          st[h].l = __half2float(__float2half(st[h].l + p));", {"long_32k"}, {"len_1"}, ()),
+    ("fp16_sum_accumulator", {}, None, "          l_part += p;",  # the transpose-reduce path's share of l
+     "          l_part = __half2float(__float2half(l_part + p));", {"long_32k"}, {"len_1"}, ()),
     ("fp16_output_accumulator", {}, None, O_ACC,
      O_ACC.replace("o[h][c * VEC + i] += s[h][j] * vf[i];",
                    "o[h][c * VEC + i] = __half2float(__float2half(o[h][c * VEC + i] + s[h][j] * vf[i]));"),
@@ -94,7 +94,7 @@ MUTANTS = [
      " = from_float<typename Cfg::q_t>(0.0f);\n" + SCALES,
      {"len_1", "long"}, set(), ("input 'q'",)),
     ("writes_input_k_cache_tail", {}, None, V_ROW,
-     V_ROW + "\n        if (d0 == 0 && pos == tok_end - 1 && slot + 1 < B) const_cast<kv_t*>(ksrc)[k_s_token] = ksrc[0];",
+     V_ROW + "\n          if (d0 == 0 && t == hi - 1 && slot + 1 < B) const_cast<kv_t*>(ksrc)[k_s_token] = ksrc[0];",
      {"len_1", "len_B+1"}, {"len_B"}, ("input 'k_cache'",)),
     ("writes_past_out", {}, None, WRITE_OUT,
      "  if (!split && tid == 0 && seq == (int)gridDim.y - 1 && kv_head == (int)gridDim.x - 1)\n"
@@ -143,7 +143,10 @@ def test_matrix_has_the_adversarial_cases_with_drawn_shapes():
     assert cases["long_32k"].params["seq_lens"][0] >= 32768
     # the same seed gives the same matrix; another seed other batch sizes and lengths
     again = {n: lens for n, lens, _ in decode_case_matrix(spec, {"partition_size": 0}, np.random.default_rng(5))}
-    assert again == {n: c.params["seq_lens"] for n, c in cases.items()}
+    assert again == {n: cases[n].params["seq_lens"] for n in again}
+    # the serving cases (kgen/families/attention/serving.py) replay from the seed too
+    replay = {c.name: c.params["seq_lens"] for c in matrix_cases(spec, {"partition_size": 0}, np.random.default_rng(5))}
+    assert replay == {n: c.params["seq_lens"] for n, c in cases.items()}
     other = {n: lens for n, lens, _ in decode_case_matrix(spec, {"partition_size": 0}, np.random.default_rng(6))}
     assert other["strided_q_out"] != again["strided_q_out"] and other["long_32k"] != again["long_32k"]
 

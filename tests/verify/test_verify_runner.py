@@ -90,7 +90,7 @@ MUTATIONS = [
      "for (int i = tid; i < G * D - 1; i += T) {\n    const int g = i / D, d = i % D;\n    SoftmaxState blk",
      {"len_1", "long", "mixed_batch"}, set()),
     # the tensor-core body (templates/common/paged_decode_mma.cuh; BASE's group 4 takes it by default)
-    ("mma_tail_mask_dropped", {}, None,
+    ("mma_tail_mask_dropped", {}, {"mma_min_group": 4},  # fp16 group 4: tensor cores on request
      "s[j][i] = pos >= tok_begin && pos < tok_end ? y : KGEN_NEG_INF;", "s[j][i] = pos >= tok_begin ? y : KGEN_NEG_INF;",
      {"len_B-1", "len_B+1"}, {"len_B"}),
     ("mma_q_k_permutation_wrong", {"kv_cache.dtype": "int8", "kv_cache.scale": "per_head"}, None,
@@ -100,7 +100,7 @@ MUTATIONS = [
     ("mma_token_v_scale_dropped", {"kv_cache.dtype": "fp8_e5m2", "kv_cache.scale": "per_token_head"}, None,
      "if (S::TOKEN_SCALES) s[j][i] *= ss[NT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;", "",
      {"long"}, {"len_1"}),  # one key: v_ref is its own scale, and the output times v_ref is right
-    ("mma_stage_refilled_without_barrier", {}, None,
+    ("mma_stage_refilled_without_barrier", {}, {"mma_min_group": 4},  # fp16 group 4: tensor cores on request
      "    __syncthreads();  // every warp's copies have landed, and every warp is done with tile - 1: refill its stage\n",
      "", {"len_1"}, set()),  # the race checker stops at the first case (a shared-memory race report)
 ]
