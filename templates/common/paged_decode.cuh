@@ -241,6 +241,27 @@ struct TileCopier {
   }
 };
 
+// The keys [tok_begin, tok_end) a decode block sees (both bodies start from it): the window's
+// and the tail mask's, clipped to the block's partition. False when the partition lies past the
+// sequence: the block writes nothing (uniform across the block, so no barrier is skipped by
+// some threads only).
+template <class Cfg>
+__device__ __forceinline__ bool decode_key_range(int seq_len, int part, int P, int max_partitions, bool split,
+                                                 int& tok_begin, int& tok_end) {
+  constexpr int B = Cfg::BLOCK_SIZE;
+  // Keys the query may see: [ctx_begin, seq_len); without tail masking the
+  // promise is that seq_len is a multiple of B, so whole blocks are read.
+  const int ctx_end = Cfg::TAIL_MASK ? seq_len : ((seq_len + B - 1) / B) * B;
+  int ctx_begin = 0;
+  if (Cfg::SLIDING_WINDOW > 0) ctx_begin = seq_len > Cfg::SLIDING_WINDOW ? seq_len - Cfg::SLIDING_WINDOW : 0;
+  tok_begin = ctx_begin, tok_end = ctx_end;
+  if (split) {
+    if (part >= split_partitions(seq_len, P, max_partitions)) return false;
+    clip_to_partition(part, P, max_partitions, tok_begin, tok_end);
+  }
+  return true;
+}
+
 template <class Cfg>
 __device__ __forceinline__ void paged_decode_body(
     typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
@@ -257,7 +278,6 @@ __device__ __forceinline__ void paged_decode_body(
   typedef typename Cfg::kv_t kv_t;
   constexpr int D = S::D, G = S::G, VEC = S::VEC, LANES = S::LANES, CPL = S::CPL, OUT = S::OUT;
   constexpr int HPT = S::HPT, NT = S::NT, TPT = S::TPT, SUB = S::SUB, STAGES = S::STAGES, T = S::T;
-  constexpr int B = Cfg::BLOCK_SIZE;
   const bool split = Cfg::SPLIT && max_partitions > 1;
   const int P = partition_tokens;
 
@@ -273,17 +293,8 @@ __device__ __forceinline__ void paged_decode_body(
   const int q_head0 = kv_head * G;
 
   const int seq_len = seq_lens[seq];
-  // Keys the query may see: [ctx_begin, seq_len); without tail masking the
-  // promise is that seq_len is a multiple of B, so whole blocks are read.
-  const int ctx_end = Cfg::TAIL_MASK ? seq_len : ((seq_len + B - 1) / B) * B;
-  int ctx_begin = 0;
-  if (Cfg::SLIDING_WINDOW > 0) ctx_begin = seq_len > Cfg::SLIDING_WINDOW ? seq_len - Cfg::SLIDING_WINDOW : 0;
-  int tok_begin = ctx_begin, tok_end = ctx_end;
-  if (split) {
-    // uniform across the block: no barrier is skipped by some threads only
-    if (part >= split_partitions(seq_len, P, max_partitions)) return;
-    clip_to_partition(part, P, max_partitions, tok_begin, tok_end);
-  }
+  int tok_begin, tok_end;
+  if (!decode_key_range<Cfg>(seq_len, part, P, max_partitions, split, tok_begin, tok_end)) return;
   const int tile0 = tok_begin / NT * NT;  // tiles are aligned to NT tokens
   const int ntiles = tok_end > tok_begin ? (tok_end - tile0 + NT - 1) / NT : 0;
 

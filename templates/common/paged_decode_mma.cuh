@@ -311,16 +311,8 @@ __device__ __forceinline__ void paged_decode_mma_body(
   const int q_head0 = kv_head * G;
 
   const int seq_len = seq_lens[seq];
-  // Keys the query may see: [ctx_begin, seq_len); without tail masking the promise is that
-  // seq_len is a multiple of B, so whole blocks are read.
-  const int ctx_end = Cfg::TAIL_MASK ? seq_len : ((seq_len + B - 1) / B) * B;
-  int ctx_begin = 0;
-  if (Cfg::SLIDING_WINDOW > 0) ctx_begin = seq_len > Cfg::SLIDING_WINDOW ? seq_len - Cfg::SLIDING_WINDOW : 0;
-  int tok_begin = ctx_begin, tok_end = ctx_end;
-  if (split) {
-    if (part >= split_partitions(seq_len, P, max_partitions)) return;  // uniform across the block
-    clip_to_partition(part, P, max_partitions, tok_begin, tok_end);
-  }
+  int tok_begin, tok_end;  // paged_decode.cuh
+  if (!decode_key_range<Cfg>(seq_len, part, P, max_partitions, split, tok_begin, tok_end)) return;
   const int tile0 = tok_begin / NT * NT;
   const int ntiles = tok_end > tok_begin ? (tok_end - tile0 + NT - 1) / NT : 0;
 
