@@ -21,10 +21,26 @@ def family_for(spec) -> Family:
             f"{spec.name}: kind '{spec.kind}' is not supported yet "
             f"(supported: {', '.join(sorted(FAMILIES))})"
         )
-    problems = family.unsupported(spec)
+    problems = unbuilt_features(spec) + family.unsupported(spec)
     if problems:
         raise UnsupportedError("\n".join(f"{spec.name}: {p}" for p in problems))
     return family
+
+
+def unbuilt_features(spec) -> list[str]:
+    """Spec features the format accepts (docs/abi.md) whose kernels are not built yet: one line each,
+    removed as each lands, so a spec that asks for one is refused instead of silently ignored."""
+    a, kv = spec.attention, spec.kv_cache
+    out = []
+    if a.sinks:
+        out.append("attention.sinks: attention sinks are not built yet")
+    if a.v_head_dim is not None and kv.layout != "mla":
+        out.append("attention.v_head_dim: a V head dim of its own is not built yet")
+    if kv.layout == "mla":
+        out.append("kv_cache.layout: the mla layout is not built yet")
+    if kv.dtype == "nvfp4":
+        out.append("kv_cache.dtype: nvfp4 caches are not built yet")
+    return out
 
 
 def support_problems(spec) -> list[str]:

@@ -49,6 +49,8 @@ _TABLE = [
     DType("fp8_e5m2", "__nv_fp8_e5m2", np.dtype(ml_dtypes.float8_e5m2), "float8_e5m2", 8, quantized=True,
           qmax=57344.0, min_sm=89, header="cuda_fp8.h"),
     DType("int8", "kgen::i8", np.dtype(np.int8), "int8", 8, quantized=True, qmax=127.0),
+    # NVFP4 (docs/abi.md): e2m1 values two a byte (element 2i in the low nibble) with e4m3 scales per 16
+    DType("nvfp4", "kgen::fp4x2", np.dtype(np.uint8), "uint8", 4, quantized=True, qmax=6.0),
     DType("int32", "int", np.dtype(np.int32), "int32", 32),
 ]
 

@@ -142,6 +142,8 @@ def c_name_problem(v: object, keywords: bool = True) -> str | None:
         return "is a C/C++ keyword"
     if keywords and (v.startswith("__") or re.match(r"_[A-Z]", v)):
         return "names starting with __ or _ and a capital letter are reserved for the compiler"
+    if keywords and v == "_":
+        return "a lone _ is not a PTX identifier (the kernels' names start with it)"
     return None
 
 

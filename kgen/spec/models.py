@@ -57,16 +57,21 @@ from kgen.spec.checks import (
 from kgen.spec.yaml_source import Loc, YamlDoc, YamlFileError, read_yaml
 
 Kind = Literal["paged_decode", "paged_prefill", "cache_write", "copy_blocks"]
-Layout = Literal["separate", "fused", "vllm"]
+Layout = Literal["separate", "fused", "vllm", "mla"]
 Order = Literal["NHD", "HND"]
 QDType = Literal["fp16", "bf16", "fp32"]
-KVDType = Literal["fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2", "int8"]
+KVDType = Literal["fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2", "int8", "nvfp4"]
 Scale = Literal["none", "per_tensor", "per_head", "per_token_head"]
 Arch = Literal["sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_100", "sm_120"]
 
 KINDS, LAYOUTS, ORDERS = get_args(Kind), get_args(Layout), get_args(Order)
 Q_DTYPES, KV_DTYPES, SCALES, ARCHS = get_args(QDType), get_args(KVDType), get_args(Scale), get_args(Arch)
 QUANTIZED_KV_DTYPES = tuple(d for d in KV_DTYPES if d in QUANTIZED)
+# Formats that carry their own scales (nvfp4: e4m3 per 16 elements and a tensor scale), so kv_cache.scale stays none.
+SELF_SCALED_KV_DTYPES = ("nvfp4",)
+# Layouts a V head dim of its own can live in (one K and one V pool, or MLA's latent rows).
+V_HEAD_DIM_LAYOUTS = ("separate", "mla")
+NVFP4_LAYOUTS = ("separate", "mla")
 DEFAULT_TARGETS: list[str] = ["sm_80", "sm_90"]
 # MIN_SM: oldest arch with native support of each dtype (kgen/formats/dtypes.py's table)
 MAX_HEADS = 4096
@@ -81,6 +86,7 @@ FIELD_KINDS: dict[tuple[str, str], tuple[str, ...]] = {
     ("attention", "logits_soft_cap"): ATTENTION_KINDS,
     ("attention", "alibi"): ATTENTION_KINDS,
     ("attention", "causal"): ("paged_prefill",),  # a decode query is the last position: causal by nature
+    ("attention", "sinks"): ATTENTION_KINDS,
     ("dtype", "out"): ATTENTION_KINDS,
 }
 # ---------------------------------------------------------------- models
@@ -93,8 +99,8 @@ _TAIL_HINT = ("; true masks the unused slots of each sequence's last block, "
 
 # Field types: the pydantic type and Field bounds feed the JSON Schema; the _Check does the validating.
 HeadCount = Annotated[int, Field(ge=1, le=MAX_HEADS), _int(1, MAX_HEADS, f"must be in {_HEADS}", _HEADS)]
-HeadDim = Annotated[int, Field(ge=32, le=512, multiple_of=8),
-                    _int(32, 512, "must be a multiple of 8 in 32..512", "32, 40, 48, …, 512", lambda v: v % 8 == 0)]
+HeadDim = Annotated[int, Field(ge=32, le=576, multiple_of=8),
+                    _int(32, 576, "must be a multiple of 8 in 32..576", "32, 40, 48, …, 576", lambda v: v % 8 == 0)]
 BlockSize = Annotated[int, Field(ge=1, le=256),
                       _int(1, 256, "must be a power of two in 1..256", "1, 2, 4, …, 256", lambda v: v & (v - 1) == 0)]
 Window = Annotated[int, Field(ge=1, le=INT32_MAX),
@@ -114,7 +120,8 @@ class AttentionSpec(BaseModel):
     model_config = _CONFIG
     num_q_heads: HeadCount = Field(description="number of query heads")
     num_kv_heads: HeadCount = Field(description="number of KV heads; divides num_q_heads (GQA; 1 = MQA)")
-    head_dim: HeadDim = Field(description="size of one head, a multiple of 8 in 32..512")
+    head_dim: HeadDim = Field(description="size of one q/K head, a multiple of 8 in 32..576 (also V's unless "
+                                          "v_head_dim says otherwise)")
     softmax_scale: Annotated[Literal["auto"] | float, _positive(f"auto or {_POS}", auto=True)] = Field(
         "auto", description="auto = 1/sqrt(head_dim), or a positive number (paged_decode and paged_prefill only)")
     sliding_window: Window | None = Field(
@@ -125,6 +132,11 @@ class AttentionSpec(BaseModel):
         False, description="add ALiBi biases; slopes are passed at call time (paged_decode and paged_prefill only)")
     causal: Bool = Field(True, description=(
         "causal masking of the query chunk (paged_prefill only; a decode query sees every key anyway)"))
+    sinks: Bool = Field(False, description=(
+        "learned per-head sink logits, passed at call time as `sinks` [num_q_heads] fp32 "
+        "(paged_decode and paged_prefill only)"))
+    v_head_dim: HeadDim | None = Field(None, description=(
+        "V and output head dim when it differs from head_dim (null = head_dim); layouts separate and mla"))
 
 
 class KVCacheSpec(BaseModel):
@@ -213,6 +225,11 @@ class Spec(BaseModel):
         return self.attention.num_q_heads // self.attention.num_kv_heads
 
     @property
+    def v_head_dim_value(self) -> int:
+        """V's and the output's head dim (head_dim unless attention.v_head_dim says otherwise)."""
+        return self.attention.v_head_dim or self.attention.head_dim
+
+    @property
     def softmax_scale_value(self) -> float:
         s = self.attention.softmax_scale
         return 1.0 / math.sqrt(self.attention.head_dim) if s == "auto" else float(s)
@@ -222,9 +239,11 @@ class Spec(BaseModel):
         optional lists and mappings) and fields the kind does not read are left out, so loading it
         (spec_from_dict, or parse_spec of its YAML) gives an equal spec back."""
         data = _present(self.model_dump(mode="json"), Spec)
-        if self.kv_cache.layout != "vllm":
+        if self.kv_cache.layout not in ("vllm", "mla"):  # those layouts fix their own order
             data["kv_cache"]["order"] = self.kv_cache.resolved_order
         data["dtype"]["out"] = self.dtype.resolved_out
+        if not self.attention.sinks:  # the default: left out, so specs written before sinks keep their hash
+            data["attention"].pop("sinks", None)
         for (section, name), readers in FIELD_KINDS.items():
             if self.kind not in readers:
                 data[section].pop(name, None)
@@ -367,7 +386,11 @@ def _semantic_errors(data: dict[str, Any], bad: set[Loc]) -> list[tuple[Loc, str
                                  f"{' and '.join(old)} {'is' if len(old) == 1 else 'are'} older (got {got}; allowed: {ok})"))
 
     kv_dtype, scale = get("kv_cache", "dtype"), get("kv_cache", "scale")
-    if kv_dtype in QUANTIZED_KV_DTYPES and scale in (None, "none"):
+    if kv_dtype in SELF_SCALED_KV_DTYPES:
+        if scale in SCALES[1:]:
+            out.append((("kv_cache", "scale"), f"{kv_dtype} caches carry their own scales (e4m3 per 16 elements and "
+                                               f"a tensor scale); leave scale out (got {scale!r}; allowed: none)"))
+    elif kv_dtype in QUANTIZED_KV_DTYPES and scale in (None, "none"):
         shown = "none (the default)" if scale is None else "'none'"
         out.append((("kv_cache", "scale"), f"{kv_dtype} KV caches need a scale granularity "
                                            f"(got {shown}; allowed: per_tensor, per_head, per_token_head)"))
@@ -378,7 +401,51 @@ def _semantic_errors(data: dict[str, Any], bad: set[Loc]) -> list[tuple[Loc, str
     if get("kv_cache", "layout") == "vllm" and order in ORDERS:
         out.append((("kv_cache", "order"), "the vllm layout fixes its own order; leave order out "
                                            f"(got {order!r}; allowed: no order with layout vllm)"))
-    return out + _kind_errors(get) + _tuning_errors(get)
+    return out + _format_errors(get) + _kind_errors(get) + _tuning_errors(get)
+
+
+def _format_errors(get: Callable[..., Any]) -> list[tuple[Loc, str]]:
+    """What the cache format cannot combine: a V head dim of its own, the MLA layout, nvfp4."""
+    out: list[tuple[Loc, str]] = []
+    layout, kv_dtype = get("kv_cache", "layout"), get("kv_cache", "dtype")
+    head_dim, v_dim = get("attention", "head_dim"), get("attention", "v_head_dim")
+    if isinstance(v_dim, int) and layout in LAYOUTS and layout not in V_HEAD_DIM_LAYOUTS:
+        out.append((("attention", "v_head_dim"), f"a V head dim of its own needs K and V in pools of their own; "
+                    f"the {layout} layout keeps them at one width (got v_head_dim {v_dim} with layout {layout}; "
+                    f"allowed: layout {' or '.join(V_HEAD_DIM_LAYOUTS)}, or no v_head_dim)"))
+    if layout == "mla":
+        kv_heads = get("attention", "num_kv_heads")
+        if isinstance(kv_heads, int) and kv_heads != 1:
+            out.append((("attention", "num_kv_heads"), "the mla layout holds one latent row per token, shared by "
+                        f"every query head (got {kv_heads}; allowed: 1)"))
+        if v_dim is None and isinstance(head_dim, int):
+            out.append((("attention", "v_head_dim"), "the mla layout reads V as the first v_head_dim elements of "
+                        f"each latent row, so v_head_dim must be given and be below head_dim (got none with "
+                        f"head_dim {head_dim}; allowed: a multiple of 8 in 32..{head_dim - 8}, e.g. 512 for 576)"))
+        elif isinstance(v_dim, int) and isinstance(head_dim, int) and v_dim >= head_dim:
+            out.append((("attention", "v_head_dim"), "the mla layout reads V as the first v_head_dim elements of "
+                        f"each latent row, so v_head_dim must be below head_dim (got {v_dim} with head_dim "
+                        f"{head_dim}; allowed: a multiple of 8 in 32..{head_dim - 8})"))
+        order = get("kv_cache", "order")
+        if order in ORDERS:
+            out.append((("kv_cache", "order"), "the mla layout has one row per token and no head axis; leave order "
+                        f"out (got {order!r}; allowed: no order with layout mla)"))
+        if get("kv_cache", "scale") == "per_head":
+            out.append((("kv_cache", "scale"), "the mla layout has one latent head: its scales are per_tensor or "
+                        "per token (got 'per_head'; allowed: per_tensor, per_token_head)"))
+        if get("kind") in ATTENTION_KINDS and get("attention", "softmax_scale", default="auto") == "auto":
+            out.append((("attention", "softmax_scale"), "the mla layout needs the model's softmax scale as a number: "
+                        "1/sqrt(head_dim) of the latent row is not the model's (got auto; allowed: a positive number, "
+                        "e.g. 1/sqrt(192) = 0.07216878 for DeepSeek-V3)"))
+    if kv_dtype in SELF_SCALED_KV_DTYPES:
+        if layout in LAYOUTS and layout not in NVFP4_LAYOUTS:
+            out.append((("kv_cache", "layout"), f"{kv_dtype} packs two values a byte with a scale per 16, which the "
+                        f"{layout} layout cannot hold (got {layout!r}; allowed: {', '.join(NVFP4_LAYOUTS)})"))
+        for loc, dim in ((("attention", "head_dim"), head_dim), (("attention", "v_head_dim"), v_dim)):
+            if isinstance(dim, int) and dim % 32:
+                out.append((loc, f"a {kv_dtype} cache stores whole 16-element scale groups in whole bytes, so the "
+                                 f"head dim must be a multiple of 32 (got {dim}; allowed: 32, 64, 96, …)"))
+    return out
 
 
 def _kind_errors(get: Callable[..., Any]) -> list[tuple[Loc, str]]:
@@ -538,8 +605,8 @@ def json_schema() -> dict[str, Any]:
 
 
 __all__ = [
-    "ARCHS", "ATTENTION_KINDS", "FIELD_KINDS", "KINDS", "KV_DTYPES", "LAYOUTS", "ORDERS", "Q_DTYPES",
-    "QUANTIZED_KV_DTYPES", "SCALES",
+    "ARCHS", "ATTENTION_KINDS", "FIELD_KINDS", "KINDS", "KV_DTYPES", "LAYOUTS", "NVFP4_LAYOUTS", "ORDERS",
+    "Q_DTYPES", "QUANTIZED_KV_DTYPES", "SCALES", "SELF_SCALED_KV_DTYPES", "V_HEAD_DIM_LAYOUTS",
     "AttentionSpec", "BucketSpec", "DTypeSpec", "KVCacheSpec", "Spec", "SpecError", "TuningSpec",
     "c_name_problem", "constraint_names", "json_schema", "load_spec", "parse_spec", "spec_from_dict",
 ]

@@ -27,8 +27,11 @@ from kgen.spec.models import (
     KV_DTYPES,
     LAYOUTS,
     MIN_SM,
+    NVFP4_LAYOUTS,
     Q_DTYPES,
     QUANTIZED_KV_DTYPES,
+    SELF_SCALED_KV_DTYPES,
+    V_HEAD_DIM_LAYOUTS,
     Spec,
     parse_spec,
     spec_from_dict,
@@ -96,23 +99,33 @@ def tunings(draw, small: bool) -> Any:
 def spec_data(draw, small: bool = False) -> dict[str, Any]:
     """Raw data of a valid spec of any kind, with each optional field present, absent or null."""
     kind = draw(st.sampled_from(KINDS))
-    kv_heads = draw(st.sampled_from([1, 2]) if small else st.integers(1, 64))
+    layout, kv_dtype = draw(st.sampled_from(LAYOUTS)), draw(st.sampled_from(KV_DTYPES))
+    assume(kv_dtype not in SELF_SCALED_KV_DTYPES or layout in NVFP4_LAYOUTS)
+    mla, grain = layout == "mla", 32 if kv_dtype in SELF_SCALED_KV_DTYPES else 8  # nvfp4: whole scale groups
+    kv_heads = 1 if mla else draw(st.sampled_from([1, 2]) if small else st.integers(1, 64))
     attention: dict[str, Any] = {"num_q_heads": kv_heads * draw(st.integers(1, 4 if small else 64)),
                                  "num_kv_heads": kv_heads,
-                                 "head_dim": 32 if small else 8 * draw(st.integers(4, 64))}
-    layout, kv_dtype = draw(st.sampled_from(LAYOUTS)), draw(st.sampled_from(KV_DTYPES))
+                                 "head_dim": 64 if small else grain * draw(st.integers(64 // grain, 576 // grain))}
+    if mla:  # V is the first v_head_dim elements of each latent row
+        attention["v_head_dim"] = grain * draw(st.integers(-(-32 // grain), attention["head_dim"] // grain - 1))
+    elif layout in V_HEAD_DIM_LAYOUTS:
+        _put(attention, "v_head_dim", _maybe(draw, st.integers(-(-32 // grain), 576 // grain).map(lambda n: grain * n),
+                                             explicit_null=True))
     kv_cache: dict[str, Any] = {"block_size": 16 if small else 2 ** draw(st.integers(0, 8)),
                                 "layout": layout, "dtype": kv_dtype}
-    if layout != "vllm":
+    if layout not in ("vllm", "mla"):
         _put(kv_cache, "order", _maybe(draw, st.sampled_from(["NHD", "HND"]), explicit_null=True))
-    scale = st.sampled_from(["per_tensor", "per_head", "per_token_head"])
-    if kv_dtype in QUANTIZED_KV_DTYPES:
+    scale = st.sampled_from(["per_tensor", "per_token_head"] if mla else ["per_tensor", "per_head", "per_token_head"])
+    if kv_dtype in SELF_SCALED_KV_DTYPES:
+        _put(kv_cache, "scale", _maybe(draw, st.just("none")))
+    elif kv_dtype in QUANTIZED_KV_DTYPES:
         kv_cache["scale"] = draw(scale)
     else:
         _put(kv_cache, "scale", _maybe(draw, st.just("none")))
     dtype: dict[str, Any] = {"q": draw(st.sampled_from(Q_DTYPES))}
     if kind in ("paged_decode", "paged_prefill"):  # the attention options: other kinds refuse them
-        _put(attention, "softmax_scale", _maybe(draw, st.one_of(st.just("auto"), positive)))
+        _put(attention, "softmax_scale", draw(positive) if mla else _maybe(draw, st.one_of(st.just("auto"), positive)))
+        _put(attention, "sinks", _maybe(draw, st.booleans()))
         _put(attention, "logits_soft_cap", _maybe(draw, positive, explicit_null=True))
         _put(attention, "alibi", _maybe(draw, st.booleans()))
         _put(dtype, "out", _maybe(draw, st.sampled_from(Q_DTYPES), explicit_null=True))
