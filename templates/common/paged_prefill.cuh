@@ -88,7 +88,9 @@ struct PrefillShape {
   static constexpr int SCALES_AT = PATH == 1 ? 2 * RAW_BYTES : 0;          // the scales' offset in a stage
   static constexpr int OPERAND_BYTES = PATH == 0 ? 0 : 2 * TILE_BYTES;   // the converted K and V tiles
   static constexpr int KV_BYTES = OPERAND_BYTES + STAGES * STAGE_BYTES;
-  static constexpr int SMEM_BYTES = Q_BYTES + KV_BYTES + (MMA ? 0 : WARPS * 16 * KT * 4);
+  // the fp32 P tiles: reserved when any target of the spec needs them (one geometry for every target)
+  static constexpr int SMEM_BYTES = Q_BYTES + KV_BYTES + (Cfg::FMA_SCRATCH ? WARPS * 16 * KT * 4 : 0);
+  static_assert(MMA || Cfg::FMA_SCRATCH, "the fp32 FMA products need their P tiles");
   static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's smem_bytes and the template disagree");
   static_assert(PATH == 2 || COPY == 4 || COPY == 8 || COPY == 16, "cp.async copies 4, 8 or 16 bytes");
   static_assert(PATH != 0 || (SameType<KV, T>::value && COPY == 16), "the copy path needs a cache in q's type");

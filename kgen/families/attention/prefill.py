@@ -102,8 +102,14 @@ def smem_bytes(spec, warps: int, kv_tile: int, stages: int = 2) -> int:
         kv = 2 * tile + stages * (2 * raw + scales)
     else:
         kv = 2 * tile + scales
-    fma = item == 4 or any(int(arch.removeprefix("sm_")) < 80 for arch in spec.targets)
-    return 16 * warps * ld * item + kv + (warps * 16 * kv_tile * 4 if fma else 0)
+    return 16 * warps * ld * item + kv + (warps * 16 * kv_tile * 4 if fma_scratch(spec) else 0)
+
+
+def fma_scratch(spec) -> bool:
+    """Whether some build of the spec computes the products as fp32 FMAs through a P tile in shared
+    memory (fp32 q, or a target older than sm_80). One launch geometry serves every target, so the
+    tile is reserved in all of them: an sm_90 cubin of a spec that also targets sm_75 carries it unused."""
+    return dtype(spec.dtype.q).itemsize == 4 or any(int(arch.removeprefix("sm_")) < 80 for arch in spec.targets)
 
 
 def slices(spec) -> int:
@@ -157,6 +163,7 @@ class PagedPrefillFamily(AttentionFamily):
             "stages": stages_of(spec, config),
             "kv_path": KV_PATHS.index(kv_path(spec)),
             "smem_bytes": kernels[0].smem,
+            "fma_scratch": fma_scratch(spec),
         }
 
     def abi_notes(self, spec) -> list[str]:

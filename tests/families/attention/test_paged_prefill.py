@@ -220,6 +220,16 @@ def test_fp32_q_stays_off_the_tensor_cores():
     assert "HMMA" not in sass and "FFMA" in sass
 
 
+def test_a_spec_targeting_turing_and_hopper_builds_for_both_and_verifies():
+    """One launch geometry serves every target: the sm_75 build's fp32 P tiles are reserved in the
+    sm_90 cubin and on the CPU backend too (their shared-memory sizes once disagreed and failed to compile)."""
+    kernel = kgen.build(_spec(targets=["sm_75", "sm_90"]), backend="cpu", archs=["sm_75", "sm_90"], verify=True,
+                        seed=1234)
+    assert kernel.report is not None and kernel.report.passed, kernel.report
+    sass = _sass(_spec(targets=["sm_75", "sm_90"]))
+    assert "HMMA" in sass  # sm_90 keeps its tensor cores; only the scratch is shared
+
+
 def test_kgen_abi_prints_the_prefill_contract():
     run = run_kgen("abi", str(SPECS / "llama3_8b_prefill.yaml"))
     assert run.returncode == 0, run.stderr
