@@ -1,0 +1,50 @@
+"""benchmarks/static_mla.py: MLA's FLOP and latent bytes by hand, the balanced CTA split, FlashInfer's
+restated shared memory, and (when flashinfer-python and nvcc are here) its real MLA kernel through the
+model: a one-CTA-per-SM kernel whose estimate cannot beat the copy bandwidth or the tensor peak."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import static_mla as sm  # noqa: E402
+from test_static_perf import needs_sass  # noqa: E402
+
+from kgen.cache import ArtifactCache  # noqa: E402
+
+
+def test_flop_and_bytes_by_hand():
+    # one sequence, 2 keys: 128 heads x 2 keys x (576 + 512) multiply-adds x 2 FLOP
+    assert sm.mla_flop(1, 2) == 2 * 128 * 2 * 1088
+    assert sm.latent_bytes(3, 10) == 3 * 10 * 576 * 2
+
+
+def test_balanced_split_spreads_every_tile():
+    ctas = sm.balanced(batch=2, context=130, kv_tile=64, row_tiles=2, ctas=4, per_seq=1)
+    # 2 sequences x 2 row tiles x (ceil(130 / 64) = 3 tiles + 1 of overhead) = 16 tiles over 4 CTAs
+    assert ctas == [4.0] * 4
+
+
+def test_flashinfer_smem_restated_from_its_struct():
+    # Q 64 x 576, two stages of 64 x 576, the P/kpe union 64 x 64: bf16
+    assert sm.fi_mla_smem() == 64 * 576 * 2 + 2 * 64 * 576 * 2 + 64 * 64 * 2
+
+
+@needs_sass
+def test_flashinfer_mla_kernel_through_the_model():
+    nvcc = sm.find_nvcc()
+    if nvcc is None or sm.flashinfer_data() is None:
+        pytest.skip("nvcc or flashinfer-python (headers) is not here")
+    k = sm.flashinfer_mla(nvcc, sm.find_cuobjdump(), ArtifactCache())
+    assert k.work.mma_flop > 0 and k.work.mma.get("HMMA.16816", 0) > 0  # its main loop is on tensor cores
+    assert k.occ.blocks == 1  # ~229 KB of shared memory: one CTA per SM
+    for b, c in ((1, 1024), (128, 32768)):
+        e = k.estimate(b, c)
+        assert 0 < e.fraction <= 1.0
+        assert sm.latent_bytes(b, c) / e.seconds <= sm.DEV.copy_bw * (1 + 1e-9)
