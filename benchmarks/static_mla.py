@@ -137,7 +137,8 @@ def kgen_mla(cuobjdump: str, cache: ArtifactCache) -> MlaKernel:
     def ctas(batch: int, context: int) -> list[float]:
         main = next(ln for ln in launches(batch, context) if ln.kernel == spec.name)
         parts = max(1, main.blocks // (batch * row_tiles))
-        return [float(-(-(-(-context // parts)) // kv_tile))] * main.blocks
+        keys = -(-context // parts)  # a partition's keys
+        return [float(-(-keys // kv_tile))] * main.blocks
 
     smem = res.static_smem + next(ln for ln in launches(1, 1024) if ln.kernel == spec.name).smem
     return MlaKernel(f"kgen {spec.name}", res.registers, f"{res.spill_stores}/{res.spill_loads}", smem, threads,
