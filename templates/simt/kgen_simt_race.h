@@ -12,7 +12,10 @@
 // 4 bytes. Two accesses race when they come from different threads of the block, touch
 // a common byte, at least one writes, not both are atomics, and nothing orders them:
 // a __syncthreads between them (the block's barrier interval, `epoch`, differs) or a
-// __syncwarp chain inside one warp (per-thread vector clocks over the warp's lanes).
+// __syncwarp chain inside one warp, or an mbarrier phase between warps (per-thread vector
+// clocks over the block's threads and their async proxies: kgen_simt_hopper.h). A thread's
+// async proxy (tid nthreads + t) performs its bulk copies (TMA): its writes are ordered after
+// what the thread did before the issue and before what a waiter of the copy's mbarrier does.
 #pragma once
 #include <link.h>
 #include <cstdint>
@@ -89,11 +92,14 @@ struct RaceState {
   uintptr_t dyn_lo = 0, dyn_len = 0;    // dynamic shared memory of the running block
   uint32_t epoch = 0;
   std::vector<ShadowWord> shadow;       // TLS words, then dynamic shared-memory words
-  std::vector<uint32_t> clk;            // per thread
-  std::vector<uint32_t> vc;             // per thread: the clocks of its warp's 32 lanes it has synced with
+  std::vector<uint32_t> clk;            // per thread (and per async proxy)
+  std::vector<uint32_t> vc;             // per thread: the clocks of the n threads it has synced with
   ShadowWord* sh = nullptr;             // the vectors' data (no std:: calls on the hot path)
   uint32_t* clkp = nullptr;
   uint32_t* vcp = nullptr;
+  unsigned n = 0;                       // vector-clock width: 2 * nthreads (threads, then their proxies)
+  bool wide = false;                    // an mbarrier or bulk copy ordered threads of different warps
+  int as_tid = -1;                      // >= 0: accesses are that proxy's (a bulk copy landing)
 
   void resize_shadow(size_t words) {
     if (shadow.size() < words) shadow.resize(words);
@@ -110,35 +116,73 @@ struct RaceState {
     }
   }
 
+  // Called by run_block (launch side: may allocate). Until a block uses an mbarrier only the
+  // entries of a thread's own warp are ever set, so only those are cleared.
   void begin_block(unsigned nthreads) {
     next_epoch();
-    clk.assign(nthreads, 1u);
-    vc.assign((size_t)nthreads * 32, 0u);
+    const unsigned width = 2 * nthreads;
+    clk.assign(width, 1u);
+    if (n != width || vc.size() != (size_t)width * width) {
+      vc.assign((size_t)width * width, 0u);
+    } else if (wide) {
+      std::memset(vc.data(), 0, vc.size() * sizeof(uint32_t));
+    } else {
+      for (unsigned t = 0; t < nthreads; ++t) std::memset(&vc[(size_t)t * width + (t & ~31u)], 0, 32 * sizeof(uint32_t));
+    }
+    n = width;
+    wide = false;
+    as_tid = -1;
     clkp = clk.data();
     vcp = vc.data();
+  }
+
+  // Entries [lo, hi) a join must cover: the warp's lanes until cross-warp ordering exists.
+  void join_range(unsigned warp, unsigned& lo, unsigned& hi) const {
+    lo = wide ? 0 : warp * 32;
+    hi = wide ? n : warp * 32 + 32;
   }
 
   // A completed __syncwarp(mask) of warp `warp`: every lane of the mask has seen what every
   // other lane of the mask did before it.
   void syncwarp(unsigned warp, unsigned mask) {
-    uint32_t join[32];
-    for (unsigned k = 0; k < 32; ++k) join[k] = 0;
-    for (unsigned m = mask; m; m &= m - 1) {
-      unsigned l = __builtin_ctz(m), t = warp * 32 + l;
-      const uint32_t* v = vcp + (size_t)t * 32;
-      for (unsigned k = 0; k < 32; ++k) join[k] = join[k] > v[k] ? join[k] : v[k];
-      if (clkp[t] > join[l]) join[l] = clkp[t];
+    unsigned lo, hi;
+    join_range(warp, lo, hi);
+    // fold every lane's clock vector into the first lane's row, then copy it to the others
+    const unsigned first = warp * 32 + __builtin_ctz(mask);
+    uint32_t* acc = vcp + (size_t)first * n;
+    for (unsigned m = mask & (mask - 1); m; m &= m - 1) {
+      const uint32_t* v = vcp + (size_t)(warp * 32 + __builtin_ctz(m)) * n;
+      for (unsigned k = lo; k < hi; ++k) acc[k] = acc[k] > v[k] ? acc[k] : v[k];
     }
     for (unsigned m = mask; m; m &= m - 1) {
-      unsigned l = __builtin_ctz(m), t = warp * 32 + l;
-      for (unsigned k = 0; k < 32; ++k) vcp[(size_t)t * 32 + k] = join[k];
-      ++clkp[t];
+      const unsigned t = warp * 32 + __builtin_ctz(m);
+      if (clkp[t] > acc[t]) acc[t] = clkp[t];
     }
+    for (unsigned m = mask & (mask - 1); m; m &= m - 1) {
+      uint32_t* v = vcp + (size_t)(warp * 32 + __builtin_ctz(m)) * n;
+      for (unsigned k = lo; k < hi; ++k) v[k] = acc[k];
+    }
+    for (unsigned m = mask; m; m &= m - 1) ++clkp[warp * 32 + __builtin_ctz(m)];
+  }
+
+  // Release: `into` (a vector of n clocks) takes what thread t has seen and t's own clock.
+  void release(unsigned t, uint32_t* into) {
+    wide = true;
+    const uint32_t* v = vcp + (size_t)t * n;
+    for (unsigned k = 0; k < n; ++k) into[k] = into[k] > v[k] ? into[k] : v[k];
+    if (clkp[t] > into[t]) into[t] = clkp[t];
+    ++clkp[t];
+  }
+  // Acquire: thread t has seen everything `from` holds.
+  void acquire(unsigned t, const uint32_t* from) {
+    wide = true;
+    uint32_t* v = vcp + (size_t)t * n;
+    for (unsigned k = 0; k < n; ++k) v[k] = v[k] > from[k] ? v[k] : from[k];
   }
 
   KGEN_SIMT_NOTSAN bool ordered(const RaceAccess& a, unsigned t) const {
     if (a.epoch != epoch || a.tid == t) return true;
-    return (a.tid >> 5) == (t >> 5) && vcp[(size_t)t * 32 + (a.tid & 31)] >= a.clk;
+    return vcp[(size_t)t * n + a.tid] >= a.clk;
   }
 
   KGEN_SIMT_NOTSAN bool conflicts(const RaceAccess& a, unsigned t, unsigned char mask, unsigned char kind) const {

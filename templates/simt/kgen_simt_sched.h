@@ -20,6 +20,7 @@
 
 #include "kgen_simt_race.h"
 #include "kgen_simt_async.h"
+#include "kgen_simt_mbar.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define KGEN_SIMT_ASAN 1
@@ -37,7 +38,7 @@
 
 namespace kgen_simt {
 
-enum : unsigned char { F_READY, F_RUNNING, F_BARRIER, F_WARP, F_DONE };
+enum : unsigned char { F_READY, F_RUNNING, F_BARRIER, F_WARP, F_DONE, F_MBAR };
 enum WarpOpKind : int {
   OP_SYNCWARP, OP_SHFL_IDX, OP_SHFL_UP, OP_SHFL_DOWN, OP_SHFL_XOR,
   OP_VOTE_ANY, OP_VOTE_ALL, OP_VOTE_BALLOT,
@@ -60,6 +61,8 @@ struct Fiber {
   int op = 0, arg = 0, width = 32;
   unsigned mask = 0;
   unsigned long long val = 0, res = 0;
+  const void* mbar = nullptr;  // F_MBAR: the mbarrier waited on, and the parity of the phase awaited
+  unsigned mbar_parity = 0;
   char* stack_lo = nullptr;
   size_t stack_size = 0;
 };
@@ -107,6 +110,9 @@ struct Worker {
   RaceState race;
   std::vector<AsyncQueue> async;  // per thread: its pending cp.async copies (kgen_simt_async.h)
   std::unique_ptr<AsyncCopy[]> async_slots;  // their storage, ASYNC_MAX_PENDING per thread
+  HopperState hop;                           // mbarriers and bulk copies (kgen_simt_hopper.h)
+  std::unique_ptr<BulkCopy[]> bulk_slots;
+  std::vector<uint32_t> hop_vc;
   // stacks
   char* stack_mem = nullptr;
   size_t stack_mem_len = 0, stack_size = 0;
@@ -190,7 +196,7 @@ __attribute__((noinline)) inline void switch_ctx(Worker* w, Fiber* from, Fiber* 
 [[noreturn]] __attribute__((noinline)) inline void fail(const char* fmt, ...) {
   Worker* w = tls_w;
   Fiber* f = w->cur;
-  char msg[1024];
+  char msg[2048];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
@@ -206,18 +212,49 @@ __attribute__((noinline)) inline void switch_ctx(Worker* w, Fiber* from, Fiber* 
 }
 
 inline void thread_name(Worker* w, unsigned linear, char* buf, size_t n) {
+  if (linear >= w->nthreads) {  // a thread's async proxy (race detection: its bulk copies)
+    const Fiber& f = w->fibers[linear - w->nthreads];
+    snprintf(buf, n, "(the bulk copy/TMA issued by thread (%u,%u,%u))", f.tid.x, f.tid.y, f.tid.z);
+    return;
+  }
   const Fiber& f = w->fibers[linear];
   snprintf(buf, n, "(%u,%u,%u)", f.tid.x, f.tid.y, f.tid.z);
+}
+
+// The mbarriers threads are blocked on, and what each one's phase still awaits ("" when none).
+inline void mbar_wait_story(Worker* w, char* buf, size_t n) {
+  buf[0] = 0;
+  size_t used = 0;
+  for (unsigned b = 0; b < w->hop.nbars && used + 1 < n; ++b) {
+    const Mbar& m = w->hop.bars[b];
+    if (!m.live) continue;
+    unsigned waiters = 0, first = 0;
+    for (unsigned i = w->nthreads; i-- > 0;)
+      if (w->fibers[i].state == F_MBAR && w->fibers[i].mbar == m.addr) ++waiters, first = i;
+    if (!waiters) continue;
+    const Fiber& f = w->fibers[first];
+    int k = snprintf(buf + used, n - used,
+                     "; %u thread(s) from (%u,%u,%u) wait for phase parity %u of the mbarrier at %p, whose phase %u "
+                     "still awaits %u of %u arrival(s) and %lld transaction byte(s)",
+                     waiters, f.tid.x, f.tid.y, f.tid.z, f.mbar_parity, m.addr, m.phase, m.pending, m.expected, m.tx);
+    if (k < 0) break;
+    used += (size_t)k < n - used ? (size_t)k : n - used - 1;
+  }
 }
 
 // Nothing is ready but the current fiber cannot go on: describe why and fail.
 [[noreturn]] __attribute__((noinline)) inline void deadlock(const char* what) {
   Worker* w = tls_w;
-  unsigned at_bar = w->bar_count, in_warp = 0;
-  for (unsigned i = 0; i < w->nthreads; ++i) in_warp += w->fibers[i].state == F_WARP;
+  unsigned at_bar = w->bar_count, in_warp = 0, at_mbar = 0;
+  for (unsigned i = 0; i < w->nthreads; ++i) {
+    in_warp += w->fibers[i].state == F_WARP;
+    at_mbar += w->fibers[i].state == F_MBAR;
+  }
+  char story[768];
+  mbar_wait_story(w, story, sizeof story);
   fail("%s can never complete: no thread of the block can make progress (%u at __syncthreads, %u in warp "
-       "operations, %u exited, of %u)",
-       what, at_bar, in_warp, w->n_exited, w->nthreads);
+       "operations, %u waiting on mbarriers, %u exited, of %u)%s",
+       what, at_bar, in_warp, at_mbar, w->n_exited, w->nthreads, story);
 }
 
 // The current fiber has set its wait state; run the next ready fiber.
@@ -608,6 +645,19 @@ inline void run_block(Worker* w, uint3 bidx) {
   }
   for (unsigned i = 0; i < n; ++i) w->async[i].reset();  // copies a thread left pending die with its block
   if (w->race.on) w->race.begin_block(n);
+  if (!w->bulk_slots) w->bulk_slots.reset(new BulkCopy[BULK_MAX_PENDING]);  // untouched until used
+  w->hop.copies = w->bulk_slots.get();
+  w->hop.nbars = 0;
+  w->hop.ncopies = 0;
+  w->hop.spins = 0;
+  if (w->race.on) {
+    if (w->hop_vc.size() < (size_t)2 * MBAR_MAX * w->race.n) w->hop_vc.resize((size_t)2 * MBAR_MAX * w->race.n);
+    w->hop.vc_mem = w->hop_vc.data();
+    w->hop.vc_width = w->race.n;
+  } else {
+    w->hop.vc_mem = nullptr;
+    w->hop.vc_width = 0;
+  }
   w->cur = &w->fibers[w->order[0]];
   w->cur->state = F_RUNNING;
 #if !defined(KGEN_SIMT_ASAN)

@@ -45,12 +45,12 @@ inline const char* race_verb(unsigned char kind, bool past) {
   char pc_now[48], pc_prev[48], t_now[64], t_prev[64];
   race_pc_token(pc, pc_now, sizeof pc_now);
   race_pc_token(c.prev->pc, pc_prev, sizeof pc_prev);
-  thread_name(w, w->cur->linear, t_now, sizeof t_now);
+  thread_name(w, r.as_tid >= 0 ? (unsigned)r.as_tid : w->cur->linear, t_now, sizeof t_now);
   thread_name(w, c.prev->tid, t_prev, sizeof t_prev);
   char msg[1024];
   snprintf(msg, sizeof msg,
            "kernel '%s' block (%u,%u,%u): shared-memory race on %s: thread %s %s it at %s and thread %s %s it "
-           "at %s, with no __syncthreads() (or __syncwarp() of both) between the two accesses "
+           "at %s, with no __syncthreads() (or __syncwarp() of both, or mbarrier phase) between the two accesses "
            "(thread schedule: %s)",
            w->kernel, w->block_idx.x, w->block_idx.y, w->block_idx.z, where, t_now, race_verb(kind, false), pc_now,
            t_prev, race_verb(c.prev->kind, true), pc_prev, schedule_name(w->sched));
@@ -68,7 +68,8 @@ __attribute__((always_inline, no_sanitize_thread)) inline void race_hook(const v
   const uintptr_t addr = (uintptr_t)a;
   if (addr - r.tls_lo >= r.tls_len && addr - r.dyn_lo >= r.dyn_len) return;  // not shared memory
   RaceConflict c{nullptr, 0};
-  if (r.access(w->cur->linear, addr, n, kind, (uintptr_t)ret, c)) race_report(w, c, kind, (uintptr_t)ret);
+  const unsigned t = r.as_tid >= 0 ? (unsigned)r.as_tid : w->cur->linear;
+  if (r.access(t, addr, n, kind, (uintptr_t)ret, c)) race_report(w, c, kind, (uintptr_t)ret);
 }
 
 }  // namespace kgen_simt
@@ -165,6 +166,8 @@ KGEN_TSAN_ATOMICS(64, long)
 // The runtime's entry points from kernel code and the launch shim: emitted here, uninstrumented.
 extern "C" __attribute__((used, visibility("hidden"))) void* const kgen_simt_runtime_entry_points[] = {
     (void*)&::kgen_simt::launch, (void*)&::kgen_simt::syncthreads_count, (void*)&::kgen_simt::warp_op,
-    (void*)&::kgen_simt::write_err, (void*)&::kgen_simt::dynamic_smem_ptr};
+    (void*)&::kgen_simt::write_err, (void*)&::kgen_simt::dynamic_smem_ptr, (void*)&::kgen_simt::mbar_init,
+    (void*)&::kgen_simt::mbar_inval, (void*)&::kgen_simt::mbar_arrive, (void*)&::kgen_simt::mbar_tx,
+    (void*)&::kgen_simt::mbar_wait, (void*)&::kgen_simt::mbar_test_wait, (void*)&::kgen_simt::bulk_copy};
 
 #endif  // KGEN_SIMT_RACECHECK && KGEN_SIMT_RUNTIME_TU

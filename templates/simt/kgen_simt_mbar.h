@@ -1,0 +1,61 @@
+// kgen SIMT runtime, part 7a: the state behind the Hopper primitives (kgen_simt_hopper.h).
+//
+// An mbarrier is a 64-bit object in shared memory; the runtime keeps its state in a per-block
+// table keyed by that address (the word itself is left alone), with room for MBAR_MAX live
+// barriers. Bulk copies (cp.async.bulk, TMA) are recorded at issue and land when the phase of
+// their mbarrier completes: the latest point the PTX ISA allows.
+#pragma once
+#include <cstdint>
+
+namespace kgen_simt {
+
+constexpr unsigned MBAR_MAX = 64;           // live mbarriers per block
+constexpr unsigned BULK_MAX_PENDING = 512;  // bulk copies in flight per block
+constexpr unsigned TMA_MAX_RANK = 5;
+
+// kgen's tensor map on the CPU backend: what cuTensorMapEncodeTiled takes (the GPU side passes
+// NVIDIA's opaque 128-byte CUtensorMap in the same parameter slot). Built on the host
+// (kgen/runtime/tma.py); dims and box innermost first, strides in bytes for dims 1..rank-1.
+struct alignas(64) TensorMap {
+  const unsigned char* base;
+  unsigned long long dims[TMA_MAX_RANK];
+  unsigned long long strides[TMA_MAX_RANK - 1];
+  unsigned box[TMA_MAX_RANK];
+  unsigned rank, elem_bytes, swizzle;  // swizzle: 0 (none), 32, 64 or 128 bytes
+  unsigned magic;                      // TMA_MAGIC: refuses a descriptor that is not kgen's
+};
+static_assert(sizeof(TensorMap) == 128, "the same size as CUtensorMap");
+constexpr unsigned TMA_MAGIC = 0x4b544d41u;  // "KTMA"
+
+struct Mbar {
+  const void* addr;
+  unsigned expected, pending;  // arrivals per phase; still to come in the current phase
+  long long tx;                // transaction count of the current phase (bytes expected - completed)
+  unsigned phase;              // phases completed so far (the current phase's parity: phase & 1)
+  bool live;
+  uint32_t* vc_pending;        // race detection: what the current phase's arrivals release
+  uint32_t* vc_done;           // ... and what the last completed phase released
+};
+
+struct BulkCopy {
+  unsigned bar;     // index in the table
+  unsigned issuer;  // linear thread index
+  unsigned char* dst;
+  const unsigned char* src;  // the non-tensor form
+  unsigned bytes;
+  int rank;                  // 0: non-tensor
+  int coord[TMA_MAX_RANK];
+  TensorMap map;
+};
+
+struct HopperState {
+  Mbar bars[MBAR_MAX];
+  unsigned nbars = 0;             // slots in use (live or not)
+  unsigned long long spins = 0;   // failed test_waits since an mbarrier last made progress
+  BulkCopy* copies = nullptr;     // BULK_MAX_PENDING slots (run_block allocates them)
+  unsigned ncopies = 0;
+  uint32_t* vc_mem = nullptr;     // race detection: 2 * MBAR_MAX vectors of the clock width
+  unsigned vc_width = 0;
+};
+
+}  // namespace kgen_simt

@@ -1,0 +1,317 @@
+"""The CPU runtime's Hopper primitives (templates/common/hopper.cuh on the CPU side,
+templates/simt/kgen_simt_hopper.h): mbarrier phases and transaction counts, the blocking wait and
+the ordering the race detector takes from it, deadlocks and livelocks reported instead of hangs,
+and the bulk copies (cp.async.bulk, TMA tensor loads) landing when their phase completes, with the
+tensor map's out-of-bounds zero fill and the PTX ISA's swizzle modes checked element by element."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kgen.errors import KernelRuntimeError
+from kgen.paths import templates_dir
+from kgen.runtime.base import Launch
+from kgen.runtime.cpu import CpuModule
+from kgen.runtime.tma import cpu_tensor_map
+
+MBAR_KERNELS = r"""
+// One thread walks an mbarrier through its phases; out[i] records each test (1: phase complete).
+extern "C" __global__ void phases(int* out) {
+  __shared__ unsigned long long bar;
+  kgen::mbar_init(&bar, 3);
+  out[0] = kgen::mbar_test_wait(&bar, 0);          // phase 0 in progress
+  kgen::mbar_arrive(&bar);
+  out[1] = kgen::mbar_test_wait(&bar, 0);          // 2 arrivals still pending
+  kgen::mbar_arrive(&bar, 2);                      // phase 0 completes
+  out[2] = kgen::mbar_test_wait(&bar, 0);
+  out[3] = kgen::mbar_test_wait(&bar, 1);          // phase 1 (parity 1) in progress
+  kgen::mbar_arrive_expect_tx(&bar, 64);
+  kgen::mbar_arrive(&bar, 2);                      // arrivals done, 64 bytes outstanding
+  out[4] = kgen::mbar_test_wait(&bar, 1);
+  kgen::mbar_complete_tx(&bar, 32);
+  out[5] = kgen::mbar_test_wait(&bar, 1);
+  kgen::mbar_expect_tx(&bar, 16);
+  kgen::mbar_complete_tx(&bar, 48);                // tx-count 0: phase 1 completes
+  out[6] = kgen::mbar_test_wait(&bar, 1);
+  out[7] = kgen::mbar_test_wait(&bar, 0);          // phase 2 (parity 0) in progress
+  kgen::mbar_complete_tx(&bar, 8);                 // tx-count may go negative ...
+  kgen::mbar_arrive(&bar, 3);
+  out[8] = kgen::mbar_test_wait(&bar, 0);          // ... and then holds the phase
+  kgen::mbar_expect_tx(&bar, 8);
+  out[9] = kgen::mbar_test_wait(&bar, 0);
+  kgen::mbar_inval(&bar);
+  kgen::mbar_init(&bar, 1);                        // reusable after inval
+  kgen::mbar_arrive(&bar);
+  out[10] = kgen::mbar_try_wait(&bar, 0);
+}
+
+// Warp 0 produces rounds of 32 ints into a 2-stage ring, warp 1 consumes them; full[s] counts the
+// 32 producers, empty[s] the 32 consumers. Each consumer reads another lane's value.
+// mode 0: correct; 1: the consumers skip the wait on full; 2: count 33 on full (one arrive
+// missing); 3: the consumers spin on test_wait; 4: spin, and one arrive missing.
+extern "C" __global__ void ring(int* out, int rounds, int mode) {
+  __shared__ int buf[2][32];
+  __shared__ unsigned long long full[2], empty[2];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 2; ++s) {
+      kgen::mbar_init(&full[s], (mode == 2 || mode == 4) ? 33 : 32);
+      kgen::mbar_init(&empty[s], 32);
+    }
+    kgen::fence_mbarrier_init();
+  }
+  __syncthreads();
+  for (int r = 0; r < rounds; ++r) {
+    const int s = r & 1;
+    const unsigned parity = (r >> 1) & 1;
+    if (warp == 0) {
+      if (r >= 2) kgen::mbar_wait(&empty[s], parity ^ 1);
+      buf[s][lane] = r * 100 + lane;
+      kgen::mbar_arrive(&full[s]);
+    } else {
+      if (mode == 3 || mode == 4) {
+        while (!kgen::mbar_test_wait(&full[s], parity)) {
+        }
+      } else if (mode != 1) {
+        kgen::mbar_wait(&full[s], parity);
+      }
+      out[r * 32 + lane] = buf[s][(lane + 7) & 31];
+      kgen::mbar_arrive(&empty[s]);
+    }
+  }
+}
+
+extern "C" __global__ void misuse(int mode) {
+  __shared__ unsigned long long bar;
+  if (mode == 0) kgen::mbar_arrive(&bar);          // never initialised
+  kgen::mbar_init(&bar, 2);
+  if (mode == 1) kgen::mbar_arrive(&bar, 3);       // more arrivals than the phase awaits
+  if (mode == 2) kgen::mbar_init(&bar, 2);         // initialised twice
+  if (mode == 3) kgen::mbar_init(&bar + 0, 0);
+}
+"""
+
+BULK_KERNELS = r"""
+// Thread 0 copies `n` bytes of src into shared memory with one bulk copy; the block waits on the
+// mbarrier and writes the bytes back out. mode 1: thread 0 reads the destination before the phase
+// completes (out_early gets what it saw); mode 2: the other threads skip the wait.
+extern "C" __global__ void bulk(const unsigned char* src, unsigned char* dst, unsigned char* early, int n, int mode) {
+  KGEN_DYNAMIC_SMEM(unsigned char, smem);
+  __shared__ unsigned long long bar;
+  if (threadIdx.x == 0) {
+    kgen::mbar_init(&bar, 1);
+    kgen::fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    kgen::bulk_copy_g2s(smem, src, n, &bar);       // completes its bytes: tx-count -n
+    if (mode == 1) for (int i = 0; i < n; ++i) early[i] = smem[i];
+    kgen::mbar_arrive_expect_tx(&bar, n);          // ... and this arrival completes the phase
+  }
+  if (mode != 2) kgen::mbar_wait(&bar, 0);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = smem[(i + 16) % n];
+}
+
+// TMA: thread 0 loads the box at (c0..c3) into shared memory; everyone waits; the raw shared bytes
+// are copied out (the layout, swizzle included, is what the test checks).
+extern "C" __global__ void tma(const __grid_constant__ kgen::TensorMap map, int rank, int c0, int c1, int c2, int c3,
+                               int bytes, unsigned char* out) {
+  KGEN_DYNAMIC_SMEM(unsigned char, smem);
+  __shared__ unsigned long long bar;
+  if (threadIdx.x == 0) {
+    kgen::mbar_init(&bar, 1);
+    kgen::fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    kgen::mbar_arrive_expect_tx(&bar, bytes);
+    if (rank == 2) kgen::tma_load_2d(smem, map, c0, c1, &bar);
+    if (rank == 3) kgen::tma_load_3d(smem, map, c0, c1, c2, &bar);
+    if (rank == 4) kgen::tma_load_4d(smem, map, c0, c1, c2, c3, &bar);
+  }
+  kgen::mbar_wait(&bar, 0);
+  for (int i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = smem[i];
+}
+"""
+NAMES = ["phases", "ring", "misuse", "bulk", "tma"]
+
+
+def _source() -> str:
+    head = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"
+    plat = (templates_dir() / "common" / "platform.cuh").read_text()
+    hopper = (templates_dir() / "common" / "hopper.cuh").read_text()
+    return head + plat + hopper + MBAR_KERNELS + BULK_KERNELS
+
+
+@pytest.fixture(scope="module")
+def module():
+    return CpuModule.from_source(_source(), NAMES)
+
+
+@pytest.fixture(scope="module")
+def race_module():
+    return CpuModule.from_source(_source(), NAMES, race_check=True)
+
+
+def _run(mod, name, block, args, smem=0, grid=(1, 1, 1)):
+    mod.launch(Launch(name, grid, (block, 1, 1), smem, list(args)))
+
+
+# ---- mbarrier -------------------------------------------------------------------------------------
+def test_phases_complete_on_arrivals_and_transaction_bytes(module):
+    out = np.full(11, -1, dtype=np.int32)
+    _run(module, "phases", 1, [out])
+    assert out.tolist() == [0, 0, 1, 0, 0, 0, 1, 0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("schedule", ["fifo", "reverse", "shuffle"])
+@pytest.mark.parametrize("mode", [0, 3])
+def test_ring_buffer_orders_producer_and_consumer(race_module, schedule, mode):
+    """Blocking waits (mode 0) and test_wait spin loops (mode 3) give every round's values, and the
+    race detector sees the mbarrier phases order the two warps' accesses (no report)."""
+    rounds = 9
+    race_module.schedule, race_module.seed = schedule, 7
+    try:
+        out = np.full(rounds * 32, -1, dtype=np.int32)
+        _run(race_module, "ring", 64, [out, rounds, mode])
+    finally:
+        race_module.schedule = None
+    want = [r * 100 + (lane + 7) % 32 for r in range(rounds) for lane in range(32)]
+    assert out.tolist() == want
+
+
+def test_a_missing_wait_is_a_race(race_module):
+    out = np.zeros(4 * 32, dtype=np.int32)
+    with pytest.raises(KernelRuntimeError, match=r"shared-memory race.*thread \(\d+,0,0\).*thread \(\d+,0,0\)"):
+        _run(race_module, "ring", 64, [out, 4, 1])
+
+
+def test_the_ring_without_race_check_runs_too(module):
+    out = np.full(5 * 32, -1, dtype=np.int32)
+    _run(module, "ring", 64, [out, 5, 0])
+    assert out.tolist() == [r * 100 + (lane + 7) % 32 for r in range(5) for lane in range(32)]
+
+
+def test_a_missing_arrive_is_a_deadlock_not_a_hang(module):
+    out = np.zeros(4 * 32, dtype=np.int32)
+    with pytest.raises(KernelRuntimeError, match=r"mbarrier.try_wait.parity can never complete.*64 waiting on "
+                                                 r"mbarriers.*awaits 1 of 33 arrival"):
+        _run(module, "ring", 64, [out, 4, 2])
+
+
+def test_a_test_wait_spin_on_a_missing_arrive_is_reported(module):
+    out = np.zeros(4 * 32, dtype=np.int32)
+    with pytest.raises(KernelRuntimeError, match=r"test_wait.parity\(0\): \d+ failed waits in a row.*awaits 1 of 33"):
+        _run(module, "ring", 64, [out, 4, 4])
+
+
+@pytest.mark.parametrize("mode,message", [
+    (0, r"mbarrier.arrive: no mbarrier is initialised at"),
+    (1, r"mbarrier.arrive: 3 arrival\(s\) on the mbarrier at .* awaits only 2 more of 2"),
+    (2, r"mbarrier.init: the mbarrier at .* is already initialised"),
+    (3, r"mbarrier.init: count 0 is outside 1 .. 2\^20-1"),
+])
+def test_misuse_is_reported(module, mode, message):
+    with pytest.raises(KernelRuntimeError, match=message):
+        _run(module, "misuse", 1, [mode])
+
+
+# ---- cp.async.bulk ----------------------------------------------------------------------------------
+def test_bulk_copy_lands_when_its_phase_completes(module):
+    """Issued before the arrival that completes the phase: until then the destination holds the
+    0xFF poison (the copy has not landed); after the wait, the data."""
+    n = 256
+    src = np.random.default_rng(1).integers(0, 255, n, dtype=np.uint8)
+    dst = np.zeros(n, np.uint8)
+    early = np.zeros(n, np.uint8)
+    _run(module, "bulk", 64, [src, dst, early, n, 1], smem=n)
+    assert (early == 0xFF).all()
+    assert dst.tolist() == [int(src[(i + 16) % n]) for i in range(n)]
+
+
+def test_bulk_copy_read_without_the_wait_is_a_race(race_module):
+    n = 128
+    src = np.arange(n, dtype=np.uint8)
+    dst, early = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
+    _run(race_module, "bulk", 64, [src, dst, early, n, 0], smem=n)  # with the wait: clean
+    assert dst.tolist() == [int(src[(i + 16) % n]) for i in range(n)]
+    with pytest.raises(KernelRuntimeError, match=r"shared-memory race on dynamic shared memory.*the bulk copy/TMA "
+                                                 r"issued by thread \(0,0,0\)"):
+        _run(race_module, "bulk", 64, [src, dst, early, n, 2], smem=n)
+
+
+def test_bulk_copy_checks_alignment(module):
+    src = np.zeros(64, np.uint8)
+    with pytest.raises(KernelRuntimeError, match=r"cp.async.bulk: .* 24 bytes: both addresses must be 16-byte aligned"):
+        _run(module, "bulk", 32, [src, np.zeros(64, np.uint8), np.zeros(64, np.uint8), 24, 0], smem=64)
+
+
+# ---- TMA: the box, out-of-bounds zeros and swizzling -------------------------------------------------
+def swizzled_chunk(q: int, swizzle: int) -> int:
+    """Where 16-byte chunk q of a box lands under the PTX ISA's swizzle modes (Swizzle<b,4,3>: the
+    chunk's index bits [0,b) are XORed with bits [3,3+b), b = log2(swizzle / 16))."""
+    b = {0: 0, 32: 1, 64: 2, 128: 3}[swizzle]
+    return q ^ ((q >> 3) & ((1 << b) - 1))
+
+
+def expected_smem(a: np.ndarray, box: tuple[int, ...], start: tuple[int, ...], swizzle: int) -> np.ndarray:
+    """The box of `a` at `start` (both outermost first), zeros outside `a`, then swizzled by chunk."""
+    tile = np.zeros(box, a.dtype)
+    for idx in np.ndindex(*box):
+        g = tuple(s + i for s, i in zip(start, idx, strict=True))
+        if all(0 <= x < n for x, n in zip(g, a.shape, strict=True)):
+            tile[idx] = a[g]
+    raw = tile.tobytes()
+    out = bytearray(len(raw))
+    for q in range(len(raw) // 16):
+        p = swizzled_chunk(q, swizzle)
+        out[p * 16:(p + 1) * 16] = raw[q * 16:(q + 1) * 16]
+    return np.frombuffer(bytes(out), np.uint8)
+
+
+def _tma(module, a, box, start, swizzle):
+    desc = cpu_tensor_map(a, box, swizzle)
+    nbytes = int(np.prod(box)) * a.itemsize
+    coords = list(start[::-1]) + [0] * (4 - len(start))  # innermost first
+    out = np.zeros(nbytes, np.uint8)
+    _run(module, "tma", 32, [desc, a.ndim, *coords, nbytes, out], smem=nbytes)
+    return out
+
+
+CASES = [
+    # shape (outermost first), dtype, box, start, swizzle
+    ((40, 64), np.float16, (16, 64), (32, 0), 128),      # rows 40..47 outside: zeros
+    ((40, 64), np.float16, (16, 64), (-4, 0), 128),      # negative start
+    ((24, 96), np.float16, (8, 32), (3, 40), 64),
+    ((24, 96), np.float16, (8, 16), (9, 88), 32),        # columns 96..103 outside
+    ((12, 32), np.float16, (5, 24), (2, 10), 0),         # no swizzle, a ragged box
+    ((3, 20, 64), np.float16, (2, 8, 64), (2, 16, 0), 128),
+    ((2, 3, 10, 32), np.float32, (1, 2, 8, 32), (1, 2, 4, 0), 128),
+    ((2, 3, 10, 32), np.float32, (2, 2, 4, 16), (0, 1, 7, 16), 64),
+]
+
+
+@pytest.mark.parametrize("shape,dtype,box,start,swizzle", CASES)
+def test_tma_box_matches_the_documented_layout(module, shape, dtype, box, start, swizzle):
+    rng = np.random.default_rng(len(shape) * 100 + swizzle)
+    a = rng.standard_normal(shape).astype(dtype)
+    got = _tma(module, a, box, start, swizzle)
+    want = expected_smem(a, box, start, swizzle)
+    assert got.tobytes() == want.tobytes()
+    if swizzle:  # the check can fail: the unswizzled box is a different layout
+        assert got.tobytes() != expected_smem(a, box, start, 0).tobytes()
+
+
+def test_tma_reads_a_strided_view(module):
+    big = np.random.default_rng(3).standard_normal((40, 96)).astype(np.float16)
+    a = big[:, 16:80]  # row stride 192 bytes
+    got = _tma(module, a, (8, 64), (5, 0), 128)
+    assert got.tobytes() == expected_smem(np.ascontiguousarray(a), (8, 64), (5, 0), 128).tobytes()
+
+
+def test_swizzle_formula_is_a_permutation_within_its_pattern():
+    for sw, span in ((32, 256), (64, 512), (128, 1024)):
+        qs = [swizzled_chunk(q, sw) for q in range(span // 16 * 2)]
+        assert sorted(qs) == list(range(span // 16 * 2))
+        assert all(q // (span // 16) == p // (span // 16) for q, p in enumerate(qs))
