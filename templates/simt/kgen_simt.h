@@ -51,6 +51,7 @@ void* dynamic_smem_ptr();
 #include "kgen_simt_device.h"
 #include "kgen_simt_mma.h"  // mma.sync / ldmatrix (templates/common/mma.cuh)
 #include "kgen_simt_hopper.h"  // mbarrier, cp.async.bulk{.tensor} (templates/common/hopper.cuh)
+#include "kgen_simt_wgmma.h"   // wgmma.mma_async (templates/common/hopper.cuh)
 #include "kgen_simt_launch.h"
 #include "kgen_simt_tsan.h"  // only with KGEN_SIMT_RACECHECK
 

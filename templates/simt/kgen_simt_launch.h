@@ -140,6 +140,7 @@ inline void run_worker(Job* job) {
     }
   }
   w->dyn_smem = smem;
+  w->dyn_smem_len = job->smem;
   if (kRaceCheck && !setup_race(w, job)) {
     free(smem);
     record(std::string("kernel '") + job->kernel + "': race detection cannot find the shared-memory range");

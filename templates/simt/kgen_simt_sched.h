@@ -86,6 +86,7 @@ struct Worker {
   void (*body)(void*) = nullptr;
   void* body_ctx = nullptr;
   void* dyn_smem = nullptr;
+  size_t dyn_smem_len = 0;
   // block-wide
   uint3 block_idx;
   unsigned nthreads = 0, nwarps = 0;

@@ -168,6 +168,7 @@ extern "C" __attribute__((used, visibility("hidden"))) void* const kgen_simt_run
     (void*)&::kgen_simt::launch, (void*)&::kgen_simt::syncthreads_count, (void*)&::kgen_simt::warp_op,
     (void*)&::kgen_simt::write_err, (void*)&::kgen_simt::dynamic_smem_ptr, (void*)&::kgen_simt::mbar_init,
     (void*)&::kgen_simt::mbar_inval, (void*)&::kgen_simt::mbar_arrive, (void*)&::kgen_simt::mbar_tx,
-    (void*)&::kgen_simt::mbar_wait, (void*)&::kgen_simt::mbar_test_wait, (void*)&::kgen_simt::bulk_copy};
+    (void*)&::kgen_simt::mbar_wait, (void*)&::kgen_simt::mbar_test_wait, (void*)&::kgen_simt::bulk_copy,
+    (void*)&::kgen_simt::wgmma};
 
 #endif  // KGEN_SIMT_RACECHECK && KGEN_SIMT_RUNTIME_TU
