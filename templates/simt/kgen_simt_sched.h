@@ -112,6 +112,7 @@ struct Worker {
   std::vector<AsyncQueue> async;  // per thread: its pending cp.async copies (kgen_simt_async.h)
   std::unique_ptr<AsyncCopy[]> async_slots;  // their storage, ASYNC_MAX_PENDING per thread
   HopperState hop;                           // mbarriers and bulk copies (kgen_simt_hopper.h)
+  unsigned long long block_serial = 0;       // blocks this worker has started (stale staging areas)
   std::unique_ptr<BulkCopy[]> bulk_slots;
   std::vector<uint32_t> hop_vc;
   // stacks
@@ -647,6 +648,7 @@ inline void run_block(Worker* w, uint3 bidx) {
   for (unsigned i = 0; i < n; ++i) w->async[i].reset();  // copies a thread left pending die with its block
   if (w->race.on) w->race.begin_block(n);
   if (!w->bulk_slots) w->bulk_slots.reset(new BulkCopy[BULK_MAX_PENDING]);  // untouched until used
+  ++w->block_serial;
   w->hop.copies = w->bulk_slots.get();
   w->hop.nbars = 0;
   w->hop.ncopies = 0;

@@ -36,6 +36,7 @@ struct WgmmaCall {
 };
 
 struct WgmmaStage {
+  unsigned long long serial;  // the block that filled it (a failed block may leave it half full)
   unsigned arrived;
   unsigned long long desc_a, desc_b;
   int n, type, trans_a, trans_b, scale_d, a_regs;
@@ -107,12 +108,17 @@ __attribute__((noinline, noipa)) inline void wgmma(float* d, int n, int type, co
   Fiber* f = w->cur;
   const unsigned group = f->linear / 128, th = f->linear % 128;
   if (n < 8 || n > 256 || n % 8) fail("wgmma.mma_async: N = %d; it must be a multiple of 8 in 8 .. 256", n);
+  if (group >= 8) fail("wgmma.mma_async: warpgroup %u; the CPU backend has staging for 8 (1024 threads)", group);
   if ((group + 1) * 128 > w->nthreads)
     fail("wgmma.mma_async: warpgroup %u is incomplete (the block has %u threads; a warpgroup is 128)", group,
          w->nthreads);
   if (((desc_b >> 49) & 7) || (!a && ((desc_a >> 49) & 7)))
     fail("wgmma.mma_async: a matrix descriptor with a nonzero base offset (the CPU backend supports 0 only)");
   WgmmaStage& s = wgmma_stage[group];
+  if (s.serial != w->block_serial) {
+    s.serial = w->block_serial;
+    s.arrived = 0;
+  }
   if (s.arrived == 0) {
     s.desc_a = desc_a;
     s.desc_b = desc_b;
