@@ -82,9 +82,11 @@ __device__ __forceinline__ unsigned long long wgmma_desc(const void* smem, unsig
   return ::kgen_simt::wgmma_desc(smem, lbo, sbo, swizzle);
 }
 __device__ __forceinline__ void wgmma_fence() {}
-__device__ __forceinline__ void wgmma_commit() {}
+__device__ __forceinline__ void wgmma_commit() { ::kgen_simt::wgmma_commit(); }
 template <int G>
-__device__ __forceinline__ void wgmma_wait() {}
+__device__ __forceinline__ void wgmma_wait() {
+  ::kgen_simt::wgmma_wait(G);
+}
 template <class T, int N, int TRANS_A, int TRANS_B>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long desc_a, unsigned long long desc_b,
                                          int scale_d) {

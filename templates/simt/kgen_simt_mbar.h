@@ -48,6 +48,19 @@ struct BulkCopy {
   TensorMap map;
 };
 
+// wgmma results not yet waited for: one per accumulator a thread has in flight. The registers
+// hold NaN from the issue until the wgmma.wait_group that covers the result.
+constexpr unsigned WGMMA_MAX_PENDING = 4;  // accumulators in flight per thread
+struct WgmmaPending {
+  float* d;          // the thread's accumulator registers
+  unsigned regs;     // N/2
+  unsigned group;    // the thread's commit count when the last wgmma into d was issued
+  float v[128];
+};
+struct WgmmaThread {
+  unsigned count, commits;
+};
+
 struct HopperState {
   Mbar bars[MBAR_MAX];
   unsigned nbars = 0;             // slots in use (live or not)
@@ -56,6 +69,8 @@ struct HopperState {
   unsigned ncopies = 0;
   uint32_t* vc_mem = nullptr;     // race detection: 2 * MBAR_MAX vectors of the clock width
   unsigned vc_width = 0;
+  WgmmaPending* wg = nullptr;     // WGMMA_MAX_PENDING per thread (run_block allocates them)
+  WgmmaThread* wgt = nullptr;     // per thread
 };
 
 }  // namespace kgen_simt

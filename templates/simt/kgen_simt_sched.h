@@ -114,6 +114,9 @@ struct Worker {
   HopperState hop;                           // mbarriers and bulk copies (kgen_simt_hopper.h)
   unsigned long long block_serial = 0;       // blocks this worker has started (stale staging areas)
   std::unique_ptr<BulkCopy[]> bulk_slots;
+  std::unique_ptr<WgmmaPending[]> wgmma_slots;
+  std::vector<WgmmaThread> wgmma_threads;
+  unsigned wgmma_capacity = 0;
   std::vector<uint32_t> hop_vc;
   // stacks
   char* stack_mem = nullptr;
@@ -649,6 +652,14 @@ inline void run_block(Worker* w, uint3 bidx) {
   if (w->race.on) w->race.begin_block(n);
   if (!w->bulk_slots) w->bulk_slots.reset(new BulkCopy[BULK_MAX_PENDING]);  // untouched until used
   ++w->block_serial;
+  if (w->wgmma_capacity < n) {
+    w->wgmma_slots.reset(new WgmmaPending[(size_t)n * WGMMA_MAX_PENDING]);  // untouched until used
+    w->wgmma_threads.resize(n);
+    w->wgmma_capacity = n;
+  }
+  for (unsigned i = 0; i < n; ++i) w->wgmma_threads[i] = WgmmaThread{0, 0};
+  w->hop.wg = w->wgmma_slots.get();
+  w->hop.wgt = w->wgmma_threads.data();
   w->hop.copies = w->bulk_slots.get();
   w->hop.nbars = 0;
   w->hop.ncopies = 0;

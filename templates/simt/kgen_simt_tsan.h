@@ -169,6 +169,6 @@ extern "C" __attribute__((used, visibility("hidden"))) void* const kgen_simt_run
     (void*)&::kgen_simt::write_err, (void*)&::kgen_simt::dynamic_smem_ptr, (void*)&::kgen_simt::mbar_init,
     (void*)&::kgen_simt::mbar_inval, (void*)&::kgen_simt::mbar_arrive, (void*)&::kgen_simt::mbar_tx,
     (void*)&::kgen_simt::mbar_wait, (void*)&::kgen_simt::mbar_test_wait, (void*)&::kgen_simt::bulk_copy,
-    (void*)&::kgen_simt::wgmma};
+    (void*)&::kgen_simt::wgmma, (void*)&::kgen_simt::wgmma_commit, (void*)&::kgen_simt::wgmma_wait};
 
 #endif  // KGEN_SIMT_RACECHECK && KGEN_SIMT_RUNTIME_TU

@@ -22,8 +22,10 @@
 // scale-d = 0: D = A*B; otherwise D = A*B + D. The accumulation is in fp32, k in order, one
 // rounding per step (as mma.sync's emulation, kgen_simt_mma.h).
 // The product is computed when the last thread of the warpgroup arrives (the operands are read
-// then); wgmma.fence, commit_group and wait_group are bookkeeping only: reading the accumulator
-// before wait_group, or overwriting the shared operands before it, is not detected.
+// then) and kept aside: the accumulator registers hold NaN until the wgmma.wait_group that covers
+// the wgmma's commit group, which writes the result back (the latest point the PTX ISA allows).
+// A wgmma into an accumulator whose result is pending accumulates onto that result (the chained
+// k-steps of one tile). Overwriting the shared operands before the wait is not detected.
 #pragma once
 
 namespace kgen_simt {
@@ -71,7 +73,7 @@ inline unsigned short wg_smem_elem(Worker* w, unsigned long long desc, bool k_ma
   return v;
 }
 
-inline void wgmma_compute(Worker* w, WgmmaStage& s) {
+inline void wgmma_compute(Worker* w, WgmmaStage& s, unsigned group) {
   const int n = s.n;
   for (int m = 0; m < 64; ++m)
     for (int k = 0; k < 16; ++k) {
@@ -89,14 +91,55 @@ inline void wgmma_compute(Worker* w, WgmmaStage& s) {
     for (int j = 0; j < n; ++j) wgmma_b[k][j] = wg_elem(wg_smem_elem(w, s.desc_b, !s.trans_b, j, k), s.type);
   for (int th = 0; th < 128; ++th) {
     const int warp = th / 32, lane = th % 32, g = lane >> 2, t = lane & 3;
+    const unsigned linear = group * 128 + th;
     float* d = s.call[th].d;
-    for (int i = 0; i < n / 2; ++i) {
+    WgmmaThread& wt = w->hop.wgt[linear];
+    WgmmaPending* slots = w->hop.wg + (size_t)linear * WGMMA_MAX_PENDING;
+    WgmmaPending* rec = nullptr;
+    for (unsigned r = 0; r < wt.count; ++r)
+      if (slots[r].d == d) rec = &slots[r];
+    if (rec && rec->regs != (unsigned)n / 2)
+      fail("wgmma.mma_async: the accumulator at %p has a pending m64n%uk16 result; this one is m64n%dk16", (void*)d,
+           rec->regs * 2, n);
+    if (!rec) {
+      if (wt.count == WGMMA_MAX_PENDING)
+        fail("wgmma.mma_async: more than %u accumulators in flight in one thread (the CPU backend's limit); "
+             "wgmma.wait_group first", WGMMA_MAX_PENDING);
+      rec = &slots[wt.count++];
+      rec->d = d;
+      rec->regs = (unsigned)n / 2;
+      for (int i = 0; i < n / 2; ++i) rec->v[i] = d[i];  // the accumulator as the registers hold it now
+    }
+    rec->group = wt.commits;
+    for (int i = 0; i < n / 2; ++i) {  // a chained wgmma accumulates onto the pending result
       const int row = 16 * warp + g + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * t + (i & 1);
-      float acc = s.scale_d ? d[i] : 0.0f;
+      float acc = s.scale_d ? rec->v[i] : 0.0f;
       for (int k = 0; k < 16; ++k) acc += wgmma_a[row][k] * wgmma_b[k][col];
-      d[i] = acc;
+      rec->v[i] = acc;
+      d[i] = __builtin_nanf("");  // not written back until the wait
     }
   }
+}
+
+// wgmma.commit_group: closes the thread's group of wgmmas issued since the last commit.
+__attribute__((noinline, noipa)) inline void wgmma_commit() { ++tls_w->hop.wgt[tls_w->cur->linear].commits; }
+
+// wgmma.wait_group n: the results of all but the n most recent groups reach their registers.
+__attribute__((noinline, noipa)) inline void wgmma_wait(unsigned n) {
+  Worker* w = tls_w;
+  const unsigned linear = w->cur->linear;
+  WgmmaThread& wt = w->hop.wgt[linear];
+  WgmmaPending* slots = w->hop.wg + (size_t)linear * WGMMA_MAX_PENDING;
+  unsigned keep = 0;
+  for (unsigned r = 0; r < wt.count; ++r) {
+    if (wt.commits - slots[r].group > n) {
+      std::memcpy(slots[r].d, slots[r].v, slots[r].regs * sizeof(float));
+    } else {
+      if (keep != r) slots[keep] = slots[r];
+      ++keep;
+    }
+  }
+  wt.count = keep;
 }
 
 // wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}: `a` = the four A registers (register
@@ -140,7 +183,7 @@ __attribute__((noinline, noipa)) inline void wgmma(float* d, int n, int type, co
     return;
   }
   s.arrived = 0;
-  wgmma_compute(w, s);
+  wgmma_compute(w, s, group);
   unsigned waking[128], k = 0;
   for (unsigned i = 0; i < 128; ++i)
     if (i != th) waking[k++] = group * 128 + i;

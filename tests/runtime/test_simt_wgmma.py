@@ -21,7 +21,8 @@ from kgen.runtime.tma import cpu_tensor_map
 
 WIDTHS = (8, 64, 128, 256)
 KERNELS = r"""
-// geo: A's offset, LBO, SBO, swizzle, then B's. mode 1: A from registers (areg[thread*4 + r]).
+// geo: A's offset, LBO, SBO, swizzle, then B's. mode bit 0: A from registers (areg[thread*4 + r]);
+// bit 1: no wgmma_wait; bit 2: no wgmma_commit (then the wait does not cover the wgmma).
 // Accumulator register i of the thread is element (16*warp + g + 8*((i>>1)&1), 8*(i>>2) + 2*t + (i&1)).
 template <class T, int N>
 __device__ void wg_probe(const unsigned char* img, int img_bytes, const int* geo, const unsigned* areg, const float* c,
@@ -37,7 +38,7 @@ __device__ void wg_probe(const unsigned char* img, int img_bytes, const int* geo
   unsigned a[4];
   for (int r = 0; r < 4; ++r) a[r] = areg[th * 4 + r];
   kgen::wgmma_fence();
-  if (mode == 1) {
+  if (mode & 1) {
     if (tb) kgen::wgmma_rs<T, N, 1>(d, a, db, scale_d);
     else kgen::wgmma_rs<T, N, 0>(d, a, db, scale_d);
   } else if (ta) {
@@ -47,8 +48,8 @@ __device__ void wg_probe(const unsigned char* img, int img_bytes, const int* geo
     if (tb) kgen::wgmma_ss<T, N, 0, 1>(d, da, db, scale_d);
     else kgen::wgmma_ss<T, N, 0, 0>(d, da, db, scale_d);
   }
-  kgen::wgmma_commit();
-  kgen::wgmma_wait<0>();
+  if (!(mode & 4)) kgen::wgmma_commit();
+  if (!(mode & 2)) kgen::wgmma_wait<0>();
   for (int i = 0; i < N / 2; ++i)
     out[(wg * 64 + 16 * warp + g + 8 * ((i >> 1) & 1)) * N + 8 * (i >> 2) + 2 * t + (i & 1)] = d[i];
 }
@@ -209,6 +210,22 @@ def test_a_mn_major_from_shared_memory(module, sw):
 def test_a_from_registers(module, tb, scale_d):
     got, want = run_case(module, np.float16, 128, a_regs=True, tb=tb, scale_d=scale_d, seed=11)
     np.testing.assert_array_equal(got[0], want)
+
+
+@pytest.mark.parametrize("mode", [2, 4])
+def test_the_accumulator_is_nan_until_the_wait_that_covers_it(module, mode):
+    """Without the wait (mode 2), or waiting without having committed the wgmma (mode 4), the
+    registers hold NaN: a kernel that reads them early fails its result check."""
+    rng = np.random.default_rng(5)
+    a = rng.integers(-8, 9, (64, 16)).astype(np.float16)
+    img = np.zeros(16384, np.uint8)
+    place(img, 0, a, True, 128, 16, 1024)
+    place(img, 8192, a[:, :16].copy(), True, 128, 16, 1024)
+    geo = np.array([0, 16, 1024, 128, 8192, 16, 1024, 128], np.int32)
+    out = np.zeros(64 * 64, np.float32)
+    module.launch(Launch("wg_f16_64", (1, 1, 1), (128, 1, 1), img.size,
+                         [img, img.size, geo, a_fragment(a), np.ones((64, 64), np.float32), out, mode, 0, 0, 1]))
+    assert np.isnan(out).all()
 
 
 def test_a_wrong_layout_is_caught(module):
