@@ -134,8 +134,9 @@ __attribute__((noinline, noipa)) inline void mbar_wait(void* bar, unsigned parit
     f->state = F_MBAR;
     f->mbar = bar;
     f->mbar_parity = parity & 1u;
-    block_current(w, "mbarrier.try_wait.parity");
+    block_current(w, "mbarrier.try_wait.parity");  // the completing phase has acquired for us
     f->mbar = nullptr;
+    return;
   }
   if (m->vc_done) w->race.acquire(f->linear, m->vc_done);
 }
@@ -219,7 +220,13 @@ inline void mbar_complete_phase(Worker* w, unsigned bi) {
     else ++keep;
   }
   w->hop.ncopies = keep;
+  const unsigned done_parity = m.phase & 1u;
   if (m.vc_pending) {
+    // the blocked waiters acquire this phase (not whatever later phase is current when they run)
+    for (unsigned i = 0; i < w->nthreads; ++i) {
+      const Fiber& f = w->fibers[i];
+      if (f.state == F_MBAR && f.mbar == m.addr && f.mbar_parity == done_parity) w->race.acquire(i, m.vc_pending);
+    }
     std::memcpy(m.vc_done, m.vc_pending, w->hop.vc_width * sizeof(uint32_t));
     std::memset(m.vc_pending, 0, w->hop.vc_width * sizeof(uint32_t));
   }

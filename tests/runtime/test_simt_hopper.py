@@ -315,3 +315,85 @@ def test_swizzle_formula_is_a_permutation_within_its_pattern():
         qs = [swizzled_chunk(q, sw) for q in range(span // 16 * 2)]
         assert sorted(qs) == list(range(span // 16 * 2))
         assert all(q // (span // 16) == p // (span // 16) for q, p in enumerate(qs))
+
+
+TMA_RING = r"""
+// A TMA ring of 2 stages: thread 0 loads rounds of 4 x 32 floats, warp 1 sums them. full[s]: the
+// producer's arrival + the box's bytes; empty[s]: the 32 consumers. mode 1: the producer does
+// not wait on empty before reloading a stage.
+extern "C" __global__ void tma_ring(const __grid_constant__ kgen::TensorMap map, int rounds, int mode, float* out) {
+  KGEN_DYNAMIC_SMEM(float, stage);  // [2][4][32]
+  __shared__ unsigned long long full[2], empty[2];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 2; ++s) {
+      kgen::mbar_init(&full[s], 1);
+      kgen::mbar_init(&empty[s], 32);
+    }
+    kgen::fence_mbarrier_init();
+  }
+  __syncthreads();
+  for (int r = 0; r < rounds; ++r) {
+    const int s = r & 1;
+    const unsigned parity = (r >> 1) & 1;
+    if (threadIdx.x == 0) {
+      if (r >= 2 && mode == 0) kgen::mbar_wait(&empty[s], parity ^ 1);
+      kgen::mbar_arrive_expect_tx(&full[s], 4 * 32 * 4);
+      kgen::tma_load_2d(stage + s * 128, map, 0, 4 * r, &full[s]);
+    } else if (warp == 1) {
+      kgen::mbar_wait(&full[s], parity);
+      float acc = 0.f;
+      for (int i = 0; i < 4; ++i) acc += stage[s * 128 + i * 32 + lane];
+      out[r * 32 + lane] = acc;
+      kgen::mbar_arrive(&empty[s]);
+    }
+  }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def ring_module():
+    return CpuModule.from_source(_source() + TMA_RING, ["tma_ring"], race_check=True)
+
+
+@pytest.mark.parametrize("schedule", ["fifo", "reverse", "shuffle"])
+def test_tma_ring_is_ordered_by_its_barriers(ring_module, schedule):
+    rounds = 6
+    x = np.random.default_rng(2).integers(-9, 10, (4 * rounds, 32)).astype(np.float32)
+    out = np.zeros(rounds * 32, np.float32)
+    ring_module.schedule = schedule
+    ring_module.launch(Launch("tma_ring", (1, 1, 1), (64, 1, 1), 1024,
+                              [cpu_tensor_map(x, (4, 32)), rounds, 0, out]))
+    np.testing.assert_array_equal(out.reshape(rounds, 32), x.reshape(rounds, 4, 32).sum(axis=1))
+
+
+def test_tma_reloading_a_stage_without_the_empty_wait_is_a_race(ring_module):
+    """The consumers woke for round 0's phase; the producer's round-2 copy into the same stage is
+    not ordered after their reads."""
+    x = np.zeros((12, 32), np.float32)
+    ring_module.schedule = "reverse"
+    with pytest.raises(KernelRuntimeError, match=r"shared-memory race on dynamic shared memory.*the bulk copy/TMA "
+                                                 r"issued by thread \(0,0,0\)"):
+        ring_module.launch(Launch("tma_ring", (1, 1, 1), (64, 1, 1), 1024,
+                                  [cpu_tensor_map(x, (4, 32)), 3, 1, np.zeros(96, np.float32)]))
+
+
+def test_kernels_include_the_provided_header():
+    src = """#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include "kgen/platform.cuh"
+#include "kgen/hopper.cuh"
+extern "C" __global__ void all_arrive(int* out) {
+  __shared__ unsigned long long bar;
+  if (threadIdx.x == 0) kgen::mbar_init(&bar, blockDim.x);
+  __syncthreads();
+  kgen::mbar_arrive(&bar);
+  kgen::mbar_wait(&bar, 0);
+  out[threadIdx.x] = kgen::mbar_test_wait(&bar, 0) + 2 * kgen::mbar_test_wait(&bar, 1);
+}
+"""
+    out = np.zeros(96, np.int32)
+    CpuModule.from_source(src, ["all_arrive"]).launch(Launch("all_arrive", (1, 1, 1), (96, 1, 1), 0, [out]))
+    assert (out == 1).all()
