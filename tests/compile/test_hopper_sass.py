@@ -52,19 +52,23 @@ extern "C" __global__ void copies(const __grid_constant__ kgen::TensorMap m2, co
 WGMMA = r"""
 extern "C" __global__ void products(const unsigned* ain, float* out) {
   KGEN_DYNAMIC_SMEM(unsigned char, smem);
-  float d[128], e[32];
+  float d[128], e[32], f[96], h[48];
   for (int i = 0; i < 128; ++i) d[i] = 0.f;
   for (int i = 0; i < 32; ++i) e[i] = 0.f;
+  for (int i = 0; i < 96; ++i) f[i] = 0.f;
+  for (int i = 0; i < 48; ++i) h[i] = 0.f;
   const unsigned a[4] = {ain[threadIdx.x], ain[threadIdx.x + 1], ain[threadIdx.x + 2], ain[threadIdx.x + 3]};
   const unsigned long long da = kgen::wgmma_desc(smem, 16, 1024, 128), db = kgen::wgmma_desc(smem + 8192, 16, 1024, 128);
   kgen::wgmma_fence();
   kgen::wgmma_ss<__half, 256, 0, 0>(d, da, db, 0);
   kgen::wgmma_ss<__nv_bfloat16, 256, 0, 1>(d, da, db, 1);
   kgen::wgmma_rs<__half, 64, 1>(e, a, db, 0);
+  kgen::wgmma_ss<__nv_bfloat16, 192, 1, 1>(f, da, db, 0);
+  kgen::wgmma_rs<__nv_bfloat16, 96, 0>(h, a, db, 0);
   kgen::wgmma_commit();
   kgen::wgmma_wait<0>();
   for (int i = 0; i < 128; ++i) out[threadIdx.x * 160 + i] = d[i];
-  for (int i = 0; i < 32; ++i) out[threadIdx.x * 160 + 128 + i] = e[i];
+  for (int i = 0; i < 32; ++i) out[threadIdx.x * 160 + 128 + i] = e[i] + f[i] + f[i + 64] + h[i] + h[i + 16];
 }
 """
 
@@ -90,7 +94,8 @@ def test_mbarrier_and_bulk_copies_compile_to_syncs_ublkcp_utmaldg(tmp_path, arch
 @needs_cuobjdump
 def test_wgmma_compiles_to_hgmma_for_sm_90a(tmp_path):
     ops = _opcodes(WGMMA, "sm_90a", tmp_path)
-    assert {"HGMMA.64x256x16.F32", "HGMMA.64x256x16.F32.BF16", "HGMMA.64x64x16.F32"} <= ops, sorted(ops)
+    assert {"HGMMA.64x256x16.F32", "HGMMA.64x256x16.F32.BF16", "HGMMA.64x64x16.F32", "HGMMA.64x192x16.F32.BF16",
+            "HGMMA.64x96x16.F32.BF16"} <= ops, sorted(o for o in ops if o.startswith("HGMMA"))
     assert {"WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR.LE"} <= ops
 
 
