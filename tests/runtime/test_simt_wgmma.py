@@ -311,3 +311,64 @@ def test_tma_and_wgmma_run_clean_under_race_detection():
         mod.launch(Launch("tma_wgmma", (1, 1, 1), (128, 1, 1), 3 * 8192,
                           [*(cpu_tensor_map(x, (64, 64), 128) for x in (q, k, v)), s_out, o_out]))
         np.testing.assert_array_equal(s_out.reshape(64, 64), q.astype(np.float64) @ k.astype(np.float64).T)
+
+
+# ---- the same kernels on a GPU (sm_90a): the emulation's layouts against the hardware's -----------
+class GpuModule:
+    """Runs the CPU tests' launches on the GPU: numpy arrays go to the device and come back after the
+    launch, Python ints become the kernels' 32-bit ints."""
+
+    def __init__(self, source: str, names: list[str], tmp_path):
+        from kgen.cache import ArtifactCache
+        from kgen.compile.nvrtc import compile_cubin
+        from kgen.runtime.cuda import CudaModule, device_arch
+
+        if device_arch() != "sm_90":
+            pytest.skip("needs an sm_90 GPU (H100/H200) for sm_90a code")
+        art = compile_cubin(source, "sm_90a", cache=ArtifactCache(tmp_path / "cache"))
+        path = tmp_path / "hopper.cubin"
+        path.write_bytes(art.cubin)
+        self.mod = CudaModule(path, names)
+
+    def launch(self, launch: Launch) -> None:
+        import cupy as cp
+
+        pairs, args = [], []
+        for a in launch.args:
+            if isinstance(a, np.ndarray):
+                d = cp.asarray(a)
+                pairs.append((a, d))
+                args.append(d)
+            else:
+                args.append(np.int32(a) if isinstance(a, int) else a)
+        self.mod.launch(Launch(launch.kernel, launch.grid, launch.block, launch.smem, args))
+        cp.cuda.runtime.deviceSynchronize()
+        for host, dev in pairs:
+            np.copyto(host, cp.asnumpy(dev))
+
+
+@pytest.fixture(scope="module")
+def gpu_module(tmp_path_factory):
+    head = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cuda_fp8.h>\n"
+    common = templates_dir() / "common"
+    text = "".join((common / f).read_text() for f in ("platform.cuh", "mma.cuh", "hopper.cuh"))
+    names = [n for n in NAMES if n != "tma_wgmma"]  # a CUtensorMap is not a CPU tensor map
+    return GpuModule(head + text + KERNELS, names, tmp_path_factory.mktemp("gpu"))
+
+
+GPU_CASES = ([dict(dt=dt, n=n) for dt in (np.float16, ml_dtypes.bfloat16) for n in WIDTHS]
+             + [dict(dt=np.float16, n=64, tb=tb, sw_a=sw, sw_b=sw) for sw in (0, 32, 64, 128) for tb in (0, 1)]
+             + [dict(dt=ml_dtypes.bfloat16, n=128, ta=1, sw_a=sw, sw_b=sw) for sw in (0, 128)]
+             + [dict(dt=np.float16, n=128, a_regs=True, tb=tb, scale_d=s) for tb in (0, 1) for s in (0, 1)])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: "-".join(f"{k}={getattr(v, '__name__', v)}"
+                                                                   for k, v in c.items()))
+def test_the_gpu_computes_what_the_emulation_computes(gpu_module, module, case):
+    case = dict(case)
+    dt, n = case.pop("dt"), case.pop("n")
+    got_gpu, want = run_case(gpu_module, dt, n, **case)
+    got_cpu, _ = run_case(module, dt, n, **case)
+    np.testing.assert_array_equal(got_gpu[0], want)
+    np.testing.assert_array_equal(got_cpu[0], got_gpu[0])
