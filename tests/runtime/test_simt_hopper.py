@@ -6,6 +6,8 @@ tensor map's out-of-bounds zero fill and the PTX ISA's swizzle modes checked ele
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -117,10 +119,12 @@ extern "C" __global__ void bulk(const unsigned char* src, unsigned char* dst, un
 }
 
 // TMA: thread 0 loads the box at (c0..c3) into shared memory; everyone waits; the raw shared bytes
-// are copied out (the layout, swizzle included, is what the test checks).
+// are copied out (the layout, swizzle included, is what the test checks). The box starts on a
+// 1024-byte boundary (the swizzle patterns follow shared-memory address bits; launch with 1 KiB more).
 extern "C" __global__ void tma(const __grid_constant__ kgen::TensorMap map, int rank, int c0, int c1, int c2, int c3,
                                int bytes, unsigned char* out) {
-  KGEN_DYNAMIC_SMEM(unsigned char, smem);
+  KGEN_DYNAMIC_SMEM(unsigned char, raw);
+  unsigned char* smem = raw + ((1024 - (unsigned)(reinterpret_cast<unsigned long long>(raw) & 1023)) & 1023);
   __shared__ unsigned long long bar;
   if (threadIdx.x == 0) {
     kgen::mbar_init(&bar, 1);
@@ -278,7 +282,7 @@ def _tma(module, a, box, start, swizzle):
     nbytes = int(np.prod(box)) * a.itemsize
     coords = list(start[::-1]) + [0] * (4 - len(start))  # innermost first
     out = np.zeros(nbytes, np.uint8)
-    _run(module, "tma", 32, [desc, a.ndim, *coords, nbytes, out], smem=nbytes)
+    _run(module, "tma", 32, [desc, a.ndim, *coords, nbytes, out], smem=nbytes + 1024)
     return out
 
 
@@ -407,7 +411,7 @@ extern "C" __global__ void all_arrive(int* out) {
 def gpu_module(tmp_path_factory):
     from test_simt_wgmma import GpuModule
 
-    return GpuModule(_source(gpu=True), ["phases", "ring", "bulk"], tmp_path_factory.mktemp("gpu"))
+    return GpuModule(_source(gpu=True), ["phases", "ring", "bulk", "tma"], tmp_path_factory.mktemp("gpu"))
 
 
 @pytest.mark.gpu
@@ -433,3 +437,54 @@ def test_the_gpu_bulk_copy_lands(gpu_module):
     dst = np.zeros(n, np.uint8)
     _run(gpu_module, "bulk", 64, [src, dst, np.zeros(n, np.uint8), n, 0], smem=n)
     assert dst.tolist() == [int(src[(i + 16) % n]) for i in range(n)]
+
+
+def _cuda_tensor_map(dev, box, swizzle) -> ctypes.Array:
+    """NVIDIA's CUtensorMap of the CuPy array `dev` (axes outermost first, as cpu_tensor_map takes
+    them), encoded by the driver's cuTensorMapEncodeTiled; zeros outside the tensor."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    buf = (ctypes.c_uint8 * 192)()
+    at = (ctypes.addressof(buf) + 63) // 64 * 64  # CUtensorMap is 64-byte aligned
+    rank = dev.ndim
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    dims = (u64 * rank)(*dev.shape[::-1])
+    strides = (u64 * max(rank - 1, 1))(*dev.strides[::-1][1:])
+    boxes = (u32 * rank)(*tuple(box)[::-1])
+    ones = (u32 * rank)(*([1] * rank))
+    dtype = {2: 1, 4: 2}[dev.itemsize]  # CU_TENSOR_MAP_DATA_TYPE_UINT16 / UINT32: a copy moves bits
+    mode = {0: 0, 32: 1, 64: 2, 128: 3}[swizzle]
+    fn = lib.cuTensorMapEncodeTiled
+    fn.restype = ctypes.c_int
+    err = fn(ctypes.c_void_p(at), dtype, rank, ctypes.c_void_p(dev.data.ptr), dims, strides, boxes, ones,
+             0, mode, 0, 0)  # no interleave, no L2 promotion, OOB fill: zeros
+    assert err == 0, f"cuTensorMapEncodeTiled: CUresult {err}"
+    out = (ctypes.c_uint8 * 128)()
+    ctypes.memmove(out, at, 128)
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,dtype,box,start,swizzle", CASES)
+def test_the_gpu_tma_box_matches_the_emulation(gpu_module, module, shape, dtype, box, start, swizzle):
+    """cp.async.bulk.tensor on the hardware with the driver's tensor map == the emulation with kgen's
+    (launched through cuLaunchKernel: the 128-byte map goes by value)."""
+    import cupy as cp
+
+    rng = np.random.default_rng(len(shape) * 100 + swizzle)
+    a = rng.standard_normal(shape).astype(dtype)
+    want = _tma(module, a, box, start, swizzle)
+    dev = cp.asarray(a)
+    tmap = _cuda_tensor_map(dev, box, swizzle)
+    nbytes = int(np.prod(box)) * a.itemsize
+    coords = list(start[::-1]) + [0] * (4 - len(start))
+    out = cp.zeros(nbytes, cp.uint8)
+    values = [tmap, ctypes.c_int(a.ndim), *(ctypes.c_int(c) for c in coords), ctypes.c_int(nbytes),
+              ctypes.c_void_p(out.data.ptr)]
+    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    fn = gpu_module.mod._module.get_function("tma")
+    launch = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+    launch.restype = ctypes.c_int
+    err = launch(ctypes.c_void_p(fn.ptr), 1, 1, 1, 32, 1, 1, nbytes + 1024, None, params, None)
+    assert err == 0, f"cuLaunchKernel: CUresult {err}"
+    cp.cuda.runtime.deviceSynchronize()
+    assert cp.asnumpy(out).tobytes() == want.tobytes()
