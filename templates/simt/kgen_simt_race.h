@@ -127,7 +127,10 @@ struct RaceState {
     } else if (wide) {
       std::memset(vc.data(), 0, vc.size() * sizeof(uint32_t));
     } else {
-      for (unsigned t = 0; t < nthreads; ++t) std::memset(&vc[(size_t)t * width + (t & ~31u)], 0, 32 * sizeof(uint32_t));
+      for (unsigned t = 0; t < nthreads; ++t) {
+        const unsigned lo = t & ~31u, len = width - lo < 32 ? width - lo : 32;  // (blocks under 16 threads)
+        std::memset(&vc[(size_t)t * width + lo], 0, len * sizeof(uint32_t));
+      }
     }
     n = width;
     wide = false;
@@ -139,7 +142,7 @@ struct RaceState {
   // Entries [lo, hi) a join must cover: the warp's lanes until cross-warp ordering exists.
   void join_range(unsigned warp, unsigned& lo, unsigned& hi) const {
     lo = wide ? 0 : warp * 32;
-    hi = wide ? n : warp * 32 + 32;
+    hi = wide || warp * 32 + 32 > n ? n : warp * 32 + 32;
   }
 
   // A completed __syncwarp(mask) of warp `warp`: every lane of the mask has seen what every

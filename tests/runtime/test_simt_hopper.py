@@ -83,6 +83,24 @@ extern "C" __global__ void ring(int* out, int rounds, int mode) {
     }
   }
 }
+
+// A block smaller than a warp: __syncwarp and an mbarrier order a neighbour exchange.
+extern "C" __global__ void tiny(int* out) {
+  __shared__ int s[8];
+  __shared__ unsigned long long bar;
+  const int t = threadIdx.x;
+  s[t] = t;
+  __syncwarp(0xffu);
+  out[t] = s[(t + 1) & 7];
+  if (t == 0) kgen::mbar_init(&bar, 8);
+  __syncthreads();
+  kgen::mbar_arrive(&bar);
+  kgen::mbar_wait(&bar, 0);
+  s[t] = 10 * t;
+  kgen::mbar_arrive(&bar);
+  kgen::mbar_wait(&bar, 1);
+  out[8 + t] = s[(t + 3) & 7];
+}
 """
 
 # CPU only: NVRTC 13.0 crashes (SIGSEGV, in-process) compiling mbarrier.init with a constant count of 0.
@@ -141,7 +159,7 @@ extern "C" __global__ void tma(const __grid_constant__ kgen::TensorMap map, int 
   for (int i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = smem[i];
 }
 """
-NAMES = ["phases", "ring", "misuse", "bulk", "tma"]
+NAMES = ["phases", "ring", "tiny", "misuse", "bulk", "tma"]
 
 
 def _source(gpu: bool = False) -> str:
@@ -186,6 +204,14 @@ def test_ring_buffer_orders_producer_and_consumer(race_module, schedule, mode):
         race_module.schedule = None
     want = [r * 100 + (lane + 7) % 32 for r in range(rounds) for lane in range(32)]
     assert out.tolist() == want
+
+
+@pytest.mark.parametrize("schedule", ["fifo", "reverse"])
+def test_a_block_smaller_than_a_warp(race_module, schedule):
+    race_module.schedule = schedule
+    out = np.zeros(16, np.int32)
+    _run(race_module, "tiny", 8, [out])
+    assert out.tolist() == [(t + 1) % 8 for t in range(8)] + [10 * ((t + 3) % 8) for t in range(8)]
 
 
 def test_a_missing_wait_is_a_race(race_module):
