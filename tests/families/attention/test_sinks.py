@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import inline_prefill_body
 
 import kgen
 from kgen.families.attention.decode_cases import (
@@ -23,7 +24,10 @@ from kgen.families.attention.reference import (
     real_kv,
     visible_keys,
 )
+from kgen.render import render
 from kgen.verify.judge.bounds import check_lse, check_output
+from kgen.verify.runner import verify
+from kgen.verify.untrusted.handwritten import kernel_from_source
 
 DECODE = {
     "kgen": 1, "name": "sink_decode", "kind": "paged_decode",
@@ -176,6 +180,28 @@ def test_lse_includes_the_sink_in_every_launch_plan():
         out, lse = _call(kernel, args, sinks, plan=plan)
         assert check_lse("lse", lens, np.asarray(lse), ref_lse, ref_lse).passed
         assert check_output("out", lens, np.asarray(out, dtype=np.float64), ref, ref, "bf16").passed
+
+
+# ---- the prefill body's sink, broken on purpose (decode's: tests/verify/test_verify_runner.py) -----
+@pytest.mark.parametrize("old,new,must_fail", [
+    ("if (sinks != nullptr && !split && row_ok[rr])", "if (sinks != nullptr && row_ok[rr])",  # per partition
+     {"split_prefix_3P", "small_chunk_long_prefix"}),
+    # (single-pass rows: the cases whose keys fit one partition of 32)
+    ("add_sink(sinks[row_head[rr]])", "add_sink(sinks[row_head[rr]] * Cfg::SOFTMAX_SCALE)",  # scaled
+     {"chunk_16", "chunk_17"}),
+    ("add_sink(sinks[row_head[rr]])", "add_sink(-1e30f)", {"chunk_16", "chunk_17"}),  # forgotten
+])
+def test_prefill_sink_mutations_are_caught(old, new, must_fail):
+    spec, config = _spec(PREFILL), {"partition_size": 32}
+    r = render(spec, config)
+    src = inline_prefill_body(r.source)  # the body, as a hand-written copy
+    assert src.count(old) == 1, old
+    good = verify(kernel_from_source(spec, src, backend="cpu", config=r.config, archs=[]), seed=SEED)
+    assert good.passed, good.summary()
+    bad = verify(kernel_from_source(spec, src.replace(old, new), backend="cpu", config=r.config, archs=[]),
+                 seed=SEED)
+    failed = {c.name for c in bad.failed_cases}
+    assert must_fail <= failed, sorted(failed)
 
 
 # ---- the call ---------------------------------------------------------------------------------
