@@ -91,7 +91,8 @@ def attention_arguments(spec, config: Config, rows: Rows) -> list[Arg]:
         array("part_ml", "fp32", "scratch", (R, Hq, "max_partitions", 2),
               "split-KV: each partition's (max, sum) of exp (null without split)", optional=single_pass),
         array("lse", "fp32", "output", (R, Hq),
-              "natural-log log-sum-exp of the final logits, -inf for no key (null unless requested)",
+              ("natural-log log-sum-exp of the final logits and the sink, sinks[h] for no key" if a.sinks else
+               "natural-log log-sum-exp of the final logits, -inf for no key") + " (null unless requested)",
               optional=True),
         *([scalar("num_seqs", "int32", "sequences in the batch")] if rows.packed else []),
         scalar("max_blocks_per_seq", "int32", "columns of block_tables"),

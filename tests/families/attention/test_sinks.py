@@ -246,3 +246,16 @@ def test_abi_has_sinks_after_alibi_only_for_a_spec_with_sinks():
     sig = with_sinks[with_sinks.index("extern"):]
     assert sig.index("alibi_slopes") < sig.index("sinks") < sig.index("part_o")
     assert "lse = sinks[h]" in with_sinks
+
+
+def test_audit_compares_with_the_sinks_of_the_call(decode_kernel):
+    """kern.audit recomputes each call with its own sinks: kgen's kernel passes, one that ignores
+    them (built unverified from a mutated source) is caught."""
+    spec = decode_kernel.spec
+    audited = decode_kernel.audit(rate=1.0, seed=0)
+    audited(**_args(spec))
+    assert (audited.stats.checked, audited.stats.mismatches) == (1, 0)
+    source = render(spec, {**CUDA_CORES, "partition_size": 0}).source
+    ignores = kernel_from_source(spec, source.replace(", 0, sinks);", ", 0);"), backend="cpu", archs=[])
+    with pytest.raises(kgen.AuditError):
+        ignores.audit(rate=1.0, seed=0)(**_args(spec))
