@@ -431,7 +431,8 @@ class AttentionBinder(CallBinder):
         return {
             "out": ptr(out), "q": ptr(q), "k_cache": self.raw(st.k_base), "v_cache": self.raw(st.v_base),
             "block_tables": ptr(bt), "seq_lens": ptr(sl), "k_scale": ptr(ks), "v_scale": ptr(vs),
-            "alibi_slopes": ptr(alibi), "sinks": ptr(sinks), "part_o": ptr(part_o), "part_ml": ptr(part_ml), "lse": ptr(lse),
+            "alibi_slopes": ptr(alibi), "sinks": ptr(sinks), "part_o": ptr(part_o), "part_ml": ptr(part_ml),
+            "lse": ptr(lse),
             "max_blocks_per_seq": max_blocks, "max_partitions": sizes["max_partitions"],
             "partition_tokens": sizes["partition_tokens"], f"q_s_{rows.axis}": q.strides[0],
             "q_s_head": q.strides[1], f"o_s_{rows.axis}": out.strides[0], "o_s_head": out.strides[1],

@@ -191,17 +191,24 @@ def test_lse_includes_the_sink_in_every_launch_plan():
      {"chunk_16", "chunk_17"}),
     ("add_sink(sinks[row_head[rr]])", "add_sink(-1e30f)", {"chunk_16", "chunk_17"}),  # forgotten
 ])
-def test_prefill_sink_mutations_are_caught(old, new, must_fail):
-    spec, config = _spec(PREFILL), {"partition_size": 32}
-    r = render(spec, config)
-    src = inline_prefill_body(r.source)  # the body, as a hand-written copy
+def test_prefill_sink_mutations_are_caught(prefill_copy, old, new, must_fail):
+    spec, r, src = prefill_copy
     assert src.count(old) == 1, old
-    good = verify(kernel_from_source(spec, src, backend="cpu", config=r.config, archs=[]), seed=SEED)
-    assert good.passed, good.summary()
     bad = verify(kernel_from_source(spec, src.replace(old, new), backend="cpu", config=r.config, archs=[]),
                  seed=SEED)
     failed = {c.name for c in bad.failed_cases}
     assert must_fail <= failed, sorted(failed)
+
+
+@pytest.fixture(scope="module")
+def prefill_copy():
+    """(spec, render, source) of a split prefill with its body copied in, checked to pass unmutated."""
+    spec = _spec(PREFILL)
+    r = render(spec, {"partition_size": 32})
+    src = inline_prefill_body(r.source)  # the body, as a hand-written copy
+    good = verify(kernel_from_source(spec, src, backend="cpu", config=r.config, archs=[]), seed=SEED)
+    assert good.passed, good.summary()
+    return spec, r, src
 
 
 # ---- the call ---------------------------------------------------------------------------------
