@@ -4,7 +4,7 @@ One derivation serves both users of it: `kgen.specs_for_model(config.json)` / `k
 specs-for-model` (Hugging Face configs, written as YAML to inspect, tune and build) and the vLLM
 backend (kgen/vllm/), which calls `layer_spec_dicts` with the numbers of each attention layer it
 is given. A layer type is what one set of kernels serves: heads, head dim, scale, window,
-soft-cap, ALiBi, dtypes and block size. A model whose layers alternate windowed and full
+soft-cap, ALiBi, attention sinks, dtypes and block size. A model whose layers alternate windowed and full
 attention (Gemma 2/3, gpt-oss) has two.
 """
 
@@ -47,10 +47,14 @@ class LayerAttention:
     logits_soft_cap: float | None = None
     alibi: bool = False
     order: str = "HND"  # vLLM's pages hold [kv head, token, dim] (kgen/vllm/backend.py)
+    sinks: bool = False  # learned per-head sink logits (gpt-oss), passed at call time
 
     def key(self) -> str:
         """A short stable name for this layer type (part of the spec names)."""
-        digest = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:8]
+        fields = asdict(self)
+        if not self.sinks:  # left out, so the names of layer types without sinks stay as they were
+            fields.pop("sinks")
+        digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:8]
         window = f"_w{self.sliding_window}" if self.sliding_window else ""
         return (f"h{self.num_q_heads}kv{self.num_kv_heads}d{self.head_dim}_{self.dtype}_{self.kv_dtype}"
                 f"_b{self.block_size}{window}_{digest}")
@@ -89,6 +93,8 @@ def layer_spec_dicts(layer: LayerAttention, prefix: str = "kgen") -> dict[str, d
         attention["logits_soft_cap"] = float(layer.logits_soft_cap)
     if layer.alibi:
         attention["alibi"] = True
+    if layer.sinks:
+        attention["sinks"] = True
     kv = {"block_size": layer.block_size, "layout": "separate", "order": layer.order, "dtype": layer.kv_dtype,
           "scale": "per_tensor" if quantized else "none"}
     docs = {}
@@ -162,9 +168,6 @@ def model_layers(config: Any, kv_dtype: str = "auto", block_size: int = 16, dtyp
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedError(f"model_type {model_type}: kgen derives specs for "
                                f"{', '.join(SUPPORTED_MODEL_TYPES)}")
-    if model_type == "gpt_oss":
-        raise UnsupportedError("model_type gpt_oss: its attention has learned sinks, which kgen specs "
-                               "cannot express yet")
     try:
         heads = int(cfg["num_attention_heads"])
         kv_heads = int(cfg.get("num_key_value_heads") or heads)
@@ -177,7 +180,8 @@ def model_layers(config: Any, kv_dtype: str = "auto", block_size: int = 16, dtyp
         scale = 1.0 / math.sqrt(float(cfg["query_pre_attn_scalar"]))
     cap = cfg.get("attn_logit_softcapping") or None
     layers = [LayerAttention(heads, kv_heads, head_dim, scale, q_dtype, kv_cache_dtype(kv_dtype, q_dtype),
-                             int(block_size), sliding_window=w, logits_soft_cap=cap)
+                             int(block_size), sliding_window=w, logits_soft_cap=cap,
+                             sinks=model_type == "gpt_oss")  # every gpt-oss layer has learned sinks
               for w in _layer_windows(cfg)]
     return model_type, layers
 

@@ -16,7 +16,12 @@ from conftest import ROOT, TINY_DECODE, run_kgen, run_python, write_spec
 
 from kgen.errors import KgenUserError
 from kgen.families.attention.reference import attention_outputs
-from kgen.fib.convert import definition_to_spec, spec_to_definition, spec_to_solution
+from kgen.fib.convert import (
+    definition_to_spec,
+    export_problems,
+    spec_to_definition,
+    spec_to_solution,
+)
 from kgen.fib.schema import Definition, Solution, Trace, parse
 from kgen.fib.trace import case_traces, status_of
 from kgen.interop import lse_to_base2, to_flashinfer
@@ -290,6 +295,11 @@ def test_cli_export_refuses_a_spec_without_a_definition(tmp_path):
     r = run_kgen("fib", "export", str(ROOT / "specs" / "decode_sliding_window.yaml"), "-o", str(tmp_path / "o"))
     assert r.returncode == 2 and "sliding_window" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_spec_with_sinks_has_no_definition_rather_than_one_without_them():
+    problems = export_problems(load_spec(ROOT / "specs" / "gpt_oss_20b_prefill.yaml"))
+    assert problems == ["attention.sinks: FlashInfer-Bench's gqa_paged definitions have no attention sinks"]
 
 
 def test_cli_verify_appends_one_trace_per_case(tmp_path):

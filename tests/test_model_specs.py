@@ -9,6 +9,7 @@ from conftest import run_kgen
 
 import kgen
 from kgen.errors import KgenUserError, UnsupportedError
+from kgen.families.registry import support_problems
 
 LLAMA = {"model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": 32, "num_key_value_heads": 8,
          "hidden_size": 4096, "torch_dtype": "bfloat16"}
@@ -55,9 +56,26 @@ def test_layer_types_and_qwen2_window_layers_are_read():
     assert "decode_window512" not in kgen.specs_for_model(typed)
 
 
-@pytest.mark.parametrize("cfg, match", [
-    ({**LLAMA, "model_type": "gpt_oss"}, "sinks"),
-    ({**LLAMA, "model_type": "mamba"}, "model_type mamba"),
+GPT_OSS_20B = {"model_type": "gpt_oss", "num_hidden_layers": 4, "num_attention_heads": 64, "num_key_value_heads": 8,
+               "head_dim": 64, "hidden_size": 2880, "sliding_window": 128, "torch_dtype": "bfloat16",
+               "layer_types": ["sliding_attention", "full_attention"] * 2}
+
+
+def test_gpt_oss_gets_sinks_on_its_windowed_and_full_layers_but_not_on_the_cache_write():
+    specs = kgen.specs_for_model(GPT_OSS_20B)
+    assert sorted(specs) == ["cache_write", "cache_write_window128", "decode", "decode_window128", "prefill",
+                             "prefill_window128"]
+    for key in ("decode", "prefill", "decode_window128", "prefill_window128"):
+        a = specs[key].attention
+        assert a.sinks and (a.num_q_heads, a.num_kv_heads, a.head_dim) == (64, 8, 64)
+        assert a.sliding_window == (128 if key.endswith("128") else None)
+        assert specs[key].softmax_scale_value == pytest.approx(0.125)
+    assert not specs["cache_write"].attention.sinks
+    assert specs["decode"].name != kgen.specs_for_model({**GPT_OSS_20B, "model_type": "llama"})["decode"].name
+    assert all(support_problems(spec) == [] for spec in specs.values())  # built, not refused
+
+
+@pytest.mark.parametrize("cfg, match", [    ({**LLAMA, "model_type": "mamba"}, "model_type mamba"),
     ({**LLAMA, "torch_dtype": "float64"}, "dtype float64"),
 ])
 def test_what_kgen_cannot_serve_is_refused_with_the_reason(cfg, match):

@@ -63,6 +63,15 @@ def test_decode_schema_overloads_and_order():
     assert set(s) == {"", "lse", "out"}
 
 
+def test_a_spec_with_sinks_takes_them_after_alibi_and_its_op_returns_the_kernels_output():
+    spec = _spec("op_sinks", "paged_decode", FP16, attention={**HEADS, "alibi": True, "sinks": True})
+    assert "Tensor alibi_slopes, Tensor sinks, Tensor? k_scale=None" in _schemas(spec)[""]
+    kernel = _build(spec)
+    args = _torch_args(make_decode_case(spec, [3, 40], np.random.default_rng(5)))
+    assert torch.equal(torch.ops.kgen.op_sinks(**args), kernel(**args))
+    assert not torch.equal(kernel(**args), kernel(**dict(args, sinks=args["sinks"] - 3.0)))  # they are read
+
+
 def test_fused_layout_takes_one_pool_and_per_tensor_scales_get_float_overloads():
     s = _schemas(_spec("sch_fused", "paged_decode", {**FP8, "layout": "fused", "order": "HND"}))
     assert s[""].startswith("sch_fused(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, "

@@ -66,9 +66,10 @@ class KernelDecl:
         head = f'extern "C" __global__ void __launch_bounds__({self.block}) {self.name}('
         return head + "\n" + _wrap(param_decls(self.params), "    ") + ")"
 
-    def call_args(self) -> str:
-        """The parameter names, comma-separated: the template forwards them to the kernel body."""
-        return _wrap([a.name for a in self.params], "      ").lstrip()  # the template indents line 1
+    def call_args(self, names: list[str] | None = None) -> str:
+        """The parameter names (or `names`: the body's order of them), comma-separated: the template
+        forwards them to the kernel body."""
+        return _wrap(names or [a.name for a in self.params], "      ").lstrip()  # the template indents line 1
 
     def geometry(self) -> str:
         return (f"grid ({', '.join(str(g) for g in self.grid)}), block ({self.block}), "

@@ -32,8 +32,6 @@ def unbuilt_features(spec) -> list[str]:
     removed as each lands, so a spec that asks for one is refused instead of silently ignored."""
     a, kv = spec.attention, spec.kv_cache
     out = []
-    if a.sinks:
-        out.append("attention.sinks: attention sinks are not built yet")
     if a.v_head_dim is not None and kv.layout != "mla":
         out.append("attention.v_head_dim: a V head dim of its own is not built yet")
     if kv.layout == "mla":

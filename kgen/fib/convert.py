@@ -160,6 +160,8 @@ def export_problems(spec) -> list[str]:
         problems.append("attention.logits_soft_cap: FlashInfer-Bench's gqa_paged definitions have no soft cap")
     if a.alibi:
         problems.append("attention.alibi: FlashInfer-Bench's gqa_paged definitions have no ALiBi")
+    if a.sinks:  # exporting would drop them: a definition that is not this kernel
+        problems.append("attention.sinks: FlashInfer-Bench's gqa_paged definitions have no attention sinks")
     if kv.layout != "separate":
         problems.append(f"kv_cache.layout {kv.layout}: FlashInfer-Bench's definitions keep separate k_cache and "
                         "v_cache arrays (layout: separate)")

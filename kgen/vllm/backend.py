@@ -71,6 +71,10 @@ class KgenAttentionBackend(AttentionBackend):
     def supports_sliding_window(cls) -> bool:
         return True
 
+    @classmethod
+    def supports_sink(cls) -> bool:  # gpt-oss's learned per-head sinks (docs/abi.md)
+        return True
+
     @staticmethod
     def get_impl_cls() -> type[KgenAttentionImpl]:
         return KgenAttentionImpl
@@ -127,12 +131,14 @@ class KgenAttentionImpl(AttentionImpl):
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.alibi_slopes = (torch.tensor(alibi_slopes, dtype=torch.float32) if alibi_slopes is not None
                              else None)
+        self.sinks = sinks  # the layer's parameter [num_heads]: its weights are loaded after this
+        if sinks is not None and tuple(sinks.shape) != (num_heads,):
+            raise ValueError(f"attention sinks of shape {list(sinks.shape)}: expected one per query head "
+                             f"[{num_heads}]")
         self.layer_name = _constructing_layer_name()
         reasons = []
         if attn_type != AttentionType.DECODER:
             reasons.append(f"attention type {attn_type} (kgen serves decoder attention)")
-        if sinks is not None:
-            reasons.append("attention sinks (not expressible in a kgen spec yet)")
         reasons += [f"{key} (not supported by kgen's backend)" for key, v in unsupported.items() if v]
         config = get_current_vllm_config()
         self.model_dtype = config.model_config.dtype if config.model_config is not None else torch.float32
@@ -153,7 +159,7 @@ class KgenAttentionImpl(AttentionImpl):
         return LayerAttention(self.num_heads, self.num_kv_heads, self.head_size, self.scale, dtype,
                               kv_cache_dtype(self.kv_cache_dtype, dtype), int(block_size),
                               sliding_window=self.sliding_window or None, logits_soft_cap=soft_cap or None,
-                              alibi=self.alibi_slopes is not None)
+                              alibi=self.alibi_slopes is not None, sinks=self.sinks is not None)
 
     def prepare(self, layer_name: str, block_size: int) -> LayerKernels:
         """Build (first use) the verified kernels for the cache's block size; log which serve the layer."""
@@ -195,6 +201,8 @@ class KgenAttentionImpl(AttentionImpl):
         common = {"k_cache": k_pool, "v_cache": v_pool, **self._scales(layer)}
         if self.alibi_slopes is not None:
             common["alibi_slopes"] = self.alibi_slopes.to(query.device)
+        if self.sinks is not None:  # read at each call: the model's bf16 weights as the ABI's fp32
+            common["sinks"] = self.sinks.detach().to(device=query.device, dtype=torch.float32).contiguous()
         decode_plan, prefill_plan = attn_metadata.plans.get(self.kernels.name, (None, None))
         if (rows := attn_metadata.decode) is not None:
             self.kernels.decode(q=query[rows.row_start:rows.row_end], out=output[rows.row_start:rows.row_end],

@@ -273,7 +273,8 @@ __device__ __forceinline__ void paged_decode_body(
     long long q_s_head, long long o_s_seq, long long o_s_head, long long k_s_block, long long k_s_head,
     long long k_s_token, long long k_s_run, long long v_s_block, long long v_s_head, long long v_s_token,
     long long v_s_run, long long ks_s_block, long long ks_s_head, long long ks_s_token,
-    long long vs_s_block, long long vs_s_head, long long vs_s_token, int partition_tokens = 0) {
+    long long vs_s_block, long long vs_s_head, long long vs_s_token, int partition_tokens = 0,
+    const float* __restrict__ sinks = nullptr) {  // sinks last: sources written before it still compile
   typedef DecodeShape<Cfg> S;
   typedef typename Cfg::kv_t kv_t;
   constexpr int D = S::D, G = S::G, VEC = S::VEC, LANES = S::LANES, CPL = S::CPL, OUT = S::OUT;
@@ -564,6 +565,7 @@ __device__ __forceinline__ void paged_decode_body(
         ml[1] = blk.l;
       }
     } else {
+      if (sinks != nullptr) acc *= blk.add_sink(sinks[h]);  // single pass: the sink once, at the end
       out[seq * o_s_seq + (long long)h * o_s_head + d] = from_float<typename Cfg::out_t>(acc * blk.inv_sum());
       if (d == 0 && lse != nullptr) lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = blk.lse();
     }
@@ -578,10 +580,10 @@ __device__ __forceinline__ void paged_decode_merge_body(typename Cfg::out_t* __r
                                                         float* __restrict__ lse,
                                                         const int* __restrict__ seq_lens, int max_partitions,
                                                         int partition_tokens, long long o_s_seq,
-                                                        long long o_s_head) {
+                                                        long long o_s_head, const float* __restrict__ sinks = nullptr) {
   const int seq = blockIdx.y;
   merge_partitions_body<Cfg>(out, part_o, part_ml, lse, seq, seq_lens[seq], max_partitions, partition_tokens, o_s_seq,
-                             o_s_head);
+                             o_s_head, sinks);
 }
 
 }  // namespace kgen

@@ -299,7 +299,8 @@ __device__ __forceinline__ void paged_decode_mma_body(
     long long q_s_head, long long o_s_seq, long long o_s_head, long long k_s_block, long long k_s_head,
     long long k_s_token, long long k_s_run, long long v_s_block, long long v_s_head, long long v_s_token,
     long long v_s_run, long long ks_s_block, long long ks_s_head, long long ks_s_token,
-    long long vs_s_block, long long vs_s_head, long long vs_s_token, int partition_tokens = 0) {
+    long long vs_s_block, long long vs_s_head, long long vs_s_token, int partition_tokens = 0,
+    const float* __restrict__ sinks = nullptr) {  // sinks last: sources written before it still compile
   typedef DecodeMmaShape<Cfg> S;
   typedef typename S::T T;
   constexpr int D = S::D, G = S::G, NT = S::NT, STAGES = S::STAGES, WARPS = S::WARPS;
@@ -494,8 +495,9 @@ __device__ __forceinline__ void paged_decode_mma_body(
     SoftmaxState blk = SoftmaxState::empty();
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) blk.merge(SoftmaxState{ml_s[(w * G + head) * 2], ml_s[(w * G + head) * 2 + 1]});
-    const float x = o_s[i] * blk.inv_sum() * v_out;
     const int h = q_head0 + head;
+    const float sink = sinks != nullptr && !split ? blk.add_sink(sinks[h]) : 1.0f;  // single pass: once, at the end
+    const float x = o_s[i] * sink * blk.inv_sum() * v_out;
     if (split) {
       part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * D + d] = x;
       if (d == 0) {

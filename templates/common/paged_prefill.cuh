@@ -367,7 +367,7 @@ __device__ __forceinline__ void paged_prefill_body(
     long long o_s_head, long long k_s_block, long long k_s_head, long long k_s_token, long long k_s_run,
     long long v_s_block, long long v_s_head, long long v_s_token, long long v_s_run, long long ks_s_block,
     long long ks_s_head, long long ks_s_token, long long vs_s_block, long long vs_s_head, long long vs_s_token,
-    int partition_tokens = 0) {
+    int partition_tokens = 0, const float* __restrict__ sinks = nullptr) {  // sinks last: older sources compile
   typedef PrefillShape<Cfg> S;
   typedef typename S::T T;
   typedef PrefillMath<Cfg, S::MMA> Math;
@@ -585,7 +585,11 @@ __device__ __forceinline__ void paged_prefill_body(
     st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 1, 32);
     st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 2, 32);
   }
-  const float inv[2] = {st[0].inv_sum() * v_out, st[1].inv_sum() * v_out};  // V's scale (or v_ref) too
+  float sink[2] = {1.0f, 1.0f};  // single pass: each row's sink once, at the end (a partial holds none)
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr)
+    if (sinks != nullptr && !split && row_ok[rr]) sink[rr] = st[rr].add_sink(sinks[row_head[rr]]);
+  const float inv[2] = {st[0].inv_sum() * sink[0] * v_out, st[1].inv_sum() * sink[1] * v_out};  // V's scale too
 #pragma unroll
   for (int nt = 0; nt < S::ONT; ++nt) {
     if (8 * nt >= dn) break;
@@ -624,7 +628,8 @@ __device__ __forceinline__ void paged_prefill_merge_body(typename Cfg::out_t* __
                                                          const int* __restrict__ q_indptr,
                                                          const int* __restrict__ seq_lens, int num_seqs,
                                                          int max_partitions, int partition_tokens, long long o_s_tok,
-                                                         long long o_s_head) {
+                                                         long long o_s_head,
+                                                         const float* __restrict__ sinks = nullptr) {
   const int tok = blockIdx.y;
   int lo = 0, hi = num_seqs;  // the token's sequence: the last s with q_indptr[s] <= tok
   while (hi - lo > 1) {
@@ -632,7 +637,7 @@ __device__ __forceinline__ void paged_prefill_merge_body(typename Cfg::out_t* __
     if (q_indptr[mid] <= tok) lo = mid; else hi = mid;
   }
   merge_partitions_body<Cfg>(out, part_o, part_ml, lse, tok, seq_lens[lo], max_partitions, partition_tokens, o_s_tok,
-                             o_s_head);
+                             o_s_head, sinks);
 }
 
 }  // namespace kgen

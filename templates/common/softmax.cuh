@@ -64,6 +64,11 @@ struct SoftmaxState {
     return f;
   }
 
+  // An attention sink (docs/abi.md): a virtual key of logit `sink` and value zero, merged ONCE
+  // into a row's final state (never per partition); returns the factor for the row's accumulator.
+  // An empty row becomes (sink, 1): its output 0, its LSE the sink.
+  __device__ __forceinline__ float add_sink(float sink) { return merge(SoftmaxState{sink, 1.0f}).self; }
+
   __device__ __forceinline__ float inv_sum() const { return l > 0.0f ? 1.0f / l : 0.0f; }
   __device__ __forceinline__ float lse() const { return m + logf(l); }  // -inf + log(0) = -inf when empty
 };
@@ -100,19 +105,22 @@ __device__ __forceinline__ void clip_to_partition(int part, int partition_tokens
 // The merge kernel's body: the log-sum-exp merge of the KV partitions of one output row `row`
 // (a decode sequence, or a prefill query token, whose sequence has kv_len keys) and query head
 // blockIdx.x. Scratch: part_o [rows, NUM_Q_HEADS, max_partitions, HEAD_DIM] of normalised
-// partial outputs, part_ml [rows, NUM_Q_HEADS, max_partitions, 2] of their (m, l).
+// partial outputs, part_ml [rows, NUM_Q_HEADS, max_partitions, 2] of their (m, l). The partitions
+// hold no sink: with `sinks` (a spec with sinks) the merge adds the head's once.
 template <class Cfg>
 __device__ __forceinline__ void merge_partitions_body(typename Cfg::out_t* __restrict__ out,
                                                       const float* __restrict__ part_o,
                                                       const float* __restrict__ part_ml, float* __restrict__ lse,
                                                       int row, int kv_len, int max_partitions, int partition_tokens,
-                                                      long long o_s_row, long long o_s_head) {
+                                                      long long o_s_row, long long o_s_head,
+                                                      const float* __restrict__ sinks = nullptr) {
   constexpr int D = Cfg::HEAD_DIM;
   const int h = blockIdx.x;
   const int num_parts = split_partitions(kv_len, partition_tokens, max_partitions);
   const long long base = ((long long)row * Cfg::NUM_Q_HEADS + h) * max_partitions;
   const float* ml = part_ml + base * 2;
-  SoftmaxState tot = SoftmaxState::empty();  // every partition's state merged
+  // every partition's state merged, starting from the sink's (a key of value zero: no accumulator)
+  SoftmaxState tot = sinks != nullptr ? SoftmaxState{sinks[h], 1.0f} : SoftmaxState::empty();
   for (int p = 0; p < num_parts; ++p) tot.merge(SoftmaxState{ml[2 * p], ml[2 * p + 1]});
   const float inv = tot.inv_sum();
   for (int d = threadIdx.x; d < D; d += blockDim.x) {

@@ -42,6 +42,7 @@ def _kernel(spec, config=None, old: str | None = None, new: str = "") -> Kernel:
 
 
 CUDA_CORES = {"mma_min_group": 0}  # the CUDA-core body (paged_decode.cuh) for any group
+SINGLE_PASS = {**CUDA_CORES, "partition_size": 0}  # every length through the body's own final write
 
 # (id, spec overrides, config, source fragment, replacement, cases that must fail, cases that must pass)
 MUTATIONS = [
@@ -89,6 +90,22 @@ MUTATIONS = [
      "for (int i = tid; i < G * D; i += T) {\n    const int g = i / D, d = i % D;\n    SoftmaxState blk",
      "for (int i = tid; i < G * D - 1; i += T) {\n    const int g = i / D, d = i % D;\n    SoftmaxState blk",
      {"len_1", "long", "mixed_batch"}, set()),
+    # attention sinks (softmax.cuh's add_sink): once per row, at the end or in the merge, as given
+    ("sink_added_per_partition", {"attention.sinks": True}, {"partition_size": 32, "mma_min_group": 0},
+     "    const int h = q_head0 + g;\n    if (split) {",
+     "    const int h = q_head0 + g;\n    if (split && sinks != nullptr) acc *= blk.add_sink(sinks[h]);\n"
+     "    if (split) {", {"len_P+1", "len_2P+1", "long"}, {"len_1", "len_P"}),  # one partition: not split
+    ("sink_forgotten_by_the_merge", {"attention.sinks": True}, {"partition_size": 32, "mma_min_group": 0},
+     "sinks != nullptr ? SoftmaxState{sinks[h], 1.0f} : SoftmaxState::empty();", "SoftmaxState::empty();",
+     {"len_P+1", "len_2P+1", "long"}, {"len_1", "len_P"}),
+    ("sink_forgotten", {"attention.sinks": True}, SINGLE_PASS,
+     "if (sinks != nullptr) acc *= blk.add_sink(sinks[h]);", "", {"len_1", "long"}, set()),
+    ("sink_scaled_like_a_logit", {"attention.sinks": True}, SINGLE_PASS,
+     "acc *= blk.add_sink(sinks[h]);", "acc *= blk.add_sink(sinks[h] * Cfg::SOFTMAX_SCALE);", {"len_1", "long"},
+     set()),
+    ("mma_sink_scaled_like_a_logit", {"attention.sinks": True}, {"mma_min_group": 4, "partition_size": 0},
+     "!split ? blk.add_sink(sinks[h])", "!split ? blk.add_sink(sinks[h] * Cfg::SOFTMAX_SCALE)", {"len_1", "long"},
+     set()),
     # the tensor-core body (templates/common/paged_decode_mma.cuh; BASE's group 4 takes it by default)
     ("mma_tail_mask_dropped", {}, {"mma_min_group": 4},  # fp16 group 4: tensor cores on request
      "s[j][i] = pos >= tok_begin && pos < tok_end ? y : KGEN_NEG_INF;", "s[j][i] = pos >= tok_begin ? y : KGEN_NEG_INF;",

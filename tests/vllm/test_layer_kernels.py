@@ -53,6 +53,30 @@ def test_layer_kernels_on_vllm_pages_match_float64(kv_dtype):
     assert (out.double() - reference(q[-chunk:], k_real, v_real, chunk)).abs().max() < 1e-5
 
 
+def test_a_layer_with_sinks_gets_kernels_that_take_them():
+    """gpt-oss's layers: vLLM hands the backend the sinks; the decode kernel adds each head's as a
+    key of value zero (float64: the softmax over the keys and the sink, the sink's column dropped)."""
+    torch.manual_seed(1)
+    kernels = kernels_for(LayerAttention(HQ, H, D, D ** -0.5, "fp32", "fp32", B, sinks=True), backend="cpu")
+    T = 50
+    key, val, q = torch.randn(T, H, D), torch.randn(T, H, D), torch.randn(1, HQ, D)
+    page = torch.zeros(NB, H, B, 2 * D)
+    k_pool, v_pool = page_pools(page, D)
+    table = torch.tensor([[3, 6]], dtype=torch.int32)
+    slots = (table[0, torch.arange(T) // B] * B + torch.arange(T) % B).long()
+    kernels.cache_write(key=key, value=val, k_cache=k_pool, v_cache=v_pool, slot_mapping=slots)
+    sinks = torch.tensor([-5.0, 1.0, 3.0, 30.0])
+    out = torch.zeros(1, HQ, D)
+    kernels.decode(q=q, out=out, k_cache=k_pool, v_cache=v_pool, block_tables=table,
+                   seq_lens=torch.tensor([T], dtype=torch.int32), sinks=sinks)
+    kk, vv = key.double().repeat_interleave(HQ // H, 1), val.double().repeat_interleave(HQ // H, 1)
+    s = torch.einsum("rhd,thd->rht", q.double(), kk) * D ** -0.5
+    p = torch.softmax(torch.cat([s, sinks.double()[None, :, None]], -1), -1)[..., :T]
+    want = torch.einsum("rht,thd->rhd", p, vv)
+    assert (out.double() - want).abs().max() < 1e-5
+    assert (out.double() - reference(q, key, val, 1)).abs().max() > 1e-2  # the sinks changed the output
+
+
 def test_a_tuned_spec_in_the_spec_dir_serves_in_place_of_the_derived_one(tmp_path, monkeypatch):
     import yaml
 

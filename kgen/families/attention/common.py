@@ -84,12 +84,15 @@ def attention_arguments(spec, config: Config, rows: Rows) -> list[Arg]:
         *scale_args(spec),
         array("alibi_slopes", "fp32", "input", (Hq,),
               "ALiBi slope of each query head" if a.alibi else "null: the spec has no ALiBi", optional=not a.alibi),
+        *([array("sinks", "fp32", "input", (Hq,), "sink logit of each query head, used as given: a virtual key "
+                 "of value zero in every softmax row")] if a.sinks else []),  # without sinks: the table unchanged
         array("part_o", "fp32", "scratch", (R, Hq, "max_partitions", D),
               "split-KV: each partition's normalised output (null without split)", optional=single_pass),
         array("part_ml", "fp32", "scratch", (R, Hq, "max_partitions", 2),
               "split-KV: each partition's (max, sum) of exp (null without split)", optional=single_pass),
         array("lse", "fp32", "output", (R, Hq),
-              "natural-log log-sum-exp of the final logits, -inf for no key (null unless requested)",
+              ("natural-log log-sum-exp of the final logits and the sink, sinks[h] for no key" if a.sinks else
+               "natural-log log-sum-exp of the final logits, -inf for no key") + " (null unless requested)",
               optional=True),
         *([scalar("num_seqs", "int32", "sequences in the batch")] if rows.packed else []),
         scalar("max_blocks_per_seq", "int32", "columns of block_tables"),
@@ -112,6 +115,7 @@ def merge_kernel(spec, table: list[Arg], rows: Rows) -> KernelDecl:
     """The split-KV merge: one block per (query head, row) combines the partitions by log-sum-exp."""
     by_name = {arg.name: arg for arg in table}
     reads = [replace(by_name[n], ctype="const " + by_name[n].ctype, role="input") for n in ("part_o", "part_ml")]
+    reads += [by_name["sinks"]] if "sinks" in by_name else []  # the merge adds each head's sink once
     names = ["lse", *(["q_indptr"] if rows.packed else []), "seq_lens", *(["num_seqs"] if rows.packed else []),
              "max_partitions", "partition_tokens", f"o_s_{rows.axis}", "o_s_head"]
     return KernelDecl(f"{spec.name}_merge", (by_name["out"], *reads, *(by_name[n] for n in names)),
@@ -189,14 +193,39 @@ def template_context(spec, config: Config, kernels: list[KernelDecl]) -> dict[st
         "partition_size": config["partition_size"],
         "main": kernels[0],
         "merge": kernels[1] if len(kernels) > 1 else None,
+        "main_args": body_args(kernels[0], "0"),
+        "merge_args": body_args(kernels[1]) if len(kernels) > 1 else None,
     }
+
+
+def body_args(kernel: KernelDecl, pad: str | None = None) -> str:
+    """What the template forwards to a body: the kernel's parameters in order, except `sinks`, which
+    every body takes last as a defaulted parameter (so a hand-written source that calls a body
+    without it still compiles); `pad` stands in for a defaulted parameter before it that this
+    kernel lacks (the main kernels' partition_tokens, single pass)."""
+    names = [a.name for a in kernel.params]
+    if "sinks" not in names:
+        return kernel.call_args()
+    names.remove("sinks")
+    if pad is not None and "partition_tokens" not in names:
+        names.append(pad)
+    return kernel.call_args([*names, "sinks"])
+
+
+def sinks_note(spec) -> str:
+    """`kgen abi`'s line on attention sinks (empty without)."""
+    if not spec.attention.sinks:
+        return ""
+    return ("; attention sinks: row softmax over the keys plus sinks[h] (a virtual key of value zero, logit used as "
+            "given): m = max(sinks[h], max_j s_j), out = sum_j e^(s_j-m) v_j / (e^(sinks[h]-m) + sum_j e^(s_j-m)); "
+            "lse includes it (a row with no key: lse = sinks[h], out = 0)")
 
 
 def call_names(spec, rows: Rows) -> list[str]:
     """The arguments a call passes, for `kgen abi`'s call line."""
     names = ["q", *cache_names(spec), *(["q_indptr"] if rows.packed else []), "block_tables", "seq_lens"]
     names += ["k_scale", "v_scale"] if CacheFormat.of(spec).scaled else []
-    return names + (["alibi_slopes"] if spec.attention.alibi else [])
+    return names + (["alibi_slopes"] if spec.attention.alibi else []) + (["sinks"] if spec.attention.sinks else [])
 
 
 # ---- the call binding -------------------------------------------------------------------------
@@ -280,6 +309,20 @@ class AttentionBinder(CallBinder):
         elif alibi is not None:
             raise ArgumentError("alibi_slopes: given, but the spec has alibi: false")
         return alibi
+
+    def sinks(self) -> ArrayArg | None:
+        """sinks [num_q_heads] fp32: required with attention.sinks, refused without (docs/abi.md)."""
+        a = self.spec.attention
+        sinks = self.take("sinks", False)
+        if a.sinks:
+            if sinks is None:
+                raise ArgumentError(f"sinks: required (spec has sinks: true): one sink logit per query head, "
+                                    f"fp32 shape [{a.num_q_heads}]")
+            self.check(sinks, (a.num_q_heads,), "fp32", contiguous=True)
+        elif sinks is not None:
+            raise ArgumentError("sinks: given, but the spec has no attention sinks (attention.sinks: false); "
+                                "a sink the kernel would ignore is refused")
+        return sinks
 
     def out(self, q: ArrayArg, num_rows: int) -> ArrayArg:
         """out: the one given (checked), else a new one like q."""
@@ -380,7 +423,7 @@ class AttentionBinder(CallBinder):
             )
 
     def values(self, rows: Rows, q, out, pool: Pool, bt, sl, scales, scale_strides, alibi, part_o, part_ml, lse,
-               sizes: dict[str, int], max_blocks: int, **extra) -> dict[str, Any]:
+               sizes: dict[str, int], max_blocks: int, sinks=None, **extra) -> dict[str, Any]:
         """The launch values of the argument table, by name."""
         ptr = self.pointer
         ks, vs = scales
@@ -388,7 +431,8 @@ class AttentionBinder(CallBinder):
         return {
             "out": ptr(out), "q": ptr(q), "k_cache": self.raw(st.k_base), "v_cache": self.raw(st.v_base),
             "block_tables": ptr(bt), "seq_lens": ptr(sl), "k_scale": ptr(ks), "v_scale": ptr(vs),
-            "alibi_slopes": ptr(alibi), "part_o": ptr(part_o), "part_ml": ptr(part_ml), "lse": ptr(lse),
+            "alibi_slopes": ptr(alibi), "sinks": ptr(sinks), "part_o": ptr(part_o), "part_ml": ptr(part_ml),
+            "lse": ptr(lse),
             "max_blocks_per_seq": max_blocks, "max_partitions": sizes["max_partitions"],
             "partition_tokens": sizes["partition_tokens"], f"q_s_{rows.axis}": q.strides[0],
             "q_s_head": q.strides[1], f"o_s_{rows.axis}": out.strides[0], "o_s_head": out.strides[1],

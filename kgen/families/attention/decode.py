@@ -17,6 +17,7 @@ from kgen.families.attention.common import (
     AttentionBinder,
     AttentionFamily,
     merge_kernel,
+    sinks_note,
     template_context,
 )
 from kgen.families.attention.decode_geometry import (
@@ -119,7 +120,7 @@ class PagedDecodeFamily(AttentionFamily):
                "seq_len-1)" if a.sliding_window else "")
             + (f", logits soft-cap {a.logits_soft_cap} (s = cap*tanh(s/cap), applied before ALiBi)"
                if a.logits_soft_cap else "")
-            + (", ALiBi: logit += alibi_slopes[h] * (j - (seq_len - 1))" if a.alibi else ""),
+            + (", ALiBi: logit += alibi_slopes[h] * (j - (seq_len - 1))" if a.alibi else "") + sinks_note(spec),
             *self.call_lines(spec),
             f"Loads: {vector_width(spec)} elements per vector load; pointers and strides must keep them aligned"
             + (f" (V: {vllm_v_copy(spec) // dtype(kv.dtype).itemsize} tokens per load along its block_size axis)"
@@ -141,6 +142,7 @@ class PagedDecodeFamily(AttentionFamily):
         M = bt.shape[1]
         (ks, vs), scale_strides = b.scales(pool)
         alibi = b.alibi()
+        sinks = b.sinks()
         out = b.out(q, S)
         lse = b.lse(q, S)
         if checked:
@@ -153,9 +155,9 @@ class PagedDecodeFamily(AttentionFamily):
         part_o, part_ml = b.split_scratch(config, plan, q, sizes["max_partitions"], sizes["num_seqs"])
         b.refuse_unknown()
         written = [out, lse, part_o, part_ml]
-        b.refuse_aliasing(written, [q, *pool.caches, bt, sl, ks, vs, alibi, *written])
+        b.refuse_aliasing(written, [q, *pool.caches, bt, sl, ks, vs, alibi, sinks, *written])
         values = b.values(DECODE_ROWS, q, out, pool, bt, sl, (ks, vs), scale_strides, alibi, part_o, part_ml, lse,
-                          sizes, M)
+                          sizes, M, sinks=sinks)
         reached = [c.native for c in pool.caches]  # fused: K/V by address
         launches = [k.launch({**sizes, "num_seqs": S}, values, reached=reached) for k in kernels]
         return launches, ((out.obj, lse.obj) if lse is not None else out.obj)

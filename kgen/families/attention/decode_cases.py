@@ -114,6 +114,18 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
     return np.asarray([2.0 ** (-8.0 * (i + 1) / num_heads) for i in range(num_heads)], dtype=np.float32)
 
 
+SINK_RANGE = (-5.0, 30.0)  # sink logits of the cases: from barely counting to outweighing every key
+SINK_CONTEST = (-1.0, 8.0)  # where a sink's weight is comparable to the keys' (a wrong sink term shows)
+
+
+def sink_logits(num_heads: int, rng: np.random.Generator) -> np.ndarray:
+    """Per-head sink logits spread over SINK_RANGE: both ends (with 3+ heads), then alternately one
+    in SINK_CONTEST and one anywhere in the range; in a random head order."""
+    ends = list(SINK_RANGE) if num_heads >= 3 else []
+    rest = [rng.uniform(*(SINK_CONTEST if i % 2 == 0 else SINK_RANGE)) for i in range(num_heads - len(ends))]
+    return rng.permutation(np.asarray(ends + rest, dtype=np.float32))
+
+
 def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_prefix: bool = False,
                      extra_table_cols: int = 1, padded: bool = False, serving: Serving | None = None) -> dict:
     """Keyword arguments for a decode call (numpy arrays) plus out pre-filled with NaN.
@@ -191,6 +203,8 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
     if a.alibi:
         args["alibi_slopes"] = alibi_slopes(Hq)
     args["q"] = _cast(draw_q(rng, (S, Hq, D), serving.q_dist), spec.dtype.q)
+    if a.sinks:  # drawn after q: the random stream of a spec without sinks is unchanged
+        args["sinks"] = sink_logits(Hq, rng)
     args["block_tables"] = tables
     args["seq_lens"] = np.asarray(seq_lens, dtype=np.int32)
     args["out"] = np.full((S, Hq, D), np.nan, dtype=dtype(spec.dtype.resolved_out).numpy)
@@ -264,6 +278,8 @@ def _case_inputs(spec, case: Case, rng: np.random.Generator) -> tuple[dict, dict
         args["q"] = _strided(args["q"], (1, 1, v16), np.nan)
     if spec.attention.alibi:
         args.setdefault("alibi_slopes", alibi_slopes(spec.attention.num_q_heads))
+    if spec.attention.sinks:  # the adversarial pools (build_pool_case) have none yet
+        args.setdefault("sinks", sink_logits(spec.attention.num_q_heads, rng))
     return args, sparse
 
 

@@ -19,6 +19,7 @@ from kgen.families.attention.common import (
     AttentionBinder,
     AttentionFamily,
     merge_kernel,
+    sinks_note,
     template_context,
 )
 from kgen.families.attention.decode_geometry import vector_width
@@ -178,7 +179,7 @@ class PagedPrefillFamily(AttentionFamily):
             f"softmax scale {spec.softmax_scale_value!r}"
             + (f", logits soft-cap {a.logits_soft_cap} (s = cap*tanh(s/cap), applied before ALiBi)"
                if a.logits_soft_cap else "")
-            + (", ALiBi: logit += alibi_slopes[h] * (key - p)" if a.alibi else ""),
+            + (", ALiBi: logit += alibi_slopes[h] * (key - p)" if a.alibi else "") + sinks_note(spec),
             "Query row j of sequence s (rows q_indptr[s] ..) sits at position p = seq_lens[s] - q_len + j, "
             f"q_len = q_indptr[s+1] - q_indptr[s], and sees {visible}. A sequence with q_len 0 writes nothing.",
             *self.call_lines(spec),
@@ -240,6 +241,7 @@ class PagedPrefillFamily(AttentionFamily):
         b.check(ind, (S + 1,), "int32", contiguous=True)
         (ks, vs), scale_strides = b.scales(pool)
         alibi = b.alibi()
+        sinks = b.sinks()
         out = b.out(q, T)
         lse = b.lse(q, T)
         if checked:  # before planning: the plan trusts q_indptr and seq_lens
@@ -263,9 +265,9 @@ class PagedPrefillFamily(AttentionFamily):
         part_o, part_ml = b.split_scratch(config, plan, q, max_parts, rows_planned if T else 0)
         b.refuse_unknown()
         written = [out, lse, part_o, part_ml]
-        b.refuse_aliasing(written, [q, *pool.caches, ind, bt, sl, ks, vs, alibi, *written])
+        b.refuse_aliasing(written, [q, *pool.caches, ind, bt, sl, ks, vs, alibi, sinks, *written])
         values = b.values(PREFILL_ROWS, q, out, pool, bt, sl, (ks, vs), scale_strides, alibi, part_o, part_ml, lse,
-                          sizes, M, q_indptr=b.pointer(ind), num_seqs=S)
+                          sizes, M, q_indptr=b.pointer(ind), num_seqs=S, sinks=sinks)
         rows = kernels[0].block // 32 * 16  # grid x from the call's shapes (a plan may be for other chunks)
         grid = {"q_tiles": -(-T * spec.group_size // rows) + S, "num_q_tokens": T, "z": max_parts * slices(spec)}
         reached = [c.native for c in pool.caches]  # fused: K/V by address (an isolated child maps them too)

@@ -7,7 +7,9 @@ sequence s (rows q_indptr[s] ..) sits at p = seq_lens[s] - q_len_s + j; decode i
 row at p = seq_len - 1. A row sees keys 0..p (causal), p-W+1..p (sliding window W) or all
 seq_len keys (prefill with causal: false). Logit order: scale, soft-cap, ALiBi
 slope * (key - p), mask. The LSE is the natural log of the sum of exp of the final logits, -inf
-for a row that sees no key (whose output is 0).
+for a row that sees no key (whose output is 0). With attention sinks, every row's softmax also
+has a virtual key of logit sinks[h] (as given) and value zero: it joins the max, the sum and the
+LSE (a row with no key: lse = sinks[h], out = 0).
 
 Only the blocks a sequence uses are gathered and only one KV head at a time is widened to
 the working precision, so a pool of billions of elements (most of it never touched) or a
@@ -144,6 +146,7 @@ def attention_reference(spec, q, args: dict, dtype=np.float64, round_to=None, ma
     scale = dtype(spec.softmax_scale_value)
     tables = np.asarray(args["block_tables"])
     slopes = np.asarray(args["alibi_slopes"], dtype=np.float64) if a.alibi else None
+    sinks = np.asarray(args["sinks"], dtype=np.float64).astype(dtype) if a.sinks else None
     ind, positions = query_rows(args)
     with np.errstate(over="ignore", divide="ignore"):  # an overflowing rounding (e.g. to fp16) is part of the model
         for s, L in enumerate(np.asarray(args["seq_lens"])):
@@ -160,12 +163,14 @@ def attention_reference(spec, q, args: dict, dtype=np.float64, round_to=None, ma
                 for r0 in range(first, last, ROW_CHUNK):
                     rows = slice(r0, min(r0 + ROW_CHUNK, last))
                     _rows(spec, ref, rows, heads, qf[rows, heads], k, v, positions[rows], slopes, scale, rnd,
-                          knorm, vmax)
+                          knorm, vmax, None if sinks is None else sinks[heads])
     return ref
 
 
-def _rows(spec, ref: Reference, rows: slice, heads: slice, q, k, v, pos, slopes, scale, rnd, knorm, vmax) -> None:
-    """Fill ref for query rows `rows` (positions `pos`) and the query heads `heads` of one KV head."""
+def _rows(spec, ref: Reference, rows: slice, heads: slice, q, k, v, pos, slopes, scale, rnd, knorm, vmax,
+          sinks=None) -> None:
+    """Fill ref for query rows `rows` (positions `pos`) and the query heads `heads` of one KV head
+    (`sinks`: those heads' sink logits, or None)."""
     a = spec.attention
     # logits stay in the working precision: the kernels' are fp32 accumulators, never rounded to q's type
     s = np.einsum("rgd,ld->rgl", q, k) * scale  # einsum, not BLAS: no thread pool to oversubscribe
@@ -181,8 +186,16 @@ def _rows(spec, ref: Reference, rows: slice, heads: slice, q, k, v, pos, slopes,
     e = np.where(seen, np.exp(s - np.where(np.isfinite(m), m, 0.0)), 0.0)
     denom = e.sum(axis=2, keepdims=True)
     p = rnd(e / np.where(denom > 0, denom, 1.0))
-    ref.out[rows, heads] = rnd(np.einsum("rgl,ld->rgd", p, v))
-    ref.lse[rows, heads] = (m + np.log(denom))[..., 0]
+    o = np.einsum("rgl,ld->rgd", p, v)
+    lse = (m + np.log(denom))[..., 0]
+    if sinks is not None:
+        # The sink (a key of value zero) joins last, as in the kernels: it takes its share of the
+        # row's mass from the keys' normalised output, so a dominant sink does not underflow P.
+        lse_all = np.logaddexp(lse, sinks[None, :])  # a row with no key: the sink's logit
+        keep = np.exp(lse - lse_all)  # the keys' share (0 for a row with no key)
+        o, p, lse = o * keep[..., None], p * keep[..., None], lse_all
+    ref.out[rows, heads] = rnd(o)
+    ref.lse[rows, heads] = lse
     if knorm is not None:
         # sum_j p_j max_d |v_jd| >= max_d sum_j p_j |v_jd|; |q| max_j |k_j| >= max_j sum_d |q_d k_jd|
         ref.magnitude[rows, heads] = np.einsum("rgl,l->rg", p.astype(np.float64), vmax)

@@ -63,9 +63,12 @@ def lse_floor(ref_lse: np.ndarray, seq_lens, logit_magnitude: np.ndarray | None 
 
 
 def _judge(name: str, seq_lens, got: np.ndarray, ref: np.ndarray, lowp: np.ndarray, floor: np.ndarray,
-           output: str, rows: Rows) -> CaseResult:
+           output: str, rows: Rows, tiny: float = 0.0) -> CaseResult:
     """Compare per row: rows are all axes but the last of `got` (out: [rows, H, D]) or all axes
-    (lse: [rows, H]). A reference of -inf (a row that sees no key: its LSE) wants exactly -inf."""
+    (lse: [rows, H]). A reference of -inf (a row that sees no key: its LSE) wants exactly -inf.
+    Rows smaller than `tiny` (the output type's smallest normal: their rounding is not relative,
+    e.g. a head whose attention sink outweighs every key) keep their own model error but do not
+    set the case's relative one."""
     per_elem = got.ndim == ref.ndim and floor.ndim == got.ndim - 1
     with np.errstate(invalid="ignore"):
         empty = np.isneginf(ref)
@@ -76,7 +79,8 @@ def _judge(name: str, seq_lens, got: np.ndarray, ref: np.ndarray, lowp: np.ndarr
         if per_elem:  # the row's model error, or the case's largest relative to its magnitude
             lowp_rows = np.max(lowp_err, axis=-1) if got.size else np.zeros(floor.shape)
             mag = np.maximum(np.max(np.abs(np.where(empty, 0.0, ref)), axis=-1, initial=0.0), 1e-30)
-            lowp_rows = np.maximum(lowp_rows, np.max(lowp_rows / mag, initial=0.0) * mag)
+            relative = np.where(mag >= tiny, lowp_rows / mag, 0.0)
+            lowp_rows = np.maximum(lowp_rows, np.max(relative, initial=0.0) * mag)
         else:  # a scalar per row (the LSE): the case's largest model error
             lowp_rows = np.full(lowp_err.shape, np.max(lowp_err, initial=0.0))
         bound_rows = K_FACTOR * lowp_rows + floor
@@ -134,7 +138,8 @@ def check_output(name: str, seq_lens: list[int], out: np.ndarray, ref: np.ndarra
     rows = Rows(seq_lens, q_indptr)
     got = np.asarray(out).astype(np.float64)
     floor = row_floor(ref, out_dtype, rows.lengths, magnitude, logit_magnitude)
-    return _judge(name, seq_lens, got, ref, np.asarray(lowp, dtype=np.float64), floor, "out", rows)
+    tiny = float(ml_dtypes.finfo(dtype(out_dtype).numpy).tiny)
+    return _judge(name, seq_lens, got, ref, np.asarray(lowp, dtype=np.float64), floor, "out", rows, tiny)
 
 
 def check_lse(name: str, seq_lens: list[int], lse: np.ndarray, ref_lse: np.ndarray, lowp_lse: np.ndarray,

@@ -25,7 +25,7 @@ from kgen.verify.untrusted.handwritten import kernel_from_source
 
 ROOT = Path(__file__).resolve().parents[3]
 SPECS = ROOT / "specs"
-EXAMPLES = ["llama3_8b_prefill", "prefill_fp8_e4m3", "prefill_sliding_window"]
+EXAMPLES = ["llama3_8b_prefill", "prefill_fp8_e4m3", "prefill_sliding_window", "gpt_oss_20b_prefill"]
 
 BASE = {
     "kgen": 1, "name": "fam_prefill", "kind": "paged_prefill",

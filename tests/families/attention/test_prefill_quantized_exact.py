@@ -19,11 +19,11 @@ checks (mixed_batch_lse, sharp_rows_lse) see the logit error at 90x to 190x thei
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import inline_prefill_body
 
 import kgen
 from kgen.families.attention.decode_cases import make_decode_case
@@ -32,7 +32,6 @@ from kgen.render import render
 from kgen.verify.runner import verify
 from kgen.verify.untrusted.handwritten import kernel_from_source
 
-ROOT = Path(__file__).resolve().parents[3]
 Q_GAIN = 4.0  # queries 4x the unit normal: logits ~N(0, 16), sharp rows
 LENS = [150, 37, 1, 65]
 
@@ -168,7 +167,6 @@ def test_an_int8_per_token_head_prefill_verifies(config):
 
 
 # ---- kgen's own verification catches a prefill that rounds the dequantized values -----------------
-INCLUDE = '#include "kgen/paged_prefill.cuh"\n'
 # The defect this file was written for, put back into the staged path of a per_token_head cache: K and
 # V scaled before their conversion to q's type, and no scale outside the products.
 ROUND_DEQUANTIZED = [
@@ -185,16 +183,11 @@ def _inlined(spec, config, mutations=()):
     """The rendered kernel with templates/common/paged_prefill.cuh copied in (as kernel code: the MMA
     switch is 1 for sm_80+ and the CPU backend alike) and `mutations` applied to the copy."""
     rendered = render(spec, config)
-    body = (ROOT / "templates" / "common" / "paged_prefill.cuh").read_text()
-    start = body.index("#if !defined(KGEN_SIMT)")
-    body = body[:start] + body[body.index("#endif", start) + len("#endif"):]
-    body = body.replace("KGEN_PREFILL_HAS_MMA", "1").replace("#pragma once", "")
+    source = inline_prefill_body(rendered.source)
     for old, new in mutations:
-        assert body.count(old) == 1, old
-        body = body.replace(old, new)
-    assert rendered.source.count(INCLUDE) == 1
-    return kernel_from_source(spec, rendered.source.replace(INCLUDE, body), backend="cpu", config=rendered.config,
-                              archs=[])
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    return kernel_from_source(spec, source, backend="cpu", config=rendered.config, archs=[])
 
 
 @pytest.mark.parametrize("mutations", [(), ROUND_DEQUANTIZED], ids=["control", "rounds_dequantized"])
