@@ -34,8 +34,6 @@ def unbuilt_features(spec) -> list[str]:
     out = []
     if a.sinks:
         out.append("attention.sinks: attention sinks are not built yet")
-    if a.v_head_dim is not None and kv.layout != "mla":
-        out.append("attention.v_head_dim: a V head dim of its own is not built yet")
     if kv.layout == "mla":
         out.append("kv_cache.layout: the mla layout is not built yet")
     if kv.dtype == "nvfp4":
