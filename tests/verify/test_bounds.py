@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kgen.spec.models import spec_from_dict
 from kgen.verify.judge.bounds import (
     EPS_FP32,
     check_lse,
@@ -13,7 +14,6 @@ from kgen.verify.judge.bounds import (
     lse_floor,
     row_floor,
 )
-from kgen.spec.models import spec_from_dict
 
 
 def test_floor_grows_with_the_length_and_the_logits_and_is_per_row():
