@@ -93,7 +93,7 @@ def attention_arguments(spec, config: Config, rows: Rows) -> list[Arg]:
               optional=True),
         *([scalar("num_seqs", "int32", "sequences in the batch")] if rows.packed else []),
         scalar("max_blocks_per_seq", "int32", "columns of block_tables"),
-        scalar("max_partitions", "int32", "partitions per sequence (grid z" + (" / head_dim slices"
+        scalar("max_partitions", "int32", "partitions per sequence (grid z" + (" / output slices"
                                                                              if rows.packed else "")
                + "); 1 without split"),
         stride(f"q_s_{rows.axis}", f"q stride between {_row_word(rows)}"), stride("q_s_head", "q stride between heads"),

@@ -131,3 +131,20 @@ def test_abi_names_both_widths(kind):
     else:
         rows = "num_seqs" if kind == "paged_decode" else "num_q_tokens"
         assert f"[{rows}, 6, 128]" in text and f"[{rows}, 6, 192]" in text
+
+
+def test_perf_figures_count_each_pool_at_its_width():
+    """The static model's bytes per token: one K row and one V row of each KV head, from the pool's shapes."""
+    from kgen.perf.report import kv_bytes_per_token
+
+    spec = _spec("paged_decode", 192, 128)
+    per_block = sum(int(np.prod(shape[1:])) for shape in cache_shapes(spec, 1).values())
+    assert kv_bytes_per_token(spec) == per_block // spec.kv_cache.block_size * 2  # fp16
+
+
+def test_flashinfer_bench_export_refuses_two_widths():
+    from kgen.fib.convert import export_problems
+
+    problems = export_problems(_spec("paged_decode", 192, 128))
+    assert any(p.startswith("attention.v_head_dim 128: FlashInfer-Bench's gqa_paged definitions have one head_dim")
+               for p in problems), problems
