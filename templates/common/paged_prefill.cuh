@@ -58,7 +58,7 @@ template <class Cfg>
 struct PrefillShape {
   typedef typename Cfg::q_t T;  // Q, K and V in shared memory: the MMA input type
   static constexpr bool MMA = sizeof(T) == 2 && KGEN_PREFILL_HAS_MMA;
-  static constexpr int D = Cfg::HEAD_DIM, DV = Cfg::V_HEAD_DIM, G = Cfg::GROUP;  // q/K and V/out
+  static constexpr int D = Cfg::HEAD_DIM, DV = CfgVHeadDim<Cfg>::value, G = Cfg::GROUP;  // q/K and V/out
   static constexpr int WARPS = Cfg::WARPS, THREADS = 32 * WARPS;
   static constexpr int ROWS = 16 * WARPS;                    // packed rows per block
   static constexpr int KT = Cfg::KV_TILE;                    // keys per tile

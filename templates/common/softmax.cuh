@@ -107,7 +107,7 @@ __device__ __forceinline__ void merge_partitions_body(typename Cfg::out_t* __res
                                                       const float* __restrict__ part_ml, float* __restrict__ lse,
                                                       int row, int kv_len, int max_partitions, int partition_tokens,
                                                       long long o_s_row, long long o_s_head) {
-  constexpr int D = Cfg::V_HEAD_DIM;  // the output's width
+  constexpr int D = CfgVHeadDim<Cfg>::value;  // the output's width
   const int h = blockIdx.x;
   const int num_parts = split_partitions(kv_len, partition_tokens, max_partitions);
   const long long base = ((long long)row * Cfg::NUM_Q_HEADS + h) * max_partitions;

@@ -86,8 +86,8 @@ MUTATIONS = [
     ("split_lse_without_max", {}, {"partition_size": 32, "mma_min_group": 0},
      "return m + logf(l);", "return logf(l);", {"mixed_batch_lse"}, {"mixed_batch"}),
     ("last_output_element_unwritten", {}, CUDA_CORES,
-     "for (int i = tid; i < G * D; i += T) {\n    const int g = i / D, d = i % D;\n    SoftmaxState blk",
-     "for (int i = tid; i < G * D - 1; i += T) {\n    const int g = i / D, d = i % D;\n    SoftmaxState blk",
+     "for (int i = tid; i < G * DV; i += T) {\n    const int g = i / DV, d = i % DV;\n    SoftmaxState blk",
+     "for (int i = tid; i < G * DV - 1; i += T) {\n    const int g = i / DV, d = i % DV;\n    SoftmaxState blk",
      {"len_1", "long", "mixed_batch"}, set()),
     # the tensor-core body (templates/common/paged_decode_mma.cuh; BASE's group 4 takes it by default)
     ("mma_tail_mask_dropped", {}, {"mma_min_group": 4},  # fp16 group 4: tensor cores on request
