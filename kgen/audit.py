@@ -52,6 +52,7 @@ from kgen.verify.judge.bounds import (
     K_FACTOR,
     check_lse,
     check_output,
+    head_dims,
     row_floor,
 )
 from kgen.verify.judge.report import CaseResult, describe_failure
@@ -229,7 +230,7 @@ def judge_call(spec, name: str, args: dict, out, lse, ref, lowp) -> CaseResult:
     lens = [int(n) for n in np.asarray(args["seq_lens"]).reshape(-1)]
     ind = args.get("q_indptr")
     result = check_output(name, lens, to_numpy(out), ref.out, lowp.out, spec.dtype.resolved_out, ref.magnitude,
-                          ref.logit_magnitude, q_indptr=ind)
+                          ref.logit_magnitude, q_indptr=ind, **head_dims(spec))
     if lse is None or not result.passed:
         return result
     lse_result = check_lse(name + " (lse)", lens, to_numpy(lse), ref.lse, lowp.lse, ref.logit_magnitude,

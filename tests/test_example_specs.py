@@ -3,6 +3,7 @@ matrix on the CPU backend, and compiles for sm_90 without register spills."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -38,3 +39,18 @@ def test_split_kv_example_splits_by_default():
     kernel = kgen.build(kgen.load_spec(SPECS / "decode_split_kv_long.yaml"), backend="cpu", archs=[], verify=False)
     assert kernel.config["partition_size"] > 0
     assert kernel.kernel_names == ["decode_split_kv_long", "decode_split_kv_long_merge"]
+
+
+def test_deepseek_v3_mha_prefill_example():
+    """The v_head_dim example (DESIGN §3.5): DeepSeek-V3's MHA prefill on one TP-8 shard builds,
+    verifies and compiles for sm_90 without spills; its scale is the model's YaRN-corrected one."""
+    spec = kgen.load_spec(SPECS / "deepseek_v3_mha_prefill.yaml")
+    a = spec.attention
+    assert (a.num_q_heads, a.num_kv_heads, a.head_dim, spec.v_head_dim_value) == (16, 16, 192, 128)
+    mscale = 0.1 * 1.0 * math.log(40) + 1.0  # rope_scaling: factor 40, mscale_all_dim 1.0
+    assert math.isclose(spec.softmax_scale_value, mscale * mscale / math.sqrt(192), rel_tol=1e-15)
+    kernel = kgen.build(spec, backend="cpu", archs=["sm_90"], seed=4242)
+    assert kernel.report.passed, kernel.report.summary()
+    for name, res in kernel.resources["sm_90"].items():
+        assert res["spill_stores"] == 0 and res["spill_loads"] == 0, (name, res)
+        assert res["registers"] > 0, (name, res)

@@ -261,3 +261,19 @@ def test_cuda_op_matches_the_kernel_and_captures_in_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("overload", ["default", "lse", "out"])
+def test_v_head_dim_op_returns_and_fakes_the_v_width(overload):
+    """attention.v_head_dim: out (and its fake) is [rows, Hq, v_head_dim], not q's width."""
+    spec = _spec("op_decode_vdim", "paged_decode", FP16, attention={**HEADS, "head_dim": 64, "v_head_dim": 96})
+    kern = _build(spec)
+    args = _torch_args(make_decode_case(spec, [1, 16, 17], np.random.default_rng(4)))
+    want = kern(**args)
+    assert tuple(want.shape) == (3, 4, 96)
+    assert torch.equal(torch.ops.kgen.op_decode_vdim(**args), want)
+    kwargs = {"return_lse": True} if overload == "lse" else {"out": torch.empty(3, 4, 96, dtype=torch.float16)} \
+        if overload == "out" else {}
+    result = torch.library.opcheck(getattr(torch.ops.kgen.op_decode_vdim, overload),
+                                   tuple(args[n] for n in POSITIONAL[:5]), kwargs)
+    assert set(result.values()) == {"SUCCESS"}, result

@@ -30,10 +30,8 @@ def family_for(spec) -> Family:
 def unbuilt_features(spec) -> list[str]:
     """Spec features the format accepts (docs/abi.md) whose kernels are not built yet: one line each,
     removed as each lands, so a spec that asks for one is refused instead of silently ignored."""
-    a, kv = spec.attention, spec.kv_cache
+    kv = spec.kv_cache
     out = []
-    if a.v_head_dim is not None and kv.layout != "mla":
-        out.append("attention.v_head_dim: a V head dim of its own is not built yet")
     if kv.layout == "mla":
         out.append("kv_cache.layout: the mla layout is not built yet")
     if kv.dtype == "nvfp4":

@@ -162,6 +162,9 @@ def export_problems(spec) -> list[str]:
         problems.append("attention.alibi: FlashInfer-Bench's gqa_paged definitions have no ALiBi")
     if a.sinks:  # exporting would drop them: a definition that is not this kernel
         problems.append("attention.sinks: FlashInfer-Bench's gqa_paged definitions have no attention sinks")
+    if spec.v_head_dim_value != a.head_dim:
+        problems.append(f"attention.v_head_dim {spec.v_head_dim_value}: FlashInfer-Bench's gqa_paged definitions "
+                        f"have one head_dim for q, K, V and the output (got head_dim {a.head_dim})")
     if kv.layout != "separate":
         problems.append(f"kv_cache.layout {kv.layout}: FlashInfer-Bench's definitions keep separate k_cache and "
                         "v_cache arrays (layout: separate)")

@@ -3,7 +3,8 @@ kernel kind shares about the paged pool (docs/abi.md): the ABI shape of each lay
 index order and the conversions to and from it, the strides a kernel receives for each cache
 array, the scale shapes, and the constants the templates take.
 
-Canonical order (numpy, host side): K and V pools [num_blocks, block_size, num_kv_heads, head_dim],
+Canonical order (numpy, host side): K and V pools [num_blocks, block_size, num_kv_heads, head_dim]
+(V's last dim is v_head_dim, which attention.v_head_dim may set apart from K's head_dim),
 per_token_head scale pools [num_blocks, block_size, num_kv_heads]. NHD is that order itself.
 
 Kernel strides (device side): each K or V array is described by (block, head, token, run)
@@ -40,13 +41,14 @@ class CacheFormat:
     scale: str  # none | per_tensor | per_head | per_token_head
     block_size: int
     num_kv_heads: int
-    head_dim: int
+    head_dim: int  # K's last dim
+    v_head_dim: int  # V's last dim (head_dim unless attention.v_head_dim says otherwise)
 
     @classmethod
     def of(cls, spec) -> CacheFormat:
         kv, a = spec.kv_cache, spec.attention
         return cls(kv.layout, kv.resolved_order, dtype(kv.dtype), kv.scale, kv.block_size, a.num_kv_heads,
-                   a.head_dim)
+                   a.head_dim, spec.v_head_dim_value)
 
     @property
     def fused(self) -> bool:
@@ -117,11 +119,12 @@ def cache_names(spec) -> tuple[str, ...]:
 def half_shapes(spec, num_blocks: str | int = "num_blocks") -> dict[str, tuple]:
     """The shapes of the K and V arrays a kernel parameter points at (a fused pool's halves too)."""
     f = CacheFormat.of(spec)
-    n, b, h, d = num_blocks, f.block_size, f.num_kv_heads, f.head_dim
+    n, b, h, d, dv = num_blocks, f.block_size, f.num_kv_heads, f.head_dim, f.v_head_dim
     if f.vllm:
-        return {"k_cache": (n, h, d // f.x, b, f.x), "v_cache": (n, h, d, b)}
-    one = (n, b, h, d) if f.token_major else (n, h, b, d)
-    return {"k_cache": one, "v_cache": one}
+        return {"k_cache": (n, h, d // f.x, b, f.x), "v_cache": (n, h, dv, b)}
+    if f.token_major:
+        return {"k_cache": (n, b, h, d), "v_cache": (n, b, h, dv)}
+    return {"k_cache": (n, h, b, d), "v_cache": (n, h, b, dv)}
 
 
 def cache_shapes(spec, num_blocks: str | int = "num_blocks") -> dict[str, tuple]:
@@ -148,7 +151,7 @@ def scale_shape(spec, num_blocks: str | int = "num_blocks") -> tuple | None:
 
 # ---- layout <-> canonical (host arrays) -----------------------------------------------------
 def to_layout(spec, k: np.ndarray, v: np.ndarray) -> dict[str, np.ndarray]:
-    """The call's cache arrays (C-contiguous) from canonical [N, B, H, D] K and V."""
+    """The call's cache arrays (C-contiguous) from canonical [N, B, H, D] K and [N, B, H, Dv] V."""
     f = CacheFormat.of(spec)
     N, B, H, D = k.shape
     if f.vllm:
@@ -163,7 +166,7 @@ def to_layout(spec, k: np.ndarray, v: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def from_layout(spec, arrays: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    """Canonical [N, B, H, D] K and V (views where possible) from the call's cache arrays."""
+    """Canonical [N, B, H, D] K and [N, B, H, Dv] V (views where possible) from the call's cache arrays."""
     f = CacheFormat.of(spec)
     if f.fused:
         pool = np.asarray(arrays["kv_cache"])
@@ -234,6 +237,14 @@ def scale_pool_strides(spec, s) -> tuple[int, int, int]:
 def describe(spec) -> str:
     """The cache in words, e.g. 'fp16 (separate, NHD)'."""
     return CacheFormat.of(spec).describe()
+
+
+def head_dims_text(spec) -> str:
+    """The head dims in words: 'head_dim 128', or both when V's differs."""
+    a = spec.attention
+    if spec.v_head_dim_value == a.head_dim:
+        return f"head_dim {a.head_dim}"
+    return f"head_dim {a.head_dim} (q, K), v_head_dim {spec.v_head_dim_value} (V, out)"
 
 
 def cache_rows(spec, note: str = "") -> list[str]:

@@ -40,7 +40,7 @@ def is_prefill(spec) -> bool:
 def kv_bytes_per_token(spec) -> int:
     """KV bytes one decoded token reads: K and V rows of every KV head, plus per-token scales."""
     a, kv = spec.attention, spec.kv_cache
-    row = 2 * a.head_dim * dtype(kv.dtype).itemsize
+    row = (a.head_dim + spec.v_head_dim_value) * dtype(kv.dtype).itemsize  # a K row and a V row
     scale = 2 * 4 if kv.scale == "per_token_head" else 0
     return a.num_kv_heads * (row + scale)
 
@@ -180,7 +180,7 @@ def kernel_subject(spec, rendered: Rendered, cuobjdump: str, arch: str = "sm_90"
         partial = 0.0
         if len(lns) > 1:  # fp32 partial output and (m, l) per (sequence, query head, partition)
             parts = lns[main].blocks / (batch * a.num_kv_heads)
-            partial = 2 * batch * a.num_q_heads * parts * (a.head_dim + 2) * 4
+            partial = 2 * batch * a.num_q_heads * parts * (spec.v_head_dim_value + 2) * 4
         return Plan(lns, main, partial)
 
     def kv_bytes(batch: int, context: int) -> float:

@@ -3,8 +3,9 @@
 // cache type. The numpy model of every conversion is kgen/quantize.py: keep them in step.
 //
 // Work decomposition: one warp per (token, K-or-V, KV head) row; blockIdx.x is the
-// token, blockIdx.y * WARPS + warp the row kind and head. Lanes stride over head_dim
-// (lane, lane + 32, ...), so a warp's stores are contiguous for NHD/HND rows. With
+// token, blockIdx.y * WARPS + warp the row kind and head. Lanes stride over the row's width
+// (HEAD_DIM for K, V_HEAD_DIM for V; lane, lane + 32, ...), so a warp's stores are contiguous for
+// NHD/HND rows. With
 // per_token_head scales the warp first reduces max|x| with shuffles, and lane 0 writes
 // the row's scale into the scale pool.
 //
@@ -62,7 +63,6 @@ __device__ __forceinline__ void cache_write_body(
   typedef typename Cfg::in_t in_t;
   typedef typename Cfg::kv_t kv_t;
   constexpr int H = Cfg::NUM_KV_HEADS;
-  constexpr int D = Cfg::HEAD_DIM;
   constexpr int WARPS = Cfg::NUM_THREADS / 32;
   const long long token = blockIdx.x;
   const int slot = slot_mapping[token];
@@ -79,6 +79,7 @@ __device__ __forceinline__ void cache_write_body(
                      : k_cache + blk * k_s_block + h * k_s_head + off * k_s_token;
     const long long s_run = is_v ? v_s_run : k_s_run;
     const int run = is_v ? Cfg::V_RUN : Cfg::K_RUN;
+    const int D = is_v ? Cfg::V_HEAD_DIM : Cfg::HEAD_DIM;  // the row's width (warp-uniform)
 
     if constexpr (Cfg::SCALE_MODE == 0) {
       for (int d = lane; d < D; d += 32) dst[(d / run) * s_run + d % run] = convert_value<kv_t>(src[d]);

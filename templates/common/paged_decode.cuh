@@ -12,10 +12,10 @@
 // [head_dim][token] (rows padded against bank conflicts).
 //
 // Compute: the threads form row groups of LANES lanes that split head_dim (VEC elements a
-// lane, CPL chunks). A row group serves HEADS_PER_THREAD query heads (its "head set") for
+// lane, CPL chunks) for q . K, and V_HEAD_DIM (VCPL chunks) for P V and the output. A row group serves HEADS_PER_THREAD query heads (its "head set") for
 // TOKENS_PER_THREAD consecutive tokens of each tile (its "token slot"), so the registers
 // per thread grow with HEADS_PER_THREAD, not with the GQA group. Each thread keeps its
-// heads' queries and output accumulators in registers (o: OUT = CPL * VEC elements a head)
+// heads' queries and output accumulators in registers (o: OUT = VCPL * VEC elements a head)
 // and an online-softmax state (SoftmaxState, softmax.cuh). Token slots are merged through
 // shared memory at the end.
 //
@@ -37,15 +37,18 @@ namespace kgen {
 template <class Cfg>
 struct DecodeShape {
   typedef typename Cfg::kv_t kv_t;
-  static constexpr int D = Cfg::HEAD_DIM;
+  static constexpr int D = Cfg::HEAD_DIM;    // q and K
+  static constexpr int DV = Cfg::V_HEAD_DIM;  // V and out
   static constexpr int G = Cfg::GROUP;
   static constexpr int T = Cfg::NUM_THREADS;
   static constexpr int ES = (int)sizeof(kv_t);
   static constexpr int VEC = Cfg::VEC;
-  static constexpr int CHUNKS = D / VEC;
+  static constexpr int CHUNKS = D / VEC, V_CHUNKS = DV / VEC;
   static constexpr int LANES = Cfg::LANES;  // lanes of a row group
-  static constexpr int CPL = Cfg::CPL;      // chunks per lane
-  static constexpr int OUT = CPL * VEC;     // output elements per lane and head
+  static constexpr int CPL = Cfg::CPL;      // chunks of head_dim per lane
+  static constexpr int VCPL = Cfg::VCPL;    // chunks of v_head_dim per lane
+  static constexpr int QK = CPL * VEC;      // query elements per lane and head
+  static constexpr int OUT = VCPL * VEC;    // output elements per lane and head
   static constexpr int HPT = Cfg::HEADS_PER_THREAD;
   static constexpr int HEAD_SETS = (G + HPT - 1) / HPT;
   static constexpr int SLOTS = Cfg::TOKEN_SLOTS;
@@ -60,13 +63,14 @@ struct DecodeShape {
   static constexpr bool TOKEN_SCALES = Cfg::SCALE_MODE == 3;
   static constexpr int align16(int x) { return (x + 15) / 16 * 16; }
   static constexpr int K_BYTES = align16(NT * D * ES);
-  static constexpr int V_BYTES = align16((V_BY_TOKEN ? D * V_ROW : NT * D) * ES);
+  static constexpr int V_BYTES = align16((V_BY_TOKEN ? DV * V_ROW : NT * DV) * ES);
   static constexpr int S_BYTES = TOKEN_SCALES ? align16(2 * NT * 4) : 0;
   static constexpr int STAGE_BYTES = K_BYTES + V_BYTES + S_BYTES;
-  static constexpr int SCRATCH_BYTES = SLOTS * G * (D + 2) * 4;  // the token slots' (o, m, l)
+  static constexpr int SCRATCH_BYTES = SLOTS * G * (DV + 2) * 4;  // the token slots' (o, m, l)
   static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES > SCRATCH_BYTES ? STAGES * STAGE_BYTES : SCRATCH_BYTES;
   static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's geometry and the template disagree");
-  static_assert(D % VEC == 0 && LANES <= 32 && (LANES & (LANES - 1)) == 0 && LANES * CPL >= CHUNKS, "lanes");
+  static_assert(D % VEC == 0 && DV % VEC == 0 && LANES <= 32 && (LANES & (LANES - 1)) == 0 &&
+                LANES * CPL >= CHUNKS && LANES * VCPL >= V_CHUNKS, "lanes");
   static_assert(T % 32 == 0 && T % LANES == 0, "threads must be whole warps of whole row groups");
   static_assert(HEAD_SETS * SLOTS <= T / LANES && NT % SLOTS == 0, "row groups");
   static_assert(STAGES >= 1 && TPT % SUB == 0, "stages, batches");
@@ -139,14 +143,16 @@ template <class Cfg>
 struct TileCopier {
   typedef DecodeShape<Cfg> S;
   typedef typename Cfg::kv_t kv_t;
-  static constexpr int D = S::D, NT = S::NT, T = S::T, B = Cfg::BLOCK_SIZE, ES = S::ES;
+  static constexpr int D = S::D, DV = S::DV, NT = S::NT, T = S::T, B = Cfg::BLOCK_SIZE, ES = S::ES;
   static constexpr bool ONE_BLOCK = B >= NT;  // every tile inside one cache block
-  // K rows (and V rows, same mapping, unless V_BY_TOKEN): copy c = tid + k * T is piece
-  // c % PER_ROW of token c / PER_ROW; it lands at element c * KE of the stage.
+  // K rows (and V rows, same mapping, when V is token-major and as wide): copy c = tid + k * T is
+  // piece c % PER_ROW of token c / PER_ROW; it lands at element c * KE of the stage. V rows of
+  // their own width (v_head_dim) take a second loop of the same shape (V_PER_ROW pieces a token).
   static constexpr int KE = S::K_COPY / ES;  // elements per copy
-  static constexpr int PER_ROW = D / KE;
-  static constexpr int COPIES = NT * PER_ROW;
+  static constexpr int PER_ROW = D / KE, V_PER_ROW = DV / KE;
+  static constexpr int COPIES = NT * PER_ROW, V_COPIES = NT * V_PER_ROW;
   static constexpr int ITERS = (COPIES + T - 1) / T;
+  static constexpr bool V_WITH_K = !S::V_BY_TOKEN && DV == D;  // V's copies ride along K's
   // Per-token scales: copy c = tid + k * T of [0, NT) K, [NT, 2 NT) V.
   static constexpr int SCOPIES = S::TOKEN_SCALES ? 2 * NT : 0;
   static constexpr int SITERS = (SCOPIES + T - 1) / T;
@@ -186,7 +192,25 @@ struct TileCopier {
           vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0;
         }
         cp_async<S::K_COPY>(ks + c * KE, ksrc, valid ? S::K_COPY : 0);
-        if (!S::V_BY_TOKEN) cp_async<S::K_COPY>(vs + c * KE, vsrc, valid ? S::K_COPY : 0);
+        if (V_WITH_K) cp_async<S::K_COPY>(vs + c * KE, vsrc, valid ? S::K_COPY : 0);
+      }
+    }
+
+    // Token-major V rows of their own width: V_PER_ROW pieces a token.
+    if (!S::V_BY_TOKEN && !V_WITH_K) {
+#pragma unroll
+      for (int k = 0; k < (V_COPIES + T - 1) / T; ++k) {
+        const unsigned c = tid + k * T;
+        if (V_COPIES % T == 0 || c < V_COPIES) {
+          const int t = c / V_PER_ROW, d0 = (c % V_PER_ROW) * KE, slot = slot0 + t % B;
+          const bool valid = t >= lo && t < hi;
+          const kv_t* vsrc = v_cache;
+          if (valid) {
+            const long long phys = ONE_BLOCK ? phys0 : table[first + t / B];
+            vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0;
+          }
+          cp_async<S::K_COPY>(vs + c * KE, vsrc, valid ? S::K_COPY : 0);
+        }
       }
     }
 
@@ -195,7 +219,7 @@ struct TileCopier {
     if (S::V_BY_TOKEN) {
       constexpr int VE = S::V_COPY / ES;
       constexpr int PER_D = NT / VE;
-      constexpr int VCOPIES = D * PER_D;
+      constexpr int VCOPIES = DV * PER_D;
 #pragma unroll
       for (int k = 0; k < (VCOPIES + T - 1) / T; ++k) {
         const unsigned c = tid + k * T;
@@ -277,7 +301,7 @@ __device__ __forceinline__ void paged_decode_body(
     const float* __restrict__ sinks = nullptr) {  // sinks last: sources written before it still compile
   typedef DecodeShape<Cfg> S;
   typedef typename Cfg::kv_t kv_t;
-  constexpr int D = S::D, G = S::G, VEC = S::VEC, LANES = S::LANES, CPL = S::CPL, OUT = S::OUT;
+  constexpr int D = S::D, DV = S::DV, G = S::G, VEC = S::VEC, LANES = S::LANES, CPL = S::CPL, OUT = S::OUT;
   constexpr int HPT = S::HPT, NT = S::NT, TPT = S::TPT, SUB = S::SUB, STAGES = S::STAGES, T = S::T;
   const bool split = Cfg::SPLIT && max_partitions > 1;
   const int P = partition_tokens;
@@ -316,7 +340,7 @@ __device__ __forceinline__ void paged_decode_body(
 
   // This thread's heads (a head past the group repeats the last one; its results are dropped),
   // their queries in registers (dims (c * LANES + lane) * VEC + i), slopes, states, outputs.
-  float qr[HPT][OUT];
+  float qr[HPT][S::QK];
   float slope[HPT];
   SoftmaxState st[HPT];
   float o[HPT][OUT];
@@ -483,11 +507,11 @@ __device__ __forceinline__ void paged_decode_body(
 #pragma unroll
         for (int j = 0; j < SUB; ++j) {
 #pragma unroll
-          for (int c = 0; c < CPL; ++c) {
+          for (int c = 0; c < S::VCPL; ++c) {
             const int chunk = c * LANES + lane;
-            if (S::CHUNKS % LANES == 0 || chunk < S::CHUNKS) {
+            if (S::V_CHUNKS % LANES == 0 || chunk < S::V_CHUNKS) {
               float vf[VEC];
-              load_as_float<kv_t, VEC>(vs + (t1 + j) * D + chunk * VEC, vf);
+              load_as_float<kv_t, VEC>(vs + (t1 + j) * DV + chunk * VEC, vf);
 #pragma unroll
               for (int h = 0; h < HPT; ++h)
 #pragma unroll
@@ -499,7 +523,7 @@ __device__ __forceinline__ void paged_decode_body(
 #pragma unroll
         for (int i = 0; i < OUT; ++i) {
           const int d = i * LANES + lane;
-          if (D % LANES == 0 || d < D) {
+          if (DV % LANES == 0 || d < DV) {
             float vf[SUB];
             load_as_float<kv_t, SUB>(vs + d * S::V_ROW + t1, vf);
 #pragma unroll
@@ -526,7 +550,7 @@ __device__ __forceinline__ void paged_decode_body(
   cp_async_wait_all();
   __syncthreads();
   float* o_s = reinterpret_cast<float*>(smem);
-  float* ml_s = o_s + S::SLOTS * G * D;
+  float* ml_s = o_s + S::SLOTS * G * DV;
   if (counted) {
 #pragma unroll
     for (int h = 0; h < HPT; ++h) {
@@ -535,7 +559,7 @@ __device__ __forceinline__ void paged_decode_body(
 #pragma unroll
         for (int i = 0; i < OUT; ++i) {
           const int d = S::V_BY_TOKEN ? i * LANES + lane : ((i / VEC) * LANES + lane) * VEC + i % VEC;
-          if (d < D) o_s[(slot * G + g) * D + d] = o[h][i];
+          if (d < DV) o_s[(slot * G + g) * DV + d] = o[h][i];
         }
         if (lane == 0) {
           ml_s[(slot * G + g) * 2] = st[h].m;
@@ -547,18 +571,18 @@ __device__ __forceinline__ void paged_decode_body(
   __syncthreads();
 
   // Write out: the final output, or this partition's normalised partial and its (m, l).
-  for (int i = tid; i < G * D; i += T) {
-    const int g = i / D, d = i % D;
+  for (int i = tid; i < G * DV; i += T) {
+    const int g = i / DV, d = i % DV;
     SoftmaxState blk = SoftmaxState::empty();
     float acc = 0.0f;
 #pragma unroll
     for (int z = 0; z < S::SLOTS; ++z) {
       const SoftmaxFactors f = blk.merge(SoftmaxState{ml_s[(z * G + g) * 2], ml_s[(z * G + g) * 2 + 1]});
-      acc = acc * f.self + o_s[(z * G + g) * D + d] * f.other;
+      acc = acc * f.self + o_s[(z * G + g) * DV + d] * f.other;
     }
     const int h = q_head0 + g;
     if (split) {
-      part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * D + d] = acc * blk.inv_sum();
+      part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * DV + d] = acc * blk.inv_sum();
       if (d == 0) {
         float* ml = part_ml + (((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * 2;
         ml[0] = blk.m;

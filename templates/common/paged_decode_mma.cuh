@@ -12,7 +12,8 @@
 // units, so the eight rows of an ldmatrix fall in different banks). Warp w takes tokens
 // [16w, 16w + 16) of every tile: S = Q K^T is 16 heads x 16 tokens (two n8 tiles), P V one k16
 // step. Each warp keeps its own online-softmax state (two rows a lane: heads g and g + 8) and its
-// 16 x head_dim fp32 output; the warps' (o, m, l) are merged through shared memory at the end.
+// 16 x v_head_dim fp32 output; the warps' (o, m, l) are merged through shared memory at the end.
+// K rows are head_dim wide (ROW_BYTES), V rows v_head_dim (V_ROW_BYTES).
 //
 // Fragments. A 16-bit cache (q's type) goes to the MMA as stored: K by ldmatrix, V by
 // ldmatrix.trans. An 8-bit cache (fp8 e4m3/e5m2, int8) is converted in registers, each element
@@ -50,28 +51,30 @@ template <class Cfg>
 struct DecodeMmaShape {
   typedef typename Cfg::q_t T;   // MMA operand type
   typedef typename Cfg::kv_t KV;
-  static constexpr int D = Cfg::HEAD_DIM, G = Cfg::GROUP;
+  static constexpr int D = Cfg::HEAD_DIM, DV = Cfg::V_HEAD_DIM, G = Cfg::GROUP;  // q/K and V/out
   static constexpr int WARPS = Cfg::WARPS, THREADS = 32 * WARPS;
   static constexpr int NT = Cfg::TILE_TOKENS;  // tokens per tile, 16 a warp
   static constexpr int STAGES = Cfg::STAGES;
   static constexpr int ES = (int)sizeof(KV);
   static constexpr bool BYTES8 = ES == 1;      // an 8-bit cache: converted in registers
-  static constexpr int ROW = Cfg::ROW_BYTES;   // bytes per shared-memory row
+  static constexpr int ROW = Cfg::ROW_BYTES;   // bytes per shared-memory K row
+  static constexpr int VROW = Cfg::V_ROW_BYTES;  // bytes per shared-memory V row
   static constexpr int KC = D / 16;            // k16 chunks of Q K^T
-  static constexpr int ONT = D / 8;            // n8 tiles of the output
+  static constexpr int ONT = DV / 8;           // n8 tiles of the output
   static constexpr int RR = G <= 8 ? 1 : 2;   // rows a lane holds: g, and g + 8 when the group passes 8
   static constexpr bool TOKEN_SCALES = Cfg::SCALE_MODE == 3;
   static constexpr bool V_REF = TOKEN_SCALES && DecodeMmaSame<T, __half>::value;
-  static constexpr int KV_BYTES = NT * ROW;    // one K (or V) tile
-  static constexpr int STAGE_BYTES = 2 * KV_BYTES + (TOKEN_SCALES ? 8 * NT : 0);
-  static constexpr int MERGE_BYTES = G * D * 4 + WARPS * G * 8;  // o [G][D], then (m, l) [warp][G]
+  static constexpr int K_BYTES = NT * ROW;     // one K tile
+  static constexpr int V_BYTES = NT * VROW;    // one V tile, after it
+  static constexpr int STAGE_BYTES = K_BYTES + V_BYTES + (TOKEN_SCALES ? 8 * NT : 0);
+  static constexpr int MERGE_BYTES = G * DV * 4 + WARPS * G * 8;  // o [G][DV], then (m, l) [warp][G]
   static constexpr int RED_BYTES = V_REF ? 128 : 0;
   static constexpr int BODY_BYTES = STAGES * STAGE_BYTES > MERGE_BYTES ? STAGES * STAGE_BYTES : MERGE_BYTES;
   static constexpr int SMEM_BYTES = BODY_BYTES + RED_BYTES;
   static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's geometry and the template disagree");
   static_assert(NT == 16 * WARPS && THREADS == Cfg::NUM_THREADS && WARPS <= 32, "warps");
-  static_assert(D % 16 == 0 && G <= 16 && ES <= 2 && sizeof(T) == 2, "tensor-core decode combo");
-  static_assert(ROW % 16 == 0 && ROW >= D * ES, "rows");
+  static_assert(D % 16 == 0 && DV % 16 == 0 && G <= 16 && ES <= 2 && sizeof(T) == 2, "tensor-core decode combo");
+  static_assert(ROW % 16 == 0 && ROW >= D * ES && VROW % 16 == 0 && VROW >= DV * ES, "rows");
   static_assert(STAGES >= 1 && STAGES <= 4, "stages");
 };
 
@@ -165,8 +168,9 @@ __device__ __forceinline__ void decode_mma_issue_tile(
   typedef typename Cfg::kv_t KV;
   constexpr int B = Cfg::BLOCK_SIZE, NT = S::NT, T = S::THREADS;
   constexpr int CHUNK = 16 / S::ES;           // elements per 16-byte copy
-  constexpr int PER_ROW = S::D / CHUNK;
-  constexpr int COPIES = NT * PER_ROW;
+  constexpr int PER_ROW = S::D / CHUNK, V_PER_ROW = S::DV / CHUNK;
+  constexpr int COPIES = NT * PER_ROW, V_COPIES = NT * V_PER_ROW;
+  constexpr bool V_WITH_K = S::DV == S::D;  // V's copies ride along K's (else a loop of their own)
   const unsigned tid = threadIdx.x;
 #pragma unroll 2  // (fully unrolled, ptxas keeps every copy's address live: 24 registers more at D 128)
   for (int k = 0; k < (COPIES + T - 1) / T; ++k) {
@@ -183,11 +187,24 @@ __device__ __forceinline__ void decode_mma_issue_tile(
         vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0;
       }
       cp_async<16>(stage + t * S::ROW + d0 * S::ES, ksrc, valid ? 16 : 0);
-      cp_async<16>(stage + S::KV_BYTES + t * S::ROW + d0 * S::ES, vsrc, valid ? 16 : 0);
+      if (V_WITH_K) cp_async<16>(stage + S::K_BYTES + t * S::VROW + d0 * S::ES, vsrc, valid ? 16 : 0);
+    }
+  }
+  if (!V_WITH_K) {
+#pragma unroll 2
+    for (int k = 0; k < (V_COPIES + T - 1) / T; ++k) {
+      const unsigned c = tid + k * T;
+      if (V_COPIES % T == 0 || c < V_COPIES) {
+        const int t = c / V_PER_ROW, d0 = (c % V_PER_ROW) * CHUNK, pos = tbase + t;
+        const bool valid = pos >= tok_begin && pos < tok_end;
+        const KV* vsrc = v_cache;
+        if (valid) vsrc = v_cache + table[(unsigned)pos / B] * v_s_block + kv_head * v_s_head + ((unsigned)pos % B) * v_s_token + d0;
+        cp_async<16>(stage + S::K_BYTES + t * S::VROW + d0 * S::ES, vsrc, valid ? 16 : 0);
+      }
     }
   }
   if (S::TOKEN_SCALES) {
-    float* ss = reinterpret_cast<float*>(stage + 2 * S::KV_BYTES);
+    float* ss = reinterpret_cast<float*>(stage + S::K_BYTES + S::V_BYTES);
     for (unsigned c = tid; c < 2 * NT; c += T) {
       const int t = c % NT, pos = tbase + t;
       const bool valid = pos >= tok_begin && pos < tok_end;
@@ -240,14 +257,14 @@ __device__ __forceinline__ int pv_column(int nt, int i, int t) {
   return 32 * (nt / 4) + 16 * (k / 2) + 2 * n + k % 2;
 }
 
-// o += P[16 heads x the warp's 16 tokens] V[those tokens, head_dim] (v_w: the first token's row).
+// o += P[16 heads x the warp's 16 tokens] V[those tokens, v_head_dim] (v_w: the first token's row).
 template <class Cfg>
 __device__ __forceinline__ void decode_mma_pv(float (&o)[DecodeMmaShape<Cfg>::ONT][4], const unsigned (&a)[4],
                                               const unsigned char* v_w, int lane) {
   typedef DecodeMmaShape<Cfg> S;
   typedef typename S::T T;
   if constexpr (!S::BYTES8) {
-    const unsigned char* v_row = v_w + (lane % 8 + ((lane / 8) % 2) * 8) * S::ROW;
+    const unsigned char* v_row = v_w + (lane % 8 + ((lane / 8) % 2) * 8) * S::VROW;
 #pragma unroll
     for (int nt = 0; nt < S::ONT; nt += 2) {
       unsigned b[4];
@@ -259,11 +276,11 @@ __device__ __forceinline__ void decode_mma_pv(float (&o)[DecodeMmaShape<Cfg>::ON
   } else {
     typedef Pair8<typename Cfg::kv_t, T> P;
     // matrices: tokens 0-7 and 8-15 of bytes [32q, 32q + 16), then of [32q + 16, 32q + 32)
-    const unsigned char* v_row = v_w + (lane % 8 + ((lane / 8) % 2) * 8) * S::ROW + 16 * (lane / 16);
+    const unsigned char* v_row = v_w + (lane % 8 + ((lane / 8) % 2) * 8) * S::VROW + 16 * (lane / 16);
 #pragma unroll
-    for (int q = 0; q < (S::D + 31) / 32; ++q) {
-      constexpr int LAST = S::D % 32 == 0 ? 4 : 2;  // a last group of 16 columns takes two matrices
-      if (LAST == 2 && q == S::D / 32) {
+    for (int q = 0; q < (S::DV + 31) / 32; ++q) {
+      constexpr int LAST = S::DV % 32 == 0 ? 4 : 2;  // a last group of 16 columns takes two matrices
+      if (LAST == 2 && q == S::DV / 32) {
         unsigned r[2];
         ldmatrix<2, true>(r, v_row + 32 * q);
         // bytes (tok 2t col 2g, tok 2t col 2g+1, tok 2t+1 col 2g, tok 2t+1 col 2g+1) -> even | odd pairs
@@ -303,7 +320,7 @@ __device__ __forceinline__ void paged_decode_mma_body(
     const float* __restrict__ sinks = nullptr) {  // sinks last: sources written before it still compile
   typedef DecodeMmaShape<Cfg> S;
   typedef typename S::T T;
-  constexpr int D = S::D, G = S::G, NT = S::NT, STAGES = S::STAGES, WARPS = S::WARPS;
+  constexpr int DV = S::DV, G = S::G, NT = S::NT, STAGES = S::STAGES, WARPS = S::WARPS;
   constexpr int B = Cfg::BLOCK_SIZE;
   const bool split = Cfg::SPLIT && max_partitions > 1;
   const int P = partition_tokens;
@@ -397,8 +414,8 @@ __device__ __forceinline__ void paged_decode_mma_body(
     if (pos_w >= tok_end || pos_w + 16 <= tok_begin) continue;  // warp-uniform: none of its tokens is seen
     const unsigned char* stage = smem + (tile % STAGES) * S::STAGE_BYTES;
     const unsigned char* k_w = stage + 16 * warp * S::ROW;
-    const unsigned char* v_w = stage + S::KV_BYTES + 16 * warp * S::ROW;
-    const float* ss = reinterpret_cast<const float*>(stage + 2 * S::KV_BYTES) + 16 * warp;
+    const unsigned char* v_w = stage + S::K_BYTES + 16 * warp * S::VROW;
+    const float* ss = reinterpret_cast<const float*>(stage + S::K_BYTES + S::V_BYTES) + 16 * warp;
 
     float s[2][4];
 #pragma unroll
@@ -454,7 +471,7 @@ __device__ __forceinline__ void paged_decode_mma_body(
   cp_async_wait_all();
   __syncthreads();
   float* o_s = reinterpret_cast<float*>(smem);
-  float* ml_s = o_s + G * D;
+  float* ml_s = o_s + G * DV;
   if (t == 0) {
 #pragma unroll
     for (int rr = 0; rr < S::RR; ++rr) {
@@ -481,7 +498,7 @@ __device__ __forceinline__ void paged_decode_mma_body(
         for (int i = 0; i < 2 * S::RR; ++i) {
           const int head = g + 8 * (i >> 1), d = pv_column<S::BYTES8>(nt, i, t);
           if (head < G) {
-            float* dst = o_s + head * D + d;
+            float* dst = o_s + head * DV + d;
             *dst = (w == 0 ? 0.0f : *dst) + o[nt][i] * f[i >> 1];
           }
         }
@@ -490,8 +507,8 @@ __device__ __forceinline__ void paged_decode_mma_body(
   }
 
   // Write out: the final output, or this partition's normalised partial and its (m, l).
-  for (int i = tid; i < G * D; i += S::THREADS) {
-    const int head = i / D, d = i % D;
+  for (int i = tid; i < G * DV; i += S::THREADS) {
+    const int head = i / DV, d = i % DV;
     SoftmaxState blk = SoftmaxState::empty();
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) blk.merge(SoftmaxState{ml_s[(w * G + head) * 2], ml_s[(w * G + head) * 2 + 1]});
@@ -499,7 +516,7 @@ __device__ __forceinline__ void paged_decode_mma_body(
     const float sink = sinks != nullptr && !split ? blk.add_sink(sinks[h]) : 1.0f;  // single pass: once, at the end
     const float x = o_s[i] * sink * blk.inv_sum() * v_out;
     if (split) {
-      part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * D + d] = x;
+      part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * DV + d] = x;
       if (d == 0) {
         float* ml = part_ml + (((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * 2;
         ml[0] = blk.m;

@@ -8,7 +8,7 @@
 // p = seq_lens[s] - q_len + j and sees keys 0..p (causal), p-W+1..p (window W) or all keys.
 //
 // Work. One thread block per (tile of 16 * WARPS packed rows, KV head, z); z = KV partition *
-// head_dim slices (a head_dim over 256 is computed in slices of 256 output columns, so the
+// v_head_dim slices (a v_head_dim over 256 is computed in slices of 256 output columns, so the
 // accumulator stays in registers). Each warp owns 16 rows. The block walks its keys in tiles of
 // KV_TILE: only keys some row of the block can see are loaded (tiles wholly above the causal
 // diagonal or before the window are never visited); a warp whose rows see none of a tile skips
@@ -58,17 +58,21 @@ template <class Cfg>
 struct PrefillShape {
   typedef typename Cfg::q_t T;  // Q, K and V in shared memory: the MMA input type
   static constexpr bool MMA = sizeof(T) == 2 && KGEN_PREFILL_HAS_MMA;
-  static constexpr int D = Cfg::HEAD_DIM, G = Cfg::GROUP;
+  static constexpr int D = Cfg::HEAD_DIM, DV = CfgVHeadDim<Cfg>::value, G = Cfg::GROUP;  // q/K and V/out
   static constexpr int WARPS = Cfg::WARPS, THREADS = 32 * WARPS;
   static constexpr int ROWS = 16 * WARPS;                    // packed rows per block
   static constexpr int KT = Cfg::KV_TILE;                    // keys per tile
   static constexpr int NT = KT / 8;                          // n8 tiles of S
   static constexpr int DK = (D + 15) / 16 * 16;              // QK^T reduction extent (zero padded)
   static constexpr int LD = DK + 16 / (int)sizeof(T);        // smem row stride: +16 bytes spreads ldmatrix rows over banks
-  static constexpr int DS = D > 256 ? 256 : D;               // output columns per block
-  static constexpr int SLICES = (D + DS - 1) / DS;
+  static constexpr int LDV = (DV + 15) / 16 * 16 + 16 / (int)sizeof(T);  // ... of V's rows
+  static constexpr int DS = DV > 256 ? 256 : DV;             // output columns per block
+  static constexpr int SLICES = (DV + DS - 1) / DS;
   static constexpr int ONT = DS / 8;                         // n8 tiles of the output slice
-  static constexpr int VEC = Cfg::VEC, CHUNKS = D / VEC;
+  static constexpr int VEC = Cfg::VEC, CHUNKS = D / VEC, V_CHUNKS = DV / VEC;
+  // A tile's K and V rows are copied by one loop over MAX_CHUNKS chunks a key (K's and V's alike
+  // when the dims are equal; else the narrower one skips the chunks past its width).
+  static constexpr int MAX_CHUNKS = CHUNKS > V_CHUNKS ? CHUNKS : V_CHUNKS;
   // How K/V tiles reach the operand tiles (kgen/families/attention/prefill.py, kv_path): PATH_COPY,
   // cp.async straight into STAGES operand tiles (a cache in q's type, unscaled); PATH_STAGE, cp.async
   // of the stored bytes into STAGES staging tiles, then one dequantizing pass into the operand tile;
@@ -79,14 +83,18 @@ struct PrefillShape {
   static constexpr bool TOKEN_SCALES = Cfg::SCALE_MODE == 3;
   static constexpr int align16(int x) { return (x + 15) / 16 * 16; }
   static constexpr int Q_BYTES = ROWS * LD * (int)sizeof(T);
-  static constexpr int TILE_BYTES = KT * LD * (int)sizeof(T);            // one operand tile (K or V)
-  static constexpr int RAW_BYTES = align16(KT * D * (int)sizeof(KV));     // one staged tile, as stored
+  static constexpr int TILE_BYTES = KT * LD * (int)sizeof(T);            // one K operand tile
+  static constexpr int V_TILE_BYTES = KT * LDV * (int)sizeof(T);         // one V operand tile
+  static constexpr int RAW_BYTES = align16(KT * D * (int)sizeof(KV));     // one staged K tile, as stored
+  static constexpr int V_RAW_BYTES = align16(KT * DV * (int)sizeof(KV));  // one staged V tile
   static constexpr int SCALE_BYTES = TOKEN_SCALES ? 8 * KT : 0;        // per-token scales of a tile: K's KT, V's KT
   // A stage: PATH_COPY the two operand tiles; PATH_STAGE K and V as stored, then the scales;
   // PATH_GATHER (one stage) only the scales, written by the plain loads.
-  static constexpr int STAGE_BYTES = PATH == 0 ? 2 * TILE_BYTES : PATH == 1 ? 2 * RAW_BYTES + SCALE_BYTES : SCALE_BYTES;
-  static constexpr int SCALES_AT = PATH == 1 ? 2 * RAW_BYTES : 0;          // the scales' offset in a stage
-  static constexpr int OPERAND_BYTES = PATH == 0 ? 0 : 2 * TILE_BYTES;   // the converted K and V tiles
+  static constexpr int STAGE_BYTES = PATH == 0   ? TILE_BYTES + V_TILE_BYTES
+                                     : PATH == 1 ? RAW_BYTES + V_RAW_BYTES + SCALE_BYTES
+                                                 : SCALE_BYTES;
+  static constexpr int SCALES_AT = PATH == 1 ? RAW_BYTES + V_RAW_BYTES : 0;  // the scales' offset in a stage
+  static constexpr int OPERAND_BYTES = PATH == 0 ? 0 : TILE_BYTES + V_TILE_BYTES;  // the converted K and V tiles
   static constexpr int KV_BYTES = OPERAND_BYTES + STAGES * STAGE_BYTES;
   // the fp32 P tiles: reserved when any target of the spec needs them (one geometry for every target)
   static constexpr int SMEM_BYTES = Q_BYTES + KV_BYTES + (Cfg::FMA_SCRATCH ? WARPS * 16 * KT * 4 : 0);
@@ -96,7 +104,8 @@ struct PrefillShape {
   static_assert(PATH != 0 || (SameType<KV, T>::value && COPY == 16), "the copy path needs a cache in q's type");
   static_assert(STAGES >= 1 && STAGES <= 4, "stages");
   static_assert(KT % 16 == 0, "KV_TILE must be a multiple of 16");
-  static_assert(D % 8 == 0 && D % VEC == 0, "head_dim must be a multiple of 8 and of the vector width");
+  static_assert(D % 8 == 0 && D % VEC == 0 && DV % 8 == 0 && DV % VEC == 0,
+                "head_dim and v_head_dim must be multiples of 8 and of the vector width");
 };
 
 // ---- the warp's matrix products, as C fragments of m16n8 tiles (kgen_simt_mma.h has the layout) ----
@@ -136,7 +145,7 @@ struct PrefillMath<Cfg, true> {
       const unsigned a[4] = {pack2<T>(p[2 * kk][0], p[2 * kk][1]), pack2<T>(p[2 * kk][2], p[2 * kk][3]),
                              pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
                              pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
-      const T* v_row = v_s + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * S::LD + d0;
+      const T* v_row = v_s + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * S::LDV + d0;
 #pragma unroll
       for (int nt = 0; nt < S::ONT; nt += 2) {
         if (8 * nt >= dn) break;  // uniform: dn is the slice's width
@@ -193,7 +202,7 @@ struct PrefillMath<Cfg, false> {
         const float* pr = p_w + (g + (i >= 2 ? 8 : 0)) * S::KT;
         const T* vc = v_s + d0 + 8 * nt + 2 * t + (i & 1);
         float acc = o[nt][i];
-        for (int k = 0; k < S::KT; ++k) acc += pr[k] * to_float(vc[k * S::LD]);
+        for (int k = 0; k < S::KT; ++k) acc += pr[k] * to_float(vc[k * S::LDV]);
         o[nt][i] = acc;
       }
     }
@@ -260,16 +269,21 @@ __device__ __forceinline__ void prefill_load_kv_tile(
   typedef typename S::T T;
   typedef typename Cfg::kv_t KV;
   constexpr int B = Cfg::BLOCK_SIZE, VEC = S::VEC;
-  for (int idx = threadIdx.x; idx < S::KT * S::CHUNKS; idx += S::THREADS) {
-    const int i = idx / S::CHUNKS, c = idx % S::CHUNKS, key = kv0 + i;
+  constexpr int MC = S::MAX_CHUNKS;
+  const bool k_all = S::CHUNKS == MC, v_all = S::V_CHUNKS == MC;  // (compile-time: no test when the dims are equal)
+  for (int idx = threadIdx.x; idx < S::KT * MC; idx += S::THREADS) {
+    const int i = idx / MC, c = idx % MC, key = kv0 + i;
+    const bool has_k = k_all || c < S::CHUNKS, has_v = v_all || c < S::V_CHUNKS;
     float kf[VEC], vf[VEC];
     if (key < kv_end) {
       const long long phys = table[key / B];
       const int slot = key % B;
-      load_row_chunk<KV, VEC, Cfg::K_RUN>(k_cache + phys * k_s_block + (long long)kv_head * k_s_head +
-                                              slot * k_s_token, c * VEC, k_s_run, kf);
-      load_row_chunk<KV, VEC, Cfg::V_RUN>(v_cache + phys * v_s_block + (long long)kv_head * v_s_head +
-                                              slot * v_s_token, c * VEC, v_s_run, vf);
+      if (has_k)
+        load_row_chunk<KV, VEC, Cfg::K_RUN>(k_cache + phys * k_s_block + (long long)kv_head * k_s_head +
+                                                slot * k_s_token, c * VEC, k_s_run, kf);
+      if (has_v)
+        load_row_chunk<KV, VEC, Cfg::V_RUN>(v_cache + phys * v_s_block + (long long)kv_head * v_s_head +
+                                                slot * v_s_token, c * VEC, v_s_run, vf);
       if (S::TOKEN_SCALES && c == 0) {
         tok_sc[i] = kv_scale_at<3>(k_scale, phys, slot, kv_head, ks_s_block, ks_s_head, ks_s_token);
         tok_sc[S::KT + i] = kv_scale_at<3>(v_scale, phys, slot, kv_head, vs_s_block, vs_s_head, vs_s_token);
@@ -279,8 +293,8 @@ __device__ __forceinline__ void prefill_load_kv_tile(
       for (int e = 0; e < VEC; ++e) kf[e] = vf[e] = 0.0f;
       if (S::TOKEN_SCALES && c == 0) tok_sc[i] = tok_sc[S::KT + i] = 0.0f;
     }
-    store_vec_from_float<T, VEC>(k_s + i * S::LD + c * VEC, kf);
-    store_vec_from_float<T, VEC>(v_s + i * S::LD + c * VEC, vf);
+    if (has_k) store_vec_from_float<T, VEC>(k_s + i * S::LD + c * VEC, kf);
+    if (has_v) store_vec_from_float<T, VEC>(v_s + i * S::LDV + c * VEC, vf);
   }
 }
 
@@ -300,11 +314,13 @@ __device__ __forceinline__ void prefill_issue_tile(
   typedef typename Cfg::kv_t KV;
   constexpr int B = Cfg::BLOCK_SIZE, VEC = S::VEC, KT = S::KT;
   constexpr bool COPY = S::PATH == 0;
-  constexpr int ROW = COPY ? S::LD : S::D;  // elements per shared-memory row
+  constexpr int ROW = COPY ? S::LD : S::D, V_ROW = COPY ? S::LDV : S::DV;  // elements per shared-memory row
+  constexpr int MC = S::MAX_CHUNKS;
   KV* ks = reinterpret_cast<KV*>(stage);
   KV* vs = reinterpret_cast<KV*>(stage + (COPY ? S::TILE_BYTES : S::RAW_BYTES));
-  for (int idx = threadIdx.x; idx < KT * S::CHUNKS; idx += S::THREADS) {
-    const int i = idx / S::CHUNKS, d0 = (idx % S::CHUNKS) * VEC, key = kv0 + i;
+  for (int idx = threadIdx.x; idx < KT * MC; idx += S::THREADS) {
+    const int i = idx / MC, c = idx % MC, d0 = c * VEC, key = kv0 + i;
+    const bool has_k = S::CHUNKS == MC || c < S::CHUNKS, has_v = S::V_CHUNKS == MC || c < S::V_CHUNKS;
     const bool valid = key < kv_end;
     const KV* ksrc = k_cache;
     const KV* vsrc = v_cache;
@@ -316,11 +332,11 @@ __device__ __forceinline__ void prefill_issue_tile(
       vsrc = v_cache + phys * v_s_block + (long long)kv_head * v_s_head + slot * v_s_token +
              run_offset<Cfg::V_RUN>(d0, v_s_run);
     }
-    cp_async<S::COPY>(ks + i * ROW + d0, ksrc, valid ? S::COPY : 0);
-    cp_async<S::COPY>(vs + i * ROW + d0, vsrc, valid ? S::COPY : 0);
+    if (has_k) cp_async<S::COPY>(ks + i * ROW + d0, ksrc, valid ? S::COPY : 0);
+    if (has_v) cp_async<S::COPY>(vs + i * V_ROW + d0, vsrc, valid ? S::COPY : 0);
   }
   if (!COPY && S::TOKEN_SCALES) {
-    float* ss = reinterpret_cast<float*>(stage + 2 * S::RAW_BYTES);
+    float* ss = reinterpret_cast<float*>(stage + S::SCALES_AT);
     for (int c = threadIdx.x; c < 2 * KT; c += S::THREADS) {
       const int key = kv0 + c % KT;
       const bool valid = key < kv_end;
@@ -346,13 +362,18 @@ __device__ __forceinline__ void prefill_convert_tile(typename Cfg::q_t* k_s, typ
   constexpr int VEC = S::VEC, KT = S::KT;
   const KV* ks = reinterpret_cast<const KV*>(stage);
   const KV* vs = reinterpret_cast<const KV*>(stage + S::RAW_BYTES);
-  for (int idx = threadIdx.x; idx < KT * S::CHUNKS; idx += S::THREADS) {
-    const int i = idx / S::CHUNKS, d0 = (idx % S::CHUNKS) * VEC;
+  constexpr int MC = S::MAX_CHUNKS;
+  for (int idx = threadIdx.x; idx < KT * MC; idx += S::THREADS) {
+    const int i = idx / MC, c = idx % MC, d0 = c * VEC;
     float kf[VEC], vf[VEC];
-    load_as_float<KV, VEC>(ks + i * S::D + d0, kf);
-    load_as_float<KV, VEC>(vs + i * S::D + d0, vf);
-    store_vec_from_float<typename Cfg::q_t, VEC>(k_s + i * S::LD + d0, kf);
-    store_vec_from_float<typename Cfg::q_t, VEC>(v_s + i * S::LD + d0, vf);
+    if (S::CHUNKS == MC || c < S::CHUNKS) {
+      load_as_float<KV, VEC>(ks + i * S::D + d0, kf);
+      store_vec_from_float<typename Cfg::q_t, VEC>(k_s + i * S::LD + d0, kf);
+    }
+    if (S::V_CHUNKS == MC || c < S::V_CHUNKS) {
+      load_as_float<KV, VEC>(vs + i * S::DV + d0, vf);
+      store_vec_from_float<typename Cfg::q_t, VEC>(v_s + i * S::LDV + d0, vf);
+    }
   }
 }
 
@@ -487,7 +508,7 @@ __device__ __forceinline__ void paged_prefill_body(
   const int warp_pos_first = pos0 + (r0 + warp * 16) / G;
   const int warp_pos_last = pos0 + (r0 + min(rows, warp * 16 + 16) - 1) / G;
   const int d0 = slice * S::DS;
-  const int dn = S::SLICES == 1 ? S::DS : min(S::DS, S::D - d0);
+  const int dn = S::SLICES == 1 ? S::DS : min(S::DS, S::DV - d0);
 
   SoftmaxState st[2] = {SoftmaxState::empty(), SoftmaxState::empty()};
   float o[S::ONT][4];
@@ -599,7 +620,7 @@ __device__ __forceinline__ void paged_prefill_body(
       if (!row_ok[rr]) continue;
       const float x = o[nt][i] * inv[rr];
       if (split)
-        part_o[(((long long)row_tok[rr] * Cfg::NUM_Q_HEADS + row_head[rr]) * max_partitions + part) * S::D + d] = x;
+        part_o[(((long long)row_tok[rr] * Cfg::NUM_Q_HEADS + row_head[rr]) * max_partitions + part) * S::DV + d] = x;
       else
         out[(long long)row_tok[rr] * o_s_tok + (long long)row_head[rr] * o_s_head + d] =
             from_float<typename Cfg::out_t>(x);

@@ -19,6 +19,13 @@ namespace kgen {
 
 typedef signed char i8;
 
+// V's and the output's head dim of a Cfg: its V_HEAD_DIM, or HEAD_DIM for a Cfg that has none (one
+// written before attention.v_head_dim: a hand-written ABI 1 kernel that calls kgen's provided bodies).
+template <class Cfg, class = void> struct CfgVHeadDim { static constexpr int value = Cfg::HEAD_DIM; };
+template <class Cfg> struct CfgVHeadDim<Cfg, decltype(void(Cfg::V_HEAD_DIM))> {
+  static constexpr int value = Cfg::V_HEAD_DIM;
+};
+
 // ---- 2^x with denormal results flushed to 0: one MUFU.EX2 on the GPU (ex2.approx.ftz, no range
 // fix-up around it, unlike __expf's ex2.approx without -ftz); exp2f on the CPU.
 #ifdef KGEN_SIMT

@@ -104,7 +104,7 @@ __device__ __forceinline__ void clip_to_partition(int part, int partition_tokens
 
 // The merge kernel's body: the log-sum-exp merge of the KV partitions of one output row `row`
 // (a decode sequence, or a prefill query token, whose sequence has kv_len keys) and query head
-// blockIdx.x. Scratch: part_o [rows, NUM_Q_HEADS, max_partitions, HEAD_DIM] of normalised
+// blockIdx.x. Scratch: part_o [rows, NUM_Q_HEADS, max_partitions, V_HEAD_DIM] of normalised
 // partial outputs, part_ml [rows, NUM_Q_HEADS, max_partitions, 2] of their (m, l). The partitions
 // hold no sink: with `sinks` (a spec with sinks) the merge adds the head's once.
 template <class Cfg>
@@ -114,7 +114,7 @@ __device__ __forceinline__ void merge_partitions_body(typename Cfg::out_t* __res
                                                       int row, int kv_len, int max_partitions, int partition_tokens,
                                                       long long o_s_row, long long o_s_head,
                                                       const float* __restrict__ sinks = nullptr) {
-  constexpr int D = Cfg::HEAD_DIM;
+  constexpr int D = CfgVHeadDim<Cfg>::value;  // the output's width
   const int h = blockIdx.x;
   const int num_parts = split_partitions(kv_len, partition_tokens, max_partitions);
   const long long base = ((long long)row * Cfg::NUM_Q_HEADS + h) * max_partitions;

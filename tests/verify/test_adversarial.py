@@ -58,6 +58,7 @@ OUT_WRITE = "out[seq * o_s_seq + (long long)h * o_s_head + d] = from_float<typen
 K_ROW = ("ksrc = k_cache + phys * k_s_block + kv_head * k_s_head + slot * k_s_token + "
          "run_offset<Cfg::K_RUN>(d0, k_s_run);")
 V_ROW = "vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0;"
+KV_ROWS = K_ROW + "\n          " + V_ROW  # the K loop's (V rows of their own width have a loop of their own)
 LSE_WRITE = "lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = blk.lse();"
 SCALES = "  // Per-tensor / per-head dequantisation scales (per-token ones come with each tile).\n"
 WRITE_OUT = "  // Write out: the final output, or this partition's normalised partial and its (m, l).\n"
@@ -93,8 +94,8 @@ MUTANTS = [
      "  if (tid == 0) const_cast<typename Cfg::q_t*>(q)[seq * q_s_seq + (long long)q_head0 * q_s_head]"
      " = from_float<typename Cfg::q_t>(0.0f);\n" + SCALES,
      {"len_1", "long"}, set(), ("input 'q'",)),
-    ("writes_input_k_cache_tail", {}, None, V_ROW,
-     V_ROW + "\n          if (d0 == 0 && t == hi - 1 && slot + 1 < B) const_cast<kv_t*>(ksrc)[k_s_token] = ksrc[0];",
+    ("writes_input_k_cache_tail", {}, None, KV_ROWS,
+     KV_ROWS + "\n          if (d0 == 0 && t == hi - 1 && slot + 1 < B) const_cast<kv_t*>(ksrc)[k_s_token] = ksrc[0];",
      {"len_1", "len_B+1"}, {"len_B"}, ("input 'k_cache'",)),
     ("writes_past_out", {}, None, WRITE_OUT,
      "  if (!split && tid == 0 && seq == (int)gridDim.y - 1 && kv_head == (int)gridDim.x - 1)\n"
@@ -104,8 +105,8 @@ MUTANTS = [
     ("lse_of_one_head_unwritten", {}, None, LSE_WRITE, f"if (h != 1) {LSE_WRITE}",
      {"mixed_batch_lse"}, {"mixed_batch"}, ("lse[",)),
     ("split_scratch_written_one_partition_late", {}, {"partition_size": 32, "mma_min_group": 0},
-     "part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * D + d]",
-     "part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part + 1) * D + d]",
+     "part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * DV + d]",
+     "part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part + 1) * DV + d]",
      {"len_P+1"}, set(), ("outside 'part_o'",)),
     ("one_head_one_percent_off", {}, None, OUT_WRITE,
      OUT_WRITE.replace("acc * blk.inv_sum())", "acc * blk.inv_sum() * (h == Cfg::NUM_Q_HEADS - 1 ? 1.01f : 1.0f))"),

@@ -50,13 +50,14 @@ def poison(name: str) -> float:
 
 # ---- the profiles ---------------------------------------------------------------------------
 class Profile:
-    """Real values of one case: q [S, Hq, D], and K, V [n, H, D] for positions of a sequence."""
+    """Real values of one case: q [S, Hq, D], and K [n, H, D], V [n, H, DV] for positions of a sequence."""
 
     k_range = v_range = 4.5  # |values| the per_tensor/per_head scales are sized for
 
     def __init__(self, spec, rng: np.random.Generator, seq_lens: list[int]):
         a = spec.attention
         self.H, self.D, self.G, self.rng = a.num_kv_heads, a.head_dim, spec.group_size, rng
+        self.DV = spec.v_head_dim_value
         self.scale = float(spec.softmax_scale_value)
         self.seq_lens = seq_lens
 
@@ -64,8 +65,8 @@ class Profile:
         return self.rng.standard_normal((len(self.seq_lens), self.H * self.G, self.D))
 
     def kv(self, seq: int, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        shape = (len(pos), self.H, self.D)
-        return (self.rng.standard_normal(shape, dtype=np.float32), self.rng.standard_normal(shape, dtype=np.float32))
+        return (self.rng.standard_normal((len(pos), self.H, self.D), dtype=np.float32),
+                self.rng.standard_normal((len(pos), self.H, self.DV), dtype=np.float32))
 
     def _directions(self) -> np.ndarray:
         return self.rng.choice(np.float32([-1.0, 1.0]), size=(self.H, self.D))
@@ -191,7 +192,7 @@ def build_pool_case(spec, seq_lens: list[int], rng: np.random.Generator, profile
     pool with `spare` more blocks than in use (poisoned, like every tail slot and unused table
     entry); with `huge`, at the top of a pool past 2^32 elements."""
     a, kv = spec.attention, spec.kv_cache
-    B, H, D = kv.block_size, a.num_kv_heads, a.head_dim
+    B, H = kv.block_size, a.num_kv_heads
     prof = PROFILES[profile](spec, rng, seq_lens)
     nblocks = [-(-n // B) for n in seq_lens]
     needed = sum(nblocks)
@@ -242,8 +243,8 @@ def build_pool_case(spec, seq_lens: list[int], rng: np.random.Generator, profile
             blocks, sblocks = {}, {}
             for which, real in (("k", k), ("v", v)):
                 stored, srows = _store(spec, real, scales.get(f"{which}_scale"))
-                canon = np.full((len(ids), B, H, D), fill, dtype=cd)
-                canon.reshape(-1, H, D)[:len(pos)] = stored
+                canon = np.full((len(ids), B, H, real.shape[-1]), fill, dtype=cd)  # head_dim or v_head_dim
+                canon.reshape(-1, H, real.shape[-1])[:len(pos)] = stored
                 blocks[which] = canon
                 if srows is not None:
                     s = np.full((len(ids), B, H), np.nan, dtype=np.float32)

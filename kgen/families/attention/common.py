@@ -69,12 +69,12 @@ PREFILL_ROWS = Rows("num_q_tokens", "tok", True, "queries, packed by sequence (q
 def attention_arguments(spec, config: Config, rows: Rows) -> list[Arg]:
     """Every parameter of the main kernel, in ABI order."""
     a, d = spec.attention, spec.dtype
-    Hq, D, R = a.num_q_heads, a.head_dim, rows.count
+    Hq, D, DV, R = a.num_q_heads, a.head_dim, spec.v_head_dim_value, rows.count  # q/K and V/out widths
     single_pass = not config["partition_size"]
     indptr = [array("q_indptr", "int32", "input", ("num_seqs + 1",),
                     "sequence s owns query rows q_indptr[s] .. q_indptr[s+1]-1; q_indptr[0] = 0, non-decreasing")]
     return [
-        array("out", d.resolved_out, "output", (R, Hq, D), rows.out_text),
+        array("out", d.resolved_out, "output", (R, Hq, DV), rows.out_text),
         array("q", d.q, "input", (R, Hq, D), rows.q_text),
         *cache_args(spec, "input", const=True),
         *(indptr if rows.packed else []),
@@ -86,7 +86,7 @@ def attention_arguments(spec, config: Config, rows: Rows) -> list[Arg]:
               "ALiBi slope of each query head" if a.alibi else "null: the spec has no ALiBi", optional=not a.alibi),
         *([array("sinks", "fp32", "input", (Hq,), "sink logit of each query head, used as given: a virtual key "
                  "of value zero in every softmax row")] if a.sinks else []),  # without sinks: the table unchanged
-        array("part_o", "fp32", "scratch", (R, Hq, "max_partitions", D),
+        array("part_o", "fp32", "scratch", (R, Hq, "max_partitions", DV),
               "split-KV: each partition's normalised output (null without split)", optional=single_pass),
         array("part_ml", "fp32", "scratch", (R, Hq, "max_partitions", 2),
               "split-KV: each partition's (max, sum) of exp (null without split)", optional=single_pass),
@@ -96,7 +96,7 @@ def attention_arguments(spec, config: Config, rows: Rows) -> list[Arg]:
               optional=True),
         *([scalar("num_seqs", "int32", "sequences in the batch")] if rows.packed else []),
         scalar("max_blocks_per_seq", "int32", "columns of block_tables"),
-        scalar("max_partitions", "int32", "partitions per sequence (grid z" + (" / head_dim slices"
+        scalar("max_partitions", "int32", "partitions per sequence (grid z" + (" / output slices"
                                                                              if rows.packed else "")
                + "); 1 without split"),
         stride(f"q_s_{rows.axis}", f"q stride between {_row_word(rows)}"), stride("q_s_head", "q stride between heads"),
@@ -188,7 +188,7 @@ def template_context(spec, config: Config, kernels: list[KernelDecl]) -> dict[st
         "sliding_window": int(a.sliding_window or 0),
         "soft_cap": c_float(a.logits_soft_cap or 0.0),
         "k_run": vllm_x(spec) if layout_vllm else a.head_dim,
-        "v_run": 1 if layout_vllm else a.head_dim,
+        "v_run": 1 if layout_vllm else spec.v_head_dim_value,
         "vec": vector_width(spec),
         "partition_size": config["partition_size"],
         "main": kernels[0],
@@ -327,7 +327,7 @@ class AttentionBinder(CallBinder):
     def out(self, q: ArrayArg, num_rows: int) -> ArrayArg:
         """out: the one given (checked), else a new one like q."""
         a = self.spec.attention
-        shape, out_dtype = (num_rows, a.num_q_heads, a.head_dim), self.spec.dtype.resolved_out
+        shape, out_dtype = (num_rows, a.num_q_heads, self.spec.v_head_dim_value), self.spec.dtype.resolved_out
         out = self.take("out", False)
         if out is None:
             out = as_array_arg("out", empty_like_library(q, shape, out_dtype))
@@ -350,7 +350,7 @@ class AttentionBinder(CallBinder):
                                 "(partition_size 0)")
         if max_parts <= 1 or not num_rows:
             return None, None
-        return (self.scratch(plan, q, part_o, "part_o", (num_rows, a.num_q_heads, max_parts, a.head_dim)),
+        return (self.scratch(plan, q, part_o, "part_o", (num_rows, a.num_q_heads, max_parts, self.spec.v_head_dim_value)),
                 self.scratch(plan, q, part_ml, "part_ml", (num_rows, a.num_q_heads, max_parts, 2)))
 
     def scratch(self, plan: Plan | None, like: ArrayArg, given: ArrayArg | None, name: str,

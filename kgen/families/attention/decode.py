@@ -33,7 +33,7 @@ from kgen.families.attention.decode_mma_geometry import (
 )
 from kgen.families.base import Config, TunableParam, resolve_config, threads_problems
 from kgen.families.binding import host_values
-from kgen.formats.cache import CacheFormat, describe
+from kgen.formats.cache import CacheFormat, describe, head_dims_text
 from kgen.formats.dtypes import dtype
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 from kgen.plan.split import check_forced_partition, choose_split
@@ -113,7 +113,7 @@ class PagedDecodeFamily(AttentionFamily):
         a, kv = spec.attention, spec.kv_cache
         return [
             f"num_q_heads {a.num_q_heads}, num_kv_heads {a.num_kv_heads} (query head h reads KV head h / "
-            f"{spec.group_size}), head_dim {a.head_dim}, block_size {kv.block_size}, cache {describe(spec)}, "
+            f"{spec.group_size}), {head_dims_text(spec)}, block_size {kv.block_size}, cache {describe(spec)}, "
             f"scale {kv.scale}",
             f"softmax scale {spec.softmax_scale_value!r}"
             + (f", sliding window {a.sliding_window} (query at seq_len-1 sees keys seq_len-{a.sliding_window} .. "

@@ -41,7 +41,7 @@ from kgen.families.attention.serving import (
 from kgen.families.base import Bench, Case, Config
 from kgen.formats.cache import CacheFormat, scale_to_layout, to_layout
 from kgen.formats.dtypes import dtype
-from kgen.verify.judge.bounds import check_lse, check_output
+from kgen.verify.judge.bounds import check_lse, check_output, head_dims
 from kgen.verify.judge.guards import Guarded, guarded, seal, tripwires
 from kgen.verify.judge.report import CaseResult
 from kgen.verify.judge.sparse import byte_ranges, sparse_to_backend
@@ -65,9 +65,10 @@ def fill_unread(store: np.ndarray, vstore: np.ndarray, unread: list[tuple[int, i
             blocks, slots = rng.choice(src, size=n), rng.integers(0, B, size=n)
             store[blk, first:], vstore[blk, first:] = store[blocks, slots], vstore[blocks, slots]
             # a stale slot of a block in use may be one of its own unread ones: draw those afresh
-            bad = ~np.isfinite(store[blk, first:]) | ~np.isfinite(vstore[blk, first:])
-            store[blk, first:][bad] = rng.standard_normal(int(bad.sum())) * spread
-            vstore[blk, first:][bad] = rng.standard_normal(int(bad.sum())) * spread
+            # (K's and V's own masks: their head dims may differ; both stores poison the same slots)
+            for x in (store, vstore):
+                bad = ~np.isfinite(x[blk, first:])
+                x[blk, first:][bad] = rng.standard_normal(int(bad.sum())) * spread
         else:
             store[blk, first:] = rng.standard_normal(store[blk, first:].shape) * spread
             vstore[blk, first:] = rng.standard_normal(vstore[blk, first:].shape) * spread
@@ -136,6 +137,7 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
     groups, query distribution)."""
     a, kv = spec.attention, spec.kv_cache
     B, H, D, Hq = kv.block_size, a.num_kv_heads, a.head_dim, a.num_q_heads
+    DV = spec.v_head_dim_value  # V's and out's width
     S = len(seq_lens)
     if serving is None:
         serving = Serving(spare_cols=extra_table_cols, groups=[([0, 1], 1 << 30)] if share_prefix and S >= 2 else [])
@@ -159,9 +161,9 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
     used, unused = [int(b) for b in perm[:nxt]], [int(b) for b in perm[nxt:]]
     pad_table(tables, nblocks, used, unused, N, serving.padding, rng)  # never-read entries
 
-    # canonical storage [N, B, H, D] of stored values, poison everywhere first
+    # canonical storage [N, B, H, D] (V: [N, B, H, DV]) of stored values, poison everywhere first
     store = np.full((N, B, H, D), poison(kv.dtype), dtype=np.float64)
-    vstore = store.copy()
+    vstore = np.full((N, B, H, DV), poison(kv.dtype), dtype=np.float64)
     quant = CacheFormat.of(spec).quantized
     spread = 100.0 if kv.dtype == "int8" else (3.0 if quant else 1.0)
     for i, n in enumerate(seq_lens):
@@ -171,7 +173,7 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
             blk, count = int(tables[i, j]), min(B, n - j * B)
             # drawn head-major, as [H, count, D]: the same random stream for every layout
             store[blk, :count] = (rng.standard_normal((H, count, D)) * spread).transpose(1, 0, 2)
-            vstore[blk, :count] = (rng.standard_normal((H, count, D)) * spread).transpose(1, 0, 2)
+            vstore[blk, :count] = (rng.standard_normal((H, count, DV)) * spread).transpose(1, 0, 2)
     # unread slots: the tails of last blocks and the blocks no sequence uses, filled as the case says
     unread = [(int(tables[i, nb - 1]), seq_lens[i] - (nb - 1) * B) for i, nb in enumerate(nblocks)
               if nb and seq_lens[i] % B] + [(b, 0) for b in unused]
@@ -207,7 +209,7 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
         args["sinks"] = sink_logits(Hq, rng)
     args["block_tables"] = tables
     args["seq_lens"] = np.asarray(seq_lens, dtype=np.int32)
-    args["out"] = np.full((S, Hq, D), np.nan, dtype=dtype(spec.dtype.resolved_out).numpy)
+    args["out"] = np.full((S, Hq, DV), np.nan, dtype=dtype(spec.dtype.resolved_out).numpy)
     return args
 
 
@@ -286,7 +288,7 @@ def _case_inputs(spec, case: Case, rng: np.random.Generator) -> tuple[dict, dict
 def _outputs(spec, case: Case, args: dict, plan, rng: np.random.Generator) -> list[Guarded]:
     """out (strided for a strided case), the LSE when the case checks it, and the plan's split-KV
     scratch: each pre-filled per (row, head) with NaN, zeros or stale values inside guard bytes."""
-    S, (_, Hq, D) = len(args["seq_lens"]), args["q"].shape
+    S, Hq, D = len(args["seq_lens"]), args["q"].shape[1], spec.v_head_dim_value  # out's width: V's
     out_np = dtype(spec.dtype.resolved_out).numpy
     pad = (1, 2, max(1, 16 // out_np.itemsize)) if case.params.get("strided") else None
 
@@ -347,7 +349,7 @@ def _launch(kernel, case: Case, args: dict, sparse: dict, rng: np.random.Generat
 
     out_dtype = spec.dtype.resolved_out
     result = check_output(name, lens, to_numpy(outputs["out"]), ref.out, lowp.out, out_dtype,
-                          ref.magnitude, ref.logit_magnitude)
+                          ref.magnitude, ref.logit_magnitude, **head_dims(spec))
     results = [result]
     if "lse" in outputs:
         results.append(check_lse(f"{name}_lse", lens, to_numpy(outputs["lse"]), ref.lse, lowp.lse,
@@ -365,6 +367,6 @@ def bench(spec, bucket: tuple[int, int], rng: np.random.Generator) -> Bench:
     def check(got: dict) -> CaseResult:
         ref, lowp = _references(spec, args)
         return check_output("tuning", lens, got["out"], ref.out, lowp.out, spec.dtype.resolved_out,
-                            ref.magnitude, ref.logit_magnitude)
+                            ref.magnitude, ref.logit_magnitude, **head_dims(spec))
 
     return Bench(args, ["out"], check)

@@ -25,10 +25,11 @@ COMPUTE_VEC = 8
 
 
 def vector_width(spec) -> int:
-    """Elements per load: 16 bytes when head_dim allows, else the widest power of two that divides it."""
+    """Elements per load: 16 bytes when head_dim and v_head_dim allow, else the widest power of two
+    that divides both (K and V rows are copied with the same vectors)."""
     item = dtype(spec.kv_cache.dtype).itemsize
     vec = 16 // item
-    while spec.attention.head_dim % vec:
+    while spec.attention.head_dim % vec or spec.v_head_dim_value % vec:
         vec //= 2
     return vec
 
@@ -49,7 +50,8 @@ class DecodeGeometry:
     threads: int
     vec: int              # head_dim elements a lane reads from shared memory and widens at once
     lanes: int            # lanes of a row group (they split head_dim)
-    chunks_per_lane: int
+    chunks_per_lane: int   # of head_dim (q . K)
+    v_chunks_per_lane: int  # of v_head_dim (P V and the output)
     heads_per_thread: int
     head_sets: int        # row groups needed to cover the GQA group
     token_slots: int      # row groups per head set, each on its own tokens of a tile
@@ -57,7 +59,7 @@ class DecodeGeometry:
     stages: int
     k_copy: int           # bytes per cp.async of K (and of V, except the vLLM layout)
     v_copy: int           # bytes per cp.async of V
-    v_row: int            # elements per shared-memory row of a vLLM V tile ([head_dim][token])
+    v_row: int            # elements per shared-memory V row: v_head_dim, or a vLLM tile's ([head_dim][token])
     stage_bytes: int
     smem_bytes: int       # static shared memory: the stages, reused for the token-slot merge
     tile_bytes: int       # cache bytes of one tile (K, V, per-token scales)
@@ -86,7 +88,7 @@ class DecodeGeometry:
 def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[str]]:
     """The kernel's geometry for `config`, or None and why the config cannot be built."""
     a, kv = spec.attention, spec.kv_cache
-    D, G, T = a.head_dim, spec.group_size, config["threads"]
+    D, DV, G, T = a.head_dim, spec.v_head_dim_value, spec.group_size, config["threads"]
     es = dtype(kv.dtype).itemsize
     problems = []
     stages, hpt = config["stages"], config["heads_per_thread"]
@@ -98,8 +100,8 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
         return None, problems
     load = vector_width(spec)  # elements per copy (16 bytes where head_dim allows)
     vec = min(load, COMPUTE_VEC)
-    chunks = D // vec
-    lanes = min(32, _pow2_ceil(chunks))
+    chunks, v_chunks = D // vec, DV // vec
+    lanes = min(32, _pow2_ceil(max(chunks, v_chunks)))  # a row group's lanes split the wider of K and V
     groups = T // lanes
     hpt = hpt or max(-(-G // groups), min(G, load // vec))
     head_sets = -(-G // hpt)
@@ -108,13 +110,13 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
                       f"heads_per_thread {hpt} needs for {G} query heads: use more threads or more heads per thread"]
     slots = 1 << ((groups // head_sets).bit_length() - 1)
     vllm = CacheFormat.of(spec).vllm
-    target = -(-TILE_BYTES_PER_THREAD * T // (2 * D * es))  # tokens per tile for the bytes per thread
+    target = -(-TILE_BYTES_PER_THREAD * T // ((D + DV) * es))  # tokens per tile for the bytes per thread
     tpt = _pow2_ceil(-(-target // slots))
     v_copy = vllm_v_copy(spec) if vllm else load * es
     while slots * tpt * es < v_copy:
         tpt *= 2
     tile = slots * tpt
-    v_row = D
+    v_row = DV
     if vllm:
         row_bytes = tile * es
         v_row = tile + (16 // es if row_bytes >= 16 and row_bytes // 16 % 2 == 0 else 0)  # odd 16-byte rows
@@ -123,8 +125,8 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
         return -(-x // 16) * 16
 
     scales = CacheFormat.of(spec).per_token
-    stage = a16(tile * D * es) + a16((D * v_row if vllm else tile * D) * es) + (a16(2 * tile * 4) if scales else 0)
-    merge_bytes = slots * G * (D + 2) * 4
+    stage = a16(tile * D * es) + a16((DV * v_row if vllm else tile * DV) * es) + (a16(2 * tile * 4) if scales else 0)
+    merge_bytes = slots * G * (DV + 2) * 4
     limit = static_smem_limit(spec.targets)  # the kernel's shared memory is static: 48 KiB on every arch
     if not stages:  # auto: the deepest pipeline up to AUTO_STAGES that fits
         stages = next((n for n in range(AUTO_STAGES, 1, -1) if max(n * stage, merge_bytes) <= limit), 1)
@@ -133,8 +135,9 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
         return None, [f"stages {stages} of {tile} tokens need {smem} bytes of shared memory, more than "
                       f"{limit}: use fewer stages or fewer threads"]
     geometry = DecodeGeometry(
-        threads=T, vec=vec, lanes=lanes, chunks_per_lane=-(-chunks // lanes), heads_per_thread=hpt,
+        threads=T, vec=vec, lanes=lanes, chunks_per_lane=-(-chunks // lanes),
+        v_chunks_per_lane=-(-v_chunks // lanes), heads_per_thread=hpt,
         head_sets=head_sets, token_slots=slots, tile_tokens=tile, stages=stages,
         k_copy=16 if vllm else load * es, v_copy=v_copy, v_row=v_row, stage_bytes=stage, smem_bytes=smem,
-        tile_bytes=tile * (2 * D * es + (8 if scales else 0)))
+        tile_bytes=tile * ((D + DV) * es + (8 if scales else 0)))
     return geometry, []

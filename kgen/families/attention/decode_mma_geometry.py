@@ -31,8 +31,9 @@ def mma_unsupported(spec) -> str | None:
         return f"a {kv.dtype} cache with {q} q (the tensor-core body takes a cache in q's dtype, fp8 or int8)"
     if CacheFormat.of(spec).vllm:
         return "the vLLM layout (its V is head_dim-major)"
-    if a.head_dim % 16 or a.head_dim > 256:
-        return f"head_dim {a.head_dim} (the tensor-core body needs a multiple of 16 up to 256)"
+    for name, dim in (("head_dim", a.head_dim), ("v_head_dim", spec.v_head_dim_value)):
+        if dim % 16 or dim > 256:
+            return f"{name} {dim} (the tensor-core body needs a multiple of 16 up to 256)"
     if spec.group_size > MMA_ROWS:
         return f"GQA group {spec.group_size} (more than the {MMA_ROWS} rows of one MMA tile)"
     old = [t for t in spec.targets if int(t.removeprefix("sm_")) < 80]
@@ -84,7 +85,8 @@ class MmaGeometry:
     warps: int
     tile_tokens: int   # tokens per pipeline stage (WARP_TOKENS per warp)
     stages: int
-    row_bytes: int     # bytes per shared-memory K or V row (padded)
+    row_bytes: int     # bytes per shared-memory K row (padded)
+    v_row_bytes: int   # bytes per shared-memory V row (padded)
     stage_bytes: int
     merge_bytes: int
     red_bytes: int     # the per-warp maxima of the V scales (fp16 q, per-token scales)
@@ -95,17 +97,23 @@ class MmaGeometry:
         return 32 * self.warps
 
 
-def _sizes(spec, warps: int) -> tuple[int, int, int, int]:
+def _padded_row(dim: int, es: int) -> int:
+    """Bytes of a shared-memory row of `dim` elements: an odd number of 16-byte units (ldmatrix's
+    eight rows in different banks)."""
+    return dim * es + (16 if (dim * es // 16) % 2 == 0 else 0)
+
+
+def _sizes(spec, warps: int) -> tuple[int, int, int, int, int]:
     a, kv = spec.attention, spec.kv_cache
-    D, G = a.head_dim, spec.group_size
+    DV, G = spec.v_head_dim_value, spec.group_size
     es = dtype(kv.dtype).itemsize
-    row = D * es + (16 if (D * es // 16) % 2 == 0 else 0)  # an odd number of 16-byte units
+    row, v_row = _padded_row(a.head_dim, es), _padded_row(DV, es)
     tile = WARP_TOKENS * warps
     token_scales = CacheFormat.of(spec).per_token
-    stage = 2 * tile * row + (8 * tile if token_scales else 0)
-    merge = G * D * 4 + warps * G * 8
+    stage = tile * (row + v_row) + (8 * tile if token_scales else 0)
+    merge = G * DV * 4 + warps * G * 8
     red = 128 if token_scales and spec.dtype.q == "fp16" else 0
-    return row, stage, merge, red
+    return row, v_row, stage, merge, red
 
 
 def mma_geometry(spec, config: Config) -> tuple[MmaGeometry | None, list[str]]:
@@ -117,7 +125,7 @@ def mma_geometry(spec, config: Config) -> tuple[MmaGeometry | None, list[str]]:
     if not 0 <= want <= 4:
         return None, [f"stages must be 0 (auto) or 1 to 4 (got {want})"]
     for warps in range(max(1, config["threads"] // 32), 0, -1):
-        row, stage, merge, red = _sizes(spec, warps)
+        row, v_row, stage, merge, red = _sizes(spec, warps)
 
         def need(n: int, stage: int = stage, merge: int = merge, red: int = red) -> int:
             return max(n * stage, merge) + red
@@ -135,4 +143,4 @@ def mma_geometry(spec, config: Config) -> tuple[MmaGeometry | None, list[str]]:
         return None, [f"stages {want or 1} of {WARP_TOKENS} tokens need {need(want or 1)} bytes of shared memory, "
                       f"more than {limit}: use fewer stages"]
     return MmaGeometry(warps=warps, tile_tokens=WARP_TOKENS * warps, stages=stages, row_bytes=row,
-                       stage_bytes=stage, merge_bytes=merge, red_bytes=red, smem_bytes=need(stages)), []
+                       v_row_bytes=v_row, stage_bytes=stage, merge_bytes=merge, red_bytes=red, smem_bytes=need(stages)), []

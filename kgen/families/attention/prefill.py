@@ -25,7 +25,7 @@ from kgen.families.attention.common import (
 from kgen.families.attention.decode_geometry import vector_width
 from kgen.families.base import Config, TunableParam, resolve_config
 from kgen.families.binding import host_values
-from kgen.formats.cache import CacheFormat, describe, vllm_x
+from kgen.formats.cache import CacheFormat, describe, head_dims_text, vllm_x
 from kgen.formats.dtypes import dtype
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 from kgen.plan.arch import smem_limit
@@ -46,7 +46,7 @@ def tiles(spec, config: Config) -> tuple[int, int]:
     memory first (the Q tile's 16 * warps, or the stages' 2 * stages * kv_tile), warps on a tie."""
     auto_w, auto_t = not config.get("warps", 0), not config.get("kv_tile", 0)
     warps = config.get("warps", 0) or 4
-    kv_tile = config.get("kv_tile", 0) or (64 if spec.attention.head_dim <= 128 else 32)
+    kv_tile = config.get("kv_tile", 0) or (64 if max(spec.attention.head_dim, spec.v_head_dim_value) <= 128 else 32)
     stages = stages_of(spec, config)
     while smem_bytes(spec, warps, kv_tile, stages) > SMEM_TARGET:
         can_w, can_t = auto_w and warps > 1, auto_t and kv_tile > 16
@@ -75,9 +75,9 @@ def kv_path(spec) -> str:
     into a staging tile, then one pass dequantizes it with the packed conversions (quantized or
     wider caches); "gather", plain loads that dequantize on the way (a VEC-element chunk of a key's
     row that is not contiguous in memory, as in vLLM's head_dim-major V, or a copy of 1 or 2 bytes)."""
-    kv, D = spec.kv_cache, spec.attention.head_dim
+    kv = spec.kv_cache
     vec, item = vector_width(spec), dtype(kv.dtype).itemsize
-    k_run, v_run = (vllm_x(spec), 1) if CacheFormat.of(spec).vllm else (D, D)
+    k_run, v_run = (vllm_x(spec), 1) if CacheFormat.of(spec).vllm else (spec.attention.head_dim, spec.v_head_dim_value)
     if k_run % vec or v_run % vec or vec * item not in (4, 8, 16):
         return "gather"
     if kv.dtype == spec.dtype.q and kv.scale == "none" and vec * item == 16:
@@ -92,17 +92,18 @@ def smem_bytes(spec, warps: int, kv_tile: int, stages: int = 2) -> int:
     operand pair (and per-token scales). Plus fp32 P per warp where the products are fp32 FMAs (fp32 q, or a target older
     than sm_80: no mma.sync m16n8k16)."""
     item = dtype(spec.dtype.q).itemsize
-    ld = -(-spec.attention.head_dim // 16) * 16 + 16 // item
-    tile = kv_tile * ld * item
+    D, DV = spec.attention.head_dim, spec.v_head_dim_value  # K's rows and V's
+    ld, ldv = (-(-dim // 16) * 16 + 16 // item for dim in (D, DV))
+    tiles = kv_tile * (ld + ldv) * item  # one K and one V operand tile
     path = kv_path(spec)
     scales = 8 * kv_tile if CacheFormat.of(spec).per_token else 0  # a tile's K and V scales, fp32
     if path == "copy":
-        kv = stages * 2 * tile
+        kv = stages * tiles
     elif path == "stage":
-        raw = -(-kv_tile * spec.attention.head_dim * dtype(spec.kv_cache.dtype).itemsize // 16) * 16
-        kv = 2 * tile + stages * (2 * raw + scales)
+        raws = sum(-(-kv_tile * dim * dtype(spec.kv_cache.dtype).itemsize // 16) * 16 for dim in (D, DV))
+        kv = tiles + stages * (raws + scales)
     else:
-        kv = 2 * tile + scales
+        kv = tiles + scales
     return 16 * warps * ld * item + kv + (warps * 16 * kv_tile * 4 if fma_scratch(spec) else 0)
 
 
@@ -114,7 +115,8 @@ def fma_scratch(spec) -> bool:
 
 
 def slices(spec) -> int:
-    return -(-spec.attention.head_dim // OUT_SLICE)
+    """Output slices on grid z: v_head_dim in OUT_SLICE columns each."""
+    return -(-spec.v_head_dim_value // OUT_SLICE)
 
 
 class PagedPrefillFamily(AttentionFamily):
@@ -174,7 +176,7 @@ class PagedPrefillFamily(AttentionFamily):
             if a.causal else "all seq_len keys (causal: false)"
         return [
             f"num_q_heads {a.num_q_heads}, num_kv_heads {a.num_kv_heads} (query head h reads KV head h / "
-            f"{spec.group_size}), head_dim {a.head_dim}, block_size {kv.block_size}, cache {describe(spec)}, "
+            f"{spec.group_size}), {head_dims_text(spec)}, block_size {kv.block_size}, cache {describe(spec)}, "
             f"scale {kv.scale}",
             f"softmax scale {spec.softmax_scale_value!r}"
             + (f", logits soft-cap {a.logits_soft_cap} (s = cap*tanh(s/cap), applied before ALiBi)"
@@ -186,7 +188,7 @@ class PagedPrefillFamily(AttentionFamily):
             f"Loads: {vector_width(spec)} elements per vector load; pointers and strides must keep them aligned.",
             f"Grid x: q_tiles = ceil(num_q_tokens * {spec.group_size} / {rows}) + num_seqs: blockIdx.x counts the "
             f"tiles of {rows} packed (token, group head) rows of every sequence in order (spare blocks exit); "
-            f"grid z: {slices(spec)} slice(s) of {min(OUT_SLICE, a.head_dim)} output columns.",
+            f"grid z: {slices(spec)} slice(s) of {min(OUT_SLICE, spec.v_head_dim_value)} output columns.",
             "A hand-written kernel implements the single-pass launch below (part_o and part_ml null, max_partitions "
             "1); kgen's split-KV configs add partitions on grid z and a merge kernel.",
         ]

@@ -28,7 +28,7 @@ from kgen.families.attention.serving import (
 )
 from kgen.families.base import Bench, Case, Config
 from kgen.formats.dtypes import dtype
-from kgen.verify.judge.bounds import check_lse, check_output
+from kgen.verify.judge.bounds import check_lse, check_output, head_dims
 from kgen.verify.judge.report import CaseResult
 
 
@@ -37,7 +37,7 @@ def make_prefill_case(spec, seq_lens: list[int], q_lens: list[int], rng: np.rand
                       serving: Serving | None = None) -> dict:
     """Keyword arguments for a prefill call (numpy arrays): decode's paged caches for `seq_lens`
     (poisoned, or with `serving` the case's serving look: kgen/families/attention/serving.py),
-    q [sum(q_lens), Hq, D] packed by sequence (q_gain times the unit normal, or the serving look's
+    q [sum(q_lens), Hq, D] packed by sequence (out [.., Dv]) (q_gain times the unit normal, or the serving look's
     distribution), q_indptr, and out pre-filled with NaN (with `serving`: NaN, zeros or stale
     values per (row, head))."""
     a = spec.attention
@@ -48,7 +48,9 @@ def make_prefill_case(spec, seq_lens: list[int], q_lens: list[int], rng: np.rand
     q = q_gain * (rng.standard_normal(shape) if serving is None else draw_q(rng, shape, serving.q_dist))
     args["q"] = q.astype(dtype(spec.dtype.q).numpy)
     out_np = dtype(spec.dtype.resolved_out).numpy
-    args["out"] = np.full(shape, np.nan, dtype=out_np) if serving is None else prefill_output(shape, out_np, rng)
+    out_shape = (T, a.num_q_heads, spec.v_head_dim_value)
+    args["out"] = (np.full(out_shape, np.nan, dtype=out_np) if serving is None
+                   else prefill_output(out_shape, out_np, rng))
     return args
 
 
@@ -138,7 +140,7 @@ def check(name: str, spec, args: dict, out, ref: Reference, lowp: Reference, lse
     one derived bound (kgen/verify/judge/bounds.py)."""
     lens, ind = list(np.asarray(args["seq_lens"]).tolist()), args["q_indptr"]
     results = [check_output(name, lens, to_numpy(out), ref.out, lowp.out, spec.dtype.resolved_out, ref.magnitude,
-                            ref.logit_magnitude, q_indptr=ind)]
+                            ref.logit_magnitude, q_indptr=ind, **head_dims(spec))]
     if lse is not None:
         results.append(check_lse(name + "_lse", lens, to_numpy(lse), ref.lse, lowp.lse, ref.logit_magnitude,
                                  spec.attention.head_dim, q_indptr=ind))
@@ -156,13 +158,13 @@ def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
     # partition boundaries (a call without a plan may choose a larger multiple).
     P = kernel.config.get("partition_size", 0)
     plan = kernel.plan(args["seq_lens"], q_indptr=args["q_indptr"], partition_tokens=P) if P else None
-    T, Hq, D = args["q"].shape
+    T, Hq = args["q"].shape[:2]
     if serving is not None:  # the LSE and the split scratch pre-filled like out: NaN, zeros or stale values
         if want_lse:
             args["lse"] = prefill_output((T, Hq), np.float32, rng, stale_mean=4.0)
         parts = plan.sizes["max_partitions"] if plan is not None else 1
         if parts > 1 and T:
-            args["part_o"] = prefill_output((T, Hq, parts, D), np.float32, rng)
+            args["part_o"] = prefill_output((T, Hq, parts, spec.v_head_dim_value), np.float32, rng)
             args["part_ml"] = prefill_output((T, Hq, parts, 2), np.float32, rng, stale_mean=2.0)
     dev_args = args_to_backend(args, kernel.backend)
     result = kernel(**dev_args, return_lse=True, plan=plan) if want_lse else kernel(**dev_args, plan=plan)

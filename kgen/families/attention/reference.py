@@ -36,7 +36,7 @@ ROW_CHUNK = 256  # query rows per step: the logits of a long prompt need not fit
 class Reference:
     """Per query row (decode: one per sequence; prefill: the packed rows)."""
 
-    out: np.ndarray  # [rows, Hq, D]
+    out: np.ndarray  # [rows, Hq, Dv] (Dv: v_head_dim)
     lse: np.ndarray  # [rows, Hq]
     # max over d of sum_j p_j |v_jd|: what the output's accumulation errors are relative to
     magnitude: np.ndarray  # [rows, Hq]
@@ -59,20 +59,20 @@ def _sequence_scale(spec, scale, blocks: np.ndarray, seq_len: int) -> np.ndarray
 
 
 def gather_stored(spec, args: dict, table_row: np.ndarray, seq_len: int):
-    """One sequence's stored K and V [seq_len, H, D] (the cache dtype) and their scales [seq_len, H]
-    (float64), read from the used blocks only."""
+    """One sequence's stored K [seq_len, H, D] and V [seq_len, H, Dv] (the cache dtype) and their
+    scales [seq_len, H] (float64), read from the used blocks only."""
     a = spec.attention
     blocks = np.asarray(table_row[: -(-seq_len // spec.kv_cache.block_size)], dtype=np.int64)
     used = {name: np.asarray(args[name])[blocks] for name in cache_names(spec)}
-    k, v = from_layout(spec, used)  # canonical [nb, B, H, D]
-    shape = (-1, a.num_kv_heads, a.head_dim)
-    k, v = k.reshape(shape)[:seq_len], v.reshape(shape)[:seq_len]
+    k, v = from_layout(spec, used)  # canonical [nb, B, H, D] and [nb, B, H, Dv]
+    k = k.reshape(-1, a.num_kv_heads, a.head_dim)[:seq_len]
+    v = v.reshape(-1, a.num_kv_heads, spec.v_head_dim_value)[:seq_len]
     return (k, v, _sequence_scale(spec, args.get("k_scale"), blocks, seq_len),
             _sequence_scale(spec, args.get("v_scale"), blocks, seq_len))
 
 
 def sequence_kv(spec, args: dict, dtype=np.float64, round_to=None) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per sequence: (K, V) [num_kv_heads, seq_len, head_dim] in the working precision `dtype`, each
+    """Per sequence: (K [num_kv_heads, seq_len, head_dim], V [.., v_head_dim]) in the working precision `dtype`, each
     head widened by _widen (stored values rounded to `round_to`, times the scale)."""
     tables = np.asarray(args["block_tables"])
     result = []
@@ -84,7 +84,7 @@ def sequence_kv(spec, args: dict, dtype=np.float64, round_to=None) -> list[tuple
 
 
 def real_kv(spec, args: dict) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per sequence: (K, V) real values [num_kv_heads, seq_len, head_dim] in float64."""
+    """Per sequence: (K, V) real values [num_kv_heads, seq_len, head_dim / v_head_dim] in float64."""
     return sequence_kv(spec, args)
 
 
@@ -139,9 +139,9 @@ def attention_reference(spec, q, args: dict, dtype=np.float64, round_to=None, ma
     a = spec.attention
     rnd = (lambda x: x.astype(round_to).astype(dtype)) if round_to is not None else (lambda x: x)
     qf = rnd(np.asarray(q).astype(dtype))
-    R, Hq, D = qf.shape
+    R, Hq = qf.shape[:2]
     G = spec.group_size
-    ref = Reference(np.zeros((R, Hq, D), dtype=dtype), np.full((R, Hq), -np.inf, dtype=dtype),
+    ref = Reference(np.zeros((R, Hq, spec.v_head_dim_value), dtype=dtype), np.full((R, Hq), -np.inf, dtype=dtype),
                     np.zeros((R, Hq)), np.zeros((R, Hq)))
     scale = dtype(spec.softmax_scale_value)
     tables = np.asarray(args["block_tables"])
@@ -157,7 +157,7 @@ def attention_reference(spec, q, args: dict, dtype=np.float64, round_to=None, ma
             for h in range(a.num_kv_heads):
                 heads = slice(h * G, (h + 1) * G)  # query head r reads KV head r // G
                 k = _widen(k_st[:, h], ks[:, h], dtype, round_to)  # [L, D]
-                v = _widen(v_st[:, h], vs[:, h], dtype, round_to)
+                v = _widen(v_st[:, h], vs[:, h], dtype, round_to)  # [L, Dv]
                 knorm = np.sqrt(np.sum(np.square(k, dtype=np.float64), axis=1)) if magnitudes else None
                 vmax = np.abs(v).max(axis=1, initial=0.0).astype(np.float64) if magnitudes else None
                 for r0 in range(first, last, ROW_CHUNK):
@@ -204,7 +204,7 @@ def _rows(spec, ref: Reference, rows: slice, heads: slice, q, k, v, pos, slopes,
 
 
 def attention_outputs(spec, q, args: dict, dtype=np.float64, round_to=None) -> tuple[np.ndarray, np.ndarray]:
-    """(out [rows, Hq, D], lse [rows, Hq]) of a call's arguments (see attention_reference)."""
+    """(out [rows, Hq, Dv], lse [rows, Hq]) of a call's arguments (see attention_reference)."""
     ref = attention_reference(spec, q, args, dtype=dtype, round_to=round_to, magnitudes=False)
     return ref.out, ref.lse
 

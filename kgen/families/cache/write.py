@@ -29,6 +29,7 @@ from kgen.formats.cache import (
     cache_shapes,
     cache_strides,
     describe,
+    head_dims_text,
     layout_problems,
     vllm_x,
 )
@@ -44,11 +45,11 @@ class CacheWriteFamily(SingleKernelFamily):
 
     def arguments(self, spec, config: Config) -> list[Arg]:
         a = spec.attention
-        H, D = a.num_kv_heads, a.head_dim
+        H, D, DV = a.num_kv_heads, a.head_dim, spec.v_head_dim_value
         written = CacheFormat.of(spec).per_token
         return [
             array("key", spec.dtype.q, "input", ("num_tokens", H, D), "new K rows (last dim contiguous)"),
-            array("value", spec.dtype.q, "input", ("num_tokens", H, D), "new V rows (last dim contiguous)"),
+            array("value", spec.dtype.q, "input", ("num_tokens", H, DV), "new V rows (last dim contiguous)"),
             *cache_args(spec, "output", const=False),
             *scale_args(spec, "output" if written else "input", const=False,
                         use="WRITTEN for each written (slot, head): max|x| / QMAX (1.0 if that is not > 0)" if written
@@ -73,7 +74,7 @@ class CacheWriteFamily(SingleKernelFamily):
             "kv_ctype": dtype(spec.kv_cache.dtype).ctype,
             "scale_mode": SCALE_MODES[spec.kv_cache.scale],
             "k_run": vllm_x(spec) if vllm else spec.attention.head_dim,
-            "v_run": 1 if vllm else spec.attention.head_dim,
+            "v_run": 1 if vllm else spec.v_head_dim_value,
             "threads": config["threads"],
             "main": self.kernels(spec, config)[0],
         }
@@ -83,7 +84,7 @@ class CacheWriteFamily(SingleKernelFamily):
         names = ["key", "value", *cache_names(spec), "slot_mapping"] + (["k_scale", "v_scale"] if CacheFormat.of(spec).scaled
                                                                          else [])
         lines = [
-            f"num_kv_heads {a.num_kv_heads}, head_dim {a.head_dim}, block_size {kv.block_size}, cache {describe(spec)}, "
+            f"num_kv_heads {a.num_kv_heads}, {head_dims_text(spec)}, block_size {kv.block_size}, cache {describe(spec)}, "
             f"inputs {spec.dtype.q}",
             "",
             f"Call: kern({', '.join(names)}) -> None (the caches are written in place); the cache arrays:",
@@ -118,7 +119,7 @@ class CacheWriteFamily(SingleKernelFamily):
 
 def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
     spec, a, kv = b.spec, b.spec.attention, b.spec.kv_cache
-    H, D, B = a.num_kv_heads, a.head_dim, kv.block_size
+    H, D, DV, B = a.num_kv_heads, a.head_dim, spec.v_head_dim_value, kv.block_size
     key = b.take("key", True)
     b.device = key.device
     if len(key.shape) != 3:
@@ -126,7 +127,7 @@ def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
     T = key.shape[0]
     b.check(key, (T, H, D), spec.dtype.q)
     value = b.take("value", True)
-    b.check(value, (T, H, D), spec.dtype.q)
+    b.check(value, (T, H, DV), spec.dtype.q)
     sm = b.take("slot_mapping", True)
     b.check(sm, (T,), "int32", contiguous=True)
 

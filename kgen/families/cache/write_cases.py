@@ -68,7 +68,7 @@ def _scales(spec, rng: np.random.Generator, pow2: bool) -> dict[str, np.ndarray]
 def _write_case(spec, rng: np.random.Generator, kind: str) -> tuple[dict, np.ndarray, np.ndarray, int]:
     """(inputs dict without caches, key, value, num_blocks) for one case kind."""
     a, kv = spec.attention, spec.kv_cache
-    H, D, B = a.num_kv_heads, a.head_dim, kv.block_size
+    H, B = a.num_kv_heads, kv.block_size
     qd = dtype(spec.dtype.q).numpy
     # sizes drawn per run (the verifier's seed), around the shape each kind is about
     extra = int(rng.integers(0, B + 1))
@@ -87,7 +87,7 @@ def _write_case(spec, rng: np.random.Generator, kind: str) -> tuple[dict, np.nda
     pow2 = kind == "edge_values"
     inputs: dict = {"slot_mapping": slots, **_scales(spec, rng, pow2)}
     rows = []
-    for name in ("k_scale", "v_scale"):
+    for name, D in (("k_scale", a.head_dim), ("v_scale", spec.v_head_dim_value)):  # key rows, value rows
         if kind == "edge_values":
             x = _edge_values(spec, (T, H, D), rng)
             if name in inputs:
@@ -104,10 +104,11 @@ def _write_case(spec, rng: np.random.Generator, kind: str) -> tuple[dict, np.nda
             x[~np.isfinite(x.astype(np.float32))] = 0
         rows.append(x)
     key, value = rows
-    if kind == "strided_inputs":  # key and value as views into one [T, 3, H, D] qkv buffer
-        qkv = np.zeros((T, 3, H, D), dtype=qd)
-        qkv[:, 1], qkv[:, 2] = key, value
-        key, value = qkv[:, 1], qkv[:, 2]
+    if kind == "strided_inputs":  # key and value as views into one [T, 3, H, max(D, DV)] qkv buffer
+        D, DV = key.shape[-1], value.shape[-1]
+        qkv = np.zeros((T, 3, H, max(D, DV)), dtype=qd)
+        qkv[:, 1, :, :D], qkv[:, 2, :, :DV] = key, value
+        key, value = qkv[:, 1, :, :D], qkv[:, 2, :, :DV]
     inputs["key"], inputs["value"] = key, value
     return inputs, key, value, N
 
@@ -159,10 +160,12 @@ def cases() -> list[Case]:
 
 
 def _initial_pools(spec, rng: np.random.Generator, N: int):
-    """Canonical K, V pools [N, B, H, D] and, for per_token_head, scale pools [N, B, H] of random bytes."""
+    """Canonical K [N, B, H, D], V [N, B, H, DV] pools and, for per_token_head, scale pools [N, B, H]
+    of random bytes."""
     kv, H, D = spec.kv_cache, spec.attention.num_kv_heads, spec.attention.head_dim
     cd = dtype(kv.dtype).numpy
-    k0, v0 = random_bytes(rng, (N, kv.block_size, H, D), cd), random_bytes(rng, (N, kv.block_size, H, D), cd)
+    k0 = random_bytes(rng, (N, kv.block_size, H, D), cd)
+    v0 = random_bytes(rng, (N, kv.block_size, H, spec.v_head_dim_value), cd)
     ptoken = CacheFormat.of(spec).per_token
     sk0 = random_bytes(rng, (N, kv.block_size, H), np.dtype(np.float32)) if ptoken else None
     sv0 = random_bytes(rng, (N, kv.block_size, H), np.dtype(np.float32)) if ptoken else None
@@ -217,7 +220,7 @@ def bench(spec, bucket: tuple[int, int], rng: np.random.Generator) -> Bench:
     inputs = {"slot_mapping": slots, **_scales(spec, rng, pow2=False)}
     spread = 1.0 if CacheFormat.of(spec).quantized else 3.0
     qd = dtype(spec.dtype.q).numpy
-    key, value = ((rng.standard_normal((batch, H, D)) * spread).astype(qd) for _ in range(2))
+    key, value = ((rng.standard_normal((batch, H, d)) * spread).astype(qd) for d in (D, spec.v_head_dim_value))
     inputs["key"], inputs["value"] = key, value
     initial = _initial_pools(spec, rng, N)
     exp = _expected_write(spec, key, value, inputs, *initial)

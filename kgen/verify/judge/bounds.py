@@ -15,11 +15,13 @@ to the output dtype); each term is the size of a standard rounding-error estimat
   floor = eps32 * (64 + C_L * sqrt(L) + C_S * sqrt(D) * Smax) * A  +  eps(out) * max_d |ref|
 
 with A = max_d sum_j p_j |v_jd| (a sum's error scales with the sum of its terms' magnitudes,
-not with its result), L the sequence length (the online sums run over L terms), and Smax =
-max_j scale * sum_d |q_d k_jd| (a logit's dot-product error; an error e in a logit is a relative
-error e in its probability). Without A and Smax (callers that have only the outputs) the row's
-max|ref| stands for A and the logit term is left out. NaN never passes, and the output is
-pre-filled with NaN so an unwritten element fails too.
+not with its result), L the sequence length (the online sums run over L terms), D = head_dim
+(q and K's width: the length of the logit's dot product, not the output's width v_head_dim) and
+Smax = max_j scale * sum_d |q_d k_jd| (a logit's dot-product error; an error e in a logit is a
+relative error e in its probability). Without A and Smax (callers that have only the outputs)
+the row's max|ref| stands for A and the logit term is left out. The dims are given explicitly
+(head_dim for the logits, v_head_dim checked against the output's last axis). NaN never passes,
+and the output is pre-filled with NaN so an unwritten element fails too.
 """
 
 from __future__ import annotations
@@ -38,27 +40,50 @@ C_LENGTH = 4.0  # sqrt(L) rounding-error growth of an L-term sum, with margin
 C_LOGIT = 2.0  # sqrt(D) growth of a D-term dot product, with margin
 
 
+def head_dims(spec) -> dict[str, int]:
+    """A spec's two dims, as the bounds take them: head_dim (q . k) and v_head_dim (the output)."""
+    return {"head_dim": spec.attention.head_dim, "v_head_dim": spec.v_head_dim_value}
+
+
+def _logit_length(head_dim: int | None, logit_magnitude) -> int:
+    """The dot-product length of a logit term: head_dim, which a caller with logit magnitudes must give
+    (the output's width is v_head_dim, which may differ)."""
+    if logit_magnitude is not None and (head_dim is None or head_dim < 1):
+        raise ValueError(f"head_dim: the logit error term needs q and K's head_dim (the length of q . k), got "
+                         f"{head_dim!r}; pass spec.attention.head_dim")
+    return head_dim or 1
+
+
+def _check_width(ref: np.ndarray, v_head_dim: int | None) -> None:
+    if v_head_dim is not None and ref.shape[-1] != v_head_dim:
+        raise ValueError(f"v_head_dim: the reference output's last axis is {ref.shape[-1]}, not the v_head_dim "
+                         f"{v_head_dim} the caller names (shape {list(ref.shape)})")
+
+
 def row_floor(ref: np.ndarray, out_dtype: str, seq_lens, magnitude: np.ndarray | None = None,
-              logit_magnitude: np.ndarray | None = None) -> np.ndarray:
-    """The absolute floor of each (sequence, head) row of an output [S, H, D] (module docstring)."""
+              logit_magnitude: np.ndarray | None = None, head_dim: int | None = None,
+              v_head_dim: int | None = None) -> np.ndarray:
+    """The absolute floor of each (sequence, head) row of an output [S, H, v_head_dim] (module
+    docstring); head_dim (q . k's length) is required with logit_magnitude."""
+    _check_width(ref, v_head_dim)
     ref_mag = np.max(np.abs(ref), axis=-1) if ref.size else np.zeros(ref.shape[:-1])
     acc = ref_mag if magnitude is None else np.maximum(magnitude, ref_mag)
     lens = np.asarray(seq_lens, dtype=np.float64).reshape(-1, *([1] * (ref.ndim - 2)))
     growth = 64.0 + C_LENGTH * np.sqrt(lens)
     if logit_magnitude is not None:
-        growth = growth + C_LOGIT * math.sqrt(ref.shape[-1]) * logit_magnitude
+        growth = growth + C_LOGIT * math.sqrt(_logit_length(head_dim, logit_magnitude)) * logit_magnitude
     eps_out = float(ml_dtypes.finfo(dtype(out_dtype).numpy).eps)
     return np.maximum(EPS_FP32 * growth * acc + eps_out * ref_mag, 1e-30)
 
 
 def lse_floor(ref_lse: np.ndarray, seq_lens, logit_magnitude: np.ndarray | None = None,
-              head_dim: int = 0) -> np.ndarray:
+              head_dim: int | None = None) -> np.ndarray:
     """The absolute floor of each (sequence, head) LSE: fp32 rounding of the value itself, of its
     L-term sum (a relative error of the sum is an absolute error of its log), and of the logits."""
     lens = np.asarray(seq_lens, dtype=np.float64).reshape(-1, *([1] * (ref_lse.ndim - 1)))
     floor = EPS_FP32 * (64.0 * np.abs(ref_lse) + 64.0 + C_LENGTH * np.sqrt(lens))
     if logit_magnitude is not None:
-        floor = floor + EPS_FP32 * C_LOGIT * math.sqrt(max(head_dim, 1)) * logit_magnitude
+        floor = floor + EPS_FP32 * C_LOGIT * math.sqrt(_logit_length(head_dim, logit_magnitude)) * logit_magnitude
     return floor
 
 
@@ -132,18 +157,20 @@ class Rows:
 
 def check_output(name: str, seq_lens: list[int], out: np.ndarray, ref: np.ndarray, lowp: np.ndarray,
                  out_dtype: str, magnitude: np.ndarray | None = None,
-                 logit_magnitude: np.ndarray | None = None, q_indptr=None) -> CaseResult:
-    """An output [rows, H, D] against the reference, each (row, head) with its own bound; rows are
-    the sequences, or with q_indptr the query rows it packs by sequence."""
+                 logit_magnitude: np.ndarray | None = None, q_indptr=None, head_dim: int | None = None,
+                 v_head_dim: int | None = None) -> CaseResult:
+    """An output [rows, H, v_head_dim] against the reference, each (row, head) with its own bound;
+    rows are the sequences, or with q_indptr the query rows it packs by sequence. head_dim (q . k's
+    length) is required with logit_magnitude."""
     rows = Rows(seq_lens, q_indptr)
     got = np.asarray(out).astype(np.float64)
-    floor = row_floor(ref, out_dtype, rows.lengths, magnitude, logit_magnitude)
+    floor = row_floor(ref, out_dtype, rows.lengths, magnitude, logit_magnitude, head_dim, v_head_dim)
     tiny = float(ml_dtypes.finfo(dtype(out_dtype).numpy).tiny)
     return _judge(name, seq_lens, got, ref, np.asarray(lowp, dtype=np.float64), floor, "out", rows, tiny)
 
 
 def check_lse(name: str, seq_lens: list[int], lse: np.ndarray, ref_lse: np.ndarray, lowp_lse: np.ndarray,
-              logit_magnitude: np.ndarray | None = None, head_dim: int = 0, q_indptr=None) -> CaseResult:
+              logit_magnitude: np.ndarray | None = None, head_dim: int | None = None, q_indptr=None) -> CaseResult:
     """The LSE [rows, H] against the reference, each (row, head) with its own bound; exactly -inf
     where a row sees no key."""
     rows = Rows(seq_lens, q_indptr)

@@ -168,3 +168,46 @@ def test_verifier_rejects_mutant(combo, old, new, case):
     assert case in failed, report.summary()
     assert failed[case].note and failed[case].max_error > 0
     assert "FAILED" in report.summary()
+
+
+# ---- key and value rows of their own widths (attention.v_head_dim, DESIGN §3.5) --------------
+TWO_WIDTHS = [  # (cache, scale, order, q, head_dim, v_head_dim)
+    ("fp16", "none", "NHD", "fp16", 192, 128),
+    ("int8", "per_token_head", "HND", "bf16", 64, 96),
+    ("fp8_e4m3", "per_head", "NHD", "fp32", 128, 64),
+    ("fp8_e5m2", "per_tensor", "HND", "fp16", 32, 40),
+]
+
+
+def two_widths(cache: str, scale: str, order: str, q: str, head_dim: int, v_head_dim: int):
+    return variant(cache, scale, "separate", order, q).with_overrides(
+        name=f"cw2_{cache}_{scale}_{order}_{head_dim}_{v_head_dim}",
+        **{"attention.head_dim": head_dim, "attention.v_head_dim": v_head_dim})
+
+
+@pytest.mark.parametrize("combo", TWO_WIDTHS, ids=lambda c: "-".join(map(str, c)))
+def test_two_widths_bit_exact_against_model(combo):
+    """Every byte of both pools (and of the per-token scale pools: one scale per (token, head) of each
+    array, from its own row) equals the model's, at two widths."""
+    kern = kgen.build(two_widths(*combo), backend="cpu", verify=False, archs=[])
+    report = verify(kern, seed=99)
+    assert report.passed, report.summary() + "\n" + "\n".join(c.note for c in report.failed_cases)
+    assert {c.name for c in report.cases} == {"scattered", "sequence", "single_token", "edge_values", "all_skipped",
+                                              "strided_inputs"}
+
+
+def test_two_widths_value_rows_are_checked_against_v_head_dim():
+    kern = kgen.build(two_widths(*TWO_WIDTHS[0]), backend="cpu", verify=False, archs=[])
+    rng = np.random.default_rng(2)
+    H, B = kern.spec.attention.num_kv_heads, kern.spec.kv_cache.block_size
+    args = {"key": rng.standard_normal((3, H, 192)).astype(np.float16),
+            "value": rng.standard_normal((3, H, 128)).astype(np.float16),
+            "k_cache": np.zeros((2, B, H, 192), np.float16), "v_cache": np.zeros((2, B, H, 128), np.float16),
+            "slot_mapping": np.asarray([0, 5, B + 1], np.int32)}
+    kern(**args)
+    assert np.array_equal(args["v_cache"][0, 5], args["value"][1]) and np.array_equal(args["k_cache"][1, 1],
+                                                                                       args["key"][2])
+    with pytest.raises(ArgumentError, match=rf"value: expected shape \[3, {H}, 128\]"):
+        kern(**{**args, "value": args["key"]})
+    with pytest.raises(ArgumentError, match=rf"v_cache: expected shape \[2, {B}, {H}, 128\]"):
+        kern(**{**args, "v_cache": args["k_cache"]})

@@ -157,3 +157,31 @@ def test_verifier_rejects_mutant(combo, old, new, case):
     assert case in failed, report.summary()
     assert failed[case].max_error > 0 and "block" in failed[case].note
     assert "empty" not in failed  # nothing to copy: nothing can go wrong
+
+
+# ---- K and V pools of different widths (attention.v_head_dim) --------------------------------
+@pytest.mark.parametrize("v_head_dim,cache,scale", [(40, "fp16", "none"), (128, "fp8_e4m3", "per_token_head")])
+def test_two_widths_copy_whole_blocks_of_both_pools(v_head_dim, cache, scale):
+    """Each pool's blocks are copied whole at its own width: V's last elements past head_dim (or
+    its whole narrower block) included, K's too; the verifier's matrix passes."""
+    spec = variant(cache, scale, "separate", "NHD").with_overrides(
+        name=f"cb2_{cache}_{v_head_dim}", **{"attention.v_head_dim": v_head_dim})
+    kern = kgen.build(spec, backend="cpu", verify=False, archs=[])
+    report = verify(kern, seed=11)
+    assert report.passed, report.summary() + "\n" + "\n".join(c.note for c in report.failed_cases)
+    rng = np.random.default_rng(8)
+    N, B, H = 5, 8, spec.attention.num_kv_heads
+    shapes = {"k_cache": (N, B, H, 64), "v_cache": (N, B, H, v_head_dim)}
+    if cache == "fp16":
+        pools = {n: rng.standard_normal(shape).astype(np.float16) for n, shape in shapes.items()}
+    else:  # random finite fp8 bytes
+        pools = {n: rng.integers(0, 127, shape, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+                 for n, shape in shapes.items()}
+    if scale == "per_token_head":
+        pools |= {n: rng.uniform(0.1, 1.0, (N, B, H)).astype(np.float32) for n in ("k_scale", "v_scale")}
+    before = {n: p.copy() for n, p in pools.items()}
+    kern(**pools, pairs=np.asarray([[4, 0], [1, 3]], np.int32))
+    for name, got in pools.items():
+        want = before[name].copy()
+        want[[0, 3]] = before[name][[4, 1]]
+        assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), name
