@@ -7,15 +7,21 @@ from kgen.families.attention.decode import PAGED_DECODE
 from kgen.families.attention.prefill import PAGED_PREFILL
 from kgen.families.base import Family
 from kgen.families.cache.copy import COPY_BLOCKS
+from kgen.families.cache.mla_write import MLA_CACHE_WRITE
 from kgen.families.cache.write import CACHE_WRITE
 
 FAMILIES: dict[str, Family] = {PAGED_DECODE.kind: PAGED_DECODE, PAGED_PREFILL.kind: PAGED_PREFILL,
                                CACHE_WRITE.kind: CACHE_WRITE, COPY_BLOCKS.kind: COPY_BLOCKS}
+# The mla layout's kernels (docs/abi.md "MLA"): latent rows read once for K and V, their own bodies.
+MLA_FAMILIES: dict[str, Family] = {MLA_CACHE_WRITE.kind: MLA_CACHE_WRITE}
 
 
 def family_for(spec) -> Family:
     """The family that generates `spec`, or UnsupportedError naming what is missing."""
-    family = FAMILIES.get(spec.kind)
+    family = (MLA_FAMILIES if spec.kv_cache.layout == "mla" else FAMILIES).get(spec.kind)
+    if family is None and spec.kv_cache.layout == "mla" and spec.kind in FAMILIES:
+        raise UnsupportedError(f"{spec.name}: kind '{spec.kind}' is not built for kv_cache.layout mla yet "
+                               f"(mla kinds: {', '.join(sorted(MLA_FAMILIES))})")
     if family is None:
         raise UnsupportedError(
             f"{spec.name}: kind '{spec.kind}' is not supported yet "
@@ -36,8 +42,6 @@ def unbuilt_features(spec) -> list[str]:
         out.append("attention.sinks: attention sinks are not built yet")
     if a.v_head_dim is not None and kv.layout != "mla":
         out.append("attention.v_head_dim: a V head dim of its own is not built yet")
-    if kv.layout == "mla":
-        out.append("kv_cache.layout: the mla layout is not built yet")
     if kv.dtype == "nvfp4":
         out.append("kv_cache.dtype: nvfp4 caches are not built yet")
     return out

@@ -34,7 +34,7 @@ ROW_CHUNK = 256  # query rows per step: the logits of a long prompt need not fit
 class Reference:
     """Per query row (decode: one per sequence; prefill: the packed rows)."""
 
-    out: np.ndarray  # [rows, Hq, D]
+    out: np.ndarray  # [rows, Hq, v_head_dim]
     lse: np.ndarray  # [rows, Hq]
     # max over d of sum_j p_j |v_jd|: what the output's accumulation errors are relative to
     magnitude: np.ndarray  # [rows, Hq]
@@ -62,11 +62,13 @@ def gather_stored(spec, args: dict, table_row: np.ndarray, seq_len: int):
     a = spec.attention
     blocks = np.asarray(table_row[: -(-seq_len // spec.kv_cache.block_size)], dtype=np.int64)
     used = {name: np.asarray(args[name])[blocks] for name in cache_names(spec)}
-    k, v = from_layout(spec, used)  # canonical [nb, B, H, D]
-    shape = (-1, a.num_kv_heads, a.head_dim)
-    k, v = k.reshape(shape)[:seq_len], v.reshape(shape)[:seq_len]
-    return (k, v, _sequence_scale(spec, args.get("k_scale"), blocks, seq_len),
-            _sequence_scale(spec, args.get("v_scale"), blocks, seq_len))
+    k, v = from_layout(spec, used)  # canonical [nb, B, H, D] (V: [.., v_head_dim])
+    k = k.reshape(-1, a.num_kv_heads, a.head_dim)[:seq_len]
+    v = v.reshape(-1, a.num_kv_heads, spec.v_head_dim_value)[:seq_len]
+    # mla: one scale set dequantizes the latent row for K and V alike
+    k_name, v_name = ("kv_scale", "kv_scale") if CacheFormat.of(spec).mla else ("k_scale", "v_scale")
+    return (k, v, _sequence_scale(spec, args.get(k_name), blocks, seq_len),
+            _sequence_scale(spec, args.get(v_name), blocks, seq_len))
 
 
 def sequence_kv(spec, args: dict, dtype=np.float64, round_to=None) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -137,9 +139,9 @@ def attention_reference(spec, q, args: dict, dtype=np.float64, round_to=None, ma
     a = spec.attention
     rnd = (lambda x: x.astype(round_to).astype(dtype)) if round_to is not None else (lambda x: x)
     qf = rnd(np.asarray(q).astype(dtype))
-    R, Hq, D = qf.shape
+    R, Hq, _ = qf.shape
     G = spec.group_size
-    ref = Reference(np.zeros((R, Hq, D), dtype=dtype), np.full((R, Hq), -np.inf, dtype=dtype),
+    ref = Reference(np.zeros((R, Hq, spec.v_head_dim_value), dtype=dtype), np.full((R, Hq), -np.inf, dtype=dtype),
                     np.zeros((R, Hq)), np.zeros((R, Hq)))
     scale = dtype(spec.softmax_scale_value)
     tables = np.asarray(args["block_tables"])
