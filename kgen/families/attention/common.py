@@ -284,7 +284,7 @@ class AttentionBinder(CallBinder):
     def out(self, q: ArrayArg, num_rows: int) -> ArrayArg:
         """out: the one given (checked), else a new one like q."""
         a = self.spec.attention
-        shape, out_dtype = (num_rows, a.num_q_heads, a.head_dim), self.spec.dtype.resolved_out
+        shape, out_dtype = (num_rows, a.num_q_heads, self.spec.v_head_dim_value), self.spec.dtype.resolved_out
         out = self.take("out", False)
         if out is None:
             out = as_array_arg("out", empty_like_library(q, shape, out_dtype))
@@ -307,7 +307,8 @@ class AttentionBinder(CallBinder):
                                 "(partition_size 0)")
         if max_parts <= 1 or not num_rows:
             return None, None
-        return (self.scratch(plan, q, part_o, "part_o", (num_rows, a.num_q_heads, max_parts, a.head_dim)),
+        return (self.scratch(plan, q, part_o, "part_o", (num_rows, a.num_q_heads, max_parts,
+                                                                self.spec.v_head_dim_value)),
                 self.scratch(plan, q, part_ml, "part_ml", (num_rows, a.num_q_heads, max_parts, 2)))
 
     def scratch(self, plan: Plan | None, like: ArrayArg, given: ArrayArg | None, name: str,
