@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kgen.errors import UnsupportedError
 from kgen.families.attention.decode import PAGED_DECODE
-from kgen.families.attention.mla import MLA_DECODE
+from kgen.families.attention.mla import MLA_DECODE, MLA_PREFILL
 from kgen.families.attention.prefill import PAGED_PREFILL
 from kgen.families.base import Family
 from kgen.families.cache.copy import COPY_BLOCKS
@@ -14,7 +14,8 @@ from kgen.families.cache.write import CACHE_WRITE
 FAMILIES: dict[str, Family] = {PAGED_DECODE.kind: PAGED_DECODE, PAGED_PREFILL.kind: PAGED_PREFILL,
                                CACHE_WRITE.kind: CACHE_WRITE, COPY_BLOCKS.kind: COPY_BLOCKS}
 # The mla layout's kernels (docs/abi.md "MLA"): latent rows read once for K and V, their own bodies.
-MLA_FAMILIES: dict[str, Family] = {MLA_DECODE.kind: MLA_DECODE, MLA_CACHE_WRITE.kind: MLA_CACHE_WRITE}
+MLA_FAMILIES: dict[str, Family] = {MLA_DECODE.kind: MLA_DECODE, MLA_PREFILL.kind: MLA_PREFILL,
+                                   MLA_CACHE_WRITE.kind: MLA_CACHE_WRITE}
 
 
 def family_for(spec) -> Family:

@@ -121,13 +121,14 @@ __device__ __forceinline__ void mla_attend(
     cp_async_commit();
   }
 
-  // The lane's two rows (g and g + 8 of the warp's tile): their positions (a row past the
-  // sequence's sees nothing).
+  // The lane's two rows (g and g + 8 of the warp's tile): the last key each sees (its position when
+  // causal; a row past the sequence's sees nothing).
   int qpos[2];
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int row = rows.first + 16 * rt + g + 8 * rr;
-    qpos[rr] = row < rows.count ? rows.seq_len - rows.q_len + row / HQ : -1;
+    const int last_key = Cfg::CAUSAL ? rows.seq_len - rows.q_len + row / HQ : rows.seq_len - 1;
+    qpos[rr] = row < rows.count ? last_key : -1;
   }
   const unsigned char* q_w = q_s + 16 * rt * S::ROW;
   unsigned char* p_w = p_s + 16 * rt * S::PROW;
@@ -297,6 +298,29 @@ __device__ __forceinline__ void paged_mla_decode_body(
   mla_attend<Cfg>(out, q, kv_cache, block_tables + (long long)seq * max_blocks_per_seq, part_o, part_ml, lse, rows,
                   k_begin, k_end, split, part, max_partitions, q_s_seq, q_s_head, o_s_seq, o_s_head, kv_s_block,
                   kv_s_token);
+}
+
+// Prefill: the chunk of q_len = q_indptr[s+1] - q_indptr[s] query tokens of each sequence, packed by
+// sequence; block (x, s) takes rows [16 ROW_TILES x, ..) of sequence s's q_len * NUM_Q_HEADS (token,
+// head) rows (token-major: the 16 rows of a tile share few tokens, so its keys end near the
+// same position), over keys 0 .. the last row's position (causal) or all seq_len keys.
+template <class Cfg>
+__device__ __forceinline__ void paged_mla_prefill_body(
+    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
+    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ q_indptr,
+    const int* __restrict__ block_tables, const int* __restrict__ seq_lens, const float* __restrict__ kv_scale,
+    float* __restrict__ lse, int num_seqs, int max_blocks_per_seq, long long q_s_tok, long long q_s_head,
+    long long o_s_tok, long long o_s_head, long long kv_s_block, long long kv_s_token, long long ks_s_block,
+    long long ks_s_token) {
+  const int seq = blockIdx.y;
+  const int q0 = q_indptr[seq], q_len = q_indptr[seq + 1] - q0, seq_len = seq_lens[seq];
+  const int first = 16 * Cfg::ROW_TILES * (int)blockIdx.x, count = q_len * Cfg::NUM_Q_HEADS;
+  if (first >= count) return;  // block-uniform: this sequence has fewer row tiles than the grid
+  const int last_row = min(first + 16 * Cfg::ROW_TILES, count) - 1;
+  const int k_end = Cfg::CAUSAL ? seq_len - q_len + last_row / Cfg::NUM_Q_HEADS + 1 : seq_len;
+  const MlaRows rows{first, count, q_len, seq_len, q0};
+  mla_attend<Cfg>(out, q, kv_cache, block_tables + (long long)seq * max_blocks_per_seq, nullptr, nullptr, lse, rows, 0,
+                  k_end, false, 0, 1, q_s_tok, q_s_head, o_s_tok, o_s_head, kv_s_block, kv_s_token);
 }
 
 }  // namespace kgen

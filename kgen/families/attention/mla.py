@@ -15,11 +15,13 @@ from kgen.families.attention import mla_cases
 from kgen.families.attention.common import (
     DECODE_ROWS,
     PARTITION_TOKENS,
+    PREFILL_ROWS,
     AttentionBinder,
     c_float,
     merge_kernel,
 )
 from kgen.families.attention.mla_geometry import mla_geometry
+from kgen.families.attention.prefill import _checked_q_lens
 from kgen.families.base import Config, FamilyBase, TunableParam, resolve_config
 from kgen.families.binding import host_values
 from kgen.families.cache.mla_write import _take_kv_scale, kv_scale_arg
@@ -53,22 +55,102 @@ def mla_unsupported(spec) -> list[str]:
     return out
 
 
-class MlaDecodeFamily(FamilyBase):
-    kind, template, rows = "paged_decode", "paged_mla.cu.j2", DECODE_ROWS
+GEOMETRY_PARAMS = {"row_tiles": TunableParam("row_tiles", 1), "col_warps": TunableParam("col_warps", 2),
+                   "stages": TunableParam("stages", 2)}
+
+
+class MlaAttentionFamily(FamilyBase):
+    """What mla decode and prefill share: the body, its geometry, the refusals and the ABI notes."""
+
+    template = "paged_mla.cu.j2"
     auditable = True
-    params = {"row_tiles": TunableParam("row_tiles", 1), "col_warps": TunableParam("col_warps", 2),
-              "stages": TunableParam("stages", 2), "partition_size": TunableParam("partition_size", 0)}
+    body = ""  # the body function of templates/common/paged_mla.cuh
+
+    def causal(self, spec) -> bool:
+        """Whether a row sees keys up to its own position only (decode's query is the last key anyway)."""
+        return True
 
     def unsupported(self, spec) -> list[str]:
         return mla_unsupported(spec)
 
     def check_config(self, spec, config: Config) -> list[str]:
-        p = config["partition_size"]
+        p = config.get("partition_size", 0)
         problems = [f"partition_size must be 0 or a positive multiple of 16 tokens (got {p})"] if p < 0 or p % 16 else []
         return problems + mla_geometry(spec, config)[1]
 
     def default_space(self, spec) -> dict[str, list[int]]:
-        return {"row_tiles": [1, 2], "col_warps": [2, 4], "partition_size": [0, 64, 256]}
+        return {"row_tiles": [1, 2], "col_warps": [2, 4]}
+
+    def template_context(self, spec, config: Config) -> dict[str, Any]:
+        kernels = self.kernels(spec, config)
+        return {"q_ctype": dtype(spec.dtype.q).ctype, "out_ctype": dtype(spec.dtype.resolved_out).ctype,
+                "kv_ctype": dtype(spec.kv_cache.dtype).ctype, "softmax_scale": c_float(spec.softmax_scale_value),
+                "causal": self.causal(spec),
+                "partition_size": config.get("partition_size", 0), "geo": mla_geometry(spec, config)[0],
+                "main": kernels[0], "merge": kernels[1] if len(kernels) > 1 else None, "body": self.body}
+
+    def main_kernel(self, spec, config: Config, grid: tuple) -> KernelDecl:
+        geo, problems = mla_geometry(spec, config)
+        if geo is None:
+            raise ValueError("; ".join(problems))
+        return KernelDecl(spec.name, tuple(self.arguments(spec, config)), grid, geo.threads, smem=geo.smem_bytes)
+
+    def notes(self, spec, rows_text: str, names: list[str]) -> list[str]:
+        a, kv = spec.attention, spec.kv_cache
+        Dv = spec.v_head_dim_value
+        geo = mla_geometry(spec, resolve_config(self, spec, None))[0]
+        names = names + (["kv_scale"] if CacheFormat.of(spec).scaled else [])
+        return [
+            f"mla layout: num_q_heads {a.num_q_heads} over one latent head, head_dim {a.head_dim} (K: the whole row), "
+            f"v_head_dim {Dv} (V and out: the row's first {Dv} elements), block_size {kv.block_size}, "
+            f"cache {describe(spec)}, scale {kv.scale}",
+            f"softmax scale {spec.softmax_scale_value!r} (the model's, given in the spec)",
+            *([rows_text] if rows_text else []),
+            "",
+            f"Call: kern({', '.join(names)}, out=None, return_lse=False) -> out, or (out, lse); the cache array:",
+            *cache_rows(spec),
+            "",
+            "Rules: slots past a sequence's length in its last block hold garbage and must not be read"
+            + ("" if spec.tail_masking else
+               " (tail_masking: false: every seq_len is promised to be a multiple of block_size)") + ".",
+            "Loads: 16-byte vectors; q, out and kv_cache pointers and strides must be multiples of 8 elements.",
+            f"kgen's own kernel, default config: tensor cores, {geo.rows} query rows per block in "
+            f"{geo.col_warps} warps splitting v_head_dim, {geo.tile_tokens} latent rows per stage x {geo.stages} stages, "
+            f"{geo.smem_bytes} bytes of dynamic shared memory.",
+        ]
+
+    def bind_pool(self, b: AttentionBinder, q):
+        """kv_cache and kv_scale, checked (shape, dtype, 16-byte alignment)."""
+        spec = b.spec
+        b.aligned(q, 8, q.strides[:2])
+        b.refuse_other_layouts()
+        cache = b.take("kv_cache", True)
+        N = cache.shape[0] if cache.shape else 0
+        b.check(cache, (N, spec.kv_cache.block_size, spec.attention.head_dim), spec.kv_cache.dtype)
+        b.aligned(cache, 8, cache.strides[:2])
+        return cache, N
+
+    def bucket_of(self, spec, call):
+        """batch = block-table rows, context = the block table's capacity in tokens."""
+        bt = call.get("block_tables")
+        if bt is None or len(bt.shape) != 2:
+            return None
+        return int(bt.shape[0]), int(bt.shape[1]) * spec.kv_cache.block_size
+
+
+def pool_values(spec, cache, scale) -> dict[str, int]:
+    """The pool's stride parameters."""
+    per_token = (scale.strides[0], scale.strides[1]) if CacheFormat.of(spec).per_token else (0, 0)
+    return {"kv_s_block": cache.strides[0], "kv_s_token": cache.strides[1], "ks_s_block": per_token[0],
+            "ks_s_token": per_token[1]}
+
+
+class MlaDecodeFamily(MlaAttentionFamily):
+    kind, rows, body = "paged_decode", DECODE_ROWS, "paged_mla_decode_body"
+    params = {**GEOMETRY_PARAMS, "partition_size": TunableParam("partition_size", 0)}
+
+    def default_space(self, spec) -> dict[str, list[int]]:
+        return {**super().default_space(spec), "partition_size": [0, 64, 256]}
 
     def abi_config(self, spec) -> Config:
         return {"partition_size": 0}
@@ -104,14 +186,9 @@ class MlaDecodeFamily(FamilyBase):
         ]
 
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
-        geo = mla_geometry(spec, config)[0]
-        if geo is None:
-            raise ValueError("; ".join(mla_geometry(spec, config)[1]))
-        table = self.arguments(spec, config)
         P = config["partition_size"]
-        main = KernelDecl(spec.name, tuple(table), (row_blocks(spec, config), "num_seqs", "max_partitions" if P else 1),
-                          geo.threads, smem=geo.smem_bytes)
-        return [main, merge_kernel(spec, table, DECODE_ROWS)] if P else [main]
+        main = self.main_kernel(spec, config, (row_blocks(spec, config), "num_seqs", "max_partitions" if P else 1))
+        return [main, merge_kernel(spec, list(main.params), DECODE_ROWS)] if P else [main]
 
     def schedule(self, spec, config: Config, lengths: dict[str, np.ndarray], target_blocks: int,
                  partition_tokens: int | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
@@ -130,48 +207,17 @@ class MlaDecodeFamily(FamilyBase):
         kernels = self.kernels(spec, config)
         return sizes, kernels if split.merged else kernels[:1]
 
-    def template_context(self, spec, config: Config) -> dict[str, Any]:
-        kernels = self.kernels(spec, config)
-        return {"q_ctype": dtype(spec.dtype.q).ctype, "out_ctype": dtype(spec.dtype.resolved_out).ctype,
-                "kv_ctype": dtype(spec.kv_cache.dtype).ctype, "softmax_scale": c_float(spec.softmax_scale_value),
-                "partition_size": config["partition_size"], "geo": mla_geometry(spec, config)[0],
-                "main": kernels[0], "merge": kernels[1] if len(kernels) > 1 else None,
-                "body": "paged_mla_decode_body"}
-
     def abi_notes(self, spec) -> list[str]:
-        a, kv = spec.attention, spec.kv_cache
-        Dv = spec.v_head_dim_value
-        geo = mla_geometry(spec, resolve_config(self, spec, None))[0]
-        names = ["q", "kv_cache", "block_tables", "seq_lens"] + (["kv_scale"] if CacheFormat.of(spec).scaled else [])
-        return [
-            f"mla layout: num_q_heads {a.num_q_heads} over one latent head, head_dim {a.head_dim} (K: the whole row), "
-            f"v_head_dim {Dv} (V and out: the row's first {Dv} elements), block_size {kv.block_size}, "
-            f"cache {describe(spec)}, scale {kv.scale}",
-            f"softmax scale {spec.softmax_scale_value!r} (the model's, given in the spec)",
-            "",
-            f"Call: kern({', '.join(names)}, out=None, return_lse=False) -> out, or (out, lse); the cache array:",
-            *cache_rows(spec),
-            "",
-            "Rules: slots past a sequence's length in its last block hold garbage and must not be read"
-            + ("" if spec.tail_masking else
-               " (tail_masking: false: every seq_len is promised to be a multiple of block_size)") + ".",
-            "Loads: 16-byte vectors; q, out and kv_cache pointers and strides must be multiples of 8 elements.",
-            f"kgen's own kernel, default config: tensor cores, {geo.rows} query heads per block in "
-            f"{geo.col_warps} warps splitting v_head_dim, {geo.tile_tokens} latent rows per stage x {geo.stages} stages, "
-            f"{geo.smem_bytes} bytes of dynamic shared memory; split-KV configs add partitions on grid z and a merge.",
-        ]
+        return self.notes(spec, "", ["q", "kv_cache", "block_tables", "seq_lens"]) + [
+            "Split-KV configs add partitions on grid z and a merge kernel; a hand-written kernel implements the "
+            "single-pass launch below (part_o and part_ml null, max_partitions 1)."]
 
     # ---- the call ---------------------------------------------------------------------
     def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan: Plan | None = None,
              target_blocks: int | None = None):
         b = AttentionBinder(spec, call)
         q, S = b.query(DECODE_ROWS)
-        b.aligned(q, 8, q.strides[:2])
-        b.refuse_other_layouts()
-        cache = b.take("kv_cache", True)
-        N = cache.shape[0] if cache.shape else 0
-        b.check(cache, (N, spec.kv_cache.block_size, spec.attention.head_dim), spec.kv_cache.dtype)
-        b.aligned(cache, 8, cache.strides[:2])
+        cache, N = self.bind_pool(b, q)
         bt, sl = b.table(S)
         M = bt.shape[1]
         scale = _take_kv_scale(b, spec, N, "given by the caller")
@@ -190,13 +236,11 @@ class MlaDecodeFamily(FamilyBase):
         written = [out, lse, part_o, part_ml]
         b.refuse_aliasing(written, [q, cache, bt, sl, scale, *written])
         p = b.pointer
-        per_token = (scale.strides[0], scale.strides[1]) if CacheFormat.of(spec).per_token else (0, 0)
         values = {"out": p(out), "q": p(q), "kv_cache": p(cache), "block_tables": p(bt), "seq_lens": p(sl),
                   "kv_scale": p(scale), "part_o": p(part_o), "part_ml": p(part_ml), "lse": p(lse),
                   "max_blocks_per_seq": M, "max_partitions": sizes["max_partitions"],
                   "partition_tokens": sizes["partition_tokens"], "q_s_seq": q.strides[0], "q_s_head": q.strides[1],
-                  "o_s_seq": out.strides[0], "o_s_head": out.strides[1], "kv_s_block": cache.strides[0],
-                  "kv_s_token": cache.strides[1], "ks_s_block": per_token[0], "ks_s_token": per_token[1]}
+                  "o_s_seq": out.strides[0], "o_s_head": out.strides[1], **pool_values(spec, cache, scale)}
         launches = [k.launch({**sizes, "num_seqs": S}, values, reached=[cache.native]) for k in kernels]
         return launches, ((out.obj, lse.obj) if lse is not None else out.obj)
 
@@ -218,9 +262,109 @@ class MlaDecodeFamily(FamilyBase):
         return int(q.shape[0]), int(bt.shape[1]) * spec.kv_cache.block_size
 
 
+class MlaPrefillFamily(MlaAttentionFamily):
+    kind, rows, body = "paged_prefill", PREFILL_ROWS, "paged_mla_prefill_body"
+    params = dict(GEOMETRY_PARAMS)
+
+    def causal(self, spec) -> bool:
+        return spec.attention.causal
+
+    def arguments(self, spec, config: Config) -> list[Arg]:
+        a, d = spec.attention, spec.dtype
+        Hq, D, Dv = a.num_q_heads, a.head_dim, spec.v_head_dim_value
+        return [
+            array("out", d.resolved_out, "output", ("num_q_tokens", Hq, Dv), PREFILL_ROWS.out_text),
+            array("q", d.q, "input", ("num_q_tokens", Hq, D),
+                  f"absorbed queries (q_nope {Dv}, then q_pe {D - Dv}), packed by sequence (q_indptr)"),
+            array("kv_cache", spec.kv_cache.dtype, "input", ("num_blocks", spec.kv_cache.block_size, D),
+                  f"latent rows (the chunk's included): K the whole row, V its first {Dv} elements"),
+            array("q_indptr", "int32", "input", ("num_seqs + 1",),
+                  "sequence s owns query rows q_indptr[s] .. q_indptr[s+1]-1; q_indptr[0] = 0, non-decreasing"),
+            array("block_tables", "int32", "input", ("num_seqs", "max_blocks_per_seq"),
+                  "physical block ids; entries past ceil(seq_len / block_size) are never read"),
+            array("seq_lens", "int32", "input", ("num_seqs",), PREFILL_ROWS.seq_lens_text),
+            kv_scale_arg(spec, "input", const=True, use="real = stored * scale, for K and V"),
+            array("lse", "fp32", "output", ("num_q_tokens", Hq),
+                  "natural-log log-sum-exp of the final logits, -inf for no key (null unless requested)", optional=True),
+            scalar("num_seqs", "int32", "sequences in the batch"),
+            scalar("max_blocks_per_seq", "int32", "columns of block_tables"),
+            stride("q_s_tok", "q stride between query rows"), stride("q_s_head", "q stride between heads"),
+            stride("o_s_tok", "out stride between query rows"), stride("o_s_head", "out stride between heads"),
+            stride("kv_s_block", "kv_cache stride between blocks"), stride("kv_s_token", "kv_cache stride between tokens"),
+            stride("ks_s_block", "per-token kv_scale stride between blocks (else 0)"),
+            stride("ks_s_token", "per-token kv_scale stride between tokens (else 0)"),
+        ]
+
+    def kernels(self, spec, config: Config) -> list[KernelDecl]:
+        return [self.main_kernel(spec, config, ("q_row_blocks", "num_seqs", 1))]
+
+    def schedule(self, spec, config: Config, lengths: dict[str, np.ndarray], target_blocks: int,
+                 partition_tokens: int | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
+        """Launch sizes for these chunks: one block per 16 * row_tiles rows of the longest chunk and
+        sequence (no split-KV for mla prefill yet)."""
+        if partition_tokens:
+            raise ArgumentError(f"partition_tokens {partition_tokens}: mla prefill has no split-KV")
+        ind = np.asarray(lengths.get("q_indptr", [0]), dtype=np.int64).reshape(-1)
+        longest = int(np.diff(ind).max(initial=0))
+        rows = 16 * config["row_tiles"]
+        sizes = {"num_seqs": int(ind.size - 1), "num_q_tokens": int(ind[-1]), "max_partitions": 1,
+                 "partition_tokens": 0, "q_row_blocks": max(1, -(-longest * spec.attention.num_q_heads // rows))}
+        return sizes, self.kernels(spec, config)
+
+    def abi_notes(self, spec) -> list[str]:
+        rows = 16 * resolve_config(self, spec, None)["row_tiles"]
+        visible = "keys 0 .. p" if spec.attention.causal else "all seq_len keys (causal: false)"
+        return self.notes(spec, "Query row j of sequence s (rows q_indptr[s] ..) sits at position p = seq_lens[s] - "
+                          f"q_len + j and sees {visible}. A sequence with q_len 0 writes nothing.",
+                          ["q", "kv_cache", "q_indptr", "block_tables", "seq_lens"]) + [
+            f"Grid x: q_row_blocks = ceil(max q_len * {spec.attention.num_q_heads} / {rows}) tiles of {rows} (token, "
+            "head) rows, token-major, of each sequence (grid y); blocks past a sequence's rows exit."]
+
+    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan: Plan | None = None,
+             target_blocks: int | None = None):
+        b = AttentionBinder(spec, call)
+        q, T = b.query(PREFILL_ROWS)
+        cache, N = self.bind_pool(b, q)
+        bt, sl = b.table(None)
+        S, M = bt.shape
+        ind = b.take("q_indptr", True)
+        b.check(ind, (S + 1,), "int32", contiguous=True)
+        scale = _take_kv_scale(b, spec, N, "given by the caller")
+        out = b.out(q, T)
+        lse = b.lse(q, T)
+        if plan is not None:
+            raise ArgumentError("plan: mla prefill has no call-time plan (no split-KV); call it without one")
+        if checked:
+            b.check_lengths(sl, bt, N, q_lens=_checked_q_lens(host_values(ind), T), min_len=0)
+        if ind.device == "cpu":
+            indptr = host_values(ind)
+        else:  # a device q_indptr: as many row blocks as all rows could need
+            indptr = np.asarray([0, T])
+        sizes, kernels = self.schedule(spec, config, {"q_indptr": indptr}, 0)
+        b.refuse_unknown()
+        b.refuse_aliasing([out, lse], [q, cache, ind, bt, sl, scale, out, lse])
+        p = b.pointer
+        values = {"out": p(out), "q": p(q), "kv_cache": p(cache), "q_indptr": p(ind), "block_tables": p(bt),
+                  "seq_lens": p(sl), "kv_scale": p(scale), "lse": p(lse), "num_seqs": S, "max_blocks_per_seq": M,
+                  "q_s_tok": q.strides[0], "q_s_head": q.strides[1], "o_s_tok": out.strides[0],
+                  "o_s_head": out.strides[1], **pool_values(spec, cache, scale)}
+        launches = [k.launch({**sizes, "num_seqs": S}, values, reached=[cache.native]) for k in kernels] if T else []
+        return launches, ((out.obj, lse.obj) if lse is not None else out.obj)
+
+    def cases(self, spec, config: Config, rng: np.random.Generator):
+        return mla_cases.prefill_matrix_cases(spec, config, rng)
+
+    def run_case(self, kernel, case, rng: np.random.Generator):
+        return mla_cases.run_prefill_case(kernel, case, rng)
+
+    def bench(self, spec, config: Config, bucket, rng: np.random.Generator):
+        return mla_cases.prefill_bench(spec, bucket, rng)
+
+
 def row_blocks(spec, config: Config) -> int:
     """Blocks per sequence along grid x: the query heads in tiles of 16 * row_tiles."""
     return -(-spec.attention.num_q_heads // (16 * config["row_tiles"]))
 
 
 MLA_DECODE = MlaDecodeFamily()
+MLA_PREFILL = MlaPrefillFamily()

@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from kgen.arrays import to_backend, to_numpy
+from kgen.arrays import args_to_backend, to_backend, to_numpy
 from kgen.families.attention.decode_cases import _references, _strided, make_decode_case
+from kgen.families.attention.prefill_cases import (
+    check,
+    make_prefill_case,
+    prefill_case_matrix,
+    references,
+)
 from kgen.families.attention.serving import draw_serving, prefill_output
 from kgen.families.base import Bench, Case, Config
 from kgen.formats.dtypes import dtype
@@ -110,3 +116,57 @@ def bench(spec, bucket: tuple[int, int], rng: np.random.Generator) -> Bench:
                             ref.magnitude, ref.logit_magnitude)
 
     return Bench(args, ["out"], check)
+
+
+# ---- prefill ----------------------------------------------------------------------------------
+def prefill_matrix_cases(spec, config: Config, rng: np.random.Generator) -> list[Case]:
+    """Prefill's matrix (kgen/families/attention/prefill_cases.py: chunks at and inside block edges,
+    a whole prompt, a long prefix, sharp rows, a mixed batch with empty chunks, a shared prefix, a
+    padded pool, decode rows), each with a serving look."""
+    cases = []
+    for c in prefill_case_matrix(spec, config, rng):
+        look = draw_serving(rng)
+        if "q_gain" in c:
+            look.q_dist = "normal"
+        cases.append(Case(c["name"], {**c, "serving": look}, list(c["seq_lens"])))
+    return cases
+
+
+def make_mla_prefill_case(spec, seq_lens: list[int], q_lens: list[int], rng: np.random.Generator,
+                          share_prefix: bool = False, padded: bool = False, q_gain: float = 1.0,
+                          serving=None) -> dict:
+    """Prefill's generator on the latent pool, with out at v_head_dim (pre-filled like prefill's)."""
+    args = make_prefill_case(spec, seq_lens, q_lens, rng, share_prefix=share_prefix, q_gain=q_gain, serving=serving)
+    if padded:
+        args["kv_cache"] = _strided(args["kv_cache"], (0, 1, 8), np.nan)
+    shape = (args["q"].shape[0], spec.attention.num_q_heads, spec.v_head_dim_value)
+    out_np = dtype(spec.dtype.resolved_out).numpy
+    args["out"] = np.full(shape, np.nan, dtype=out_np) if serving is None else prefill_output(shape, out_np, rng)
+    return args
+
+
+def run_prefill_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
+    spec, p = kernel.spec, case.params
+    args = make_mla_prefill_case(spec, p["seq_lens"], p["q_lens"], rng, share_prefix=p.get("share_prefix", False),
+                                 padded=p.get("padded", False), q_gain=p.get("q_gain", 1.0), serving=p.get("serving"))
+    ref, lowp = references(spec, args)
+    want_lse = p.get("lse", False)
+    if want_lse:
+        args["lse"] = prefill_output((args["q"].shape[0], spec.attention.num_q_heads), np.float32, rng, stale_mean=4.0)
+    dev = args_to_backend(args, kernel.backend)
+    result = kernel(**dev, return_lse=True) if want_lse else kernel(**dev)
+    out, lse = result if want_lse else (result, None)
+    return check(case.name, spec, args, out, ref, lowp, lse)
+
+
+def prefill_bench(spec, bucket: tuple[int, int], rng: np.random.Generator) -> Bench:
+    """`batch` sequences of `context` tokens, the last min(context, 512) of them the chunk."""
+    batch, context = bucket
+    q_lens = [min(context, 512)] * batch
+    args = make_mla_prefill_case(spec, [context] * batch, q_lens, rng)
+
+    def check_bench(got: dict) -> CaseResult:
+        ref, lowp = references(spec, args)
+        return check("tuning", spec, args, got["out"], ref, lowp)[0]
+
+    return Bench(args, ["out"], check_bench)

@@ -49,6 +49,35 @@ def test_decode_verifies_on_cpu(overrides, config):
     assert {"len_1", "len_B+1", "long", "mixed_batch", "shared_prefix", "padded_pool"} <= names
 
 
+PREFILL = [
+    ({}, {}),
+    ({"attention.num_q_heads": 32, "attention.causal": False, "dtype.q": "fp16", "kv_cache.dtype": "fp16",
+      "kv_cache.block_size": 4}, {"col_warps": 4, "stages": 1}),
+    ({"tail_masking": False, "attention.num_q_heads": 8, "attention.head_dim": 192, "attention.v_head_dim": 128},
+     {"row_tiles": 2, "stages": 3}),
+]
+
+
+@pytest.mark.parametrize("overrides,config", PREFILL, ids=["h16", "h32-noncausal-fp16-b4", "notail-small-r2"])
+def test_prefill_verifies_on_cpu(overrides, config):
+    spec = _spec(kind="paged_prefill", **overrides)
+    report = verify(kgen.build(spec, backend="cpu", verify=False, archs=[], config=config), seed=13)
+    assert report.passed, report.summary() + "\n" + "\n".join(c.note or "" for c in report.failed_cases)
+    names = {c.name for c in report.cases}
+    assert {"chunk_17", "whole_prompt", "mixed_batch", "shared_prefix", "padded_pool", "decode_equivalence"} <= names
+
+
+def test_prefill_causal_mutant_fails():
+    spec = _spec(kind="paged_prefill", **{"attention.num_q_heads": 8, "attention.head_dim": 192,
+                                          "attention.v_head_dim": 128})
+    rendered = render(spec)
+    old = "static constexpr bool CAUSAL = true;"
+    assert rendered.source.count(old) == 1
+    kern = kernel_from_source(spec, rendered.source.replace(old, "static constexpr bool CAUSAL = false;"),
+                              backend="cpu", config=rendered.config, archs=[])
+    assert not verify(kern, seed=3).passed
+
+
 def test_decode_verifies_in_race_mode():
     kern = kgen.build(_spec(), backend="cpu", config={"partition_size": 32, "stages": 3}, archs=[], race_check=True,
                       seed=5)
@@ -109,7 +138,6 @@ def test_abi_text_names_the_latent_pool_and_v_head_dim():
 
 
 @pytest.mark.parametrize("overrides,message", [
-    ({"kind": "paged_prefill"}, r"kind 'paged_prefill' is not built for kv_cache.layout mla"),
     ({"dtype.q": "fp32", "kv_cache.dtype": "fp32"}, r"dtype.q: the mla kernels run Q K\^T and P V on the tensor"),
     ({"kv_cache.dtype": "fp16"}, r"kv_cache.dtype: the mla kernels read a cache in q's dtype"),
     ({"attention.alibi": True}, r"ALiBi, sliding windows and soft-caps are not built for the mla layout"),
@@ -130,7 +158,8 @@ def test_a_config_that_would_spill_or_overflow_shared_memory_is_refused():
 @pytest.mark.parametrize("overrides,config", [
     ({}, {}), ({"attention.num_q_heads": 128}, {"row_tiles": 2, "col_warps": 4}), ({}, {"partition_size": 64}),
     ({"dtype.q": "fp16", "kv_cache.dtype": "fp16"}, {"col_warps": 4, "stages": 1}),
-], ids=["default", "r2c4", "split", "fp16-c4s1"])
+    ({"kind": "paged_prefill"}, {}), ({"kind": "paged_prefill", "attention.num_q_heads": 128}, {"row_tiles": 2}),
+], ids=["default", "r2c4", "split", "fp16-c4s1", "prefill", "prefill-r2"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_nvrtc_compiles_without_spills(overrides, config, arch):
     spec = _spec(**overrides)
