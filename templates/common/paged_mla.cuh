@@ -23,10 +23,22 @@
 // Split-KV: partition z of the grid attends keys [z P, (z + 1) P) and writes its normalised partial
 // and (m, l); the merge kernel (softmax.cuh's merge_partitions_body) combines them at V_DIM.
 //
+// fp8 caches (e4m3, e5m2): the tile lands as stored (RAW_ROW_BYTES a row, with its per-token scales),
+// then one pass converts it into the 16-bit operand tile (exact: fp8 values are fp16 and bf16 values)
+// that both products read. Scales stay outside the products, in fp32: a per-tensor scale multiplies
+// the logits and the output; a per-token one logit column j and P[:, j] (for P V) by kv_scale[j],
+// while l sums the unscaled P.
+//
 // Needs kgen/platform.cuh, async_copy.cuh, softmax.cuh and mma.cuh before it.
 #pragma once
 
 namespace kgen {
+
+template <class A, class B> struct MlaSame { static constexpr bool value = false; };
+template <class A> struct MlaSame<A, A> { static constexpr bool value = true; };
+template <class KV> struct MlaFp8Kind;
+template <> struct MlaFp8Kind<__nv_fp8_e4m3> { static constexpr __nv_fp8_interpretation_t value = __NV_E4M3; };
+template <> struct MlaFp8Kind<__nv_fp8_e5m2> { static constexpr __nv_fp8_interpretation_t value = __NV_E5M2; };
 
 template <class Cfg>
 struct MlaShape {
@@ -38,14 +50,20 @@ struct MlaShape {
   static constexpr int KC = D / 16;              // k16 chunks of Q K^T
   static constexpr int DW = DV / C;              // output columns of a warp
   static constexpr int OT = DW / 8;              // n8 output tiles of a warp
+  static constexpr bool KV8 = sizeof(typename Cfg::kv_t) == 1;  // fp8: staged as stored, then converted
+  static constexpr bool TOKEN_SCALES = Cfg::SCALE_MODE == 3;
+  static constexpr int RAW_ROW = Cfg::RAW_ROW_BYTES;  // a staged fp8 row
   static constexpr int Q_BYTES = 16 * R * ROW;   // Q [16 R rows][ROW]
-  static constexpr int STAGE_BYTES = NT * ROW;   // one key tile
+  static constexpr int SCALES_AT = NT * (KV8 ? RAW_ROW : ROW);  // a stage's per-token scales, after its rows
+  static constexpr int STAGE_BYTES = SCALES_AT + (TOKEN_SCALES ? NT * 4 : 0);  // one key tile as stored
+  static constexpr int OP_BYTES = KV8 ? NT * ROW : 0;  // fp8: the converted 16-bit tile
   static constexpr int P_BYTES = 16 * R * PROW;  // P [16 R rows][PROW]
   static constexpr int RED_BYTES = 2 * R * C * 16 * 4;  // row maxima, then row sums: [R][C][16] floats each
-  static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES + P_BYTES + RED_BYTES;
+  static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES + OP_BYTES + P_BYTES + RED_BYTES;
   static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's geometry and the template disagree");
   static_assert(THREADS == Cfg::NUM_THREADS && NT == 16 * C, "warps");
-  static_assert(sizeof(T) == 2 && sizeof(typename Cfg::kv_t) == 2, "mla: 16-bit q and cache");
+  static_assert(sizeof(T) == 2 && (KV8 || sizeof(typename Cfg::kv_t) == 2), "mla: 16-bit q, 16-bit or fp8 cache");
+  static_assert(!KV8 || (RAW_ROW % 16 == 0 && RAW_ROW >= D), "staged rows");
   static_assert(D % 16 == 0 && DV % (16 * C) == 0 && DV < D, "head dims");
   static_assert(ROW % 16 == 0 && ROW >= 2 * D && PROW % 16 == 0 && PROW >= 2 * NT, "rows");
   static_assert(STAGES >= 1 && STAGES <= 4, "stages");
@@ -66,16 +84,61 @@ template <class Cfg>
 __device__ __forceinline__ void mla_issue_tile(unsigned char* __restrict__ stage, int tbase, int k_begin, int k_end,
                                                const int* __restrict__ table,
                                                const typename Cfg::kv_t* __restrict__ kv_cache,
-                                               long long kv_s_block, long long kv_s_token) {
+                                               const float* __restrict__ kv_scale, long long kv_s_block,
+                                               long long kv_s_token, long long ks_s_block, long long ks_s_token) {
   typedef MlaShape<Cfg> S;
-  constexpr int B = Cfg::BLOCK_SIZE, PER_ROW = S::D / 8, COPIES = S::NT * PER_ROW;
+  constexpr int B = Cfg::BLOCK_SIZE, ES = sizeof(typename Cfg::kv_t), CHUNK = 16 / ES, PER_ROW = S::D / CHUNK;
+  constexpr int COPIES = S::NT * PER_ROW, ROW = S::KV8 ? S::RAW_ROW : S::ROW;
 #pragma unroll 2
   for (int i = threadIdx.x; i < COPIES; i += S::THREADS) {
-    const int t = i / PER_ROW, d0 = (i % PER_ROW) * 8, pos = tbase + t;
+    const int t = i / PER_ROW, d0 = (i % PER_ROW) * CHUNK, pos = tbase + t;
     const bool valid = pos >= k_begin && pos < k_end;
     const typename Cfg::kv_t* src = kv_cache;
     if (valid) src = kv_cache + (long long)table[(unsigned)pos / B] * kv_s_block + (pos % B) * kv_s_token + d0;
-    cp_async<16>(stage + t * S::ROW + d0 * 2, src, valid ? 16 : 0);
+    cp_async<16>(stage + t * ROW + d0 * ES, src, valid ? 16 : 0);
+  }
+  if (S::TOKEN_SCALES) {
+    float* ss = reinterpret_cast<float*>(stage + S::SCALES_AT);
+    for (int t = threadIdx.x; t < S::NT; t += S::THREADS) {
+      const int pos = tbase + t;
+      const bool valid = pos >= k_begin && pos < k_end;
+      const float* src = kv_scale;
+      if (valid) src = kv_scale + (long long)table[(unsigned)pos / B] * ks_s_block + (pos % B) * ks_s_token;
+      cp_async<4>(ss + t, src, valid ? 4 : 0);
+    }
+  }
+}
+
+// Two fp8 values (the low and high byte) as two T in one register, exactly.
+template <class KV, class T>
+__device__ __forceinline__ unsigned mla_fp8x2(unsigned short two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, MlaFp8Kind<KV>::value);
+  if constexpr (MlaSame<T, __half>::value) {
+    unsigned r;
+    memcpy(&r, &h, 4);
+    return r;
+  } else {  // via float2: fp8's values are bf16 values
+    __half2 hh;
+    memcpy(&hh, &h, 4);
+    const float2 f = __half22float2(hh);
+    return pack2<T>(f.x, f.y);
+  }
+}
+
+// The staged fp8 tile into the 16-bit operand tile `op` (every thread its share, 8 elements at a time).
+template <class Cfg>
+__device__ __forceinline__ void mla_convert_tile(unsigned char* __restrict__ op, const unsigned char* __restrict__ raw) {
+  typedef MlaShape<Cfg> S;
+  constexpr int PER_ROW = S::D / 8;
+  for (int i = threadIdx.x; i < S::NT * PER_ROW; i += S::THREADS) {
+    const int t = i / PER_ROW, d0 = (i % PER_ROW) * 8;
+    const uint2 v = *reinterpret_cast<const uint2*>(raw + t * S::RAW_ROW + d0);
+    uint4 w;
+    w.x = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.x & 0xFFFFu));
+    w.y = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.x >> 16));
+    w.z = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.y & 0xFFFFu));
+    w.w = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.y >> 16));
+    *reinterpret_cast<uint4*>(op + t * S::ROW + d0 * 2) = w;
   }
 }
 
@@ -84,10 +147,11 @@ __device__ __forceinline__ void mla_issue_tile(unsigned char* __restrict__ stage
 template <class Cfg>
 __device__ __forceinline__ void mla_attend(
     typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
-    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ table, float* __restrict__ part_o,
-    float* __restrict__ part_ml, float* __restrict__ lse, const MlaRows rows, int k_begin, int k_end, bool split,
-    int part, int max_partitions, long long q_s_row, long long q_s_head, long long o_s_row, long long o_s_head,
-    long long kv_s_block, long long kv_s_token) {
+    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ table,
+    const float* __restrict__ kv_scale, float* __restrict__ part_o, float* __restrict__ part_ml,
+    float* __restrict__ lse, const MlaRows rows, int k_begin, int k_end, bool split, int part, int max_partitions,
+    long long q_s_row, long long q_s_head, long long o_s_row, long long o_s_head, long long kv_s_block,
+    long long kv_s_token, long long ks_s_block, long long ks_s_token) {
   typedef MlaShape<Cfg> S;
   typedef typename S::T T;
   constexpr int D = S::D, HQ = S::HQ, NT = S::NT, STAGES = S::STAGES, C = S::C;
@@ -97,7 +161,8 @@ __device__ __forceinline__ void mla_attend(
   KGEN_DYNAMIC_SMEM(unsigned char, smem);
   unsigned char* q_s = smem;
   unsigned char* tiles = smem + S::Q_BYTES;
-  unsigned char* p_s = tiles + STAGES * S::STAGE_BYTES;
+  unsigned char* op_s = tiles + STAGES * S::STAGE_BYTES;  // fp8: the converted tile
+  unsigned char* p_s = op_s + S::OP_BYTES;
   float* red_m = reinterpret_cast<float*>(p_s + S::P_BYTES);
   float* red_l = red_m + S::R * C * 16;
 
@@ -113,7 +178,7 @@ __device__ __forceinline__ void mla_attend(
   const int ntiles = k_end > k_begin ? (k_end - tile0 + NT - 1) / NT : 0;
   auto issue = [&](int tile) {
     mla_issue_tile<Cfg>(tiles + (tile % STAGES) * S::STAGE_BYTES, tile0 + tile * NT, k_begin, k_end, table, kv_cache,
-                        kv_s_block, kv_s_token);
+                        kv_scale, kv_s_block, kv_s_token, ks_s_block, ks_s_token);
   };
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
@@ -133,6 +198,9 @@ __device__ __forceinline__ void mla_attend(
   const unsigned char* q_w = q_s + 16 * rt * S::ROW;
   unsigned char* p_w = p_s + 16 * rt * S::PROW;
 
+  // A per-tensor scale outside the products: K's into the logits, V's onto the output.
+  const float qk_scale = Cfg::SOFTMAX_SCALE * (Cfg::SCALE_MODE == 1 ? kv_scale[0] : 1.0f);
+  const float v_out = Cfg::SCALE_MODE == 1 ? kv_scale[0] : 1.0f;
   SoftmaxState st[2] = {SoftmaxState::empty(), SoftmaxState::empty()};  // l: this warp's keys only
   float o[S::OT][4];
 #pragma unroll
@@ -155,7 +223,13 @@ __device__ __forceinline__ void mla_attend(
       if (tile + STAGES - 1 < ntiles) issue(tile + STAGES - 1);
       cp_async_commit();
     }
-    const unsigned char* stage = tiles + (tile % STAGES) * S::STAGE_BYTES;
+    const unsigned char* raw = tiles + (tile % STAGES) * S::STAGE_BYTES;
+    const float* ss = reinterpret_cast<const float*>(raw + S::SCALES_AT);  // per-token scales of the tile
+    if constexpr (S::KV8) {
+      mla_convert_tile<Cfg>(op_s, raw);
+      __syncthreads();  // the converted tile is complete
+    }
+    const unsigned char* stage = S::KV8 ? op_s : raw;
     const int tbase = tile0 + tile * NT;
 
     // 1. S = Q K^T for the warp's 16 keys: s[j][i] is row g + 8 (i >> 1), key 16 cw + 8j + 2t + (i & 1).
@@ -176,9 +250,10 @@ __device__ __forceinline__ void mla_attend(
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int rr = i >> 1, pos = tbase + 16 * cw + 8 * j + 2 * t + (i & 1);
+        const int rr = i >> 1, col = 16 * cw + 8 * j + 2 * t + (i & 1), pos = tbase + col;
         const bool seen = pos >= k_begin && pos < k_end && pos <= qpos[rr];
-        s[j][i] = seen ? s[j][i] * Cfg::SOFTMAX_SCALE : KGEN_NEG_INF;
+        const float x = S::TOKEN_SCALES ? s[j][i] * (qk_scale * ss[col]) : s[j][i] * qk_scale;
+        s[j][i] = seen ? x : KGEN_NEG_INF;
         m_tile[rr] = fmaxf(m_tile[rr], s[j][i]);
       }
 #pragma unroll
@@ -205,6 +280,7 @@ __device__ __forceinline__ void mla_attend(
         const int rr = i >> 1;
         s[j][i] = s[j][i] == KGEN_NEG_INF ? 0.0f : __expf(s[j][i] - st[rr].m);
         st[rr].l += s[j][i];
+        if (S::TOKEN_SCALES) s[j][i] *= ss[16 * cw + 8 * j + 2 * t + (i & 1)];  // P V sees P times V's scales
       }
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr)
@@ -253,7 +329,7 @@ __device__ __forceinline__ void mla_attend(
     if (row >= rows.count) continue;
     const long long qrow = rows.q_row0 + row / HQ;
     const int h = row % HQ;
-    const float inv = st[rr].inv_sum();
+    const float inv = st[rr].inv_sum() * v_out;
     if (split) {
       const long long base = (qrow * HQ + h) * max_partitions + part;
 #pragma unroll
@@ -295,9 +371,9 @@ __device__ __forceinline__ void paged_mla_decode_body(
     clip_to_partition(part, partition_tokens, max_partitions, k_begin, k_end);
   }
   const MlaRows rows{16 * Cfg::ROW_TILES * (int)blockIdx.x, Cfg::NUM_Q_HEADS, 1, seq_len, seq};
-  mla_attend<Cfg>(out, q, kv_cache, block_tables + (long long)seq * max_blocks_per_seq, part_o, part_ml, lse, rows,
-                  k_begin, k_end, split, part, max_partitions, q_s_seq, q_s_head, o_s_seq, o_s_head, kv_s_block,
-                  kv_s_token);
+  mla_attend<Cfg>(out, q, kv_cache, block_tables + (long long)seq * max_blocks_per_seq, kv_scale, part_o, part_ml, lse,
+                  rows, k_begin, k_end, split, part, max_partitions, q_s_seq, q_s_head, o_s_seq, o_s_head, kv_s_block,
+                  kv_s_token, ks_s_block, ks_s_token);
 }
 
 // Prefill: the chunk of q_len = q_indptr[s+1] - q_indptr[s] query tokens of each sequence, packed by
@@ -319,8 +395,9 @@ __device__ __forceinline__ void paged_mla_prefill_body(
   const int last_row = min(first + 16 * Cfg::ROW_TILES, count) - 1;
   const int k_end = Cfg::CAUSAL ? seq_len - q_len + last_row / Cfg::NUM_Q_HEADS + 1 : seq_len;
   const MlaRows rows{first, count, q_len, seq_len, q0};
-  mla_attend<Cfg>(out, q, kv_cache, block_tables + (long long)seq * max_blocks_per_seq, nullptr, nullptr, lse, rows, 0,
-                  k_end, false, 0, 1, q_s_tok, q_s_head, o_s_tok, o_s_head, kv_s_block, kv_s_token);
+  mla_attend<Cfg>(out, q, kv_cache, block_tables + (long long)seq * max_blocks_per_seq, kv_scale, nullptr, nullptr, lse,
+                  rows, 0, k_end, false, 0, 1, q_s_tok, q_s_head, o_s_tok, o_s_head, kv_s_block, kv_s_token, ks_s_block,
+                  ks_s_token);
 }
 
 }  // namespace kgen

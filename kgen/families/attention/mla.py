@@ -25,10 +25,12 @@ from kgen.families.attention.prefill import _checked_q_lens
 from kgen.families.base import Config, FamilyBase, TunableParam, resolve_config
 from kgen.families.binding import host_values
 from kgen.families.cache.mla_write import _take_kv_scale, kv_scale_arg
-from kgen.formats.cache import CacheFormat, cache_rows, describe
+from kgen.formats.cache import SCALE_MODES, CacheFormat, cache_rows, describe
 from kgen.formats.dtypes import dtype
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 from kgen.plan.split import check_forced_partition, choose_split
+
+FP8 = ("fp8_e4m3", "fp8_e5m2")
 
 
 def mla_unsupported(spec) -> list[str]:
@@ -38,11 +40,12 @@ def mla_unsupported(spec) -> list[str]:
     if q not in ("fp16", "bf16"):
         out.append(f"dtype.q: the mla kernels run Q K^T and P V on the tensor cores with fp16 or bf16 operands "
                    f"(got {q})")
-    if kv.dtype == "nvfp4":
-        out.append("kv_cache.dtype: nvfp4 is not built for the mla layout (allowed: the q dtype)")
-    elif kv.dtype != q:
-        out.append(f"kv_cache.dtype: the mla kernels read a cache in q's dtype (got {kv.dtype} with q {q}; "
-                   f"allowed: {q})")
+    if kv.dtype == "nvfp4" or kv.dtype == "int8" or (kv.dtype != q and kv.dtype not in FP8):
+        out.append(f"kv_cache.dtype: {kv.dtype} is not built for the mla layout's attention (allowed: q's dtype "
+                   f"{q}, fp8_e4m3, fp8_e5m2)")
+    elif kv.dtype in FP8 and kv.scale == "per_token_head" and q == "fp16":
+        out.append("kv_cache.scale: per-token fp8 scales with fp16 q are not built for the mla layout (P times "
+                   "the scales may leave fp16's range; allowed: bf16 q, or per_tensor)")
     if a.alibi or a.sliding_window or a.logits_soft_cap:
         out.append("attention: ALiBi, sliding windows and soft-caps are not built for the mla layout "
                    "(DeepSeek-style MLA uses none of them)")
@@ -85,7 +88,7 @@ class MlaAttentionFamily(FamilyBase):
         kernels = self.kernels(spec, config)
         return {"q_ctype": dtype(spec.dtype.q).ctype, "out_ctype": dtype(spec.dtype.resolved_out).ctype,
                 "kv_ctype": dtype(spec.kv_cache.dtype).ctype, "softmax_scale": c_float(spec.softmax_scale_value),
-                "causal": self.causal(spec),
+                "scale_mode": SCALE_MODES[spec.kv_cache.scale], "causal": self.causal(spec),
                 "partition_size": config.get("partition_size", 0), "geo": mla_geometry(spec, config)[0],
                 "main": kernels[0], "merge": kernels[1] if len(kernels) > 1 else None, "body": self.body}
 

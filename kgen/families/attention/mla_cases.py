@@ -20,6 +20,7 @@ from kgen.families.attention.prefill_cases import (
 )
 from kgen.families.attention.serving import draw_serving, prefill_output
 from kgen.families.base import Bench, Case, Config
+from kgen.formats.cache import CacheFormat
 from kgen.formats.dtypes import dtype
 from kgen.verify.judge.bounds import check_lse, check_output
 from kgen.verify.judge.guards import Guarded, guarded, seal, tripwires
@@ -60,8 +61,19 @@ def make_mla_case(spec, seq_lens: list[int], rng: np.random.Generator, share_pre
     its K store; `padded` passes the pool as a view with gaps between tokens and blocks."""
     args = make_decode_case(spec, seq_lens, rng, share_prefix=share_prefix, serving=serving)
     args.pop("out")
+    return _latent_pool(spec, args, padded)
+
+
+def _latent_pool(spec, args: dict, padded: bool) -> dict:
+    """The generator's K scales become kv_scale (V's are the same rows'); `padded`: the pool (and a
+    per-token scale pool) as views with gaps between blocks and tokens."""
+    if "k_scale" in args:
+        args["kv_scale"] = args.pop("k_scale")
+        args.pop("v_scale")
     if padded:
-        args["kv_cache"] = _strided(args["kv_cache"], (0, 1, 8), np.nan)
+        args["kv_cache"] = _strided(args["kv_cache"], (0, 1, 16), np.nan)
+        if CacheFormat.of(spec).per_token:
+            args["kv_scale"] = _strided(np.ascontiguousarray(args["kv_scale"]), (0, 1), np.nan)
     return args
 
 
@@ -136,9 +148,8 @@ def make_mla_prefill_case(spec, seq_lens: list[int], q_lens: list[int], rng: np.
                           share_prefix: bool = False, padded: bool = False, q_gain: float = 1.0,
                           serving=None) -> dict:
     """Prefill's generator on the latent pool, with out at v_head_dim (pre-filled like prefill's)."""
-    args = make_prefill_case(spec, seq_lens, q_lens, rng, share_prefix=share_prefix, q_gain=q_gain, serving=serving)
-    if padded:
-        args["kv_cache"] = _strided(args["kv_cache"], (0, 1, 8), np.nan)
+    args = _latent_pool(spec, make_prefill_case(spec, seq_lens, q_lens, rng, share_prefix=share_prefix, q_gain=q_gain,
+                                                serving=serving), padded)
     shape = (args["q"].shape[0], spec.attention.num_q_heads, spec.v_head_dim_value)
     out_np = dtype(spec.dtype.resolved_out).numpy
     args["out"] = np.full(shape, np.nan, dtype=out_np) if serving is None else prefill_output(shape, out_np, rng)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kgen.families.base import Config
+from kgen.formats.cache import CacheFormat
+from kgen.formats.dtypes import dtype
 from kgen.plan.arch import smem_limit
 
 # Output columns one warp accumulates (16 rows x 256 columns = 128 fp32 registers a lane); 512 spill on sm_90.
@@ -20,6 +22,8 @@ class MlaGeometry:
     col_warps: int  # warps per row tile (each its V_DIM / col_warps output columns and 16 keys of a tile)
     stages: int
     head_dim: int
+    kv_bytes: int = 2  # 1: an fp8 cache, staged as stored and converted into a 16-bit tile
+    token_scales: bool = False  # per-token kv_scale, staged with each tile
 
     @property
     def threads(self) -> int:
@@ -34,13 +38,20 @@ class MlaGeometry:
         return odd_units(2 * self.head_dim)
 
     @property
+    def raw_row_bytes(self) -> int:
+        """A staged fp8 row (0: a 16-bit cache lands in the operand tile itself)."""
+        return odd_units(self.head_dim) if self.kv_bytes == 1 else 0
+
+    @property
     def p_row_bytes(self) -> int:
         return odd_units(2 * self.tile_tokens)
 
     @property
     def smem_bytes(self) -> int:
         q = 16 * self.row_tiles * self.row_bytes
-        tiles = self.stages * self.tile_tokens * self.row_bytes
+        rows = self.tile_tokens * (self.raw_row_bytes or self.row_bytes)
+        tiles = self.stages * (rows + (4 * self.tile_tokens if self.token_scales else 0))
+        tiles += self.tile_tokens * self.row_bytes if self.kv_bytes == 1 else 0  # the converted tile
         p = 16 * self.row_tiles * self.p_row_bytes
         red = 2 * self.row_tiles * self.col_warps * 16 * 4
         return q + tiles + p + red
@@ -76,7 +87,8 @@ def mla_geometry(spec, config: Config) -> tuple[MlaGeometry | None, list[str]]:
         problems.append(f"stages must be 1..4 (got {stages})")
     if problems:
         return None, problems
-    geo = MlaGeometry(R, C, stages, spec.attention.head_dim)
+    geo = MlaGeometry(R, C, stages, spec.attention.head_dim, dtype(spec.kv_cache.dtype).itemsize,
+                      CacheFormat.of(spec).per_token)
     limit = smem_limit(spec.targets)
     if geo.smem_bytes > limit:
         return None, [f"row_tiles {R}, col_warps {C}, stages {stages}: {geo.smem_bytes} bytes of shared memory > "

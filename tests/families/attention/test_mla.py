@@ -36,11 +36,18 @@ MATRIX = [
     ({"attention.num_q_heads": 64}, {"partition_size": 64, "col_warps": 4, "stages": 1}),  # split-KV + merge
     ({"tail_masking": False, "attention.num_q_heads": 8, "attention.head_dim": 192, "attention.v_head_dim": 128},
      {"partition_size": 32}),
+    ({"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_tensor", "attention.num_q_heads": 128,
+      "kv_cache.block_size": 64}, {"row_tiles": 2, "col_warps": 4}),
+    ({"kv_cache.dtype": "fp8_e5m2", "kv_cache.scale": "per_token_head", "attention.num_q_heads": 32},
+     {"partition_size": 32, "stages": 3}),
+    ({"dtype.q": "fp16", "kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_tensor", "kv_cache.block_size": 1},
+     {"col_warps": 4, "stages": 1}),
 ]
 
 
 @pytest.mark.parametrize("overrides,config", MATRIX, ids=["h16", "h128", "h128-b64-r2c4s1", "fp16-h40-b1",
-                                                          "h64-split", "notail-small"])
+                                                          "h64-split", "notail-small", "fp8e4m3-tensor-h128",
+                                                          "fp8e5m2-token-split", "fp16q-fp8-b1"])
 def test_decode_verifies_on_cpu(overrides, config):
     kern = kgen.build(_spec(**overrides), backend="cpu", verify=False, archs=[], config=config)
     report = verify(kern, seed=11)
@@ -55,10 +62,13 @@ PREFILL = [
       "kv_cache.block_size": 4}, {"col_warps": 4, "stages": 1}),
     ({"tail_masking": False, "attention.num_q_heads": 8, "attention.head_dim": 192, "attention.v_head_dim": 128},
      {"row_tiles": 2, "stages": 3}),
+    ({"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_token_head", "attention.num_q_heads": 8,
+      "attention.head_dim": 192, "attention.v_head_dim": 128}, {}),
 ]
 
 
-@pytest.mark.parametrize("overrides,config", PREFILL, ids=["h16", "h32-noncausal-fp16-b4", "notail-small-r2"])
+@pytest.mark.parametrize("overrides,config", PREFILL, ids=["h16", "h32-noncausal-fp16-b4", "notail-small-r2",
+                                                           "fp8-token-small"])
 def test_prefill_verifies_on_cpu(overrides, config):
     spec = _spec(kind="paged_prefill", **overrides)
     report = verify(kgen.build(spec, backend="cpu", verify=False, archs=[], config=config), seed=13)
@@ -84,22 +94,27 @@ def test_decode_verifies_in_race_mode():
     assert kern.report.passed, kern.report.summary()
 
 
+FP8_TOKEN = {"attention.num_q_heads": 32, "kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_token_head"}
 MUTANTS = [
+    ("V's per-token scales dropped", "if (S::TOKEN_SCALES) s[j][i] *= ss[16 * cw + 8 * j + 2 * t + (i & 1)];", "",
+     FP8_TOKEN),
+    ("fp8 tile not converted before use", "mla_convert_tile<Cfg>(op_s, raw);\n      __syncthreads();",
+     "mla_convert_tile<Cfg>(op_s, raw);", FP8_TOKEN),
     ("no barrier before P V", "pack2<T>(s[j][2 * rr], s[j][2 * rr + 1]);\n    }\n    __syncthreads();",
-     "pack2<T>(s[j][2 * rr], s[j][2 * rr + 1]);\n    }\n"),
+     "pack2<T>(s[j][2 * rr], s[j][2 * rr + 1]);\n    }\n", {}),
     ("own max only", "for (int w = 0; w < C; ++w) m = fmaxf(m, red_m[(rt * C + w) * 16 + g + 8 * rr]);",
-     "m = red_m[(rt * C + cw) * 16 + g + 8 * rr];"),
-    ("V from the rope end", "+ cw * S::DW * 2;", "+ cw * S::DW * 2 + 2 * (S::D - S::DV);"),
-    ("mask on the wrong key", "pos = tbase + 16 * cw + 8 * j + 2 * t + (i & 1);",
-     "pos = tbase + 16 * cw + 8 * j + 2 * t + (i >> 1);"),
+     "m = red_m[(rt * C + cw) * 16 + g + 8 * rr];", {}),
+    ("V from the rope end", "+ cw * S::DW * 2;", "+ cw * S::DW * 2 + 2 * (S::D - S::DV);", {}),
+    ("mask on the wrong key", "col = 16 * cw + 8 * j + 2 * t + (i & 1), pos = tbase + col;",
+     "col = 16 * cw + 8 * j + 2 * t + (i & 1), pos = tbase + col - (i & 1);", {}),
     ("row sums of one warp", "for (int w = 0; w < C; ++w) l += red_l[(rt * C + w) * 16 + g + 8 * rr];",
-     "l = red_l[(rt * C + cw) * 16 + g + 8 * rr];"),
+     "l = red_l[(rt * C + cw) * 16 + g + 8 * rr];", {}),
 ]
 
 
-@pytest.mark.parametrize("old,new", [m[1:] for m in MUTANTS], ids=[m[0] for m in MUTANTS])
-def test_verifier_rejects_mutant(old, new):
-    spec = _spec(**{"attention.num_q_heads": 32})
+@pytest.mark.parametrize("old,new,overrides", [m[1:] for m in MUTANTS], ids=[m[0] for m in MUTANTS])
+def test_verifier_rejects_mutant(old, new, overrides):
+    spec = _spec(**{"attention.num_q_heads": 32, **overrides})
     rendered = render(spec, {"col_warps": 2, "partition_size": 32})
     assert rendered.source.count(old) == 1, old
     kern = kernel_from_source(spec, rendered.source.replace(old, new), backend="cpu", config=rendered.config, archs=[])
@@ -139,7 +154,11 @@ def test_abi_text_names_the_latent_pool_and_v_head_dim():
 
 @pytest.mark.parametrize("overrides,message", [
     ({"dtype.q": "fp32", "kv_cache.dtype": "fp32"}, r"dtype.q: the mla kernels run Q K\^T and P V on the tensor"),
-    ({"kv_cache.dtype": "fp16"}, r"kv_cache.dtype: the mla kernels read a cache in q's dtype"),
+    ({"kv_cache.dtype": "fp16"}, r"kv_cache.dtype: fp16 is not built for the mla layout's attention \(allowed: "
+                                 r"q's dtype bf16, fp8_e4m3, fp8_e5m2\)"),
+    ({"kv_cache.dtype": "int8", "kv_cache.scale": "per_tensor"}, r"kv_cache.dtype: int8 is not built"),
+    ({"dtype.q": "fp16", "kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_token_head"},
+     r"per-token fp8 scales with fp16 q are not built"),
     ({"attention.alibi": True}, r"ALiBi, sliding windows and soft-caps are not built for the mla layout"),
     ({"targets": ["sm_75"], "dtype.q": "fp16", "kv_cache.dtype": "fp16"}, r"targets: sm_75 has no mma.sync"),
 ])
@@ -158,8 +177,9 @@ def test_a_config_that_would_spill_or_overflow_shared_memory_is_refused():
 @pytest.mark.parametrize("overrides,config", [
     ({}, {}), ({"attention.num_q_heads": 128}, {"row_tiles": 2, "col_warps": 4}), ({}, {"partition_size": 64}),
     ({"dtype.q": "fp16", "kv_cache.dtype": "fp16"}, {"col_warps": 4, "stages": 1}),
+    ({"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_token_head"}, {"partition_size": 64}),
     ({"kind": "paged_prefill"}, {}), ({"kind": "paged_prefill", "attention.num_q_heads": 128}, {"row_tiles": 2}),
-], ids=["default", "r2c4", "split", "fp16-c4s1", "prefill", "prefill-r2"])
+], ids=["default", "r2c4", "split", "fp16-c4s1", "fp8-token-split", "prefill", "prefill-r2"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_nvrtc_compiles_without_spills(overrides, config, arch):
     spec = _spec(**overrides)
