@@ -199,3 +199,21 @@ def test_deepseek_prefill_example_compiles_without_spills_and_verifies_at_32_hea
     small = kgen.build(spec.with_overrides(**{"attention.num_q_heads": 32}), backend="cpu", verify=False, archs=[])
     report = verify(small, seed=21)
     assert report.passed, report.summary()
+
+
+def test_perf_estimates_mla_decode_over_batches_and_contexts():
+    """`kgen perf` on the DeepSeek example: the static model's table (kgen/perf/mla_model.py) over
+    batch 1-128 and contexts 1K-32K, with the plan's split at batch 1 and none where the batch fills the GPU."""
+    from pathlib import Path
+
+    from kgen.cli.perf import mla_report
+    spec = kgen.load_spec(Path(__file__).resolve().parents[3] / "specs" / "deepseek_v3_mla_decode.yaml")
+    rep = mla_report(spec, None, "sm_90")
+    rows = {(r["batch"], r["context"]): r for r in rep["estimates"]}
+    assert set(rows) == {(b, c) for b in (1, 16, 64, 128) for c in (1024, 4096, 32768)}
+    assert all(0 < r["copy_fraction"] <= 1 and 0 < r["tensor_fraction"] <= 1 for r in rows.values())
+    assert rows[(1, 32768)]["partitions"] > 1 and rows[(128, 4096)]["partitions"] == 1
+    assert rows[(1, 32768)]["us"] < rows[(128, 32768)]["us"]
+    assert rep["resources"]["deepseek_v3_mla_decode"]["spill_stores"] == 0
+    with pytest.raises(KgenUserError, match=r"covers kgen's own paged_decode kernel only \(got kind paged_prefill"):
+        mla_report(spec.with_overrides(kind="paged_prefill"), None, "sm_90")
