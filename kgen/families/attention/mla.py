@@ -141,6 +141,28 @@ class MlaAttentionFamily(FamilyBase):
         return int(bt.shape[0]), int(bt.shape[1]) * spec.kv_cache.block_size
 
 
+def pool_arg(spec) -> Arg:
+    D, Dv = spec.attention.head_dim, spec.v_head_dim_value
+    return array("kv_cache", spec.kv_cache.dtype, "input", ("num_blocks", spec.kv_cache.block_size, D),
+                 f"latent rows: K the whole row, V its first {Dv} elements; block and token strides may be padded")
+
+
+def table_args(rows) -> list[Arg]:
+    return [array("block_tables", "int32", "input", ("num_seqs", "max_blocks_per_seq"),
+                  "physical block ids; entries past ceil(seq_len / block_size) are never read"),
+            array("seq_lens", "int32", "input", ("num_seqs",), rows.seq_lens_text)]
+
+
+def stride_args(rows, word: str) -> list[Arg]:
+    """q's and out's row and head strides, then the pool's and a per-token scale pool's."""
+    x = rows.axis
+    return [stride(f"q_s_{x}", f"q stride between {word}"), stride("q_s_head", "q stride between heads"),
+            stride(f"o_s_{x}", f"out stride between {word}"), stride("o_s_head", "out stride between heads"),
+            stride("kv_s_block", "kv_cache stride between blocks"), stride("kv_s_token", "kv_cache stride between tokens"),
+            stride("ks_s_block", "per-token kv_scale stride between blocks (else 0)"),
+            stride("ks_s_token", "per-token kv_scale stride between tokens (else 0)")]
+
+
 def pool_values(spec, cache, scale) -> dict[str, int]:
     """The pool's stride parameters."""
     per_token = (scale.strides[0], scale.strides[1]) if CacheFormat.of(spec).per_token else (0, 0)
@@ -166,11 +188,8 @@ class MlaDecodeFamily(MlaAttentionFamily):
             array("out", d.resolved_out, "output", ("num_seqs", Hq, Dv), "attention output of each query head"),
             array("q", d.q, "input", ("num_seqs", Hq, D),
                   f"absorbed query of each sequence's last token (q_nope {Dv}, then q_pe {D - Dv})"),
-            array("kv_cache", spec.kv_cache.dtype, "input", ("num_blocks", spec.kv_cache.block_size, D),
-                  f"latent rows: K the whole row, V its first {Dv} elements; block and token strides may be padded"),
-            array("block_tables", "int32", "input", ("num_seqs", "max_blocks_per_seq"),
-                  "physical block ids; entries past ceil(seq_len / block_size) are never read"),
-            array("seq_lens", "int32", "input", ("num_seqs",), DECODE_ROWS.seq_lens_text),
+            pool_arg(spec),
+            *table_args(DECODE_ROWS),
             kv_scale_arg(spec, "input", const=True, use="real = stored * scale, for K and V"),
             array("part_o", "fp32", "scratch", ("num_seqs", Hq, "max_partitions", Dv),
                   "split-KV: each partition's normalised output (null without split)", optional=single),
@@ -180,11 +199,7 @@ class MlaDecodeFamily(MlaAttentionFamily):
                   "natural-log log-sum-exp of the final logits (null unless requested)", optional=True),
             scalar("max_blocks_per_seq", "int32", "columns of block_tables"),
             scalar("max_partitions", "int32", "partitions per sequence (grid z); 1 without split"),
-            stride("q_s_seq", "q stride between sequences"), stride("q_s_head", "q stride between heads"),
-            stride("o_s_seq", "out stride between sequences"), stride("o_s_head", "out stride between heads"),
-            stride("kv_s_block", "kv_cache stride between blocks"), stride("kv_s_token", "kv_cache stride between tokens"),
-            stride("ks_s_block", "per-token kv_scale stride between blocks (else 0)"),
-            stride("ks_s_token", "per-token kv_scale stride between tokens (else 0)"),
+            *stride_args(DECODE_ROWS, "sequences"),
             *([] if single else [PARTITION_TOKENS]),
         ]
 
@@ -279,23 +294,16 @@ class MlaPrefillFamily(MlaAttentionFamily):
             array("out", d.resolved_out, "output", ("num_q_tokens", Hq, Dv), PREFILL_ROWS.out_text),
             array("q", d.q, "input", ("num_q_tokens", Hq, D),
                   f"absorbed queries (q_nope {Dv}, then q_pe {D - Dv}), packed by sequence (q_indptr)"),
-            array("kv_cache", spec.kv_cache.dtype, "input", ("num_blocks", spec.kv_cache.block_size, D),
-                  f"latent rows (the chunk's included): K the whole row, V its first {Dv} elements"),
+            pool_arg(spec),
             array("q_indptr", "int32", "input", ("num_seqs + 1",),
                   "sequence s owns query rows q_indptr[s] .. q_indptr[s+1]-1; q_indptr[0] = 0, non-decreasing"),
-            array("block_tables", "int32", "input", ("num_seqs", "max_blocks_per_seq"),
-                  "physical block ids; entries past ceil(seq_len / block_size) are never read"),
-            array("seq_lens", "int32", "input", ("num_seqs",), PREFILL_ROWS.seq_lens_text),
+            *table_args(PREFILL_ROWS),
             kv_scale_arg(spec, "input", const=True, use="real = stored * scale, for K and V"),
             array("lse", "fp32", "output", ("num_q_tokens", Hq),
                   "natural-log log-sum-exp of the final logits, -inf for no key (null unless requested)", optional=True),
             scalar("num_seqs", "int32", "sequences in the batch"),
             scalar("max_blocks_per_seq", "int32", "columns of block_tables"),
-            stride("q_s_tok", "q stride between query rows"), stride("q_s_head", "q stride between heads"),
-            stride("o_s_tok", "out stride between query rows"), stride("o_s_head", "out stride between heads"),
-            stride("kv_s_block", "kv_cache stride between blocks"), stride("kv_s_token", "kv_cache stride between tokens"),
-            stride("ks_s_block", "per-token kv_scale stride between blocks (else 0)"),
-            stride("ks_s_token", "per-token kv_scale stride between tokens (else 0)"),
+            *stride_args(PREFILL_ROWS, "query rows"),
         ]
 
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
