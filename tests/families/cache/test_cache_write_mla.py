@@ -93,7 +93,7 @@ def test_bad_input_is_refused_naming_the_argument(kernels, mutate, message):
         kern(**args)
 
 
-def test_nvfp4_and_copy_blocks_on_mla_are_refused_clearly():
+def test_copy_blocks_on_mla_is_refused_clearly():
     with pytest.raises(UnsupportedError, match=r"kind 'copy_blocks' is not built for kv_cache.layout mla"):
         kgen.build(kgen.spec_from_dict({**BASE, "kind": "copy_blocks"}), backend="cpu", verify=False, archs=[])
 
@@ -119,3 +119,11 @@ def test_verifier_rejects_mutant(combo, old, new, case):
     failed = {c.name: c for c in report.failed_cases}
     assert case in failed, report.summary()
     assert failed[case].max_error > 0
+
+
+def test_nvfp4_refusal_of_its_own():
+    """The mla cache_write refuses nvfp4 itself, not only through family_for's list of unbuilt features."""
+    from kgen.families.cache.mla_write import MLA_CACHE_WRITE
+    spec = kgen.spec_from_dict({**BASE, "kv_cache": {"block_size": 16, "layout": "mla", "dtype": "nvfp4"}})
+    assert MLA_CACHE_WRITE.unsupported(spec) == [
+        "kv_cache.dtype: nvfp4 is not built for the mla layout (allowed: fp16, bf16, fp32, fp8_e4m3, fp8_e5m2, int8)"]
