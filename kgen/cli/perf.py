@@ -14,9 +14,12 @@ from pathlib import Path
 import click
 
 from kgen.cli.common import guard, load_specs, out
+from kgen.compile.nvrtc import compile_cubin
 from kgen.errors import KgenUserError
+from kgen.families.attention.mla import MLA_DECODE
 from kgen.families.registry import family_for
 from kgen.perf import model as pm
+from kgen.perf.mla_model import decode_table
 from kgen.perf.report import (
     Subject,
     is_decode,
@@ -25,6 +28,7 @@ from kgen.perf.report import (
     source_subject,
 )
 from kgen.perf.sass import require_cuobjdump, usable_cuobjdump
+from kgen.render import render
 
 PERF_ARCHS = tuple(pm.DEVICES)
 PREFILL_NOTE = ("the speed model covers decode only: prefill's tensor-core model is not there yet (issue 22); "
@@ -184,11 +188,45 @@ def perf(spec, source_file, arch, as_json):
     """Static figures and estimated speed of SPEC's kernel (no GPU; needs cuobjdump and nvdisasm)."""
     check_arch(arch)
     (loaded,) = load_specs((spec,))
+    if loaded.kv_cache.layout == "mla":  # its own model (kgen/perf/mla_model.py)
+        rep = mla_report(loaded, source_file, arch)
+        click.echo(json.dumps(rep, indent=2) if as_json else mla_text(rep))
+        return
     rep = perf_report(loaded, source_file, arch)
     if as_json:
         click.echo(json.dumps(rep, indent=2))
     else:
         print_report(rep)
+
+
+def mla_report(spec, source_file: str | None, arch: str) -> dict:
+    """kgen's MLA decode kernel: its sm registers (NVRTC) and the static estimate over batches and contexts."""
+    if source_file or family_for(spec) is not MLA_DECODE:
+        raise KgenUserError(f"{spec.source_path or spec.name}: kgen perf's model of the mla layout covers kgen's "
+                            f"own paged_decode kernel only (got kind {spec.kind}"
+                            + (", and a --source" if source_file else "") + ")")
+    rendered = render(spec)
+    res = compile_cubin(rendered.source, arch).resources
+    regs = res[spec.name].registers
+    rows = [{"batch": e.batch, "context": e.context, "us": e.estimate.seconds * 1e6,
+             "copy_fraction": e.estimate.fraction, "tensor_fraction": e.tensor_fraction, "bound": e.estimate.bound,
+             "partitions": e.partitions, "blocks": e.estimate.blocks}
+            for e in decode_table(spec, rendered.config, regs, pm.DEVICES[arch])]
+    return {"spec": spec.name, "arch": arch, "device": pm.DEVICES[arch].name, "config": rendered.config,
+            "resources": {name: {"registers": r.registers, "spill_stores": r.spill_stores,
+                                 "spill_loads": r.spill_loads} for name, r in res.items()},
+            "estimates": rows}
+
+
+def mla_text(rep: dict) -> str:
+    lines = [f"{rep['spec']} on {rep['device']}, config {rep['config']}",
+             "registers: " + ", ".join(f"{n} {r['registers']} (spills {r['spill_stores']}/{r['spill_loads']})"
+                                       for n, r in rep["resources"].items()),
+             "ESTIMATES (kgen/perf/mla_model.py): fraction of the copy bandwidth and of the tensor-core peak",
+             md_table(["batch", "context", "us", "copy bw", "tensor peak", "bound", "partitions"],
+                      [[str(r["batch"]), str(r["context"]), f"{r['us']:.1f}", _pct(r["copy_fraction"]),
+                        _pct(r["tensor_fraction"]), r["bound"], str(r["partitions"])] for r in rep["estimates"]])]
+    return "\n".join(lines)
 
 
 # ---- `kgen verify --source`: the hand-written kernel's figures beside kgen's -----------------------------

@@ -4,18 +4,26 @@ from __future__ import annotations
 
 from kgen.errors import UnsupportedError
 from kgen.families.attention.decode import PAGED_DECODE
+from kgen.families.attention.mla import MLA_DECODE, MLA_PREFILL
 from kgen.families.attention.prefill import PAGED_PREFILL
 from kgen.families.base import Family
 from kgen.families.cache.copy import COPY_BLOCKS
+from kgen.families.cache.mla_write import MLA_CACHE_WRITE
 from kgen.families.cache.write import CACHE_WRITE
 
 FAMILIES: dict[str, Family] = {PAGED_DECODE.kind: PAGED_DECODE, PAGED_PREFILL.kind: PAGED_PREFILL,
                                CACHE_WRITE.kind: CACHE_WRITE, COPY_BLOCKS.kind: COPY_BLOCKS}
+# The mla layout's kernels (docs/abi.md "MLA"): latent rows read once for K and V, their own bodies.
+MLA_FAMILIES: dict[str, Family] = {MLA_DECODE.kind: MLA_DECODE, MLA_PREFILL.kind: MLA_PREFILL,
+                                   MLA_CACHE_WRITE.kind: MLA_CACHE_WRITE}
 
 
 def family_for(spec) -> Family:
     """The family that generates `spec`, or UnsupportedError naming what is missing."""
-    family = FAMILIES.get(spec.kind)
+    family = (MLA_FAMILIES if spec.kv_cache.layout == "mla" else FAMILIES).get(spec.kind)
+    if family is None and spec.kv_cache.layout == "mla" and spec.kind in FAMILIES:
+        raise UnsupportedError(f"{spec.name}: kind '{spec.kind}' is not built for kv_cache.layout mla yet "
+                               f"(mla kinds: {', '.join(sorted(MLA_FAMILIES))})")
     if family is None:
         raise UnsupportedError(
             f"{spec.name}: kind '{spec.kind}' is not supported yet "
@@ -32,8 +40,6 @@ def unbuilt_features(spec) -> list[str]:
     removed as each lands, so a spec that asks for one is refused instead of silently ignored."""
     kv = spec.kv_cache
     out = []
-    if kv.layout == "mla":
-        out.append("kv_cache.layout: the mla layout is not built yet")
     if kv.dtype == "nvfp4":
         out.append("kv_cache.dtype: nvfp4 caches are not built yet")
     return out

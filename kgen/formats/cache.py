@@ -6,6 +6,8 @@ array, the scale shapes, and the constants the templates take.
 Canonical order (numpy, host side): K and V pools [num_blocks, block_size, num_kv_heads, head_dim]
 (V's last dim is v_head_dim, which attention.v_head_dim may set apart from K's head_dim),
 per_token_head scale pools [num_blocks, block_size, num_kv_heads]. NHD is that order itself.
+The mla layout's one pool [num_blocks, block_size, head_dim] is K with num_kv_heads 1, and V its
+first v_head_dim elements (a view of the same rows); its per-token scales are [num_blocks, block_size].
 
 Kernel strides (device side): each K or V array is described by (block, head, token, run)
 strides in elements. head_dim is cut into runs of K_RUN / V_RUN contiguous elements, `run` is
@@ -35,7 +37,7 @@ class CacheFormat:
     """One spec's cache: layout, order, element type, scale granularity and sizes, with the
     questions every module asks of it answered here (not by comparing strings)."""
 
-    layout: str  # separate | fused | vllm
+    layout: str  # separate | fused | vllm | mla
     order: str  # NHD | HND | vllm (resolved)
     dtype: DType
     scale: str  # none | per_tensor | per_head | per_token_head
@@ -59,9 +61,14 @@ class CacheFormat:
         return self.layout == "vllm"
 
     @property
+    def mla(self) -> bool:
+        """One pool of latent rows: K the whole row, V its first v_head_dim elements."""
+        return self.layout == "mla"
+
+    @property
     def token_major(self) -> bool:
-        """Tokens before heads in a block (NHD): the canonical order itself."""
-        return self.order == "NHD"
+        """Tokens before heads in a block (NHD; mla has one head): the canonical order itself."""
+        return self.order == "NHD" or self.mla
 
     @property
     def quantized(self) -> bool:
@@ -87,10 +94,10 @@ class CacheFormat:
 
     @property
     def names(self) -> tuple[str, ...]:
-        return ("kv_cache",) if self.fused else ("k_cache", "v_cache")
+        return ("kv_cache",) if self.fused or self.mla else ("k_cache", "v_cache")
 
     def describe(self) -> str:
-        return f"{self.dtype.name} ({self.layout}" + ("" if self.vllm else f", {self.order}") + ")"
+        return f"{self.dtype.name} ({self.layout}" + ("" if self.vllm or self.mla else f", {self.order}") + ")"
 
 
 def cache_format(spec) -> CacheFormat:
@@ -129,6 +136,8 @@ def half_shapes(spec, num_blocks: str | int = "num_blocks") -> dict[str, tuple]:
 
 def cache_shapes(spec, num_blocks: str | int = "num_blocks") -> dict[str, tuple]:
     """The cache arrays of a call and their ABI shapes (symbolic or concrete num_blocks)."""
+    if CacheFormat.of(spec).mla:
+        return {"kv_cache": (num_blocks, spec.kv_cache.block_size, spec.attention.head_dim)}
     halves = half_shapes(spec, num_blocks)
     if CacheFormat.of(spec).fused:
         return {"kv_cache": (num_blocks, 2, *halves["k_cache"][1:])}  # [N, 2, ...one block]
@@ -144,6 +153,8 @@ def scale_shape(spec, num_blocks: str | int = "num_blocks") -> tuple | None:
         return ()
     if f.scale == "per_head":
         return (f.num_kv_heads,)
+    if f.mla:  # one latent head: a scale per token
+        return (num_blocks, f.block_size)
     if f.token_major:
         return (num_blocks, f.block_size, f.num_kv_heads)
     return (num_blocks, f.num_kv_heads, f.block_size)
@@ -154,6 +165,8 @@ def to_layout(spec, k: np.ndarray, v: np.ndarray) -> dict[str, np.ndarray]:
     """The call's cache arrays (C-contiguous) from canonical [N, B, H, D] K and [N, B, H, Dv] V."""
     f = CacheFormat.of(spec)
     N, B, H, D = k.shape
+    if f.mla:  # V is the rows' first v_head_dim elements: only K is stored
+        return {"kv_cache": np.ascontiguousarray(k[:, :, 0, :])}
     if f.vllm:
         x = f.x
         return {"k_cache": np.ascontiguousarray(k.reshape(N, B, H, D // x, x).transpose(0, 2, 3, 1, 4)),
@@ -168,6 +181,9 @@ def to_layout(spec, k: np.ndarray, v: np.ndarray) -> dict[str, np.ndarray]:
 def from_layout(spec, arrays: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """Canonical [N, B, H, D] K and [N, B, H, Dv] V (views where possible) from the call's cache arrays."""
     f = CacheFormat.of(spec)
+    if f.mla:
+        pool = np.asarray(arrays["kv_cache"])[:, :, None, :]
+        return pool, pool[..., :spec.v_head_dim_value]
     if f.fused:
         pool = np.asarray(arrays["kv_cache"])
         k, v = pool[:, 0], pool[:, 1]
@@ -183,12 +199,16 @@ def from_layout(spec, arrays: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
 
 def scale_to_layout(spec, s: np.ndarray) -> np.ndarray:
     """A per_token_head scale pool in the ABI's order from canonical [N, B, H]."""
+    if CacheFormat.of(spec).mla:
+        return np.ascontiguousarray(s[:, :, 0])
     return s if CacheFormat.of(spec).token_major else np.ascontiguousarray(s.transpose(0, 2, 1))
 
 
 def scale_from_layout(spec, s: np.ndarray) -> np.ndarray:
     """Canonical [N, B, H] (a view) from a per_token_head scale pool in the ABI's order."""
     s = np.asarray(s)
+    if CacheFormat.of(spec).mla:
+        return s[:, :, None]
     return s if CacheFormat.of(spec).token_major else s.transpose(0, 2, 1)
 
 
@@ -208,6 +228,9 @@ def cache_strides(spec, caches: list) -> CacheStrides:
     """The strides of the call's (checked) cache arrays (kgen.arrays.ArrayArg)."""
     f = CacheFormat.of(spec)
     v_offset = 0
+    if f.mla:  # [N, B, D]: K and V the same rows
+        c = caches[0]
+        return CacheStrides(c.native, c.native, (c.strides[0], 0, c.strides[1], 0), (c.strides[0], 0, c.strides[1], 0))
     if f.fused:
         c = caches[0]
         v_offset = c.strides[1]
@@ -228,6 +251,8 @@ def cache_strides(spec, caches: list) -> CacheStrides:
 
 def scale_pool_strides(spec, s) -> tuple[int, int, int]:
     """A per_token_head scale pool's (block, head, token) strides."""
+    if CacheFormat.of(spec).mla:  # [N, B]
+        return s.strides[0], 0, s.strides[1]
     if CacheFormat.of(spec).token_major:  # [N, B, H]
         return s.strides[0], s.strides[2], s.strides[1]
     return s.strides[0], s.strides[1], s.strides[2]  # [N, H, B]

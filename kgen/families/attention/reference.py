@@ -64,11 +64,13 @@ def gather_stored(spec, args: dict, table_row: np.ndarray, seq_len: int):
     a = spec.attention
     blocks = np.asarray(table_row[: -(-seq_len // spec.kv_cache.block_size)], dtype=np.int64)
     used = {name: np.asarray(args[name])[blocks] for name in cache_names(spec)}
-    k, v = from_layout(spec, used)  # canonical [nb, B, H, D] and [nb, B, H, Dv]
+    k, v = from_layout(spec, used)  # canonical [nb, B, H, D] (V: [.., v_head_dim])
     k = k.reshape(-1, a.num_kv_heads, a.head_dim)[:seq_len]
     v = v.reshape(-1, a.num_kv_heads, spec.v_head_dim_value)[:seq_len]
-    return (k, v, _sequence_scale(spec, args.get("k_scale"), blocks, seq_len),
-            _sequence_scale(spec, args.get("v_scale"), blocks, seq_len))
+    # mla: one scale set dequantizes the latent row for K and V alike
+    k_name, v_name = ("kv_scale", "kv_scale") if CacheFormat.of(spec).mla else ("k_scale", "v_scale")
+    return (k, v, _sequence_scale(spec, args.get(k_name), blocks, seq_len),
+            _sequence_scale(spec, args.get(v_name), blocks, seq_len))
 
 
 def sequence_kv(spec, args: dict, dtype=np.float64, round_to=None) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -1,0 +1,384 @@
+"""paged_decode for the mla layout (docs/mla.md, docs/abi.md section 8): every query head of a
+sequence against its latent rows, K the whole row and V its first v_head_dim elements, read once
+into shared memory for both products (templates/common/paged_mla.cuh), optionally split over KV
+partitions with a merge kernel at v_head_dim. The argument table here is the kernel ABI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kgen.errors import ArgumentError
+from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
+from kgen.families.attention import mla_cases
+from kgen.families.attention.common import (
+    DECODE_ROWS,
+    PARTITION_TOKENS,
+    PREFILL_ROWS,
+    AttentionBinder,
+    c_float,
+    merge_kernel,
+)
+from kgen.families.attention.mla_geometry import mla_geometry
+from kgen.families.attention.prefill import _checked_q_lens
+from kgen.families.base import Config, FamilyBase, TunableParam, resolve_config
+from kgen.families.binding import host_values
+from kgen.families.cache.mla_write import _take_kv_scale, kv_scale_arg
+from kgen.formats.cache import SCALE_MODES, CacheFormat, cache_rows, describe
+from kgen.formats.dtypes import dtype
+from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
+from kgen.plan.split import check_forced_partition, choose_split
+
+FP8 = ("fp8_e4m3", "fp8_e5m2")
+
+
+def mla_unsupported(spec) -> list[str]:
+    """What the mla attention body does not build (each line says what is accepted)."""
+    a, kv, q = spec.attention, spec.kv_cache, spec.dtype.q
+    out = []
+    if q not in ("fp16", "bf16"):
+        out.append(f"dtype.q: the mla kernels run Q K^T and P V on the tensor cores with fp16 or bf16 operands "
+                   f"(got {q})")
+    if kv.dtype == "nvfp4" or kv.dtype == "int8" or (kv.dtype != q and kv.dtype not in FP8):
+        out.append(f"kv_cache.dtype: {kv.dtype} is not built for the mla layout's attention (allowed: q's dtype "
+                   f"{q}, fp8_e4m3, fp8_e5m2)")
+    elif kv.dtype in FP8 and kv.scale == "per_token_head" and q == "fp16":
+        out.append("kv_cache.scale: per-token fp8 scales with fp16 q are not built for the mla layout (P times "
+                   "the scales may leave fp16's range; allowed: bf16 q, or per_tensor)")
+    if a.alibi or a.sliding_window or a.logits_soft_cap:
+        out.append("attention: ALiBi, sliding windows and soft-caps are not built for the mla layout "
+                   "(DeepSeek-style MLA uses none of them)")
+    if a.sinks:
+        out.append("attention.sinks: attention sinks are not built for the mla layout (DeepSeek-style MLA has none; "
+                   "allowed: sinks false)")
+    if a.head_dim % 16 or spec.v_head_dim_value % 16:
+        out.append(f"attention: the mla body takes head_dim and v_head_dim in whole k16 steps (multiples of 16; "
+                   f"got {a.head_dim} and {spec.v_head_dim_value})")
+    old = [t for t in spec.targets if int(t.removeprefix("sm_")) < 80]
+    if old:
+        out.append(f"targets: {old[0]} has no mma.sync m16n8k16 / cp.async (the mla body needs sm_80 or newer)")
+    return out
+
+
+GEOMETRY_PARAMS = {"row_tiles": TunableParam("row_tiles", 1), "col_warps": TunableParam("col_warps", 2),
+                   "stages": TunableParam("stages", 2)}
+
+
+class MlaAttentionFamily(FamilyBase):
+    """What mla decode and prefill share: the body, its geometry, the refusals and the ABI notes."""
+
+    template = "paged_mla.cu.j2"
+    auditable = True
+    body = ""  # the body function of templates/common/paged_mla.cuh
+
+    def causal(self, spec) -> bool:
+        """Whether a row sees keys up to its own position only (decode's query is the last key anyway)."""
+        return True
+
+    def unsupported(self, spec) -> list[str]:
+        return mla_unsupported(spec)
+
+    def check_config(self, spec, config: Config) -> list[str]:
+        p = config.get("partition_size", 0)
+        problems = [f"partition_size must be 0 or a positive multiple of 16 tokens (got {p})"] if p < 0 or p % 16 else []
+        return problems + mla_geometry(spec, config)[1]
+
+    def default_space(self, spec) -> dict[str, list[int]]:
+        return {"row_tiles": [1, 2], "col_warps": [2, 4]}
+
+    def template_context(self, spec, config: Config) -> dict[str, Any]:
+        kernels = self.kernels(spec, config)
+        return {"q_ctype": dtype(spec.dtype.q).ctype, "out_ctype": dtype(spec.dtype.resolved_out).ctype,
+                "kv_ctype": dtype(spec.kv_cache.dtype).ctype, "softmax_scale": c_float(spec.softmax_scale_value),
+                "scale_mode": SCALE_MODES[spec.kv_cache.scale], "causal": self.causal(spec),
+                "partition_size": config.get("partition_size", 0), "geo": mla_geometry(spec, config)[0],
+                "main": kernels[0], "merge": kernels[1] if len(kernels) > 1 else None, "body": self.body}
+
+    def main_kernel(self, spec, config: Config, grid: tuple) -> KernelDecl:
+        geo, problems = mla_geometry(spec, config)
+        if geo is None:
+            raise ValueError("; ".join(problems))
+        return KernelDecl(spec.name, tuple(self.arguments(spec, config)), grid, geo.threads, smem=geo.smem_bytes)
+
+    def notes(self, spec, rows_text: str, names: list[str]) -> list[str]:
+        a, kv = spec.attention, spec.kv_cache
+        Dv = spec.v_head_dim_value
+        geo = mla_geometry(spec, resolve_config(self, spec, None))[0]
+        names = names + (["kv_scale"] if CacheFormat.of(spec).scaled else [])
+        return [
+            f"mla layout: num_q_heads {a.num_q_heads} over one latent head, head_dim {a.head_dim} (K: the whole row), "
+            f"v_head_dim {Dv} (V and out: the row's first {Dv} elements), block_size {kv.block_size}, "
+            f"cache {describe(spec)}, scale {kv.scale}",
+            f"softmax scale {spec.softmax_scale_value!r} (the model's, given in the spec)",
+            *([rows_text] if rows_text else []),
+            "",
+            f"Call: kern({', '.join(names)}, out=None, return_lse=False) -> out, or (out, lse); the cache array:",
+            *cache_rows(spec),
+            "",
+            "Rules: slots past a sequence's length in its last block hold garbage and must not be read"
+            + ("" if spec.tail_masking else
+               " (tail_masking: false: every seq_len is promised to be a multiple of block_size)") + ".",
+            "Loads: 16-byte vectors; q, out and kv_cache pointers and strides must be multiples of 8 elements.",
+            f"kgen's own kernel, default config: tensor cores, {geo.rows} query rows per block in "
+            f"{geo.col_warps} warps splitting v_head_dim, {geo.tile_tokens} latent rows per stage x {geo.stages} stages, "
+            f"{geo.smem_bytes} bytes of dynamic shared memory.",
+        ]
+
+    def bind_pool(self, b: AttentionBinder, q):
+        """kv_cache and kv_scale, checked (shape, dtype, 16-byte alignment)."""
+        spec = b.spec
+        b.aligned(q, 8, q.strides[:2])
+        b.refuse_other_layouts()
+        cache = b.take("kv_cache", True)
+        N = cache.shape[0] if cache.shape else 0
+        b.check(cache, (N, spec.kv_cache.block_size, spec.attention.head_dim), spec.kv_cache.dtype)
+        b.aligned(cache, 8, cache.strides[:2])
+        return cache, N
+
+    def bucket_of(self, spec, call):
+        """batch = block-table rows, context = the block table's capacity in tokens."""
+        bt = call.get("block_tables")
+        if bt is None or len(bt.shape) != 2:
+            return None
+        return int(bt.shape[0]), int(bt.shape[1]) * spec.kv_cache.block_size
+
+
+def pool_arg(spec) -> Arg:
+    D, Dv = spec.attention.head_dim, spec.v_head_dim_value
+    return array("kv_cache", spec.kv_cache.dtype, "input", ("num_blocks", spec.kv_cache.block_size, D),
+                 f"latent rows: K the whole row, V its first {Dv} elements; block and token strides may be padded")
+
+
+def table_args(rows) -> list[Arg]:
+    return [array("block_tables", "int32", "input", ("num_seqs", "max_blocks_per_seq"),
+                  "physical block ids; entries past ceil(seq_len / block_size) are never read"),
+            array("seq_lens", "int32", "input", ("num_seqs",), rows.seq_lens_text)]
+
+
+def stride_args(rows, word: str) -> list[Arg]:
+    """q's and out's row and head strides, then the pool's and a per-token scale pool's."""
+    x = rows.axis
+    return [stride(f"q_s_{x}", f"q stride between {word}"), stride("q_s_head", "q stride between heads"),
+            stride(f"o_s_{x}", f"out stride between {word}"), stride("o_s_head", "out stride between heads"),
+            stride("kv_s_block", "kv_cache stride between blocks"), stride("kv_s_token", "kv_cache stride between tokens"),
+            stride("ks_s_block", "per-token kv_scale stride between blocks (else 0)"),
+            stride("ks_s_token", "per-token kv_scale stride between tokens (else 0)")]
+
+
+def pool_values(spec, cache, scale) -> dict[str, int]:
+    """The pool's stride parameters."""
+    per_token = (scale.strides[0], scale.strides[1]) if CacheFormat.of(spec).per_token else (0, 0)
+    return {"kv_s_block": cache.strides[0], "kv_s_token": cache.strides[1], "ks_s_block": per_token[0],
+            "ks_s_token": per_token[1]}
+
+
+class MlaDecodeFamily(MlaAttentionFamily):
+    kind, rows, body = "paged_decode", DECODE_ROWS, "paged_mla_decode_body"
+    params = {**GEOMETRY_PARAMS, "partition_size": TunableParam("partition_size", 0)}
+
+    def default_space(self, spec) -> dict[str, list[int]]:
+        return {**super().default_space(spec), "partition_size": [0, 64, 256]}
+
+    def abi_config(self, spec) -> Config:
+        return {"partition_size": 0}
+
+    def arguments(self, spec, config: Config) -> list[Arg]:
+        a, d = spec.attention, spec.dtype
+        Hq, D, Dv = a.num_q_heads, a.head_dim, spec.v_head_dim_value
+        single = not config["partition_size"]
+        return [
+            array("out", d.resolved_out, "output", ("num_seqs", Hq, Dv), "attention output of each query head"),
+            array("q", d.q, "input", ("num_seqs", Hq, D),
+                  f"absorbed query of each sequence's last token (q_nope {Dv}, then q_pe {D - Dv})"),
+            pool_arg(spec),
+            *table_args(DECODE_ROWS),
+            kv_scale_arg(spec, "input", const=True, use="real = stored * scale, for K and V"),
+            array("part_o", "fp32", "scratch", ("num_seqs", Hq, "max_partitions", Dv),
+                  "split-KV: each partition's normalised output (null without split)", optional=single),
+            array("part_ml", "fp32", "scratch", ("num_seqs", Hq, "max_partitions", 2),
+                  "split-KV: each partition's (max, sum) of exp (null without split)", optional=single),
+            array("lse", "fp32", "output", ("num_seqs", Hq),
+                  "natural-log log-sum-exp of the final logits (null unless requested)", optional=True),
+            scalar("max_blocks_per_seq", "int32", "columns of block_tables"),
+            scalar("max_partitions", "int32", "partitions per sequence (grid z); 1 without split"),
+            *stride_args(DECODE_ROWS, "sequences"),
+            *([] if single else [PARTITION_TOKENS]),
+        ]
+
+    def kernels(self, spec, config: Config) -> list[KernelDecl]:
+        P = config["partition_size"]
+        main = self.main_kernel(spec, config, (row_blocks(spec, config), "num_seqs", "max_partitions" if P else 1))
+        return [main, merge_kernel(spec, list(main.params), DECODE_ROWS)] if P else [main]
+
+    def schedule(self, spec, config: Config, lengths: dict[str, np.ndarray], target_blocks: int,
+                 partition_tokens: int | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
+        """Launch sizes for these lengths (kgen/plan/split.py: the row blocks of a sequence stand for
+        its KV heads) and the kernels launched."""
+        extra = sorted(set(lengths) - {"seq_lens"})
+        if extra:
+            raise ArgumentError(f"{extra[0]}: {spec.kind} has one query row per sequence; plan it with "
+                                "kern.plan(seq_lens) alone")
+        seq_lens = lengths["seq_lens"]
+        granule = config["partition_size"]
+        check_forced_partition(partition_tokens, granule)
+        split = choose_split(seq_lens, row_blocks(spec, config), target_blocks, granule, 0, partition_tokens)
+        sizes = {"num_seqs": int(np.size(seq_lens)), "max_partitions": split.max_partitions,
+                 "partition_tokens": split.partition_tokens}
+        kernels = self.kernels(spec, config)
+        return sizes, kernels if split.merged else kernels[:1]
+
+    def abi_notes(self, spec) -> list[str]:
+        return self.notes(spec, "", ["q", "kv_cache", "block_tables", "seq_lens"]) + [
+            "Split-KV configs add partitions on grid z and a merge kernel; a hand-written kernel implements the "
+            "single-pass launch below (part_o and part_ml null, max_partitions 1)."]
+
+    # ---- the call ---------------------------------------------------------------------
+    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan: Plan | None = None,
+             target_blocks: int | None = None):
+        b = AttentionBinder(spec, call)
+        q, S = b.query(DECODE_ROWS)
+        cache, N = self.bind_pool(b, q)
+        bt, sl = b.table(S)
+        M = bt.shape[1]
+        scale = _take_kv_scale(b, spec, N, "given by the caller")
+        out = b.out(q, S)
+        b.aligned(out, 1, out.strides[:2])
+        lse = b.lse(q, S)
+        if checked:
+            b.check_lengths(sl, bt, N)
+        if plan is None:
+            lens = host_values(sl) if sl.device == "cpu" else np.full(S, M * spec.kv_cache.block_size)
+            sizes, kernels = self.schedule(spec, config, {"seq_lens": lens}, target_blocks or DEFAULT_TARGET_BLOCKS)
+        else:
+            sizes, kernels = b.planned(self, config, plan, S)
+        part_o, part_ml = b.split_scratch(config, plan, q, sizes["max_partitions"], sizes["num_seqs"])
+        b.refuse_unknown()
+        written = [out, lse, part_o, part_ml]
+        b.refuse_aliasing(written, [q, cache, bt, sl, scale, *written])
+        p = b.pointer
+        values = {"out": p(out), "q": p(q), "kv_cache": p(cache), "block_tables": p(bt), "seq_lens": p(sl),
+                  "kv_scale": p(scale), "part_o": p(part_o), "part_ml": p(part_ml), "lse": p(lse),
+                  "max_blocks_per_seq": M, "max_partitions": sizes["max_partitions"],
+                  "partition_tokens": sizes["partition_tokens"], "q_s_seq": q.strides[0], "q_s_head": q.strides[1],
+                  "o_s_seq": out.strides[0], "o_s_head": out.strides[1], **pool_values(spec, cache, scale)}
+        launches = [k.launch({**sizes, "num_seqs": S}, values, reached=[cache.native]) for k in kernels]
+        return launches, ((out.obj, lse.obj) if lse is not None else out.obj)
+
+    # ---- verification and benchmarks (kgen/families/attention/mla_cases.py) ----------------
+    def cases(self, spec, config: Config, rng: np.random.Generator):
+        return mla_cases.matrix_cases(spec, config, rng)
+
+    def run_case(self, kernel, case, rng: np.random.Generator):
+        return mla_cases.run_case(kernel, case, rng)
+
+    def bench(self, spec, config: Config, bucket, rng: np.random.Generator):
+        return mla_cases.bench(spec, bucket, rng)
+
+    def bucket_of(self, spec, call):
+        """batch = q's rows, context = the block table's capacity in tokens."""
+        q, bt = call.get("q"), call.get("block_tables")
+        if q is None or bt is None or len(q.shape) < 1 or len(bt.shape) != 2:
+            return None
+        return int(q.shape[0]), int(bt.shape[1]) * spec.kv_cache.block_size
+
+
+class MlaPrefillFamily(MlaAttentionFamily):
+    kind, rows, body = "paged_prefill", PREFILL_ROWS, "paged_mla_prefill_body"
+    params = dict(GEOMETRY_PARAMS)
+
+    def causal(self, spec) -> bool:
+        return spec.attention.causal
+
+    def arguments(self, spec, config: Config) -> list[Arg]:
+        a, d = spec.attention, spec.dtype
+        Hq, D, Dv = a.num_q_heads, a.head_dim, spec.v_head_dim_value
+        return [
+            array("out", d.resolved_out, "output", ("num_q_tokens", Hq, Dv), PREFILL_ROWS.out_text),
+            array("q", d.q, "input", ("num_q_tokens", Hq, D),
+                  f"absorbed queries (q_nope {Dv}, then q_pe {D - Dv}), packed by sequence (q_indptr)"),
+            pool_arg(spec),
+            array("q_indptr", "int32", "input", ("num_seqs + 1",),
+                  "sequence s owns query rows q_indptr[s] .. q_indptr[s+1]-1; q_indptr[0] = 0, non-decreasing"),
+            *table_args(PREFILL_ROWS),
+            kv_scale_arg(spec, "input", const=True, use="real = stored * scale, for K and V"),
+            array("lse", "fp32", "output", ("num_q_tokens", Hq),
+                  "natural-log log-sum-exp of the final logits, -inf for no key (null unless requested)", optional=True),
+            scalar("num_seqs", "int32", "sequences in the batch"),
+            scalar("max_blocks_per_seq", "int32", "columns of block_tables"),
+            *stride_args(PREFILL_ROWS, "query rows"),
+        ]
+
+    def kernels(self, spec, config: Config) -> list[KernelDecl]:
+        return [self.main_kernel(spec, config, ("q_row_blocks", "num_seqs", 1))]
+
+    def schedule(self, spec, config: Config, lengths: dict[str, np.ndarray], target_blocks: int,
+                 partition_tokens: int | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
+        """Launch sizes for these chunks: one block per 16 * row_tiles rows of the longest chunk and
+        sequence (no split-KV for mla prefill yet)."""
+        if partition_tokens:
+            raise ArgumentError(f"partition_tokens {partition_tokens}: mla prefill has no split-KV")
+        ind = np.asarray(lengths.get("q_indptr", [0]), dtype=np.int64).reshape(-1)
+        longest = int(np.diff(ind).max(initial=0))
+        rows = 16 * config["row_tiles"]
+        sizes = {"num_seqs": int(ind.size - 1), "num_q_tokens": int(ind[-1]), "max_partitions": 1,
+                 "partition_tokens": 0, "q_row_blocks": max(1, -(-longest * spec.attention.num_q_heads // rows))}
+        return sizes, self.kernels(spec, config)
+
+    def abi_notes(self, spec) -> list[str]:
+        rows = 16 * resolve_config(self, spec, None)["row_tiles"]
+        visible = "keys 0 .. p" if spec.attention.causal else "all seq_len keys (causal: false)"
+        return self.notes(spec, "Query row j of sequence s (rows q_indptr[s] ..) sits at position p = seq_lens[s] - "
+                          f"q_len + j and sees {visible}. A sequence with q_len 0 writes nothing.",
+                          ["q", "kv_cache", "q_indptr", "block_tables", "seq_lens"]) + [
+            f"Grid x: q_row_blocks = ceil(max q_len * {spec.attention.num_q_heads} / {rows}) tiles of {rows} (token, "
+            "head) rows, token-major, of each sequence (grid y); blocks past a sequence's rows exit."]
+
+    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan: Plan | None = None,
+             target_blocks: int | None = None):
+        b = AttentionBinder(spec, call)
+        q, T = b.query(PREFILL_ROWS)
+        cache, N = self.bind_pool(b, q)
+        bt, sl = b.table(None)
+        S, M = bt.shape
+        ind = b.take("q_indptr", True)
+        b.check(ind, (S + 1,), "int32", contiguous=True)
+        scale = _take_kv_scale(b, spec, N, "given by the caller")
+        out = b.out(q, T)
+        lse = b.lse(q, T)
+        if plan is not None:
+            raise ArgumentError("plan: mla prefill has no call-time plan (no split-KV); call it without one")
+        if checked:
+            b.check_lengths(sl, bt, N, q_lens=_checked_q_lens(host_values(ind), T), min_len=0)
+        if ind.device == "cpu":
+            indptr = host_values(ind)
+        else:  # a device q_indptr: as many row blocks as all rows could need
+            indptr = np.asarray([0, T])
+        sizes, kernels = self.schedule(spec, config, {"q_indptr": indptr}, 0)
+        b.refuse_unknown()
+        b.refuse_aliasing([out, lse], [q, cache, ind, bt, sl, scale, out, lse])
+        p = b.pointer
+        values = {"out": p(out), "q": p(q), "kv_cache": p(cache), "q_indptr": p(ind), "block_tables": p(bt),
+                  "seq_lens": p(sl), "kv_scale": p(scale), "lse": p(lse), "num_seqs": S, "max_blocks_per_seq": M,
+                  "q_s_tok": q.strides[0], "q_s_head": q.strides[1], "o_s_tok": out.strides[0],
+                  "o_s_head": out.strides[1], **pool_values(spec, cache, scale)}
+        launches = [k.launch({**sizes, "num_seqs": S}, values, reached=[cache.native]) for k in kernels] if T else []
+        return launches, ((out.obj, lse.obj) if lse is not None else out.obj)
+
+    def cases(self, spec, config: Config, rng: np.random.Generator):
+        return mla_cases.prefill_matrix_cases(spec, config, rng)
+
+    def run_case(self, kernel, case, rng: np.random.Generator):
+        return mla_cases.run_prefill_case(kernel, case, rng)
+
+    def bench(self, spec, config: Config, bucket, rng: np.random.Generator):
+        return mla_cases.prefill_bench(spec, bucket, rng)
+
+
+def row_blocks(spec, config: Config) -> int:
+    """Blocks per sequence along grid x: the query heads in tiles of 16 * row_tiles."""
+    return -(-spec.attention.num_q_heads // (16 * config["row_tiles"]))
+
+
+MLA_DECODE = MlaDecodeFamily()
+MLA_PREFILL = MlaPrefillFamily()

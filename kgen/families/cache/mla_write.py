@@ -1,0 +1,168 @@
+"""cache_write for the mla layout (docs/abi.md "MLA", docs/cache-kernels.md): store each token's
+latent row `kv` [num_tokens, head_dim] into the one pool kv_cache [num_blocks, block_size,
+head_dim] at slot_mapping, converted or quantized as every cache_write does (kgen/quantize.py),
+writing the per-token kv_scale of each written row when the scales are per token."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kgen.errors import ArgumentError
+from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
+from kgen.families.base import Config, FamilyBase
+from kgen.families.binding import CallBinder, refuse_plan
+from kgen.families.cache import mla_write_cases
+from kgen.families.cache.write import _check_values, _rule
+from kgen.families.pool import _take_per_tensor
+from kgen.formats.cache import (
+    SCALE_MODES,
+    CacheFormat,
+    cache_rows,
+    describe,
+    scale_shape,
+)
+from kgen.formats.dtypes import dtype
+
+THREADS = 32  # one warp per token: lanes stride over head_dim, lane 0 writes a per-token scale
+
+
+def kv_scale_arg(spec, role: str, const: bool, use: str) -> Arg:
+    """The mla pool's one scale set (null for a float cache)."""
+    shape = scale_shape(spec)
+    what = "null (the cache is not quantized)" if shape is None else f"{spec.kv_cache.scale} scales; {use}"
+    return array("kv_scale", "fp32", role, shape or (), "latent-row scales: " + what, optional=shape is None, const=const)
+
+
+class MlaCacheWriteFamily(FamilyBase):
+    kind = "cache_write"
+    template = "cache_write_mla.cu.j2"
+    params: dict = {}  # the geometry is fixed: one warp per token
+
+    def unsupported(self, spec) -> list[str]:
+        if spec.kv_cache.dtype == "nvfp4":  # (refused today by family_for's unbuilt_features too)
+            return ["kv_cache.dtype: nvfp4 is not built for the mla layout (allowed: fp16, bf16, fp32, fp8_e4m3, "
+                    "fp8_e5m2, int8)"]
+        return []
+
+    def check_config(self, spec, config: Config) -> list[str]:
+        return []
+
+    def default_space(self, spec) -> dict[str, list[int]]:
+        return {}
+
+    def arguments(self, spec, config: Config) -> list[Arg]:
+        a, f = spec.attention, CacheFormat.of(spec)
+        return [
+            array("kv", spec.dtype.q, "input", ("num_tokens", a.head_dim),
+                  f"new latent rows (latent {spec.v_head_dim_value}, then rope {a.head_dim - spec.v_head_dim_value}; "
+                  "last dim contiguous)"),
+            array("kv_cache", spec.kv_cache.dtype, "output", ("num_blocks", spec.kv_cache.block_size, a.head_dim),
+                  "the latent pool; block and token strides may be padded"),
+            kv_scale_arg(spec, "output" if f.per_token else "input", const=False,
+                         use="WRITTEN for each written slot: max|x| / QMAX (1.0 if that is not > 0)" if f.per_token
+                         else "read: stored = real / scale (positive, finite)"),
+            array("slot_mapping", "int32", "input", ("num_tokens",),
+                  "slot = block * block_size + offset of each token; -1 = skip; no slot twice"),
+            scalar("num_tokens", "int32", "rows of kv"),
+            scalar("num_slots", "int64", "num_blocks * block_size (slots past it are never written)"),
+            stride("kv_s_tok", "kv stride between tokens"),
+            stride("c_s_block", "kv_cache stride between blocks"), stride("c_s_token", "kv_cache stride between tokens"),
+            stride("cs_s_block", "per-token kv_scale stride between blocks (else 0)"),
+            stride("cs_s_token", "per-token kv_scale stride between tokens (else 0)"),
+        ]
+
+    def kernels(self, spec, config: Config) -> list[KernelDecl]:
+        return [KernelDecl(spec.name, tuple(self.arguments(spec, config)), ("num_tokens", 1, 1), THREADS)]
+
+    def template_context(self, spec, config: Config) -> dict[str, Any]:
+        return {"in_ctype": dtype(spec.dtype.q).ctype, "kv_ctype": dtype(spec.kv_cache.dtype).ctype,
+                "scale_mode": SCALE_MODES[spec.kv_cache.scale], "threads": THREADS,
+                "main": self.kernels(spec, config)[0]}
+
+    def abi_notes(self, spec) -> list[str]:
+        a, kv = spec.attention, spec.kv_cache
+        names = ["kv", "kv_cache", "slot_mapping"] + (["kv_scale"] if CacheFormat.of(spec).scaled else [])
+        return [f"mla layout: head_dim {a.head_dim} (latent {spec.v_head_dim_value} + rope "
+                f"{a.head_dim - spec.v_head_dim_value}), block_size {kv.block_size}, cache {describe(spec)}, "
+                f"inputs {spec.dtype.q}", "",
+                f"Call: kern({', '.join(names)}) -> None (the cache is written in place); the cache array:",
+                *cache_rows(spec), "", "Conversion: " + _rule(kv.dtype), "One warp per token."]
+
+    def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan=None,
+             target_blocks: int | None = None):
+        refuse_plan(spec, plan)
+        return _bind(CallBinder(spec, call), self.kernels(spec, config)[0], checked)
+
+    def cases(self, spec, config: Config, rng: np.random.Generator):
+        return mla_write_cases.cases()
+
+    def run_case(self, kernel, case, rng: np.random.Generator):
+        return mla_write_cases.run_case(kernel, case, rng)
+
+    def bucket_of(self, spec, call):
+        """batch = tokens written, context = the pool's tokens per token written."""
+        slots, pool = call.get("slot_mapping"), call.get("kv_cache")
+        if slots is None or pool is None or len(slots.shape) != 1 or not slots.shape[0] or not len(pool.shape):
+            return None
+        batch = int(slots.shape[0])
+        return batch, max(1, int(pool.shape[0]) * spec.kv_cache.block_size // batch)
+
+    def bench(self, spec, config: Config, bucket, rng: np.random.Generator):
+        return mla_write_cases.bench(spec, bucket, rng)
+
+
+def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
+    spec, D, B = b.spec, b.spec.attention.head_dim, b.spec.kv_cache.block_size
+    f = CacheFormat.of(spec)
+    kv = b.take("kv", True)
+    b.device = kv.device
+    if len(kv.shape) != 2:
+        raise ArgumentError(f"kv: expected shape [num_tokens, {D}] (the mla layout's latent rows), "
+                            f"got {list(kv.shape)}")
+    T = kv.shape[0]
+    b.check(kv, (T, D), spec.dtype.q)
+    sm = b.take("slot_mapping", True)
+    b.check(sm, (T,), "int32", contiguous=True)
+    b.refuse_other_layouts()
+    cache = b.take("kv_cache", True)
+    N = cache.shape[0] if cache.shape else 0
+    b.check(cache, (N, B, D), spec.kv_cache.dtype)
+    scale = _take_kv_scale(b, spec, N, "the scale pool this kernel writes" if f.per_token else "given by the caller")
+    b.refuse_unknown()
+    b.refuse_aliasing([cache, *([scale] if f.per_token else [])], [kv, sm, *([] if f.per_token else [scale])])
+    if checked:
+        _check_values(spec, sm, [scale], N)
+    if T == 0:
+        return [], None
+    p = b.pointer
+    per_token = (scale.strides[0], scale.strides[1]) if f.per_token else (0, 0)
+    values = {"kv": p(kv), "kv_cache": p(cache), "kv_scale": p(scale), "slot_mapping": p(sm), "num_tokens": T,
+              "num_slots": N * B, "kv_s_tok": kv.strides[0], "c_s_block": cache.strides[0],
+              "c_s_token": cache.strides[1], "cs_s_block": per_token[0], "cs_s_token": per_token[1]}
+    return [kernel.launch({"num_tokens": T}, values, reached=[cache.native])], None
+
+
+def _take_kv_scale(b: CallBinder, spec, num_blocks: int, detail: str):
+    """kv_scale, checked against the mla pool's scale shape (None for a float cache)."""
+    f, kv = CacheFormat.of(spec), spec.kv_cache
+    for other in ("k_scale", "v_scale"):
+        if b.call.get(other) is not None:
+            raise ArgumentError(f"{other}: not an argument of the mla layout (its one scale set is kv_scale)")
+    s = _take_per_tensor(b, "kv_scale") if kv.scale == "per_tensor" else b.take("kv_scale", False)
+    if not f.quantized:
+        if s is not None:
+            raise ArgumentError(f"kv_scale: a {kv.dtype} cache takes no scales (scale: none)")
+        return None
+    shape = scale_shape(spec, num_blocks)
+    if s is None:
+        raise ArgumentError(f"kv_scale: required for a {kv.dtype} cache with scale '{kv.scale}' "
+                            f"(fp32, shape {list(shape)}; {detail})")
+    if s.shape == (1,) and shape == ():
+        s.shape, s.strides = (), ()
+    b.check(s, shape, "fp32", contiguous=not f.per_token)
+    return s
+
+
+MLA_CACHE_WRITE = MlaCacheWriteFamily()

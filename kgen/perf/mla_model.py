@@ -1,0 +1,65 @@
+"""A static estimate of MLA decode (kgen/families/attention/mla.py, docs/mla.md) on one GPU, no GPU
+needed: ESTIMATES, from the launch geometry, ptxas's registers and the split-KV plan kgen's calls
+make, through kgen/perf/model.py's wave model (Little's law on the bytes in flight, copy bandwidth,
+tensor-core FLOP; its Device figures and assumptions, docs/performance.md).
+
+What the model takes from the kernel: a block of `16 * row_tiles` query heads streams every latent
+row of its sequence (or partition) once, 576 elements, through `stages` tiles of `16 * col_warps`
+rows (`stages - 1` of them in flight while one is computed; one stage overlaps nothing); the row
+blocks of a sequence read the same rows (L2 serves the repeats: `dedupe`); each latent row costs
+2 x rows x (head_dim + v_head_dim) tensor FLOP per block (padding rows included); a split adds the
+merge launch and the partials written and read back. The SASS-level terms (instruction issue,
+shared-memory wavefronts) are not counted: the fractions are upper bounds where those bind."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kgen.families.attention.mla import MLA_DECODE, row_blocks
+from kgen.families.attention.mla_geometry import mla_geometry
+from kgen.formats.dtypes import dtype
+from kgen.perf import model as pm
+from kgen.plan import target_blocks
+
+BATCHES = (1, 16, 64, 128)
+CONTEXTS = (1024, 4096, 32768)
+
+
+@dataclass(frozen=True)
+class MlaEstimate:
+    batch: int
+    context: int
+    estimate: pm.Estimate  # seconds, fraction of the copy bandwidth, the binding term
+    tensor_fraction: float  # useful tensor FLOP (real heads only) / (seconds x the device's tensor peak)
+    partitions: int
+
+
+def decode_estimate(spec, config: dict, registers: int, batch: int, context: int,
+                    dev: pm.Device = pm.H200) -> MlaEstimate:
+    """One decode call of `batch` sequences of `context` tokens with kgen's plan for those lengths."""
+    a = spec.attention
+    geo = mla_geometry(spec, config)[0]
+    es = dtype(spec.kv_cache.dtype).itemsize
+    occ = pm.occupancy(geo.threads, registers, geo.smem_bytes, dev)
+    blocks_per_sm = max(1, occ.blocks)
+    lens = np.full(batch, context)
+    sizes, kernels = MLA_DECODE.schedule(spec, config, {"seq_lens": lens},
+                                         target_blocks(dev.sms, blocks_per_sm * dev.sms))
+    parts = sizes["max_partitions"]
+    rb = row_blocks(spec, config)
+    blocks = rb * batch * parts
+    kv_bytes = float(batch * context * a.head_dim * es)
+    in_flight = max(1, geo.stages - 1) * geo.tile_tokens * a.head_dim * es / geo.threads
+    work = pm.Work(flop_per_byte=2.0 * geo.rows * (a.head_dim + spec.v_head_dim_value) / (a.head_dim * es))
+    partials = batch * a.num_q_heads * parts * (spec.v_head_dim_value + 2) * 4 * 2 if parts > 1 else 0
+    est = pm.estimate_seconds(kv_bytes, blocks, geo.threads, in_flight, blocks_per_sm,
+                              extra_launches=len(kernels) - 1, partial_bytes=partials, dedupe=rb, dev=dev, work=work)
+    useful = 2.0 * batch * context * a.num_q_heads * (a.head_dim + spec.v_head_dim_value)
+    peak = dev.sms * dev.clock_hz * dev.tensor_flop_per_sm_clock
+    return MlaEstimate(batch, context, est, useful / est.seconds / peak, parts)
+
+
+def decode_table(spec, config: dict, registers: int, dev: pm.Device = pm.H200) -> list[MlaEstimate]:
+    return [decode_estimate(spec, config, registers, b, c, dev) for b in BATCHES for c in CONTEXTS]

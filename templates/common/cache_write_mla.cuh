@@ -1,0 +1,51 @@
+// Cache write for the mla layout (docs/abi.md "MLA"): store each token's latent row kv[token]
+// (head_dim elements: the latent vector, then the rope part) at slot_mapping[token] = block *
+// BLOCK_SIZE + offset (negative = skip) of the one pool [num_blocks, block_size, head_dim],
+// converted or quantized exactly as cache_write_body does (quantize_value, convert_value, quant_max
+// from cache_write.cuh, whose numpy model is kgen/quantize.py). A quantized pool has one scale set
+// kv_scale: per tensor (read), or per token (written: max|x| / QMAX of the row, 1.0 if not > 0).
+//
+// Work decomposition: one warp per token (blockIdx.x * WARPS + warp); lanes stride over head_dim,
+// so a warp's loads and stores are contiguous.
+#pragma once
+
+namespace kgen {
+
+template <class Cfg>
+__device__ __forceinline__ void mla_cache_write_body(
+    const typename Cfg::in_t* __restrict__ kv, typename Cfg::kv_t* __restrict__ kv_cache,
+    float* __restrict__ kv_scale, const int* __restrict__ slot_mapping, int num_tokens, long long num_slots,
+    long long kv_s_tok, long long c_s_block, long long c_s_token, long long cs_s_block, long long cs_s_token) {
+  typedef typename Cfg::kv_t kv_t;
+  constexpr int D = Cfg::HEAD_DIM;
+  constexpr int WARPS = Cfg::NUM_THREADS / 32;
+  const long long token = (long long)blockIdx.x * WARPS + threadIdx.x / 32;
+  if (token >= num_tokens) return;
+  const int slot = slot_mapping[token];
+  if (slot < 0 || slot >= num_slots) return;  // -1 = padding token; range is checked on the host
+  const long long blk = slot / Cfg::BLOCK_SIZE;
+  const int off = slot % Cfg::BLOCK_SIZE;
+  const int lane = threadIdx.x % 32;
+  const typename Cfg::in_t* src = kv + token * kv_s_tok;
+  kv_t* dst = kv_cache + blk * c_s_block + off * c_s_token;
+
+  if constexpr (Cfg::SCALE_MODE == 0) {
+    for (int d = lane; d < D; d += 32) dst[d] = convert_value<kv_t>(src[d]);
+  } else {
+    float scale;
+    if constexpr (Cfg::SCALE_MODE == 1) {
+      scale = kv_scale[0];
+    } else {
+      float amax = 0.0f;
+      for (int d = lane; d < D; d += 32) amax = fmaxf(amax, fabsf(to_float(src[d])));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o, 32));
+      scale = amax / quant_max<kv_t>::value;
+      if (!(scale > 0.0f)) scale = 1.0f;  // all-zero (or underflowing) row: any scale stores zeros
+      if (lane == 0) kv_scale[blk * cs_s_block + off * cs_s_token] = scale;
+    }
+    for (int d = lane; d < D; d += 32) dst[d] = quantize_value<kv_t>(to_float(src[d]) / scale);
+  }
+}
+
+}  // namespace kgen

@@ -1,0 +1,403 @@
+// Multi-head latent attention over the mla layout (docs/abi.md section 8, docs/mla.md): one pool of
+// latent rows [num_blocks, block_size, HEAD_DIM], K the whole row, V its first V_DIM elements. Each
+// latent row is copied once into shared memory and used there for both Q K^T and P V.
+//
+// Rows. A block attends ROW_TILES * 16 query rows of one sequence: row r of the sequence's rows is
+// (query token r / NUM_Q_HEADS, head r % NUM_Q_HEADS), at absolute position seq_len - q_len + token
+// (decode: q_len 1, the rows are the heads). Rows past q_len * NUM_Q_HEADS are zero queries whose
+// results are dropped. Q is copied into shared memory once (cp.async) and read by ldmatrix.
+//
+// Warps. ROW_TILES x COL_WARPS warps: warp (r, c) owns row tile r (16 rows) and, of the output,
+// columns [c * V_DIM / COL_WARPS, (c + 1) * V_DIM / COL_WARPS). Per tile of TILE_TOKENS = 16 *
+// COL_WARPS keys (STAGES deep in flight, cp.async; rows ROW_BYTES apart, an odd number of 16-byte
+// units so the eight rows of an ldmatrix fall in different banks):
+//   1. S = Q K^T on the tensor cores (m16n8k16, fp32 accumulate): warp (r, c) takes keys
+//      [16c, 16c + 16) of the tile for its 16 rows (K by ldmatrix);
+//   2. the row tile's maximum over its COL_WARPS warps through shared memory; every warp of the row
+//      tile then holds the same running max m and rescales its own output columns by the same factor;
+//   3. P = exp(S - m), rounded to q's type, into shared memory (each warp its 16 keys), and each warp
+//      adds its keys' unrounded P to its share of the row sum l;
+//   4. O[16 rows, the warp's columns] += P[16 rows, TILE_TOKENS keys] V[those keys, the columns]
+//      (P by ldmatrix, V by ldmatrix.trans from the same tile rows as K).
+// At the end the warps' shares of l are added through shared memory; each warp writes its columns.
+// Split-KV: partition z of the grid attends keys [z P, (z + 1) P) and writes its normalised partial
+// and (m, l); the merge kernel (softmax.cuh's merge_partitions_body) combines them at V_DIM.
+//
+// fp8 caches (e4m3, e5m2): the tile lands as stored (RAW_ROW_BYTES a row, with its per-token scales),
+// then one pass converts it into the 16-bit operand tile (exact: fp8 values are fp16 and bf16 values)
+// that both products read. Scales stay outside the products, in fp32: a per-tensor scale multiplies
+// the logits and the output; a per-token one logit column j and P[:, j] (for P V) by kv_scale[j],
+// while l sums the unscaled P.
+//
+// Needs kgen/platform.cuh, async_copy.cuh, softmax.cuh and mma.cuh before it.
+#pragma once
+
+namespace kgen {
+
+template <class A, class B> struct MlaSame { static constexpr bool value = false; };
+template <class A> struct MlaSame<A, A> { static constexpr bool value = true; };
+template <class KV> struct MlaFp8Kind;
+template <> struct MlaFp8Kind<__nv_fp8_e4m3> { static constexpr __nv_fp8_interpretation_t value = __NV_E4M3; };
+template <> struct MlaFp8Kind<__nv_fp8_e5m2> { static constexpr __nv_fp8_interpretation_t value = __NV_E5M2; };
+
+template <class Cfg>
+struct MlaShape {
+  typedef typename Cfg::q_t T;  // MMA operand type (the cache stores the same 16-bit type)
+  static constexpr int D = Cfg::HEAD_DIM, DV = Cfg::V_DIM, HQ = Cfg::NUM_Q_HEADS;
+  static constexpr int R = Cfg::ROW_TILES, C = Cfg::COL_WARPS, WARPS = R * C, THREADS = 32 * WARPS;
+  static constexpr int NT = Cfg::TILE_TOKENS, STAGES = Cfg::STAGES;
+  static constexpr int ROW = Cfg::ROW_BYTES, PROW = Cfg::P_ROW_BYTES;
+  static constexpr int KC = D / 16;              // k16 chunks of Q K^T
+  static constexpr int DW = DV / C;              // output columns of a warp
+  static constexpr int OT = DW / 8;              // n8 output tiles of a warp
+  static constexpr bool KV8 = sizeof(typename Cfg::kv_t) == 1;  // fp8: staged as stored, then converted
+  static constexpr bool TOKEN_SCALES = Cfg::SCALE_MODE == 3;
+  static constexpr int RAW_ROW = Cfg::RAW_ROW_BYTES;  // a staged fp8 row
+  static constexpr int Q_BYTES = 16 * R * ROW;   // Q [16 R rows][ROW]
+  static constexpr int SCALES_AT = NT * (KV8 ? RAW_ROW : ROW);  // a stage's per-token scales, after its rows
+  static constexpr int STAGE_BYTES = SCALES_AT + (TOKEN_SCALES ? NT * 4 : 0);  // one key tile as stored
+  static constexpr int OP_BYTES = KV8 ? NT * ROW : 0;  // fp8: the converted 16-bit tile
+  static constexpr int P_BYTES = 16 * R * PROW;  // P [16 R rows][PROW]
+  static constexpr int RED_BYTES = 2 * R * C * 16 * 4;  // row maxima, then row sums: [R][C][16] floats each
+  static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES + OP_BYTES + P_BYTES + RED_BYTES;
+  static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's geometry and the template disagree");
+  static_assert(THREADS == Cfg::NUM_THREADS && NT == 16 * C, "warps");
+  static_assert(sizeof(T) == 2 && (KV8 || sizeof(typename Cfg::kv_t) == 2), "mla: 16-bit q, 16-bit or fp8 cache");
+  static_assert(!KV8 || (RAW_ROW % 16 == 0 && RAW_ROW >= D), "staged rows");
+  static_assert(D % 16 == 0 && DV % (16 * C) == 0 && DV < D, "head dims");
+  static_assert(ROW % 16 == 0 && ROW >= 2 * D && PROW % 16 == 0 && PROW >= 2 * NT, "rows");
+  static_assert(STAGES >= 1 && STAGES <= 4, "stages");
+};
+
+// The block's part of the sequence: its rows, their positions and the keys they see.
+struct MlaRows {
+  int first;      // the block's first row (of the sequence's q_len * NUM_Q_HEADS)
+  int count;      // q_len * NUM_Q_HEADS
+  int q_len;      // query tokens of the sequence
+  int seq_len;    // keys of the sequence (including the query tokens)
+  long long q_row0;  // the sequence's first query token in q, out and lse
+};
+
+// Copy one key tile (keys [tbase, tbase + NT)) into `stage`; keys outside [k_begin, k_end) are
+// zero-filled, not read.
+template <class Cfg>
+__device__ __forceinline__ void mla_issue_tile(unsigned char* __restrict__ stage, int tbase, int k_begin, int k_end,
+                                               const int* __restrict__ table,
+                                               const typename Cfg::kv_t* __restrict__ kv_cache,
+                                               const float* __restrict__ kv_scale, long long kv_s_block,
+                                               long long kv_s_token, long long ks_s_block, long long ks_s_token) {
+  typedef MlaShape<Cfg> S;
+  constexpr int B = Cfg::BLOCK_SIZE, ES = sizeof(typename Cfg::kv_t), CHUNK = 16 / ES, PER_ROW = S::D / CHUNK;
+  constexpr int COPIES = S::NT * PER_ROW, ROW = S::KV8 ? S::RAW_ROW : S::ROW;
+#pragma unroll 2
+  for (int i = threadIdx.x; i < COPIES; i += S::THREADS) {
+    const int t = i / PER_ROW, d0 = (i % PER_ROW) * CHUNK, pos = tbase + t;
+    const bool valid = pos >= k_begin && pos < k_end;
+    const typename Cfg::kv_t* src = kv_cache;
+    if (valid) src = kv_cache + (long long)table[(unsigned)pos / B] * kv_s_block + (pos % B) * kv_s_token + d0;
+    cp_async<16>(stage + t * ROW + d0 * ES, src, valid ? 16 : 0);
+  }
+  if (S::TOKEN_SCALES) {
+    float* ss = reinterpret_cast<float*>(stage + S::SCALES_AT);
+    for (int t = threadIdx.x; t < S::NT; t += S::THREADS) {
+      const int pos = tbase + t;
+      const bool valid = pos >= k_begin && pos < k_end;
+      const float* src = kv_scale;
+      if (valid) src = kv_scale + (long long)table[(unsigned)pos / B] * ks_s_block + (pos % B) * ks_s_token;
+      cp_async<4>(ss + t, src, valid ? 4 : 0);
+    }
+  }
+}
+
+// Two fp8 values (the low and high byte) as two T in one register, exactly.
+template <class KV, class T>
+__device__ __forceinline__ unsigned mla_fp8x2(unsigned short two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, MlaFp8Kind<KV>::value);
+  if constexpr (MlaSame<T, __half>::value) {
+    unsigned r;
+    memcpy(&r, &h, 4);
+    return r;
+  } else {  // via float2: fp8's values are bf16 values
+    __half2 hh;
+    memcpy(&hh, &h, 4);
+    const float2 f = __half22float2(hh);
+    return pack2<T>(f.x, f.y);
+  }
+}
+
+// The staged fp8 tile into the 16-bit operand tile `op` (every thread its share, 8 elements at a time).
+template <class Cfg>
+__device__ __forceinline__ void mla_convert_tile(unsigned char* __restrict__ op, const unsigned char* __restrict__ raw) {
+  typedef MlaShape<Cfg> S;
+  constexpr int PER_ROW = S::D / 8;
+  for (int i = threadIdx.x; i < S::NT * PER_ROW; i += S::THREADS) {
+    const int t = i / PER_ROW, d0 = (i % PER_ROW) * 8;
+    const uint2 v = *reinterpret_cast<const uint2*>(raw + t * S::RAW_ROW + d0);
+    uint4 w;
+    w.x = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.x & 0xFFFFu));
+    w.y = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.x >> 16));
+    w.z = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.y & 0xFFFFu));
+    w.w = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.y >> 16));
+    *reinterpret_cast<uint4*>(op + t * S::ROW + d0 * 2) = w;
+  }
+}
+
+// The attention of the block's 16 * ROW_TILES rows over keys [k_begin, k_end) of one sequence.
+// split: write the normalised partial and (m, l) of partition `part` instead of out and lse.
+template <class Cfg>
+__device__ __forceinline__ void mla_attend(
+    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
+    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ table,
+    const float* __restrict__ kv_scale, float* __restrict__ part_o, float* __restrict__ part_ml,
+    float* __restrict__ lse, const MlaRows rows, int k_begin, int k_end, bool split, int part, int max_partitions,
+    long long q_s_row, long long q_s_head, long long o_s_row, long long o_s_head, long long kv_s_block,
+    long long kv_s_token, long long ks_s_block, long long ks_s_token) {
+  typedef MlaShape<Cfg> S;
+  typedef typename S::T T;
+  constexpr int D = S::D, HQ = S::HQ, NT = S::NT, STAGES = S::STAGES, C = S::C;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int rt = warp / C, cw = warp % C;  // the warp's row tile and column group
+
+  KGEN_DYNAMIC_SMEM(unsigned char, smem);
+  unsigned char* q_s = smem;
+  unsigned char* tiles = smem + S::Q_BYTES;
+  unsigned char* op_s = tiles + STAGES * S::STAGE_BYTES;  // fp8: the converted tile
+  unsigned char* p_s = op_s + S::OP_BYTES;
+  float* red_m = reinterpret_cast<float*>(p_s + S::P_BYTES);
+  float* red_l = red_m + S::R * C * 16;
+
+  // Q rows into shared memory (zeros past the sequence's rows), in the first copy group.
+  for (int i = tid; i < 16 * S::R * (D / 8); i += S::THREADS) {
+    const int r = i / (D / 8), d0 = (i % (D / 8)) * 8, row = rows.first + r;
+    const bool valid = row < rows.count;
+    const typename Cfg::q_t* src = q;
+    if (valid) src = q + (rows.q_row0 + row / HQ) * q_s_row + (long long)(row % HQ) * q_s_head + d0;
+    cp_async<16>(q_s + r * S::ROW + d0 * 2, src, valid ? 16 : 0);
+  }
+  const int tile0 = k_begin / NT * NT;
+  const int ntiles = k_end > k_begin ? (k_end - tile0 + NT - 1) / NT : 0;
+  auto issue = [&](int tile) {
+    mla_issue_tile<Cfg>(tiles + (tile % STAGES) * S::STAGE_BYTES, tile0 + tile * NT, k_begin, k_end, table, kv_cache,
+                        kv_scale, kv_s_block, kv_s_token, ks_s_block, ks_s_token);
+  };
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (i < ntiles) issue(i);
+    cp_async_commit();
+  }
+
+  // The lane's two rows (g and g + 8 of the warp's tile): the last key each sees (its position when
+  // causal; a row past the sequence's sees nothing).
+  int qpos[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int row = rows.first + 16 * rt + g + 8 * rr;
+    const int last_key = Cfg::CAUSAL ? rows.seq_len - rows.q_len + row / HQ : rows.seq_len - 1;
+    qpos[rr] = row < rows.count ? last_key : -1;
+  }
+  const unsigned char* q_w = q_s + 16 * rt * S::ROW;
+  unsigned char* p_w = p_s + 16 * rt * S::PROW;
+
+  // A per-tensor scale outside the products: K's into the logits, V's onto the output.
+  const float qk_scale = Cfg::SOFTMAX_SCALE * (Cfg::SCALE_MODE == 1 ? kv_scale[0] : 1.0f);
+  const float v_out = Cfg::SCALE_MODE == 1 ? kv_scale[0] : 1.0f;
+  SoftmaxState st[2] = {SoftmaxState::empty(), SoftmaxState::empty()};  // l: this warp's keys only
+  float o[S::OT][4];
+#pragma unroll
+  for (int nt = 0; nt < S::OT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o[nt][i] = 0.0f;
+
+  // The loop bound is uniform across the block, so every thread reaches every barrier.
+  for (int tile = 0; tile < ntiles; ++tile) {
+    if (STAGES == 1) {
+      __syncthreads();  // everybody is done with the buffer
+      issue(tile);
+      cp_async_commit();
+      cp_async_wait<0>();
+    } else {
+      cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();  // this thread's copies of `tile` (and Q) have landed
+    }
+    __syncthreads();  // every warp's copies have landed; every warp is done with tile - 1, its P and maxima
+    if (STAGES > 1) {
+      if (tile + STAGES - 1 < ntiles) issue(tile + STAGES - 1);
+      cp_async_commit();
+    }
+    const unsigned char* raw = tiles + (tile % STAGES) * S::STAGE_BYTES;
+    const float* ss = reinterpret_cast<const float*>(raw + S::SCALES_AT);  // per-token scales of the tile
+    if constexpr (S::KV8) {
+      mla_convert_tile<Cfg>(op_s, raw);
+      __syncthreads();  // the converted tile is complete
+    }
+    const unsigned char* stage = S::KV8 ? op_s : raw;
+    const int tbase = tile0 + tile * NT;
+
+    // 1. S = Q K^T for the warp's 16 keys: s[j][i] is row g + 8 (i >> 1), key 16 cw + 8j + 2t + (i & 1).
+    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    const unsigned char* k_w = stage + 16 * cw * S::ROW;
+#pragma unroll 4
+    for (int kc = 0; kc < S::KC; ++kc) {
+      unsigned a[4], b[4];
+      ldmatrix<4, false>(a, q_w + (lane % 16) * S::ROW + (kc * 16 + (lane / 16) * 8) * 2);
+      ldmatrix<4, false>(b, k_w + (lane % 8 + (lane / 16) * 8) * S::ROW + (kc * 16 + ((lane / 8) % 2) * 8) * 2);
+      const unsigned b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+      mma_m16n8k16<T>(s[0], a, b0, s[0]);
+      mma_m16n8k16<T>(s[1], a, b1, s[1]);
+    }
+    // 2. scale, mask, and the row tile's maximum over its warps
+    float m_tile[2] = {KGEN_NEG_INF, KGEN_NEG_INF};
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int rr = i >> 1, col = 16 * cw + 8 * j + 2 * t + (i & 1), pos = tbase + col;
+        const bool seen = pos >= k_begin && pos < k_end && pos <= qpos[rr];
+        const float x = S::TOKEN_SCALES ? s[j][i] * (qk_scale * ss[col]) : s[j][i] * qk_scale;
+        s[j][i] = seen ? x : KGEN_NEG_INF;
+        m_tile[rr] = fmaxf(m_tile[rr], s[j][i]);
+      }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 1, 32));
+      m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 2, 32));
+      if (t == 0) red_m[(rt * C + cw) * 16 + g + 8 * rr] = m_tile[rr];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float m = KGEN_NEG_INF;
+#pragma unroll
+      for (int w = 0; w < C; ++w) m = fmaxf(m, red_m[(rt * C + w) * 16 + g + 8 * rr]);
+      const float f = st[rr].raise_max(m);  // the same m and factor in every warp of the row tile
+#pragma unroll
+      for (int nt = 0; nt < S::OT; ++nt) o[nt][2 * rr] *= f, o[nt][2 * rr + 1] *= f;
+    }
+    // 3. P = exp(S - m) into shared memory as T; l adds the unrounded values
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int rr = i >> 1;
+        s[j][i] = s[j][i] == KGEN_NEG_INF ? 0.0f : __expf(s[j][i] - st[rr].m);
+        st[rr].l += s[j][i];
+        if (S::TOKEN_SCALES) s[j][i] *= ss[16 * cw + 8 * j + 2 * t + (i & 1)];  // P V sees P times V's scales
+      }
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr)
+        *reinterpret_cast<unsigned*>(p_w + (g + 8 * rr) * S::PROW + (16 * cw + 8 * j + 2 * t) * 2) =
+            pack2<T>(s[j][2 * rr], s[j][2 * rr + 1]);
+    }
+    __syncthreads();
+    // 4. O += P V over the tile's keys, for the warp's output columns
+#pragma unroll 1
+    for (int kc = 0; kc < NT / 16; ++kc) {
+      unsigned a[4];
+      ldmatrix<4, false>(a, p_w + (lane % 16) * S::PROW + (kc * 16 + (lane / 16) * 8) * 2);
+      const unsigned char* v_row = stage + (16 * kc + lane % 8 + ((lane / 8) % 2) * 8) * S::ROW + cw * S::DW * 2;
+#pragma unroll
+      for (int nt = 0; nt < S::OT; nt += 2) {
+        unsigned b[4];
+        ldmatrix<4, true>(b, v_row + 8 * (nt + lane / 16) * 2);
+        const unsigned b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        mma_m16n8k16<T>(o[nt], a, b0, o[nt]);
+        mma_m16n8k16<T>(o[nt + 1], a, b1, o[nt + 1]);
+      }
+    }
+  }
+
+  // The row sums: the four lanes of a row, then the row tile's warps through shared memory.
+  cp_async_wait_all();
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 1, 32);
+    st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 2, 32);
+    if (t == 0) red_l[(rt * C + cw) * 16 + g + 8 * rr] = st[rr].l;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < C; ++w) l += red_l[(rt * C + w) * 16 + g + 8 * rr];
+    st[rr].l = l;
+  }
+
+  // Write the warp's columns of its rows: the output (and LSE), or this partition's partial and (m, l).
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int row = rows.first + 16 * rt + g + 8 * rr;
+    if (row >= rows.count) continue;
+    const long long qrow = rows.q_row0 + row / HQ;
+    const int h = row % HQ;
+    const float inv = st[rr].inv_sum() * v_out;
+    if (split) {
+      const long long base = (qrow * HQ + h) * max_partitions + part;
+#pragma unroll
+      for (int nt = 0; nt < S::OT; ++nt) {
+        const int d = cw * S::DW + 8 * nt + 2 * t;
+        part_o[base * S::DV + d] = o[nt][2 * rr] * inv;
+        part_o[base * S::DV + d + 1] = o[nt][2 * rr + 1] * inv;
+      }
+      if (cw == 0 && t == 0) part_ml[base * 2] = st[rr].m, part_ml[base * 2 + 1] = st[rr].l;
+    } else {
+      typename Cfg::out_t* dst = out + qrow * o_s_row + (long long)h * o_s_head + cw * S::DW;
+#pragma unroll
+      for (int nt = 0; nt < S::OT; ++nt) {
+        dst[8 * nt + 2 * t] = from_float<typename Cfg::out_t>(o[nt][2 * rr] * inv);
+        dst[8 * nt + 2 * t + 1] = from_float<typename Cfg::out_t>(o[nt][2 * rr + 1] * inv);
+      }
+      if (lse != nullptr && cw == 0 && t == 0) lse[qrow * HQ + h] = st[rr].lse();
+    }
+  }
+}
+
+// Decode: one query token per sequence; block (x, seq, z) takes rows [16 ROW_TILES x, ..) = heads.
+template <class Cfg>
+__device__ __forceinline__ void paged_mla_decode_body(
+    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
+    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ block_tables,
+    const int* __restrict__ seq_lens, const float* __restrict__ kv_scale, float* __restrict__ part_o,
+    float* __restrict__ part_ml, float* __restrict__ lse, int max_blocks_per_seq, int max_partitions,
+    long long q_s_seq, long long q_s_head, long long o_s_seq, long long o_s_head, long long kv_s_block,
+    long long kv_s_token, long long ks_s_block, long long ks_s_token, int partition_tokens = 0) {
+  constexpr int B = Cfg::BLOCK_SIZE;
+  const int seq = blockIdx.y, part = blockIdx.z;
+  const bool split = Cfg::SPLIT && max_partitions > 1;
+  const int seq_len = seq_lens[seq];
+  // Without tail masking the promise is that seq_len is a multiple of B: whole blocks are read.
+  int k_begin = 0, k_end = Cfg::TAIL_MASK ? seq_len : (seq_len + B - 1) / B * B;
+  if (split) {
+    if (part >= split_partitions(seq_len, partition_tokens, max_partitions)) return;
+    clip_to_partition(part, partition_tokens, max_partitions, k_begin, k_end);
+  }
+  const MlaRows rows{16 * Cfg::ROW_TILES * (int)blockIdx.x, Cfg::NUM_Q_HEADS, 1, seq_len, seq};
+  mla_attend<Cfg>(out, q, kv_cache, block_tables + (long long)seq * max_blocks_per_seq, kv_scale, part_o, part_ml, lse,
+                  rows, k_begin, k_end, split, part, max_partitions, q_s_seq, q_s_head, o_s_seq, o_s_head, kv_s_block,
+                  kv_s_token, ks_s_block, ks_s_token);
+}
+
+// Prefill: the chunk of q_len = q_indptr[s+1] - q_indptr[s] query tokens of each sequence, packed by
+// sequence; block (x, s) takes rows [16 ROW_TILES x, ..) of sequence s's q_len * NUM_Q_HEADS (token,
+// head) rows (token-major: the 16 rows of a tile share few tokens, so its keys end near the
+// same position), over keys 0 .. the last row's position (causal) or all seq_len keys.
+template <class Cfg>
+__device__ __forceinline__ void paged_mla_prefill_body(
+    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
+    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ q_indptr,
+    const int* __restrict__ block_tables, const int* __restrict__ seq_lens, const float* __restrict__ kv_scale,
+    float* __restrict__ lse, int num_seqs, int max_blocks_per_seq, long long q_s_tok, long long q_s_head,
+    long long o_s_tok, long long o_s_head, long long kv_s_block, long long kv_s_token, long long ks_s_block,
+    long long ks_s_token) {
+  const int seq = blockIdx.y;
+  const int q0 = q_indptr[seq], q_len = q_indptr[seq + 1] - q0, seq_len = seq_lens[seq];
+  const int first = 16 * Cfg::ROW_TILES * (int)blockIdx.x, count = q_len * Cfg::NUM_Q_HEADS;
+  if (first >= count) return;  // block-uniform: this sequence has fewer row tiles than the grid
+  const int last_row = min(first + 16 * Cfg::ROW_TILES, count) - 1;
+  const int k_end = Cfg::CAUSAL ? seq_len - q_len + last_row / Cfg::NUM_Q_HEADS + 1 : seq_len;
+  const MlaRows rows{first, count, q_len, seq_len, q0};
+  mla_attend<Cfg>(out, q, kv_cache, block_tables + (long long)seq * max_blocks_per_seq, kv_scale, nullptr, nullptr, lse,
+                  rows, 0, k_end, false, 0, 1, q_s_tok, q_s_head, o_s_tok, o_s_head, kv_s_block, kv_s_token, ks_s_block,
+                  ks_s_token);
+}
+
+}  // namespace kgen
