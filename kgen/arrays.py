@@ -36,7 +36,7 @@ class ArrayArg:
     @property
     def itemsize(self) -> int:
         if self.dtype in BY_NAME:
-            return BY_NAME[self.dtype].itemsize
+            return BY_NAME[self.dtype].storage_bytes  # a packed type's array holds bytes
         return int(getattr(getattr(self.obj, "dtype", None), "itemsize", 0))
 
     def is_c_contiguous(self) -> bool:
@@ -255,6 +255,8 @@ def adapt(arg: ArrayArg, expected: str) -> None:
     fp8 type (no copy). Anything else is left for the dtype check to refuse."""
     if expected == "int32" and arg.dtype == "int64":
         _narrow_int64(arg)
+    elif expected == "nvfp4" and arg.dtype == "uint8":  # packed e2m1 pairs: the bytes are the ABI's type
+        arg.dtype = expected
     elif expected in _FP8 and arg.dtype == "uint8":
         arg.dtype = expected
         if arg.device == "cpu":

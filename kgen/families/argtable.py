@@ -30,6 +30,9 @@ class Arg:
     dtype: str = ""  # kgen dtype of the elements or of the value
     optional: bool = False  # a pointer that may be null
     doc: str = ""  # one line
+    # What the template passes the kernel body for this parameter: None its name; "" nothing (another
+    # parameter's expression carries it, e.g. nvfp4's tensor scale inside kgen::fp4_scales(...)).
+    forward: str | None = None
 
     @property
     def pointer(self) -> bool:
@@ -68,7 +71,8 @@ class KernelDecl:
 
     def call_args(self) -> str:
         """The parameter names, comma-separated: the template forwards them to the kernel body."""
-        return _wrap([a.name for a in self.params], "      ").lstrip()  # the template indents line 1
+        names = [a.name if a.forward is None else a.forward for a in self.params if a.forward != ""]
+        return _wrap(names, "      ").lstrip()  # the template indents line 1
 
     def geometry(self) -> str:
         return (f"grid ({', '.join(str(g) for g in self.grid)}), block ({self.block}), "
