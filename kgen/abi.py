@@ -16,7 +16,7 @@ ABI_VERSION = 1
 PRELUDE = ("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cuda_fp8.h>\n"
            "namespace kgen { typedef signed char i8; }\n")
 # nvfp4 caches: kgen's packed pair type (templates/common/platform.cuh), one byte.
-FP4_PRELUDE = "namespace kgen { struct fp4x2 { unsigned char bits; }; }\n"
+FP4_PRELUDE = "namespace kgen { enum class fp4x2 : unsigned char; }\n"
 
 
 def abi_text(spec) -> str:

@@ -9,6 +9,7 @@ from dataclasses import replace
 from kgen.arrays import ArrayArg, scale_value
 from kgen.errors import ArgumentError
 from kgen.families.argtable import Arg, array, stride
+from kgen.families.binding import TENSOR_SCALE_NAMES  # nvfp4's per-tensor fp32 scales
 from kgen.formats.cache import (
     AXES,
     SCALE_AXES,
@@ -21,8 +22,6 @@ from kgen.formats.cache import (
     scale_shape,
     vllm_x,
 )
-
-TENSOR_SCALE_NAMES = ("k_tensor_scale", "v_tensor_scale")  # nvfp4's per-tensor fp32 scales
 
 
 def bind_scales(binder, spec, num_blocks: int, detail: str = "") -> tuple[list, list[tuple[int, int, int]]]:

@@ -80,8 +80,8 @@ template <> struct AliasVec<4> { typedef unsigned type; };
 // nvfp4 (two e2m1 a byte) by bit placement, no conversion instruction on sm_80/sm_90: nibble
 // s e1 e0 m becomes the half with bits s << 15 | e1 e0 m << 9, which is exactly 2^-14 times the
 // e2m1 value (e = 0 lands on the half subnormal 2^-15 m). The e4m3 block scale becomes a half the
-// same way (bits << 7: 2^-8 times its value; 0x7F / 0xFF stay NaN), so
-//   element = float(nibble half) * (float(scale half) * 2^22)
+// same way (bits << 7: 2^-8 times its value; 0x7F / 0xFF stay NaN), so with
+//   factor = float(scale half) * 2^22 = e4m3 * 2^14,   element = float(nibble half) * factor
 // is e2m1 * e4m3 exactly (2 and 4 significant bits), every product in fp32.
 // (PTX cvt.rn.f16x2.e2m1x2 exists on sm_100a / sm_120a only; kgen compiles for sm_100 and sm_120,
 // where it is not available, so the bit placement serves every arch.)
@@ -93,7 +93,7 @@ __device__ __forceinline__ float2 fp4x2_scaled(unsigned byte) {  // (low, high) 
   return __half22float2(v);
 }
 
-// An e4m3 block scale times 2^22 (the nibbles' 2^-14 undone), exact; NaN for 0x7F and 0xFF.
+// An e4m3 block scale times 2^14 (undoing the nibbles' 2^-14), exact; NaN for 0x7F and 0xFF.
 __device__ __forceinline__ float fp4_group_factor(unsigned char e4m3) {
   const unsigned b = e4m3;
   const unsigned short h = (unsigned short)(((b & 0x80u) << 8) | ((b & 0x7Fu) << 7) |

@@ -20,10 +20,9 @@ namespace kgen {
 typedef signed char i8;
 
 // nvfp4 (docs/abi.md): two e2m1 values in one byte, element 2i in the low nibble. Pointers to a
-// packed cache step by whole bytes, so element e of a row is at fp4x2 e / ElemsPer<T>::value.
-struct fp4x2 {
-  unsigned char bits;
-};
+// packed cache step by whole bytes, so element e of a row is at fp4x2 e / ElemsPer<T>::value. An
+// opaque enum (a complete one-byte type that may be declared again: `kgen abi`'s prelude does).
+enum class fp4x2 : unsigned char;
 template <class T> struct ElemsPer { static constexpr int value = 1; };
 template <> struct ElemsPer<fp4x2> { static constexpr int value = 2; };
 // nvfp4's scales as one argument of a kernel body (where other caches pass one float pointer):

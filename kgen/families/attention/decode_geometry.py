@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from kgen.families.base import Config
-from kgen.formats.cache import CacheFormat
+from kgen.formats.cache import BLOCK_GROUP, CacheFormat
 from kgen.formats.dtypes import dtype
 from kgen.plan.arch import static_smem_limit
 
@@ -26,8 +26,7 @@ COMPUTE_VEC = 8
 
 def vector_width(spec) -> int:
     """Elements per load: 16 bytes when head_dim allows, else the widest power of two that divides it."""
-    item = dtype(spec.kv_cache.dtype).itemsize
-    vec = 16 // item
+    vec = 16 * 8 // dtype(spec.kv_cache.dtype).bits
     while spec.attention.head_dim % vec:
         vec //= 2
     return vec
@@ -35,7 +34,7 @@ def vector_width(spec) -> int:
 
 def vllm_v_copy(spec) -> int:
     """Bytes of one copy along the token axis of a vLLM V cache: 16, or a whole block when smaller."""
-    return min(16, spec.kv_cache.block_size * dtype(spec.kv_cache.dtype).itemsize)
+    return min(16, dtype(spec.kv_cache.dtype).bytes_for(spec.kv_cache.block_size))
 
 
 def _pow2_ceil(x: int) -> int:
@@ -87,7 +86,8 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
     """The kernel's geometry for `config`, or None and why the config cannot be built."""
     a, kv = spec.attention, spec.kv_cache
     D, G, T = a.head_dim, spec.group_size, config["threads"]
-    es = dtype(kv.dtype).itemsize
+    dt = dtype(kv.dtype)
+    row = dt.bytes_for(D)  # bytes of one K or V head row
     problems = []
     stages, hpt = config["stages"], config["heads_per_thread"]
     if not 0 <= stages <= 4:
@@ -108,14 +108,15 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
                       f"heads_per_thread {hpt} needs for {G} query heads: use more threads or more heads per thread"]
     slots = 1 << ((groups // head_sets).bit_length() - 1)
     vllm = CacheFormat.of(spec).vllm
-    target = -(-TILE_BYTES_PER_THREAD * T // (2 * D * es))  # tokens per tile for the bytes per thread
+    target = -(-TILE_BYTES_PER_THREAD * T // (2 * row))  # tokens per tile for the bytes per thread
     tpt = _pow2_ceil(-(-target // slots))
-    v_copy = vllm_v_copy(spec) if vllm else load * es
-    while slots * tpt * es < v_copy:
+    v_copy = vllm_v_copy(spec) if vllm else dt.bytes_for(load)
+    while dt.bytes_for(slots * tpt) < v_copy:
         tpt *= 2
     tile = slots * tpt
     v_row = D
     if vllm:
+        es = dt.itemsize  # the vLLM layout holds whole-byte types only
         row_bytes = tile * es
         v_row = tile + (16 // es if row_bytes >= 16 and row_bytes // 16 % 2 == 0 else 0)  # odd 16-byte rows
 
@@ -123,7 +124,9 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
         return -(-x // 16) * 16
 
     scales = CacheFormat.of(spec).per_token
-    stage = a16(tile * D * es) + a16((D * v_row if vllm else tile * D) * es) + (a16(2 * tile * 4) if scales else 0)
+    # per token and row: K and V's fp32 scales, or nvfp4's e4m3 block scales (a byte per 16 elements)
+    scale_bytes = 2 * 4 if scales else 2 * D // BLOCK_GROUP if CacheFormat.of(spec).block_scaled else 0
+    stage = a16(tile * row) + a16(dt.bytes_for(D * v_row) if vllm else tile * row) + a16(tile * scale_bytes)
     merge_bytes = slots * G * (D + 2) * 4
     limit = static_smem_limit(spec.targets)  # the kernel's shared memory is static: 48 KiB on every arch
     if not stages:  # auto: the deepest pipeline up to AUTO_STAGES that fits
@@ -135,6 +138,6 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
     geometry = DecodeGeometry(
         threads=T, vec=vec, lanes=lanes, chunks_per_lane=-(-chunks // lanes), heads_per_thread=hpt,
         head_sets=head_sets, token_slots=slots, tile_tokens=tile, stages=stages,
-        k_copy=16 if vllm else load * es, v_copy=v_copy, v_row=v_row, stage_bytes=stage, smem_bytes=smem,
-        tile_bytes=tile * (2 * D * es + (8 if scales else 0)))
+        k_copy=16 if vllm else dt.bytes_for(load), v_copy=v_copy, v_row=v_row, stage_bytes=stage, smem_bytes=smem,
+        tile_bytes=tile * (2 * row + scale_bytes))
     return geometry, []
