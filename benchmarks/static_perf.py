@@ -61,7 +61,7 @@ DEV = pm.H200
 CACHE_NS = "static-perf"
 DOC_BEGIN, DOC_END = "<!-- static_perf:begin -->", "<!-- static_perf:end -->"
 # The issue's register targets by KV dtype (fp16 Llama, fp8 per-head, bf16 GQA 8, int8 GQA 7).
-REGISTER_TARGETS = {"fp16": 64, "fp8_e4m3": 96, "fp8_e5m2": 96, "bf16": 96, "int8": 128}
+REGISTER_TARGETS = {"fp16": 64, "fp8_e4m3": 96, "fp8_e5m2": 96, "bf16": 96, "int8": 128}  # (none set for nvfp4)
 # Llama-3-8B decode: what FlashInfer and vLLM are built for (and kgen's llama3_8b_decode spec).
 LLAMA = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "page": 16, "itemsize": 2}
 
@@ -371,9 +371,26 @@ def target_rows(subjects: list[Subject], fp8_label: str | None) -> list[list[str
         r = _tokens_per_s(fi8, 64, 4096) / _tokens_per_s(fi, 64, 4096)
         rows.append(["(reference) FlashInfer fp8 / fp16 tokens/s at 64x4096", f"{fi8.label} / {fi.label}",
                      f"{r:.2f}x", "-"])
+    nv = find(subjects, "kgen llama3_8b_decode_nvfp4")
+    if nv and fp8:
+        rows += nvfp4_rows(nv, fp8, verdict)
     fraction("kgen decode_int8_per_token_head", 0.85, "int8 per-token-head")
     fraction("kgen bf16_decode_b32", 0.90, "bf16 GQA 8")
     return rows
+
+
+def nvfp4_rows(nv: Subject, fp8: Subject, verdict: Callable[[bool | None], str]) -> list[list[str]]:
+    """nvfp4 against fp8 on the Llama shape: cache bytes per token (4 bits and an e4m3 per 16 elements
+    against 8 bits: 0.5625x; the 0.53x of 4.25 bits would need a scale per 32) and the estimated
+    bandwidth fraction at 64x4096."""
+    ratio = kv_bytes_per_token(nv.spec) / kv_bytes_per_token(fp8.spec)
+    e_nv, e_8 = _at(nv), _at(fp8)
+    ok = None if e_nv is None or e_8 is None else e_nv.fraction >= e_8.fraction
+    shown = "n/a" if ok is None else f"{pm.fmt_pct(e_nv.fraction)} ({e_nv.bound}) vs {pm.fmt_pct(e_8.fraction)}"
+    return [["nvfp4 cache bytes per token <= 0.5625x fp8's (with its block scales)", f"{nv.label} / {fp8.label}",
+             f"{ratio:.4f}x", verdict(ratio <= 0.5625)],
+            ["nvfp4 fraction of copy bandwidth >= fp8's at 64x4096", f"{nv.label} / {fp8.label}", shown,
+             verdict(ok)]]
 
 
 def register_rows(subjects: list[Subject]) -> list[list[str]]:

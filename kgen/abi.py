@@ -9,29 +9,34 @@ from __future__ import annotations
 from kgen.families.argtable import abi_rows
 from kgen.families.base import resolve_config
 from kgen.families.registry import family_for
+from kgen.formats.dtypes import dtype
 
 ABI_VERSION = 1
 # What the declarations' types need: CUDA's number formats, and kgen's int8 element type.
 PRELUDE = ("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cuda_fp8.h>\n"
            "namespace kgen { typedef signed char i8; }\n")
+# nvfp4 caches: kgen's packed pair type (templates/common/platform.cuh), one byte.
+FP4_PRELUDE = "namespace kgen { enum class fp4x2 : unsigned char; }\n"
 
 
 def abi_text(spec) -> str:
     family = family_for(spec)
     config = resolve_config(family, spec, family.abi_config(spec))
     kernels = family.kernels(spec, config)
+    packed = dtype(spec.kv_cache.dtype).packed
     lines = [
         f"kgen ABI for spec '{spec.name}' (kind {spec.kind}, spec sha256 {spec.spec_hash()[:16]})",
         f"abi: {ABI_VERSION}",
         "",
         *family.abi_notes(spec),
         "",
-        "Kernel parameters, in order (shapes and strides in elements; roles: input/output arrays, kgen's "
-        "scratch, scalar and stride values):",
+        "Kernel parameters, in order (shapes and strides in elements" + ("; an nvfp4 cache's element is a byte, "
+                                                                        "two e2m1 values" if packed else "")
+        + "; roles: input/output arrays, kgen's scratch, scalar and stride values):",
         *abi_rows(family.arguments(spec, config)),
         "",
         f"Launch (as kgen does it; config {config}):",
         *(f"  {k.name}: {k.geometry()}" for k in kernels),
     ]
     header = "/*\n" + "\n".join((" * " + line).rstrip() for line in lines) + "\n */\n"
-    return header + PRELUDE + "\n".join(k.declaration() + ";" for k in kernels) + "\n"
+    return header + PRELUDE + (FP4_PRELUDE if packed else "") + "\n".join(k.declaration() + ";" for k in kernels) + "\n"

@@ -36,7 +36,7 @@ class ArrayArg:
     @property
     def itemsize(self) -> int:
         if self.dtype in BY_NAME:
-            return BY_NAME[self.dtype].itemsize
+            return BY_NAME[self.dtype].storage_bytes  # a packed type's array holds bytes
         return int(getattr(getattr(self.obj, "dtype", None), "itemsize", 0))
 
     def is_c_contiguous(self) -> bool:
@@ -251,10 +251,13 @@ def adapt(arg: ArrayArg, expected: str) -> None:
     """Make `arg` read as the ABI's dtype `expected` where an engine stores it differently, in place:
     int64 indices become an int32 copy (host arrays: a value outside int32 is refused; device arrays:
     saturated on the device, so no value silently wraps onto a valid one, and the debug checks
-    report the caller's int64 values), and uint8 bytes of an fp8 cache (vLLM) are viewed as the
-    fp8 type (no copy). Anything else is left for the dtype check to refuse."""
+    report the caller's int64 values), uint8 bytes of an fp8 cache (vLLM) are viewed as the
+    fp8 type (no copy), and uint8 bytes are an nvfp4 cache's packed pairs. Anything else is left for
+    the dtype check to refuse."""
     if expected == "int32" and arg.dtype == "int64":
         _narrow_int64(arg)
+    elif expected == "nvfp4" and arg.dtype == "uint8":  # packed e2m1 pairs: the bytes are the ABI's type
+        arg.dtype = expected
     elif expected in _FP8 and arg.dtype == "uint8":
         arg.dtype = expected
         if arg.device == "cpu":

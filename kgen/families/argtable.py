@@ -30,6 +30,9 @@ class Arg:
     dtype: str = ""  # kgen dtype of the elements or of the value
     optional: bool = False  # a pointer that may be null
     doc: str = ""  # one line
+    # What the template passes the kernel body for this parameter: None its name; "" nothing (another
+    # parameter's expression carries it, e.g. nvfp4's tensor scale inside kgen::fp4_scales(...)).
+    forward: str | None = None
 
     @property
     def pointer(self) -> bool:
@@ -68,8 +71,12 @@ class KernelDecl:
 
     def call_args(self, names: list[str] | None = None) -> str:
         """The parameter names (or `names`: the body's order of them), comma-separated: the template
-        forwards them to the kernel body."""
-        return _wrap(names or [a.name for a in self.params], "      ").lstrip()  # the template indents line 1
+        forwards them to the kernel body, each as the body takes it (a parameter's `forward`: another
+        expression, or "" for one the body does not take; a name that is no parameter stays as given)."""
+        by_name = {a.name: a for a in self.params}
+        shown = [n if by_name.get(n) is None or by_name[n].forward is None else by_name[n].forward
+                 for n in names or [a.name for a in self.params]]
+        return _wrap([s for s in shown if s != ""], "      ").lstrip()  # the template indents line 1
 
     def geometry(self) -> str:
         return (f"grid ({', '.join(str(g) for g in self.grid)}), block ({self.block}), "

@@ -98,6 +98,7 @@ class CallBinder:
 
 # ---- the call's arguments as a table ---------------------------------------------------------
 SCALE_NAMES = ("k_scale", "v_scale")
+TENSOR_SCALE_NAMES = ("k_tensor_scale", "v_tensor_scale")  # nvfp4 (kgen/families/pool.py binds them)
 _POOL_HALVES = ("k_cache", "v_cache")
 
 
@@ -137,6 +138,8 @@ def table_call_arguments(family, spec, config) -> list[CallArg]:
         elif a.name in SCALE_NAMES:
             rows.append(CallArg(a.name, a.dtype, a.shape, use, a.optional,
                                 number=a.role == "input" and spec.kv_cache.scale == "per_tensor"))
+        elif a.name in TENSOR_SCALE_NAMES:  # nvfp4's: a Python float may stand for one
+            rows.append(CallArg(a.name, a.dtype, a.shape, use, number=True))
         else:  # other outputs (out, lse) are the call's results
             rows.append(CallArg(a.name, a.dtype, a.shape, "returned" if a.role == "output" else "read", a.optional))
     return rows

@@ -29,7 +29,8 @@ from kgen.formats.dtypes import DType, dtype
 
 AXES = ("block", "head", "token", "run")  # the order of a cache array's kernel strides
 SCALE_AXES = ("block", "head", "token")  # the order of a per_token_head scale pool's kernel strides
-SCALE_MODES = {"none": 0, "per_tensor": 1, "per_head": 2, "per_token_head": 3}  # Cfg::SCALE_MODE
+SCALE_MODES = {"none": 0, "per_tensor": 1, "per_head": 2, "per_token_head": 3, "block": 4}  # Cfg::SCALE_MODE
+BLOCK_GROUP = 16  # nvfp4: elements per e4m3 block scale (kgen/formats/nvfp4.py)
 
 
 @dataclass(frozen=True)
@@ -77,20 +78,42 @@ class CacheFormat:
     @property
     def scaled(self) -> bool:
         """The call takes k_scale and v_scale."""
-        return self.quantized and self.scale != "none"
+        return self.quantized and (self.scale != "none" or self.block_scaled)
+
+    @property
+    def scale_pools(self) -> bool:
+        """The scales are pools with a row per (block, slot, head), copied and gathered with the cache:
+        per_token_head, or nvfp4's block scales."""
+        return self.per_token or self.block_scaled
 
     @property
     def per_token(self) -> bool:
         return self.scale == "per_token_head"
 
     @property
+    def block_scaled(self) -> bool:
+        """nvfp4: packed values with an e4m3 scale per BLOCK_GROUP elements and a tensor scale (the call
+        takes k_scale/v_scale block-scale pools and k_tensor_scale/v_tensor_scale)."""
+        return self.dtype.packed
+
+    @property
     def scale_mode(self) -> int:
-        return SCALE_MODES[self.scale]
+        return SCALE_MODES["block" if self.block_scaled else self.scale]
+
+    @property
+    def row_len(self) -> int:
+        """Array elements of one head row: head_dim, or its bytes for a packed type."""
+        return self.dtype.bytes_for(self.head_dim) if self.dtype.packed else self.head_dim
+
+    @property
+    def v_row_len(self) -> int:
+        """Array elements of one V head row: v_head_dim, or its bytes for a packed type."""
+        return self.dtype.bytes_for(self.v_head_dim) if self.dtype.packed else self.v_head_dim
 
     @property
     def x(self) -> int:
         """vLLM's K-cache packing factor: 16 bytes of elements."""
-        return 16 // self.dtype.itemsize
+        return 16 * 8 // self.dtype.bits
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -126,7 +149,7 @@ def cache_names(spec) -> tuple[str, ...]:
 def half_shapes(spec, num_blocks: str | int = "num_blocks") -> dict[str, tuple]:
     """The shapes of the K and V arrays a kernel parameter points at (a fused pool's halves too)."""
     f = CacheFormat.of(spec)
-    n, b, h, d, dv = num_blocks, f.block_size, f.num_kv_heads, f.head_dim, f.v_head_dim
+    n, b, h, d, dv = num_blocks, f.block_size, f.num_kv_heads, f.row_len, f.v_row_len
     if f.vllm:
         return {"k_cache": (n, h, d // f.x, b, f.x), "v_cache": (n, h, dv, b)}
     if f.token_major:
@@ -147,6 +170,8 @@ def cache_shapes(spec, num_blocks: str | int = "num_blocks") -> dict[str, tuple]
 def scale_shape(spec, num_blocks: str | int = "num_blocks") -> tuple | None:
     """The shape of k_scale and v_scale (None: the cache takes no scales)."""
     f = CacheFormat.of(spec)
+    if f.block_scaled:  # one e4m3 per BLOCK_GROUP elements of each row, the cache's leading dims
+        return (*half_shapes(spec, num_blocks)["k_cache"][:-1], f.head_dim // BLOCK_GROUP)
     if f.scale == "none":
         return None
     if f.scale == "per_tensor":
@@ -158,6 +183,19 @@ def scale_shape(spec, num_blocks: str | int = "num_blocks") -> tuple | None:
     if f.token_major:
         return (num_blocks, f.block_size, f.num_kv_heads)
     return (num_blocks, f.num_kv_heads, f.block_size)
+
+
+def scale_dtype(spec) -> str:
+    """The dtype of k_scale / v_scale: fp32, or nvfp4's e4m3 block scales (given as uint8 bits or
+    float8_e4m3fn)."""
+    return "fp8_e4m3" if CacheFormat.of(spec).block_scaled else "fp32"
+
+
+def block_scale_copy(head_dim: int) -> int:
+    """Bytes the kernels copy of an nvfp4 block-scale row at a time: 16, 8 or 4 when they divide the
+    row's head_dim / 16 bytes, else 1 (plain byte copies)."""
+    row = head_dim // BLOCK_GROUP
+    return next((n for n in (16, 8, 4) if row % n == 0), 1)
 
 
 # ---- layout <-> canonical (host arrays) -----------------------------------------------------
@@ -198,18 +236,20 @@ def from_layout(spec, arrays: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def scale_to_layout(spec, s: np.ndarray) -> np.ndarray:
-    """A per_token_head scale pool in the ABI's order from canonical [N, B, H]."""
+    """A per_token_head scale pool in the ABI's order from canonical [N, B, H] (nvfp4 block scales:
+    [N, B, H, D/16])."""
     if CacheFormat.of(spec).mla:
         return np.ascontiguousarray(s[:, :, 0])
-    return s if CacheFormat.of(spec).token_major else np.ascontiguousarray(s.transpose(0, 2, 1))
+    return s if CacheFormat.of(spec).token_major else np.ascontiguousarray(s.swapaxes(1, 2))
 
 
 def scale_from_layout(spec, s: np.ndarray) -> np.ndarray:
-    """Canonical [N, B, H] (a view) from a per_token_head scale pool in the ABI's order."""
+    """Canonical [N, B, H] (a view) from a per_token_head scale pool in the ABI's order (nvfp4 block
+    scales: [N, B, H, D/16])."""
     s = np.asarray(s)
     if CacheFormat.of(spec).mla:
         return s[:, :, None]
-    return s if CacheFormat.of(spec).token_major else s.transpose(0, 2, 1)
+    return s if CacheFormat.of(spec).token_major else s.swapaxes(1, 2)
 
 
 # ---- kernel strides (device side) -----------------------------------------------------------

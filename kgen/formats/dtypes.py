@@ -35,6 +35,11 @@ class DType:
                              "(use bytes_for(n))")
         return self.bits // 8
 
+    @property
+    def storage_bytes(self) -> int:
+        """Bytes of one array element as the host holds it: the element, or a packed type's byte."""
+        return self.numpy.itemsize
+
     def bytes_for(self, n: int) -> int:
         """Bytes of n consecutive elements (packed types: rounded up to whole bytes)."""
         return -(-n * self.bits // 8)

@@ -20,6 +20,7 @@ from kgen.families.attention.decode import PAGED_DECODE
 from kgen.families.attention.prefill import PAGED_PREFILL
 from kgen.families.base import resolve_config
 from kgen.families.registry import family_for
+from kgen.formats.cache import BLOCK_GROUP, CacheFormat
 from kgen.formats.dtypes import dtype
 from kgen.kernel import Kernel
 from kgen.perf import model as pm
@@ -38,10 +39,13 @@ def is_prefill(spec) -> bool:
 
 
 def kv_bytes_per_token(spec) -> int:
-    """KV bytes one decoded token reads: K and V rows of every KV head, plus per-token scales."""
+    """KV bytes one decoded token reads: K and V rows of every KV head, plus per-token scales (nvfp4: its
+    e4m3 block scales, a byte per 16 elements; the tensor scale is read once)."""
     a, kv = spec.attention, spec.kv_cache
-    row = (a.head_dim + spec.v_head_dim_value) * dtype(kv.dtype).itemsize  # a K row and a V row
+    row = dtype(kv.dtype).bytes_for(a.head_dim) + dtype(kv.dtype).bytes_for(spec.v_head_dim_value)  # K and V rows
     scale = 2 * 4 if kv.scale == "per_token_head" else 0
+    if CacheFormat.of(spec).block_scaled:
+        scale = 2 * a.head_dim // BLOCK_GROUP
     return a.num_kv_heads * (row + scale)
 
 

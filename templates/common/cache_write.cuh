@@ -41,6 +41,41 @@ template <> __device__ __forceinline__ i8 quantize_value<i8>(float x) {
   return (i8)__float2int_rn(c);  // round half to even
 }
 
+// nvfp4 (kgen/formats/nvfp4.py): fp32 (already divided by the group's scale) -> e2m1 nibble, round
+// to nearest even (a midpoint goes to the even code), saturating to ±6; -0 for a negative value that
+// rounds to zero, +0 for NaN.
+__device__ __forceinline__ unsigned e2m1_rn_sat(float y) {
+  const float a = fabsf(y);
+  const unsigned code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) +
+                        (a > 5.0f);
+  return code | (y == y ? (__float_as_uint(y) >> 31) << 3 : 0u);
+}
+
+// One nvfp4 row of D elements: a lane per 16-element group. amax_g (NaN ignored), s_g = e4m3(amax_g /
+// (6 ts)) saturating, t_g = s_g * ts, nibble = e2m1(x / t_g); a group whose s_g is 0 stores zeros.
+template <int D, class In>
+__device__ __forceinline__ void write_fp4_row(const In* src, unsigned char* row, unsigned char* scales, float ts,
+                                              int lane) {
+  for (int g = lane; g < D / 16; g += 32) {
+    float x[16];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      x[i] = to_float(src[g * 16 + i]);
+      amax = fmaxf(amax, fabsf(x[i]));
+    }
+    const __nv_fp8_storage_t s = __nv_cvt_float_to_fp8(amax / (6.0f * ts), __NV_SATFINITE, __NV_E4M3);
+    const float sf = __half2float(__half(__nv_cvt_fp8_to_halfraw(s, __NV_E4M3)));
+    const float t = sf * ts;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const unsigned lo = e2m1_rn_sat(x[2 * i] / t), hi = e2m1_rn_sat(x[2 * i + 1] / t);
+      row[g * 8 + i] = sf == 0.0f ? (unsigned char)0 : (unsigned char)(lo | (hi << 4));
+    }
+    scales[g] = s;
+  }
+}
+
 // Float cache: same type is a plain copy; otherwise widen to fp32 and round to nearest even.
 template <class T, class In>
 __device__ __forceinline__ T convert_value(In x) {
@@ -55,7 +90,7 @@ template <class Cfg>
 __device__ __forceinline__ void cache_write_body(
     const typename Cfg::in_t* __restrict__ key, const typename Cfg::in_t* __restrict__ value,
     typename Cfg::kv_t* __restrict__ k_cache, typename Cfg::kv_t* __restrict__ v_cache,
-    float* __restrict__ k_scale, float* __restrict__ v_scale, const int* __restrict__ slot_mapping,
+    typename Cfg::scale_arg_t k_scale, typename Cfg::scale_arg_t v_scale, const int* __restrict__ slot_mapping,
     long long num_slots, long long key_s_tok, long long key_s_head, long long val_s_tok, long long val_s_head,
     long long k_s_block, long long k_s_head, long long k_s_token, long long k_s_run, long long v_s_block,
     long long v_s_head, long long v_s_token, long long v_s_run, long long ks_s_block, long long ks_s_head,
@@ -81,7 +116,13 @@ __device__ __forceinline__ void cache_write_body(
     const int run = is_v ? Cfg::V_RUN : Cfg::K_RUN;
     const int D = is_v ? Cfg::V_HEAD_DIM : Cfg::HEAD_DIM;  // the row's width (warp-uniform)
 
-    if constexpr (Cfg::SCALE_MODE == 0) {
+    if constexpr (Cfg::SCALE_MODE == 4) {  // nvfp4: the row's bytes and its block scales
+      const auto& sc = is_v ? v_scale : k_scale;
+      unsigned char* pool = reinterpret_cast<unsigned char*>(
+          is_v ? sc.block + blk * vs_s_block + h * vs_s_head + off * vs_s_token
+               : sc.block + blk * ks_s_block + h * ks_s_head + off * ks_s_token);
+      write_fp4_row<D>(src, reinterpret_cast<unsigned char*>(dst), pool, *sc.tensor, lane);
+    } else if constexpr (Cfg::SCALE_MODE == 0) {
       for (int d = lane; d < D; d += 32) dst[(d / run) * s_run + d % run] = convert_value<kv_t>(src[d]);
     } else {
       const float* scales = is_v ? v_scale : k_scale;

@@ -5,6 +5,8 @@
 //                sm_89+), the scalar path's own fp8 -> half -> float route
 //   int8         four per word by byte permutation: 0x4B000000 | (x + 128) is the float
 //                2^23 + 128 + x exactly, so subtracting 2^23 + 128 gives x (no I2F)
+//   nvfp4        eight nibbles per word by bit placement into half2, times the group's e4m3
+//                scale (load_fp4_as_float)
 #pragma once
 
 namespace kgen {
@@ -74,6 +76,54 @@ template <> struct AliasVec<16> { typedef uint4 type; };
 template <> struct AliasVec<8> { typedef uint2 type; };
 template <> struct AliasVec<4> { typedef unsigned type; };
 #endif
+
+// nvfp4 (two e2m1 a byte) by bit placement, no conversion instruction on sm_80/sm_90: nibble
+// s e1 e0 m becomes the half with bits s << 15 | e1 e0 m << 9, which is exactly 2^-14 times the
+// e2m1 value (e = 0 lands on the half subnormal 2^-15 m). The e4m3 block scale becomes a half the
+// same way (bits << 7: 2^-8 times its value; 0x7F / 0xFF stay NaN), so with
+//   factor = float(scale half) * 2^22 = e4m3 * 2^14,   element = float(nibble half) * factor
+// is e2m1 * e4m3 exactly (2 and 4 significant bits), every product in fp32.
+// (PTX cvt.rn.f16x2.e2m1x2 exists on sm_100a / sm_120a only; kgen compiles for sm_100 and sm_120,
+// where it is not available, so the bit placement serves every arch.)
+__device__ __forceinline__ float2 fp4x2_scaled(unsigned byte) {  // (low, high) nibble, each x 2^-14
+  const unsigned u = (byte | (byte << 12)) & 0x000F000Fu;           // low nibble at bit 0, high at 16
+  const unsigned h = ((u & 0x00080008u) << 12) | ((u & 0x00070007u) << 9);
+  __half2 v;
+  memcpy(&v, &h, 4);
+  return __half22float2(v);
+}
+
+// An e4m3 block scale times 2^14 (undoing the nibbles' 2^-14), exact; NaN for 0x7F and 0xFF.
+__device__ __forceinline__ float fp4_group_factor(unsigned char e4m3) {
+  const unsigned b = e4m3;
+  const unsigned short h = (unsigned short)(((b & 0x80u) << 8) | ((b & 0x7Fu) << 7) |
+                                            ((b & 0x7Fu) == 0x7Fu ? 0x7C00u : 0u));
+  __half x;
+  memcpy(&x, &h, 2);
+  return __half2float(x) * 4194304.0f;
+}
+
+// N (a multiple of 8, within one 16-element group) nvfp4 elements of a row at byte p, times their
+// group's scale: 8 elements a 32-bit word.
+template <int N>
+__device__ __forceinline__ void load_fp4_as_float(const fp4x2* p, unsigned char scale, float* dst) {
+  static_assert(N % 8 == 0 && N <= 16, "whole words of one scale group");
+  const float f = fp4_group_factor(scale);
+  constexpr int BYTES = N / 2;
+  typedef typename AliasVec<BYTES>::type V;
+  const V raw = *reinterpret_cast<const V*>(p);
+  unsigned w[BYTES / 4];
+  memcpy(w, &raw, BYTES);
+#pragma unroll
+  for (int k = 0; k < BYTES / 4; ++k) {
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const float2 e = fp4x2_scaled((w[k] >> (8 * b)) & 0xFFu);
+      dst[k * 8 + 2 * b] = e.x * f;
+      dst[k * 8 + 2 * b + 1] = e.y * f;
+    }
+  }
+}
 
 // N elements of T at p as floats: vector loads of up to 16 bytes (p aligned to
 // min(16, N * sizeof(T))), packed conversions; element by element when N * sizeof(T)

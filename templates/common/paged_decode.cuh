@@ -42,6 +42,7 @@ struct DecodeShape {
   static constexpr int G = Cfg::GROUP;
   static constexpr int T = Cfg::NUM_THREADS;
   static constexpr int ES = (int)sizeof(kv_t);
+  static constexpr int PER = ElemsPer<kv_t>::value;  // elements per kv_t (2: nvfp4's packed pairs)
   static constexpr int VEC = Cfg::VEC;
   static constexpr int CHUNKS = D / VEC, V_CHUNKS = DV / VEC;
   static constexpr int LANES = Cfg::LANES;  // lanes of a row group
@@ -61,10 +62,12 @@ struct DecodeShape {
   static constexpr int K_COPY = Cfg::K_COPY;  // bytes per K copy (and V copy unless V_BY_TOKEN)
   static constexpr int V_COPY = Cfg::V_COPY;  // bytes per V copy
   static constexpr bool TOKEN_SCALES = Cfg::SCALE_MODE == 3;
+  static constexpr bool FP4 = Cfg::SCALE_MODE == 4;  // nvfp4: an e4m3 scale per 16 elements of a row
+  static constexpr int GROUPS = D / 16;               // ... GROUPS bytes a row, [K | V][token][group] in a stage
   static constexpr int align16(int x) { return (x + 15) / 16 * 16; }
-  static constexpr int K_BYTES = align16(NT * D * ES);
-  static constexpr int V_BYTES = align16((V_BY_TOKEN ? DV * V_ROW : NT * DV) * ES);
-  static constexpr int S_BYTES = TOKEN_SCALES ? align16(2 * NT * 4) : 0;
+  static constexpr int K_BYTES = align16(NT * D / PER * ES);
+  static constexpr int V_BYTES = align16((V_BY_TOKEN ? DV * V_ROW : NT * DV) / PER * ES);
+  static constexpr int S_BYTES = TOKEN_SCALES ? align16(2 * NT * 4) : FP4 ? align16(2 * NT * GROUPS) : 0;
   static constexpr int STAGE_BYTES = K_BYTES + V_BYTES + S_BYTES;
   static constexpr int SCRATCH_BYTES = SLOTS * G * (DV + 2) * 4;  // the token slots' (o, m, l)
   static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES > SCRATCH_BYTES ? STAGES * STAGE_BYTES : SCRATCH_BYTES;
@@ -148,7 +151,7 @@ struct TileCopier {
   // K rows (and V rows, same mapping, when V is token-major and as wide): copy c = tid + k * T is
   // piece c % PER_ROW of token c / PER_ROW; it lands at element c * KE of the stage. V rows of
   // their own width (v_head_dim) take a second loop of the same shape (V_PER_ROW pieces a token).
-  static constexpr int KE = S::K_COPY / ES;  // elements per copy
+  static constexpr int KE = S::K_COPY / ES * S::PER;  // elements per copy
   static constexpr int PER_ROW = D / KE, V_PER_ROW = DV / KE;
   static constexpr int COPIES = NT * PER_ROW, V_COPIES = NT * V_PER_ROW;
   static constexpr int ITERS = (COPIES + T - 1) / T;
@@ -156,12 +159,17 @@ struct TileCopier {
   // Per-token scales: copy c = tid + k * T of [0, NT) K, [NT, 2 NT) V.
   static constexpr int SCOPIES = S::TOKEN_SCALES ? 2 * NT : 0;
   static constexpr int SITERS = (SCOPIES + T - 1) / T;
+  // nvfp4 block scales: FC bytes a copy (16, 8, 4; 1: plain byte copies), copy c = tid + k * T lands at
+  // byte c * FC of the stage's [K | V][token][group] scales.
+  static constexpr int FC = Cfg::S_COPY;
+  static constexpr int FPIECES = S::GROUPS / FC;
+  static constexpr int FCOPIES = S::FP4 ? 2 * NT * FPIECES : 0;
 
   const int* __restrict__ table;
   const kv_t* __restrict__ k_cache;
   const kv_t* __restrict__ v_cache;
-  const float* __restrict__ k_scale;
-  const float* __restrict__ v_scale;
+  typename Cfg::scale_arg_t k_scale;  // const float* (nvfp4: kgen::Fp4Scales)
+  typename Cfg::scale_arg_t v_scale;
   long long k_s_block, k_s_head, k_s_token, k_s_run, v_s_block, v_s_head, v_s_token, v_s_run;
   long long ks_s_block, ks_s_head, ks_s_token, vs_s_block, vs_s_head, vs_s_token;
   int kv_head;
@@ -188,11 +196,12 @@ struct TileCopier {
         const kv_t* vsrc = v_cache;
         if (valid) {
           const long long phys = ONE_BLOCK ? phys0 : table[first + t / B];
-          ksrc = k_cache + phys * k_s_block + kv_head * k_s_head + slot * k_s_token + run_offset<Cfg::K_RUN>(d0, k_s_run);
-          vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0;
+          ksrc = k_cache + phys * k_s_block + kv_head * k_s_head + slot * k_s_token +
+                 run_offset<Cfg::K_RUN>(d0, k_s_run) / S::PER;
+          vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0 / S::PER;
         }
-        cp_async<S::K_COPY>(ks + c * KE, ksrc, valid ? S::K_COPY : 0);
-        if (V_WITH_K) cp_async<S::K_COPY>(vs + c * KE, vsrc, valid ? S::K_COPY : 0);
+        cp_async<S::K_COPY>(ks + c * KE / S::PER, ksrc, valid ? S::K_COPY : 0);
+        if (V_WITH_K) cp_async<S::K_COPY>(vs + c * KE / S::PER, vsrc, valid ? S::K_COPY : 0);
       }
     }
 
@@ -207,16 +216,16 @@ struct TileCopier {
           const kv_t* vsrc = v_cache;
           if (valid) {
             const long long phys = ONE_BLOCK ? phys0 : table[first + t / B];
-            vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0;
+            vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0 / S::PER;
           }
-          cp_async<S::K_COPY>(vs + c * KE, vsrc, valid ? S::K_COPY : 0);
+          cp_async<S::K_COPY>(vs + c * KE / S::PER, vsrc, valid ? S::K_COPY : 0);
         }
       }
     }
 
     // vLLM V: V_COPY-byte pieces along the token axis of one head_dim row (VE tokens of one
     // cache block); a piece that runs past tok_end reads only the tokens before it.
-    if (S::V_BY_TOKEN) {
+    if constexpr (S::V_BY_TOKEN) {
       constexpr int VE = S::V_COPY / ES;
       constexpr int PER_D = NT / VE;
       constexpr int VCOPIES = DV * PER_D;
@@ -242,8 +251,36 @@ struct TileCopier {
       }
     }
 
+    // nvfp4 block scales: the rows of the tile's tokens, K then V (masked tokens' zero-filled).
+    if constexpr (S::FP4) {
+      unsigned char* fs = stage + S::K_BYTES + S::V_BYTES;
+#pragma unroll
+      for (int k = 0; k < (FCOPIES + T - 1) / T; ++k) {
+        const unsigned c = tid + k * T;
+        if (FCOPIES % T == 0 || c < FCOPIES) {
+          const bool is_v = c >= (unsigned)(NT * FPIECES);
+          const unsigned r = is_v ? c - NT * FPIECES : c;
+          const int t = r / FPIECES, g0 = (r % FPIECES) * FC;
+          const bool valid = t >= lo && t < hi;
+          const unsigned char* src = reinterpret_cast<const unsigned char*>(k_scale.block);
+          if (valid) {
+            const long long phys = ONE_BLOCK ? phys0 : table[first + t / B];
+            const int slot = slot0 + t % B;
+            src = reinterpret_cast<const unsigned char*>(
+                      is_v ? v_scale.block + phys * vs_s_block + kv_head * vs_s_head + slot * vs_s_token
+                           : k_scale.block + phys * ks_s_block + kv_head * ks_s_head + slot * ks_s_token) + g0;
+          }
+          if constexpr (FC >= 4) {
+            cp_async<(FC >= 4 ? FC : 4)>(fs + c * FC, src, valid ? FC : 0);
+          } else {  // rows of fewer than 4 bytes a piece: a plain copy, landed at issue
+            fs[c] = valid ? src[0] : (unsigned char)0;
+          }
+        }
+      }
+    }
+
     // Per-token scales: [0, NT) K, [NT, 2 NT) V.
-    if (S::TOKEN_SCALES) {
+    if constexpr (S::TOKEN_SCALES) {
       float* ss = reinterpret_cast<float*>(stage + S::K_BYTES + S::V_BYTES);
 #pragma unroll
       for (int k = 0; k < SITERS; ++k) {
@@ -264,6 +301,20 @@ struct TileCopier {
     }
   }
 };
+
+// VEC elements [e, e + VEC) of token t's row in a stage's K or V rows, as floats; nvfp4: times their
+// group's e4m3 scale from `scales` ([token][group] bytes), e2m1 * e4m3 exactly (convert.cuh).
+// W: the rows' width (head_dim for K, v_head_dim for V).
+template <class Cfg, int VEC, int W = DecodeShape<Cfg>::D>
+__device__ __forceinline__ void load_row_chunk(const typename Cfg::kv_t* rows, const unsigned char* scales, int t,
+                                               int e, float* dst) {
+  typedef DecodeShape<Cfg> S;
+  if constexpr (S::FP4) {
+    load_fp4_as_float<VEC>(rows + (t * W + e) / S::PER, scales[t * (W / 16) + e / 16], dst);
+  } else {
+    load_as_float<typename Cfg::kv_t, VEC>(rows + t * W + e, dst);
+  }
+}
 
 // The keys [tok_begin, tok_end) a decode block sees (both bodies start from it): the window's
 // and the tail mask's, clipped to the block's partition. False when the partition lies past the
@@ -291,7 +342,7 @@ __device__ __forceinline__ void paged_decode_body(
     typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
     const typename Cfg::kv_t* __restrict__ k_cache, const typename Cfg::kv_t* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    const float* __restrict__ k_scale, const float* __restrict__ v_scale,
+    typename Cfg::scale_arg_t k_scale, typename Cfg::scale_arg_t v_scale,
     const float* __restrict__ alibi_slopes, float* __restrict__ part_o, float* __restrict__ part_ml,
     float* __restrict__ lse, int max_blocks_per_seq, int max_partitions, long long q_s_seq,
     long long q_s_head, long long o_s_seq, long long o_s_head, long long k_s_block, long long k_s_head,
@@ -361,8 +412,9 @@ __device__ __forceinline__ void paged_decode_body(
   }
   // Per-tensor / per-head dequantisation scales (per-token ones come with each tile).
   float k_sc = 1.0f, v_sc = 1.0f;
-  if (Cfg::SCALE_MODE == 1) k_sc = k_scale[0], v_sc = v_scale[0];
-  if (Cfg::SCALE_MODE == 2) k_sc = k_scale[kv_head], v_sc = v_scale[kv_head];
+  if constexpr (Cfg::SCALE_MODE == 1) k_sc = k_scale[0], v_sc = v_scale[0];
+  if constexpr (Cfg::SCALE_MODE == 2) k_sc = k_scale[kv_head], v_sc = v_scale[kv_head];
+  if constexpr (S::FP4) k_sc = *k_scale.tensor, v_sc = *v_scale.tensor;  // the block scales come with the tiles
 
   // Where a batch's logits are a power of two (DIST), the transpose reduce (RowGroupSums) leaves
   // each lane HELD logits of one head, hl: tokens [jb, jb + HELD) of each batch; it computes the
@@ -399,6 +451,7 @@ __device__ __forceinline__ void paged_decode_body(
     const kv_t* ks = reinterpret_cast<const kv_t*>(stage);
     const kv_t* vs = reinterpret_cast<const kv_t*>(stage + S::K_BYTES);
     const float* ss = reinterpret_cast<const float*>(stage + S::K_BYTES + S::V_BYTES);
+    const unsigned char* fs = stage + S::K_BYTES + S::V_BYTES;  // nvfp4: K's block scales, then V's
     const int t0 = slot * TPT;                 // this slot's first token in the tile
     const int pos0 = tile0 + tile * NT + t0;   // ... and its position
 
@@ -417,7 +470,7 @@ __device__ __forceinline__ void paged_decode_body(
           const int chunk = c * LANES + lane;
           if (S::CHUNKS % LANES == 0 || chunk < S::CHUNKS) {
             float kf[VEC];
-            load_as_float<kv_t, VEC>(ks + (t1 + j) * D + chunk * VEC, kf);
+            load_row_chunk<Cfg, VEC>(ks, fs, t1 + j, chunk * VEC, kf);
 #pragma unroll
             for (int h = 0; h < HPT; ++h)
 #pragma unroll
@@ -503,7 +556,7 @@ __device__ __forceinline__ void paged_decode_body(
       }
 
       // o += weights @ V.
-      if (!S::V_BY_TOKEN) {
+      if constexpr (!S::V_BY_TOKEN) {
 #pragma unroll
         for (int j = 0; j < SUB; ++j) {
 #pragma unroll
@@ -511,7 +564,7 @@ __device__ __forceinline__ void paged_decode_body(
             const int chunk = c * LANES + lane;
             if (S::V_CHUNKS % LANES == 0 || chunk < S::V_CHUNKS) {
               float vf[VEC];
-              load_as_float<kv_t, VEC>(vs + (t1 + j) * DV + chunk * VEC, vf);
+              load_row_chunk<Cfg, VEC, DV>(vs, fs + NT * S::GROUPS, t1 + j, chunk * VEC, vf);
 #pragma unroll
               for (int h = 0; h < HPT; ++h)
 #pragma unroll

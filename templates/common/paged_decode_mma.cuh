@@ -56,7 +56,13 @@ struct DecodeMmaShape {
   static constexpr int NT = Cfg::TILE_TOKENS;  // tokens per tile, 16 a warp
   static constexpr int STAGES = Cfg::STAGES;
   static constexpr int ES = (int)sizeof(KV);
-  static constexpr bool BYTES8 = ES == 1;      // an 8-bit cache: converted in registers
+  static constexpr int PER = ElemsPer<KV>::value;  // elements per KV (2: nvfp4)
+  static constexpr bool FP4 = Cfg::SCALE_MODE == 4;  // nvfp4: converted in registers, with block scales
+  static constexpr bool BYTES8 = ES == 1 && !FP4;  // an 8-bit cache: converted in registers
+  static constexpr int GROUPS = D / 16;        // nvfp4 block scales per row
+  // nvfp4 with fp16 operands: they are e2m1 x e4m3 x 2^-7 (fp4_half_pairs), the 2^7 restored outside
+  static constexpr bool FP4_HALF = FP4 && DecodeMmaSame<T, __half>::value;
+  static constexpr float FP4_UNIT = FP4_HALF ? 128.0f : 1.0f;
   static constexpr int ROW = Cfg::ROW_BYTES;   // bytes per shared-memory K row
   static constexpr int VROW = Cfg::V_ROW_BYTES;  // bytes per shared-memory V row
   static constexpr int KC = D / 16;            // k16 chunks of Q K^T
@@ -66,7 +72,7 @@ struct DecodeMmaShape {
   static constexpr bool V_REF = TOKEN_SCALES && DecodeMmaSame<T, __half>::value;
   static constexpr int K_BYTES = NT * ROW;     // one K tile
   static constexpr int V_BYTES = NT * VROW;    // one V tile, after it
-  static constexpr int STAGE_BYTES = K_BYTES + V_BYTES + (TOKEN_SCALES ? 8 * NT : 0);
+  static constexpr int STAGE_BYTES = K_BYTES + V_BYTES + (TOKEN_SCALES ? 8 * NT : 0) + (FP4 ? 2 * NT * GROUPS : 0);
   static constexpr int MERGE_BYTES = G * DV * 4 + WARPS * G * 8;  // o [G][DV], then (m, l) [warp][G]
   static constexpr int RED_BYTES = V_REF ? 128 : 0;
   static constexpr int BODY_BYTES = STAGES * STAGE_BYTES > MERGE_BYTES ? STAGES * STAGE_BYTES : MERGE_BYTES;
@@ -74,7 +80,8 @@ struct DecodeMmaShape {
   static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's geometry and the template disagree");
   static_assert(NT == 16 * WARPS && THREADS == Cfg::NUM_THREADS && WARPS <= 32, "warps");
   static_assert(D % 16 == 0 && DV % 16 == 0 && G <= 16 && ES <= 2 && sizeof(T) == 2, "tensor-core decode combo");
-  static_assert(ROW % 16 == 0 && ROW >= D * ES && VROW % 16 == 0 && VROW >= DV * ES, "rows");
+  static_assert(ROW % 16 == 0 && ROW >= D / PER * ES && VROW % 16 == 0 && VROW >= DV / PER * ES &&
+                (!FP4 || (D % 32 == 0 && DV == D)), "rows");
   static_assert(STAGES >= 1 && STAGES <= 4, "stages");
 };
 
@@ -100,6 +107,77 @@ template <bool BYTES8>
 __device__ __forceinline__ int qk_column(int k) {
   if (!BYTES8) return k;
   return k < 8 ? 4 * (k / 2) + k % 2 : 4 * ((k - 8) / 2) + 2 + k % 2;
+}
+
+// nvfp4: one ldmatrix gives lane (g, t) bytes 4t .. 4t + 3 of a token's 16-byte span, elements
+// 8t .. 8t + 7 of 32; chunk 2c2 of the span takes the first four of them (k = 2t, 2t + 1, 2t + 8,
+// 2t + 9), chunk 2c2 + 1 the last four. Head_dim column of reduction index k of chunk c:
+__device__ __forceinline__ int fp4_qk_column(int c, int k) {
+  return 32 * (c / 2) + 8 * ((k % 8) / 2) + 4 * (c % 2) + 2 * (k / 8) + k % 2;
+}
+
+// Two nibbles at bits 12..15 and 28..31 of v as a half2 of 2^-14 x their e2m1 values (exact; e = 0
+// lands on the subnormal 2^-15 m): the sign stays, e1 e0 m move to bits 9..11 (one shift, one LOP3).
+__device__ __forceinline__ unsigned fp4_place(unsigned v) {
+  return (v & 0x80008000u) | ((v >> 3) & 0x0E000E00u);
+}
+
+__device__ __forceinline__ unsigned hmul2_bits(unsigned h, __half2 f) {
+  __half2 v;
+  memcpy(&v, &h, 4);
+  v = __hmul2(v, f);
+  unsigned r;
+  memcpy(&r, &v, 4);
+  return r;
+}
+
+// Two nvfp4 group factors for fp16 operands, e4m3 a and b (bytes) as the half2 (a x 2^7, b x 2^7),
+// <= 57344, so that 2^-14 e2m1 times one is e2m1 x e4m3 x 2^-7, exact (6 significant bits, at least
+// 2^-17: fp16 subnormals included). Bits placed as halves of 2^-8 x their values (subnormals too;
+// 0x7F / 0xFF get an all-ones exponent: NaN), then one HMUL2 by 2^15.
+__device__ __forceinline__ __half2 fp4_half_factors(unsigned a, unsigned b) {
+  const unsigned u = a | (b << 16);
+  const unsigned mag = u & 0x007F007Fu;
+  const unsigned nan = ((mag + 0x00010001u) & 0x00800080u) >> 7;  // 1 where the low 7 bits are all ones
+  const unsigned h = ((u & 0x00800080u) << 8) | (mag << 7) | nan * 0x7C00u;
+  __half2 v;
+  memcpy(&v, &h, 4);
+  return __hmul2(v, __float2half2_rn(32768.0f));
+}
+
+// Four bytes of nvfp4 (elements 2b, 2b + 1 in byte b), all of one group, as four registers of two
+// elements of T. fp16: each byte's nibbles placed by one byte permute (w's byte b high nibble and
+// w << 4's) and fp4_place, times the factor f (fp4_half_factor) in one HMUL2: e2m1 x e4m3 x 2^-7.
+// bf16: through fp32 (fp4x2_scaled times fp4_group_factor): e2m1 x e4m3. Both exact.
+template <class T>
+__device__ __forceinline__ void fp4_word_pairs(unsigned w, unsigned char scale, __half2 f, unsigned (&out)[4]) {
+  if constexpr (DecodeMmaSame<T, __half>::value) {
+    const unsigned x = w << 4;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) out[b] = hmul2_bits(fp4_place(__byte_perm(w, x, (b << 12) | ((4 + b) << 4))), f);
+  } else {
+    const float f = fp4_group_factor(scale);
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const float2 e = fp4x2_scaled((w >> (8 * b)) & 0xFFu);
+      out[b] = pack2<T>(e.x * f, e.y * f);
+    }
+  }
+}
+
+// nvfp4 V: nibble j of each 16-bit half of w (column 4g + j of two tokens) as two elements of T, times
+// the tokens' factors (fp16: fp4_half_factor, the pair's; bf16: fp4_group_factor's).
+template <class T>
+__device__ __forceinline__ unsigned fp4_column_pair(unsigned w, int j, __half2 hf, float f_lo, float f_hi) {
+  const unsigned h = fp4_place(w << (12 - 4 * j));  // nibble j of each half to bits 12..15
+  if constexpr (DecodeMmaSame<T, __half>::value) {
+    return hmul2_bits(h, hf);
+  } else {
+    __half2 v;
+    memcpy(&v, &h, 4);
+    const float2 e = __half22float2(v);
+    return pack2<T>(e.x * f_lo, e.y * f_hi);
+  }
 }
 
 // Two 8-bit cache elements (the low and high byte of `two`) as two elements of T in one register,
@@ -160,14 +238,14 @@ template <class Cfg>
 __device__ __forceinline__ void decode_mma_issue_tile(
     unsigned char* __restrict__ stage, int tbase, int tok_begin, int tok_end, int kv_head,
     const int* __restrict__ table, const typename Cfg::kv_t* __restrict__ k_cache,
-    const typename Cfg::kv_t* __restrict__ v_cache, const float* __restrict__ k_scale,
-    const float* __restrict__ v_scale, long long k_s_block, long long k_s_head, long long k_s_token,
+    const typename Cfg::kv_t* __restrict__ v_cache, typename Cfg::scale_arg_t k_scale,
+    typename Cfg::scale_arg_t v_scale, long long k_s_block, long long k_s_head, long long k_s_token,
     long long k_s_run, long long v_s_block, long long v_s_head, long long v_s_token, long long ks_s_block,
     long long ks_s_head, long long ks_s_token, long long vs_s_block, long long vs_s_head, long long vs_s_token) {
   typedef DecodeMmaShape<Cfg> S;
   typedef typename Cfg::kv_t KV;
   constexpr int B = Cfg::BLOCK_SIZE, NT = S::NT, T = S::THREADS;
-  constexpr int CHUNK = 16 / S::ES;           // elements per 16-byte copy
+  constexpr int CHUNK = 16 / S::ES * S::PER;  // elements per 16-byte copy
   constexpr int PER_ROW = S::D / CHUNK, V_PER_ROW = S::DV / CHUNK;
   constexpr int COPIES = NT * PER_ROW, V_COPIES = NT * V_PER_ROW;
   constexpr bool V_WITH_K = S::DV == S::D;  // V's copies ride along K's (else a loop of their own)
@@ -183,11 +261,12 @@ __device__ __forceinline__ void decode_mma_issue_tile(
       if (valid) {
         const long long phys = table[(unsigned)pos / B];
         const int slot = (unsigned)pos % B;
-        ksrc = k_cache + phys * k_s_block + kv_head * k_s_head + slot * k_s_token + run_offset<Cfg::K_RUN>(d0, k_s_run);
-        vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0;
+        ksrc = k_cache + phys * k_s_block + kv_head * k_s_head + slot * k_s_token +
+               run_offset<Cfg::K_RUN>(d0, k_s_run) / S::PER;
+        vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0 / S::PER;
       }
-      cp_async<16>(stage + t * S::ROW + d0 * S::ES, ksrc, valid ? 16 : 0);
-      if (V_WITH_K) cp_async<16>(stage + S::K_BYTES + t * S::VROW + d0 * S::ES, vsrc, valid ? 16 : 0);
+      cp_async<16>(stage + t * S::ROW + d0 / S::PER * S::ES, ksrc, valid ? 16 : 0);
+      if (V_WITH_K) cp_async<16>(stage + S::K_BYTES + t * S::VROW + d0 / S::PER * S::ES, vsrc, valid ? 16 : 0);
     }
   }
   if (!V_WITH_K) {
@@ -198,12 +277,35 @@ __device__ __forceinline__ void decode_mma_issue_tile(
         const int t = c / V_PER_ROW, d0 = (c % V_PER_ROW) * CHUNK, pos = tbase + t;
         const bool valid = pos >= tok_begin && pos < tok_end;
         const KV* vsrc = v_cache;
-        if (valid) vsrc = v_cache + table[(unsigned)pos / B] * v_s_block + kv_head * v_s_head + ((unsigned)pos % B) * v_s_token + d0;
-        cp_async<16>(stage + S::K_BYTES + t * S::VROW + d0 * S::ES, vsrc, valid ? 16 : 0);
+        if (valid) vsrc = v_cache + table[(unsigned)pos / B] * v_s_block + kv_head * v_s_head + ((unsigned)pos % B) * v_s_token + d0 / S::PER;
+        cp_async<16>(stage + S::K_BYTES + t * S::VROW + d0 / S::PER * S::ES, vsrc, valid ? 16 : 0);
       }
     }
   }
-  if (S::TOKEN_SCALES) {
+  if constexpr (S::FP4) {  // block scales, [K | V][token][group] after the rows (masked tokens' zero-filled)
+    constexpr int FC = Cfg::S_COPY, PIECES = S::GROUPS / FC;
+    unsigned char* fs = stage + S::K_BYTES + S::V_BYTES;
+    for (unsigned c = tid; c < 2 * NT * PIECES; c += T) {
+      const bool is_v = c >= (unsigned)(NT * PIECES);
+      const unsigned r = is_v ? c - NT * PIECES : c;
+      const int t = r / PIECES, g0 = (r % PIECES) * FC, pos = tbase + t;
+      const bool valid = pos >= tok_begin && pos < tok_end;
+      const unsigned char* src = reinterpret_cast<const unsigned char*>(k_scale.block);
+      if (valid) {
+        const long long phys = table[(unsigned)pos / B];
+        const int slot = (unsigned)pos % B;
+        src = reinterpret_cast<const unsigned char*>(
+                  is_v ? v_scale.block + phys * vs_s_block + kv_head * vs_s_head + slot * vs_s_token
+                       : k_scale.block + phys * ks_s_block + kv_head * ks_s_head + slot * ks_s_token) + g0;
+      }
+      if constexpr (FC >= 4) {
+        cp_async<(FC >= 4 ? FC : 4)>(fs + c * FC, src, valid ? FC : 0);
+      } else {  // pieces under 4 bytes: a plain copy, landed at issue
+        fs[c] = valid ? src[0] : (unsigned char)0;
+      }
+    }
+  }
+  if constexpr (S::TOKEN_SCALES) {
     float* ss = reinterpret_cast<float*>(stage + S::K_BYTES + S::V_BYTES);
     for (unsigned c = tid; c < 2 * NT; c += T) {
       const int t = c % NT, pos = tbase + t;
@@ -224,9 +326,33 @@ __device__ __forceinline__ void decode_mma_issue_tile(
 // first one's row).
 template <class Cfg>
 __device__ __forceinline__ void decode_mma_qk(float (&s)[2][4], const unsigned (&qf)[DecodeMmaShape<Cfg>::KC][4],
-                                              const unsigned char* k_w, int lane) {
+                                              const unsigned char* k_w, const unsigned char* ks_w, int lane) {
   typedef DecodeMmaShape<Cfg> S;
   typedef typename S::T T;
+  if constexpr (S::FP4) {  // a 16-byte span (32 elements, two k16 chunks) of tokens g and g + 8 a time
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int c2 = 0; c2 < S::KC / 2; ++c2) {
+      unsigned r[2];
+      ldmatrix<2, false>(r, k_w + (lane % 16) * S::ROW + c2 * 16);
+      const int grp = 2 * c2 + (t >> 1);  // elements 8t .. 8t + 7 lie in one group
+      const unsigned char s0 = ks_w[g * S::GROUPS + grp], s1 = ks_w[(g + 8) * S::GROUPS + grp];
+      __half2 f0, f1;  // fp16 operands: the two tokens' factors, each in both halves
+      if constexpr (S::FP4_HALF) {
+        const __half2 f = fp4_half_factors(s0, s1);
+        f0 = __low2half2(f), f1 = __high2half2(f);
+      }
+      unsigned e0[4], e1[4];
+      fp4_word_pairs<T>(r[0], s0, f0, e0);
+      fp4_word_pairs<T>(r[1], s1, f1, e1);
+      const unsigned a0[2] = {e0[0], e0[1]}, a1[2] = {e1[0], e1[1]}, b0[2] = {e0[2], e0[3]}, b1[2] = {e1[2], e1[3]};
+      mma_rows<T, S::RR>(s[0], qf[2 * c2], a0);
+      mma_rows<T, S::RR>(s[1], qf[2 * c2], a1);
+      mma_rows<T, S::RR>(s[0], qf[2 * c2 + 1], b0);
+      mma_rows<T, S::RR>(s[1], qf[2 * c2 + 1], b1);
+    }
+    return;
+  }
 #pragma unroll
   for (int c = 0; c < S::KC; ++c) {
     unsigned b0[2], b1[2];
@@ -247,9 +373,12 @@ __device__ __forceinline__ void decode_mma_qk(float (&s)[2][4], const unsigned (
 }
 
 // Output column of accumulator o[nt][i] (i & 1: the second of the lane's two columns).
-template <bool BYTES8>
+template <bool BYTES8, bool FP4 = false>
 __device__ __forceinline__ int pv_column(int nt, int i, int t) {
   const int n = 2 * t + (i & 1);
+  // nvfp4 V: n8 tiles come in eights per 64 columns: half h (32 columns) and nibble j of each
+  // byte pair, tile column n at 4n + j.
+  if (FP4) return 64 * (nt / 8) + 32 * ((nt % 8) / 4) + 4 * n + nt % 4;
   if (!BYTES8) return 8 * nt + n;
   // 8-bit V: n8 tiles come in fours per 32 columns: even and odd columns of the first 16, then
   // of the next 16.
@@ -260,10 +389,50 @@ __device__ __forceinline__ int pv_column(int nt, int i, int t) {
 // o += P[16 heads x the warp's 16 tokens] V[those tokens, v_head_dim] (v_w: the first token's row).
 template <class Cfg>
 __device__ __forceinline__ void decode_mma_pv(float (&o)[DecodeMmaShape<Cfg>::ONT][4], const unsigned (&a)[4],
-                                              const unsigned char* v_w, int lane) {
+                                              const unsigned char* v_w, const unsigned char* vs_w, int lane) {
   typedef DecodeMmaShape<Cfg> S;
   typedef typename S::T T;
-  if constexpr (!S::BYTES8) {
+  if constexpr (S::FP4) {
+    // ldmatrix.trans of 16-bit elements: lane (g, t) gets bytes 2g, 2g + 1 (columns 4g .. 4g + 3 of
+    // the 32-column span) of tokens 2t and 2t + 1 (matrix 0; 2t + 8, 2t + 9: matrix 1); nibble j of
+    // them is column 4g + j, the n8 tile j of the span (pv_column). The group of 4g .. 4g + 3 is one.
+    const int g = lane >> 2, t = lane & 3;
+    const unsigned char* v_row = v_w + (lane % 8 + ((lane / 8) % 2) * 8) * S::VROW + 16 * (lane / 16);
+#pragma unroll
+    for (int q = 0; q < (S::DV + 63) / 64; ++q) {
+      const int halves = S::DV % 64 != 0 && q == S::DV / 64 ? 1 : 2;  // a last span of 32 columns: two matrices
+      unsigned r[4];
+      if (halves == 2) {
+        ldmatrix<4, true>(r, v_row + 32 * q);
+      } else {
+        unsigned r2[2];
+        ldmatrix<2, true>(r2, v_row + 32 * q);
+        r[0] = r2[0], r[1] = r2[1], r[2] = r[3] = 0u;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (h < halves) {
+          const int grp = 4 * q + 2 * h + (g >> 2);
+          const unsigned char sa = vs_w[(2 * t) * S::GROUPS + grp], sb = vs_w[(2 * t + 1) * S::GROUPS + grp];
+          const unsigned char sc = vs_w[(2 * t + 8) * S::GROUPS + grp], sd = vs_w[(2 * t + 9) * S::GROUPS + grp];
+          float fa = 0.0f, fb = 0.0f, fc = 0.0f, fd = 0.0f;
+          __half2 hab, hcd;
+          if constexpr (S::FP4_HALF) {
+            hab = fp4_half_factors(sa, sb);
+            hcd = fp4_half_factors(sc, sd);
+          } else {
+            fa = fp4_group_factor(sa), fb = fp4_group_factor(sb), fc = fp4_group_factor(sc), fd = fp4_group_factor(sd);
+          }
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const unsigned b[2] = {fp4_column_pair<T>(r[2 * h], j, hab, fa, fb),
+                                   fp4_column_pair<T>(r[2 * h + 1], j, hcd, fc, fd)};
+            mma_rows<T, S::RR>(o[8 * q + 4 * h + j], a, b);
+          }
+        }
+      }
+    }
+  } else if constexpr (!S::BYTES8) {
     const unsigned char* v_row = v_w + (lane % 8 + ((lane / 8) % 2) * 8) * S::VROW;
 #pragma unroll
     for (int nt = 0; nt < S::ONT; nt += 2) {
@@ -310,7 +479,7 @@ __device__ __forceinline__ void paged_decode_mma_body(
     typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
     const typename Cfg::kv_t* __restrict__ k_cache, const typename Cfg::kv_t* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    const float* __restrict__ k_scale, const float* __restrict__ v_scale,
+    typename Cfg::scale_arg_t k_scale, typename Cfg::scale_arg_t v_scale,
     const float* __restrict__ alibi_slopes, float* __restrict__ part_o, float* __restrict__ part_ml,
     float* __restrict__ lse, int max_blocks_per_seq, int max_partitions, long long q_s_seq,
     long long q_s_head, long long o_s_seq, long long o_s_head, long long k_s_block, long long k_s_head,
@@ -362,7 +531,8 @@ __device__ __forceinline__ void paged_decode_mma_body(
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi) {
         const int k = 2 * t + 8 * hi;
-        const int d0 = 16 * c + qk_column<S::BYTES8>(k), d1 = 16 * c + qk_column<S::BYTES8>(k + 1);
+        const int d0 = S::FP4 ? fp4_qk_column(c, k) : 16 * c + qk_column<S::BYTES8>(k);
+        const int d1 = S::FP4 ? fp4_qk_column(c, k + 1) : 16 * c + qk_column<S::BYTES8>(k + 1);
         qf[c][rr + 2 * hi] = S::RR == 1 && rr == 1 ? 0u  // padding rows: constant zeros
                                                    : pack2<T>(real ? to_float(qh[d0]) : 0.0f, real ? to_float(qh[d1]) : 0.0f);
       }
@@ -371,8 +541,11 @@ __device__ __forceinline__ void paged_decode_mma_body(
 
   // Scales outside the products.
   float qk_scale = Cfg::SOFTMAX_SCALE, v_out = 1.0f, v_inv_ref = 1.0f;
-  if (Cfg::SCALE_MODE == 1) qk_scale *= k_scale[0], v_out = v_scale[0];
-  if (Cfg::SCALE_MODE == 2) qk_scale *= k_scale[kv_head], v_out = v_scale[kv_head];
+  if constexpr (Cfg::SCALE_MODE == 1) qk_scale *= k_scale[0], v_out = v_scale[0];
+  if constexpr (Cfg::SCALE_MODE == 2) qk_scale *= k_scale[kv_head], v_out = v_scale[kv_head];
+  if constexpr (S::FP4) {  // block scales: in the operands (fp16 ones carry 2^-7 more)
+    qk_scale *= *k_scale.tensor * S::FP4_UNIT, v_out = *v_scale.tensor * S::FP4_UNIT;
+  }
   if constexpr (S::V_REF) {  // fp16 P: V's per-token scales relative to their largest over the block's keys
     float mx = 0.0f;
     for (int pos = tok_begin + tid; pos < tok_end; pos += S::THREADS)
@@ -416,13 +589,15 @@ __device__ __forceinline__ void paged_decode_mma_body(
     const unsigned char* k_w = stage + 16 * warp * S::ROW;
     const unsigned char* v_w = stage + S::K_BYTES + 16 * warp * S::VROW;
     const float* ss = reinterpret_cast<const float*>(stage + S::K_BYTES + S::V_BYTES) + 16 * warp;
+    const unsigned char* ks_w = stage + S::K_BYTES + S::V_BYTES + 16 * warp * S::GROUPS;  // nvfp4 block scales
+    const unsigned char* vs_w = ks_w + NT * S::GROUPS;
 
     float s[2][4];
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i) s[j][i] = 0.0f;
-    decode_mma_qk<Cfg>(s, qf, k_w, lane);
+    decode_mma_qk<Cfg>(s, qf, k_w, ks_w, lane);
 
     // s[j][i]: head g + 8 (i >> 1), token 8j + 2t + (i & 1) of the warp's 16.
     float m_tile[2] = {KGEN_NEG_INF, KGEN_NEG_INF};
@@ -458,7 +633,7 @@ __device__ __forceinline__ void paged_decode_mma_body(
     st[1].l += l_tile[1];
     const unsigned a[4] = {pack2<T>(s[0][0], s[0][1]), S::RR == 2 ? pack2<T>(s[0][2], s[0][3]) : 0u,
                            pack2<T>(s[1][0], s[1][1]), S::RR == 2 ? pack2<T>(s[1][2], s[1][3]) : 0u};
-    decode_mma_pv<Cfg>(o, a, v_w, lane);
+    decode_mma_pv<Cfg>(o, a, v_w, vs_w, lane);
   }
 
   // Merge the warps through shared memory (free once every copy has landed and every thread is
@@ -496,7 +671,7 @@ __device__ __forceinline__ void paged_decode_mma_body(
       for (int nt = 0; nt < S::ONT; ++nt)
 #pragma unroll
         for (int i = 0; i < 2 * S::RR; ++i) {
-          const int head = g + 8 * (i >> 1), d = pv_column<S::BYTES8>(nt, i, t);
+          const int head = g + 8 * (i >> 1), d = pv_column<S::BYTES8, S::FP4>(nt, i, t);
           if (head < G) {
             float* dst = o_s + head * DV + d;
             *dst = (w == 0 ? 0.0f : *dst) + o[nt][i] * f[i >> 1];

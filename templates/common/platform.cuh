@@ -26,6 +26,22 @@ template <class Cfg> struct CfgVHeadDim<Cfg, decltype(void(Cfg::V_HEAD_DIM))> {
   static constexpr int value = Cfg::V_HEAD_DIM;
 };
 
+// nvfp4 (docs/abi.md): two e2m1 values in one byte, element 2i in the low nibble. Pointers to a
+// packed cache step by whole bytes, so element e of a row is at fp4x2 e / ElemsPer<T>::value. An
+// opaque enum (a complete one-byte type that may be declared again: `kgen abi`'s prelude does).
+enum class fp4x2 : unsigned char;
+template <class T> struct ElemsPer { static constexpr int value = 1; };
+template <> struct ElemsPer<fp4x2> { static constexpr int value = 2; };
+// nvfp4's scales as one argument of a kernel body (where other caches pass one float pointer):
+// the e4m3 block-scale pool and the fp32 tensor scale.
+template <class P> struct Fp4Scales {
+  P block;
+  const float* tensor;
+};
+template <class P> __device__ __forceinline__ Fp4Scales<P> fp4_scales(P block, const float* tensor) {
+  return Fp4Scales<P>{block, tensor};
+}
+
 // ---- 2^x with denormal results flushed to 0: one MUFU.EX2 on the GPU (ex2.approx.ftz, no range
 // fix-up around it, unlike __expf's ex2.approx without -ftz); exp2f on the CPU.
 #ifdef KGEN_SIMT

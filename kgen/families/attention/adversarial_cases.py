@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kgen.families.attention import nvfp4_pools
 from kgen.formats.cache import (
     CacheFormat,
     cache_shapes,
@@ -162,6 +163,8 @@ class PoolCase:
 def _fixed_scales(spec, profile: Profile, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """per_tensor/per_head scales sized so the profile's range fills the stored type."""
     kv, H = spec.kv_cache, spec.attention.num_kv_heads
+    if CacheFormat.of(spec).block_scaled:  # nvfp4: the tensor scales (the block scales come with the rows)
+        return nvfp4_pools.tensor_scales((profile.k_range, profile.v_range), rng)
     if not CacheFormat.of(spec).quantized or kv.scale not in ("per_tensor", "per_head"):
         return {}
     shape = () if kv.scale == "per_tensor" else (H,)
@@ -209,7 +212,8 @@ def build_pool_case(spec, seq_lens: list[int], rng: np.random.Generator, profile
         tables[i, nb:] = rng.choice(perm[needed:], size=M - nb)  # never-read entries point at poisoned blocks
 
     cd = dtype(kv.dtype).numpy
-    fill = np.asarray(poison(kv.dtype)).astype(cd)
+    fp4 = CacheFormat.of(spec).block_scaled
+    fill = np.asarray(nvfp4_pools.PAD_BYTE if fp4 else poison(kv.dtype)).astype(cd)
     case = PoolCase({})
     for name, shape in cache_shapes(spec, N).items():
         if not huge:
@@ -223,23 +227,31 @@ def build_pool_case(spec, seq_lens: list[int], rng: np.random.Generator, profile
         case.sparse[name] = ranges
     scales = _fixed_scales(spec, prof, rng)
     case.args.update(scales)
-    ptoken = CacheFormat.of(spec).quantized and CacheFormat.of(spec).per_token
-    if ptoken:
+    ptoken = CacheFormat.of(spec).quantized and CacheFormat.of(spec).scale_pools
+    if ptoken:  # NaN scales (nvfp4: e4m3 NaN bytes) wherever no row is written
+        sd, snan = (np.dtype(np.uint8), nvfp4_pools.NAN_SCALES[0]) if fp4 else (np.dtype(np.float32), np.nan)
         for name in ("k_scale", "v_scale"):
             shape = scale_shape(spec, N)
             if huge:
-                pool = case.args[name] = sparse_zeros(shape, np.float32)
+                pool = case.args[name] = sparse_zeros(shape, sd)
                 bs = int(np.prod(shape[1:]))
-                pool.reshape(-1)[base * bs:N * bs] = np.nan
+                pool.reshape(-1)[base * bs:N * bs] = snan
                 case.sparse[name] = [(base * bs, N * bs)]
             else:
-                case.args[name] = np.full(shape, np.nan, dtype=np.float32)
+                case.args[name] = np.full(shape, snan, dtype=sd)
 
     for i, n in enumerate(seq_lens):
         for j0 in range(0, nblocks[i], CHUNK_BLOCKS):
             ids = tables[i, j0:min(nblocks[i], j0 + CHUNK_BLOCKS)].astype(np.int64)
             pos = np.arange(j0 * B, min(n, (j0 + len(ids)) * B))
             k, v = prof.kv(i, pos)
+            if fp4:
+                real = {w: np.full((len(ids), B, H, x.shape[-1]), np.nan) for w, x in (("k", k), ("v", v))}
+                real["k"].reshape(-1, H, k.shape[-1])[:len(pos)] = k
+                real["v"].reshape(-1, H, v.shape[-1])[:len(pos)] = v
+                for name, arr in nvfp4_pools.layout_pools(spec, real["k"], real["v"], scales, rng).items():
+                    case.args[name][ids] = arr
+                continue
             blocks, sblocks = {}, {}
             for which, real in (("k", k), ("v", v)):
                 stored, srows = _store(spec, real, scales.get(f"{which}_scale"))

@@ -21,15 +21,19 @@ from kgen.families.attention.decode_geometry import vector_width, vllm_v_copy
 from kgen.families.base import Config, FamilyBase
 from kgen.families.binding import CallBinder, host_values
 from kgen.families.pool import (
+    TENSOR_SCALE_NAMES,
     bind_scales,
+    bind_tensor_scales,
     cache_args,
     scale_args,
+    scale_body_ctype,
     stride_args,
     stride_values,
+    tensor_scale_values,
 )
 from kgen.formats.cache import (
-    SCALE_MODES,
     CacheFormat,
+    block_scale_copy,
     cache_names,
     cache_rows,
     cache_shapes,
@@ -183,7 +187,9 @@ def template_context(spec, config: Config, kernels: list[KernelDecl]) -> dict[st
         "q_ctype": dtype(spec.dtype.q).ctype,
         "out_ctype": dtype(spec.dtype.resolved_out).ctype,
         "kv_ctype": dtype(kv.dtype).ctype,
-        "scale_mode": SCALE_MODES[kv.scale],
+        "scale_mode": CacheFormat.of(spec).scale_mode,
+        "scale_arg_ctype": scale_body_ctype(spec, list(kernels[0].params)),
+        "scale_copy": block_scale_copy(a.head_dim),
         "softmax_scale": c_float(spec.softmax_scale_value),
         "sliding_window": int(a.sliding_window or 0),
         "soft_cap": c_float(a.logits_soft_cap or 0.0),
@@ -225,6 +231,7 @@ def call_names(spec, rows: Rows) -> list[str]:
     """The arguments a call passes, for `kgen abi`'s call line."""
     names = ["q", *cache_names(spec), *(["q_indptr"] if rows.packed else []), "block_tables", "seq_lens"]
     names += ["k_scale", "v_scale"] if CacheFormat.of(spec).scaled else []
+    names += list(TENSOR_SCALE_NAMES) if CacheFormat.of(spec).block_scaled else []
     return names + (["alibi_slopes"] if spec.attention.alibi else []) + (["sinks"] if spec.attention.sinks else [])
 
 
@@ -240,6 +247,10 @@ class Pool:
 
 class AttentionBinder(CallBinder):
     """One attention call's arguments, step by step; each kind's bind() runs the steps in order."""
+
+    def __init__(self, spec, call: dict[str, Any]):
+        super().__init__(spec, call)
+        self.tensor_scales: dict[str, ArrayArg] = {}  # nvfp4's k/v_tensor_scale (scales() binds them)
 
     def query(self, rows: Rows) -> tuple[ArrayArg, int]:
         """q [rows, Hq, D] (its device is the call's), and the number of rows."""
@@ -262,6 +273,8 @@ class AttentionBinder(CallBinder):
         for c, shape in zip(caches, cache_shapes(spec, N).values(), strict=True):
             self.check(c, shape, kv.dtype)
         vec = vector_width(spec)
+        if CacheFormat.of(spec).dtype.packed:  # the arrays hold bytes: a load's 16 bytes are as many elements
+            vec = CacheFormat.of(spec).dtype.bytes_for(vec)
         st = cache_strides(spec, caches)
         if CacheFormat.of(spec).vllm:  # K steps by block, head, run (x) and token
             self.aligned(caches[0], min(vec, vllm_x(spec)), st.k)
@@ -296,8 +309,11 @@ class AttentionBinder(CallBinder):
         return bt, sl
 
     def scales(self, pool: Pool):
-        """k_scale and v_scale (None for a float cache) and their pool strides."""
-        return bind_scales(self, self.spec, pool.num_blocks)
+        """k_scale and v_scale (None for a float cache) and their pool strides; nvfp4's tensor scales are
+        kept for values()."""
+        bound = bind_scales(self, self.spec, pool.num_blocks)
+        self.tensor_scales = bind_tensor_scales(self, self.spec)
+        return bound
 
     def alibi(self) -> ArrayArg | None:
         a = self.spec.attention
@@ -436,5 +452,5 @@ class AttentionBinder(CallBinder):
             "max_blocks_per_seq": max_blocks, "max_partitions": sizes["max_partitions"],
             "partition_tokens": sizes["partition_tokens"], f"q_s_{rows.axis}": q.strides[0],
             "q_s_head": q.strides[1], f"o_s_{rows.axis}": out.strides[0], "o_s_head": out.strides[1],
-            **stride_values(st, scale_strides), **extra,
+            **stride_values(st, scale_strides), **tensor_scale_values(self, self.tensor_scales), **extra,
         }

@@ -114,7 +114,8 @@ class PagedDecodeFamily(AttentionFamily):
         return [
             f"num_q_heads {a.num_q_heads}, num_kv_heads {a.num_kv_heads} (query head h reads KV head h / "
             f"{spec.group_size}), {head_dims_text(spec)}, block_size {kv.block_size}, cache {describe(spec)}, "
-            f"scale {kv.scale}",
+            + ("scales: e4m3 per 16 elements and a tensor scale" if CacheFormat.of(spec).block_scaled
+               else f"scale {kv.scale}"),
             f"softmax scale {spec.softmax_scale_value!r}"
             + (f", sliding window {a.sliding_window} (query at seq_len-1 sees keys seq_len-{a.sliding_window} .. "
                "seq_len-1)" if a.sliding_window else "")

@@ -22,6 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from kgen.arrays import to_backend, to_numpy
+from kgen.families.attention import nvfp4_pools
 from kgen.families.attention.adversarial_cases import (
     ADVERSARIAL,
     adversarial_cases,
@@ -39,7 +40,7 @@ from kgen.families.attention.serving import (
     share_map,
 )
 from kgen.families.base import Bench, Case, Config
-from kgen.formats.cache import CacheFormat, scale_to_layout, to_layout
+from kgen.formats.cache import CacheFormat, block_scale_copy, scale_to_layout, to_layout
 from kgen.formats.dtypes import dtype
 from kgen.verify.judge.bounds import check_lse, check_output, head_dims
 from kgen.verify.judge.guards import Guarded, guarded, seal, tripwires
@@ -101,7 +102,11 @@ def _pool_padding(spec) -> dict[str, tuple[int, ...]]:
     padding (a kernel that steps V with K's strides fails); the head_dim axis grows by whole
     16-byte vectors, so the strides stay as aligned as the vector loads need."""
     kv = spec.kv_cache
-    v16 = 16 // dtype(kv.dtype).itemsize
+    v16 = 16 // dtype(kv.dtype).storage_bytes
+    if CacheFormat.of(spec).block_scaled:  # block-scale rows keep their copies' alignment too
+        fc = block_scale_copy(spec.attention.head_dim)
+        return {"k_cache": (0, 1, 1, v16), "v_cache": (0, 2, 0, 2 * v16), "k_scale": (0, 1, 1, fc),
+                "v_scale": (0, 2, 0, 2 * fc)}
     if CacheFormat.of(spec).vllm:  # K [N, H, D/x, B, x]; V [N, H, D, B], loaded along B: rows grow by whole vectors
         return {"k_cache": (0, 1, 1, 1, 0), "v_cache": (0, 1, 0, v16)}
     if CacheFormat.of(spec).fused:  # [N, 2, ...]: a gap between the K and V halves too
@@ -178,13 +183,20 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
     unread = [(int(tables[i, nb - 1]), seq_lens[i] - (nb - 1) * B) for i, nb in enumerate(nblocks)
               if nb and seq_lens[i] % B] + [(b, 0) for b in unused]
     filled = fill_unread(store, vstore, unread, used, B, spread, serving.fill, rng)
-    args = to_layout(spec, _cast(store, kv.dtype), _cast(vstore, kv.dtype))
+    fp4 = CacheFormat.of(spec).block_scaled
+    if fp4:  # stored through the reference quantizer; NaN rows become garbage bytes and NaN scales
+        tensor = nvfp4_pools.tensor_scales((4.5 * spread, 4.5 * spread), rng)
+        args = {**nvfp4_pools.layout_pools(spec, store, vstore, tensor, rng), **tensor}
+    else:
+        args = to_layout(spec, _cast(store, kv.dtype), _cast(vstore, kv.dtype))
 
     if padded:
         for name, extra in _pool_padding(spec).items():
-            args[name] = _strided(args[name], extra, poison(kv.dtype))
+            fill = (nvfp4_pools.NAN_SCALES[0] if name.endswith("scale") else nvfp4_pools.PAD_BYTE) if fp4 \
+                else poison(kv.dtype)
+            args[name] = _strided(args[name], extra, fill)
 
-    if quant:
+    if quant and not fp4:
         for name in ("k_scale", "v_scale"):
             base = (0.01 if kv.dtype == "int8" else 0.5) * (1.0 if name == "k_scale" else 1.7)
             if kv.scale == "per_tensor":

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from kgen.families.base import Config
-from kgen.formats.cache import CacheFormat
+from kgen.formats.cache import BLOCK_GROUP, CacheFormat
 from kgen.formats.dtypes import dtype
 from kgen.plan.arch import static_smem_limit
 
@@ -27,8 +27,7 @@ COMPUTE_VEC = 8
 def vector_width(spec) -> int:
     """Elements per load: 16 bytes when head_dim and v_head_dim allow, else the widest power of two
     that divides both (K and V rows are copied with the same vectors)."""
-    item = dtype(spec.kv_cache.dtype).itemsize
-    vec = 16 // item
+    vec = 16 * 8 // dtype(spec.kv_cache.dtype).bits
     while spec.attention.head_dim % vec or spec.v_head_dim_value % vec:
         vec //= 2
     return vec
@@ -36,7 +35,7 @@ def vector_width(spec) -> int:
 
 def vllm_v_copy(spec) -> int:
     """Bytes of one copy along the token axis of a vLLM V cache: 16, or a whole block when smaller."""
-    return min(16, spec.kv_cache.block_size * dtype(spec.kv_cache.dtype).itemsize)
+    return min(16, dtype(spec.kv_cache.dtype).bytes_for(spec.kv_cache.block_size))
 
 
 def _pow2_ceil(x: int) -> int:
@@ -89,7 +88,8 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
     """The kernel's geometry for `config`, or None and why the config cannot be built."""
     a, kv = spec.attention, spec.kv_cache
     D, DV, G, T = a.head_dim, spec.v_head_dim_value, spec.group_size, config["threads"]
-    es = dtype(kv.dtype).itemsize
+    dt = dtype(kv.dtype)
+    row, vrow = dt.bytes_for(D), dt.bytes_for(DV)  # bytes of one K and one V head row
     problems = []
     stages, hpt = config["stages"], config["heads_per_thread"]
     if not 0 <= stages <= 4:
@@ -110,14 +110,15 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
                       f"heads_per_thread {hpt} needs for {G} query heads: use more threads or more heads per thread"]
     slots = 1 << ((groups // head_sets).bit_length() - 1)
     vllm = CacheFormat.of(spec).vllm
-    target = -(-TILE_BYTES_PER_THREAD * T // ((D + DV) * es))  # tokens per tile for the bytes per thread
+    target = -(-TILE_BYTES_PER_THREAD * T // (row + vrow))  # tokens per tile for the bytes per thread
     tpt = _pow2_ceil(-(-target // slots))
-    v_copy = vllm_v_copy(spec) if vllm else load * es
-    while slots * tpt * es < v_copy:
+    v_copy = vllm_v_copy(spec) if vllm else dt.bytes_for(load)
+    while dt.bytes_for(slots * tpt) < v_copy:
         tpt *= 2
     tile = slots * tpt
     v_row = DV
     if vllm:
+        es = dt.itemsize  # the vLLM layout holds whole-byte types only
         row_bytes = tile * es
         v_row = tile + (16 // es if row_bytes >= 16 and row_bytes // 16 % 2 == 0 else 0)  # odd 16-byte rows
 
@@ -125,7 +126,9 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
         return -(-x // 16) * 16
 
     scales = CacheFormat.of(spec).per_token
-    stage = a16(tile * D * es) + a16((DV * v_row if vllm else tile * DV) * es) + (a16(2 * tile * 4) if scales else 0)
+    # per token: K and V's fp32 scales, or nvfp4's e4m3 block scales (a byte per 16 elements of each row)
+    scale_bytes = 2 * 4 if scales else (D + DV) // BLOCK_GROUP if CacheFormat.of(spec).block_scaled else 0
+    stage = a16(tile * row) + a16(dt.bytes_for(DV * v_row) if vllm else tile * vrow) + a16(tile * scale_bytes)
     merge_bytes = slots * G * (DV + 2) * 4
     limit = static_smem_limit(spec.targets)  # the kernel's shared memory is static: 48 KiB on every arch
     if not stages:  # auto: the deepest pipeline up to AUTO_STAGES that fits
@@ -138,6 +141,6 @@ def decode_geometry(spec, config: Config) -> tuple[DecodeGeometry | None, list[s
         threads=T, vec=vec, lanes=lanes, chunks_per_lane=-(-chunks // lanes),
         v_chunks_per_lane=-(-v_chunks // lanes), heads_per_thread=hpt,
         head_sets=head_sets, token_slots=slots, tile_tokens=tile, stages=stages,
-        k_copy=16 if vllm else load * es, v_copy=v_copy, v_row=v_row, stage_bytes=stage, smem_bytes=smem,
-        tile_bytes=tile * ((D + DV) * es + (8 if scales else 0)))
+        k_copy=16 if vllm else dt.bytes_for(load), v_copy=v_copy, v_row=v_row, stage_bytes=stage, smem_bytes=smem,
+        tile_bytes=tile * (row + vrow + scale_bytes))
     return geometry, []

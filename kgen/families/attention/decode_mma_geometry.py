@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kgen.families.base import Config
-from kgen.formats.cache import CacheFormat
+from kgen.formats.cache import BLOCK_GROUP, CacheFormat
 from kgen.formats.dtypes import dtype
 from kgen.plan.arch import static_smem_limit
 
@@ -27,7 +27,7 @@ def mma_unsupported(spec) -> str | None:
     q = spec.dtype.q
     if q not in ("fp16", "bf16"):
         return f"q is {q}: the MMA operands are fp16 or bf16"
-    if kv.dtype != q and kv.dtype not in EIGHT_BIT:
+    if kv.dtype != q and kv.dtype not in EIGHT_BIT and not CacheFormat.of(spec).block_scaled:
         return f"a {kv.dtype} cache with {q} q (the tensor-core body takes a cache in q's dtype, fp8 or int8)"
     if CacheFormat.of(spec).vllm:
         return "the vLLM layout (its V is head_dim-major)"
@@ -48,12 +48,18 @@ AUTO = -1  # mma_min_group's default: AUTO_MIN_GROUP by the cache's element widt
 # tensor-core launch (fewer threads, more registers), so tensor cores from 8 heads; an 8-bit cache's
 # CUDA-core loop converts twice the elements per byte and is issue-bound already at GQA 4.
 AUTO_MIN_GROUP = {2: 8, 1: 4}
+# nvfp4: two elements a byte, so a CUDA-core loop does twice the 8-bit one's multiply-adds per byte (and
+# unpacks nibbles besides): issue-bound from GQA 2 on, by the same static model.
+AUTO_MIN_GROUP_PACKED = 2
 
 
 def min_group(spec, config: Config) -> int:
     """mma_min_group with auto (-1) resolved for this spec's cache."""
     n = config.get("mma_min_group", 0)
-    return AUTO_MIN_GROUP.get(dtype(spec.kv_cache.dtype).itemsize, 0) if n == AUTO else n
+    if n != AUTO:
+        return n
+    dt = dtype(spec.kv_cache.dtype)
+    return AUTO_MIN_GROUP_PACKED if dt.packed else AUTO_MIN_GROUP.get(dt.itemsize, 0)
 
 
 def uses_tensor_cores(spec, config: Config) -> bool:
@@ -97,20 +103,22 @@ class MmaGeometry:
         return 32 * self.warps
 
 
-def _padded_row(dim: int, es: int) -> int:
-    """Bytes of a shared-memory row of `dim` elements: an odd number of 16-byte units (ldmatrix's
+def _padded_row(nbytes: int) -> int:
+    """Bytes of a shared-memory row holding `nbytes`: an odd number of 16-byte units (ldmatrix's
     eight rows in different banks)."""
-    return dim * es + (16 if (dim * es // 16) % 2 == 0 else 0)
+    return nbytes + (16 if (nbytes // 16) % 2 == 0 else 0)
 
 
 def _sizes(spec, warps: int) -> tuple[int, int, int, int, int]:
     a, kv = spec.attention, spec.kv_cache
     DV, G = spec.v_head_dim_value, spec.group_size
-    es = dtype(kv.dtype).itemsize
-    row, v_row = _padded_row(a.head_dim, es), _padded_row(DV, es)
+    nbytes = dtype(kv.dtype).bytes_for
+    row, v_row = _padded_row(nbytes(a.head_dim)), _padded_row(nbytes(DV))
     tile = WARP_TOKENS * warps
     token_scales = CacheFormat.of(spec).per_token
-    stage = tile * (row + v_row) + (8 * tile if token_scales else 0)
+    # nvfp4's e4m3 block scales: a byte per 16 elements of each K and V row
+    block_scales = tile * ((a.head_dim + DV) // BLOCK_GROUP) if CacheFormat.of(spec).block_scaled else 0
+    stage = tile * (row + v_row) + (8 * tile if token_scales else 0) + block_scales
     merge = G * DV * 4 + warps * G * 8
     red = 128 if token_scales and spec.dtype.q == "fp16" else 0
     return row, v_row, stage, merge, red

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kgen.formats import nvfp4
 from kgen.formats.cache import CacheFormat, cache_names, from_layout, scale_from_layout
 
 ROW_CHUNK = 256  # query rows per step: the logits of a long prompt need not fit at once
@@ -44,9 +45,12 @@ class Reference:
     logit_magnitude: np.ndarray  # [rows, Hq]
 
 
-def _sequence_scale(spec, scale, blocks: np.ndarray, seq_len: int) -> np.ndarray:
-    """The real-value scale of each (token, KV head) of one sequence, [seq_len, H] float64 (ones for a float cache)."""
+def _sequence_scale(spec, scale, blocks: np.ndarray, seq_len: int, tensor_scale=None) -> np.ndarray:
+    """The real-value scale of each (token, KV head) of one sequence, [seq_len, H] float64 (ones for a float
+    cache; nvfp4: the tensor scale)."""
     kv, h = spec.kv_cache, spec.attention.num_kv_heads
+    if CacheFormat.of(spec).block_scaled:  # the tensor scale; the block scales are in the stored values
+        return np.full((seq_len, h), float(np.asarray(tensor_scale, dtype=np.float32)))
     if not CacheFormat.of(spec).quantized or kv.scale == "none":
         return np.ones((seq_len, h))
     s = np.asarray(scale, dtype=np.float64)
@@ -65,12 +69,20 @@ def gather_stored(spec, args: dict, table_row: np.ndarray, seq_len: int):
     blocks = np.asarray(table_row[: -(-seq_len // spec.kv_cache.block_size)], dtype=np.int64)
     used = {name: np.asarray(args[name])[blocks] for name in cache_names(spec)}
     k, v = from_layout(spec, used)  # canonical [nb, B, H, D] (V: [.., v_head_dim])
+    if CacheFormat.of(spec).block_scaled:
+        k, v = (_fp4_stored(spec, x, args[name], blocks) for x, name in ((k, "k_scale"), (v, "v_scale")))
     k = k.reshape(-1, a.num_kv_heads, a.head_dim)[:seq_len]
     v = v.reshape(-1, a.num_kv_heads, spec.v_head_dim_value)[:seq_len]
     # mla: one scale set dequantizes the latent row for K and V alike
     k_name, v_name = ("kv_scale", "kv_scale") if CacheFormat.of(spec).mla else ("k_scale", "v_scale")
-    return (k, v, _sequence_scale(spec, args.get(k_name), blocks, seq_len),
-            _sequence_scale(spec, args.get(v_name), blocks, seq_len))
+    return (k, v, _sequence_scale(spec, args.get(k_name), blocks, seq_len, args.get("k_tensor_scale")),
+            _sequence_scale(spec, args.get(v_name), blocks, seq_len, args.get("v_tensor_scale")))
+
+
+def _fp4_stored(spec, packed: np.ndarray, scales, blocks: np.ndarray) -> np.ndarray:
+    """nvfp4: e2m1 * e4m3 block scale of each element (fp32, exact: also in fp16 and bf16), what the
+    kernels widen before the tensor scale, which _sequence_scale supplies per token."""
+    return nvfp4.scaled_values(packed, scale_from_layout(spec, np.asarray(scales).view(np.uint8)[blocks]))
 
 
 def sequence_kv(spec, args: dict, dtype=np.float64, round_to=None) -> list[tuple[np.ndarray, np.ndarray]]:

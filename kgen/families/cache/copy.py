@@ -26,6 +26,7 @@ from kgen.formats.cache import (
     cache_rows,
     cache_shapes,
     describe,
+    scale_dtype,
     scale_shape,
 )
 from kgen.optional import is_torch_tensor
@@ -49,8 +50,9 @@ class CopyBlocksFamily(SingleKernelFamily):
         """The call takes the pool arrays (one, or a list with one per layer) and pairs; the plane
         table the kernel reads is built from them."""
         pools = [CallArg(n, spec.kv_cache.dtype, shape, "written", layers=True) for n, shape in cache_shapes(spec).items()]
-        if CacheFormat.of(spec).per_token:
-            pools += [CallArg(n, "fp32", scale_shape(spec), "written", layers=True) for n in ("k_scale", "v_scale")]
+        if CacheFormat.of(spec).scale_pools:
+            pools += [CallArg(n, scale_dtype(spec), scale_shape(spec), "written", layers=True)
+                      for n in ("k_scale", "v_scale")]
         return [*pools, CallArg("pairs", "int32", ("num_pairs", 2), "read")]
 
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
@@ -62,7 +64,7 @@ class CopyBlocksFamily(SingleKernelFamily):
 
     def abi_notes(self, spec) -> list[str]:
         kv = spec.kv_cache
-        names = [*cache_names(spec), *(("k_scale", "v_scale") if CacheFormat.of(spec).per_token else ())]
+        names = [*cache_names(spec), *(("k_scale", "v_scale") if CacheFormat.of(spec).scale_pools else ())]
         lines = [
             f"block_size {kv.block_size}, cache {describe(spec)}, scale {kv.scale}",
             "",
@@ -72,9 +74,10 @@ class CopyBlocksFamily(SingleKernelFamily):
             "src and a dst",
         ]
         lines += cache_rows(spec, "each block contiguous")
-        if CacheFormat.of(spec).per_token:
+        if CacheFormat.of(spec).scale_pools:
             shape = ", ".join(str(s) for s in scale_shape(spec))
-            lines.append(f"  k_scale, v_scale  [{shape}]  fp32 scale pools (required: copied with the blocks)")
+            what = "nvfp4 e4m3 block-scale" if CacheFormat.of(spec).block_scaled else "fp32 scale"
+            lines.append(f"  k_scale, v_scale  [{shape}]  {what} pools (required: copied with the blocks)")
         return lines + ["", "The kernel sees one plane per (pool array, layer); 16-byte copies when aligned."]
 
     def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan=None,
@@ -138,10 +141,10 @@ def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
     N = first.shape[0] if first.shape else 0
     expected = cache_shapes(spec, N)
     for name in ("k_scale", "v_scale"):
-        given = _layers(b, name, CacheFormat.of(spec).per_token)
+        given = _layers(b, name, CacheFormat.of(spec).scale_pools)
         if given is None:
             continue
-        if not CacheFormat.of(spec).per_token:
+        if not CacheFormat.of(spec).scale_pools:
             raise ArgumentError(f"{name}: only per_token_head scale pools are per block; a cache with scale "
                                 f"'{kv.scale}' takes no scales in copy_blocks")
         groups[name] = given
@@ -154,7 +157,7 @@ def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
         if len(arrays) != num_layers:
             raise ArgumentError(f"{name}: {len(arrays)} layer(s), but {cache_names(spec)[0]} has {num_layers}")
         for arr in arrays:
-            b.check(arr, expected[name], "fp32" if name.endswith("scale") else kv.dtype)
+            b.check(arr, expected[name], scale_dtype(spec) if name.endswith("scale") else kv.dtype)
             planes.append(_plane(arr))
     b.refuse_aliasing([arr for arrays in groups.values() for arr in arrays], [pairs])
 

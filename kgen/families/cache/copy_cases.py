@@ -30,11 +30,13 @@ def _pairs(rng: np.random.Generator, N: int, kind: str) -> np.ndarray:
 
 
 def _pool_specs(spec, N: int) -> dict[str, tuple[tuple, np.dtype]]:
-    """Every pool array a call copies: the caches, and per_token_head scale pools."""
-    kv = spec.kv_cache
+    """Every pool array a call copies: the caches, and per_token_head scale pools (nvfp4: the block
+    scales, as uint8 e4m3 bits)."""
+    kv, f = spec.kv_cache, CacheFormat.of(spec)
     shapes = {n: (s, dtype(kv.dtype).numpy) for n, s in cache_shapes(spec, N).items()}
-    if CacheFormat.of(spec).per_token:
-        shapes |= {n: (scale_shape(spec, N), np.dtype(np.float32)) for n in ("k_scale", "v_scale")}
+    if f.scale_pools:
+        sd = np.dtype(np.uint8) if f.block_scaled else np.dtype(np.float32)
+        shapes |= {n: (scale_shape(spec, N), sd) for n in ("k_scale", "v_scale")}
     return shapes
 
 

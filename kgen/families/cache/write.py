@@ -15,14 +15,17 @@ from kgen.families.base import Config, SingleKernelFamily
 from kgen.families.binding import CallBinder, host_values, refuse_plan
 from kgen.families.cache import write_cases as cache_write_cases
 from kgen.families.pool import (
+    TENSOR_SCALE_NAMES,
     bind_scales,
+    bind_tensor_scales,
     cache_args,
     scale_args,
+    scale_body_ctype,
     stride_args,
     stride_values,
+    tensor_scale_values,
 )
 from kgen.formats.cache import (
-    SCALE_MODES,
     CacheFormat,
     cache_names,
     cache_rows,
@@ -46,7 +49,7 @@ class CacheWriteFamily(SingleKernelFamily):
     def arguments(self, spec, config: Config) -> list[Arg]:
         a = spec.attention
         H, D, DV = a.num_kv_heads, a.head_dim, spec.v_head_dim_value
-        written = CacheFormat.of(spec).per_token
+        written = CacheFormat.of(spec).scale_pools
         return [
             array("key", spec.dtype.q, "input", ("num_tokens", H, D), "new K rows (last dim contiguous)"),
             array("value", spec.dtype.q, "input", ("num_tokens", H, DV), "new V rows (last dim contiguous)"),
@@ -72,7 +75,8 @@ class CacheWriteFamily(SingleKernelFamily):
         return {
             "in_ctype": dtype(spec.dtype.q).ctype,
             "kv_ctype": dtype(spec.kv_cache.dtype).ctype,
-            "scale_mode": SCALE_MODES[spec.kv_cache.scale],
+            "scale_mode": CacheFormat.of(spec).scale_mode,
+            "scale_arg_ctype": scale_body_ctype(spec, self.arguments(spec, config)),
             "k_run": vllm_x(spec) if vllm else spec.attention.head_dim,
             "v_run": 1 if vllm else spec.v_head_dim_value,
             "threads": config["threads"],
@@ -81,8 +85,9 @@ class CacheWriteFamily(SingleKernelFamily):
 
     def abi_notes(self, spec) -> list[str]:
         a, kv = spec.attention, spec.kv_cache
-        names = ["key", "value", *cache_names(spec), "slot_mapping"] + (["k_scale", "v_scale"] if CacheFormat.of(spec).scaled
-                                                                         else [])
+        f = CacheFormat.of(spec)
+        names = ["key", "value", *cache_names(spec), "slot_mapping"] + (["k_scale", "v_scale"] if f.scaled else [])
+        names += list(TENSOR_SCALE_NAMES) if f.block_scaled else []
         lines = [
             f"num_kv_heads {a.num_kv_heads}, {head_dims_text(spec)}, block_size {kv.block_size}, cache {describe(spec)}, "
             f"inputs {spec.dtype.q}",
@@ -139,12 +144,14 @@ def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
     st = cache_strides(spec, caches)
     detail = "the scale pool this kernel writes" if CacheFormat.of(spec).per_token else "given by the caller"
     scales, pool_strides = bind_scales(b, spec, N, detail)
+    tensor = bind_tensor_scales(b, spec)
     b.refuse_unknown()
-    pools = CacheFormat.of(spec).per_token  # then the scales are pools this kernel writes, like the caches
-    b.refuse_aliasing([*caches, *(scales if pools else [])], [key, value, sm, *([] if pools else scales)])
+    pools = CacheFormat.of(spec).scale_pools  # then the scales are pools this kernel writes, like the caches
+    b.refuse_aliasing([*caches, *(scales if pools else [])],
+                      [key, value, sm, *([] if pools else scales), *tensor.values()])
 
     if checked:
-        _check_values(spec, sm, scales, N)
+        _check_values(spec, sm, [*scales, *tensor.values()] if tensor else scales, N)
     if T == 0:
         return [], None
     p = b.pointer
@@ -152,7 +159,7 @@ def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
         "key": p(key), "value": p(value), "k_cache": b.raw(st.k_base), "v_cache": b.raw(st.v_base),
         "k_scale": p(scales[0]), "v_scale": p(scales[1]), "slot_mapping": p(sm), "num_slots": N * B,
         "key_s_tok": key.strides[0], "key_s_head": key.strides[1], "val_s_tok": value.strides[0],
-        "val_s_head": value.strides[1], **stride_values(st, pool_strides),
+        "val_s_head": value.strides[1], **stride_values(st, pool_strides), **tensor_scale_values(b, tensor),
     }
     return [kernel.launch({"num_tokens": T}, values, reached=[c.native for c in caches])], None
 
@@ -173,18 +180,24 @@ def _check_values(spec, sm: ArrayArg, scales: list[ArrayArg | None], num_blocks:
         where = np.nonzero(slots == dup)[0][:2]
         raise ArgumentError(f"slot_mapping[{int(where[0])}] and slot_mapping[{int(where[1])}] are both slot {dup}: "
                             "two tokens cannot be written to one slot in one call")
-    if spec.kv_cache.scale in ("per_tensor", "per_head"):
+    if spec.kv_cache.scale in ("per_tensor", "per_head") or CacheFormat.of(spec).block_scaled:
         for s in scales:
+            if s.dtype != "fp32":
+                continue  # nvfp4's block scales: written by the kernel
             vals = np.atleast_1d(host_values(s))
             wrong = np.nonzero(~(np.isfinite(vals) & (vals > 0)))[0]
             if wrong.size:
                 j = int(wrong[0])
-                at = "" if spec.kv_cache.scale == "per_tensor" else f"[{j}]"
+                at = "" if s.shape == () else f"[{j}]"
                 raise ArgumentError(f"{s.name}{at} = {float(vals[j])!r}: scales must be positive and finite "
                                     "(stored = real / scale)")
 
 
 def _rule(name: str) -> str:
+    if name == "nvfp4":
+        return ("per 16-element group g (fp32, round to nearest even): s_g = e4m3_sat(max|x| / (6 * tensor_scale)), "
+                "nibble = e2m1_sat(x / (s_g * tensor_scale)) (-0 kept, NaN -> +0, s_g = 0 -> 0); "
+                "kgen/formats/nvfp4.py")
     if name == "int8":
         return "int8 = rint_half_even(clamp(x / scale, -127, 127)) (NaN -> 0); QMAX 127"
     if name.startswith("fp8"):

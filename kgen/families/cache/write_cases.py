@@ -12,7 +12,9 @@ import numpy as np
 
 from kgen.arrays import args_to_backend, to_numpy
 from kgen.families.base import Bench, Case
+from kgen.families.cache import nvfp4_cases
 from kgen.formats.cache import (
+    BLOCK_GROUP,
     CacheFormat,
     from_layout,
     scale_from_layout,
@@ -52,6 +54,8 @@ def _edge_values(spec, shape: tuple, rng: np.random.Generator) -> np.ndarray:
 def _scales(spec, rng: np.random.Generator, pow2: bool) -> dict[str, np.ndarray]:
     """Caller scales for per_tensor/per_head: inputs ~N(0,1) reach about QMAX / 2 (some saturate)."""
     kv, H = spec.kv_cache, spec.attention.num_kv_heads
+    if CacheFormat.of(spec).block_scaled:
+        return nvfp4_cases.tensor_scales(rng, pow2)
     if kv.scale not in ("per_tensor", "per_head"):
         return {}
     shape = () if kv.scale == "per_tensor" else (H,)
@@ -88,7 +92,9 @@ def _write_case(spec, rng: np.random.Generator, kind: str) -> tuple[dict, np.nda
     inputs: dict = {"slot_mapping": slots, **_scales(spec, rng, pow2)}
     rows = []
     for name, D in (("k_scale", a.head_dim), ("v_scale", spec.v_head_dim_value)):  # key rows, value rows
-        if kind == "edge_values":
+        if kind == "edge_values" and CacheFormat.of(spec).block_scaled:
+            x = nvfp4_cases.edge_rows((T, H, D), inputs[name[0] + "_tensor_scale"], rng)
+        elif kind == "edge_values":
             x = _edge_values(spec, (T, H, D), rng)
             if name in inputs:
                 x = x * (inputs[name] if inputs[name].ndim == 0 else inputs[name][:, None])
@@ -124,6 +130,9 @@ def _expected_write(spec, key, value, inputs, k0, v0, sk0, sv0):
     sv = None if sv0 is None else sv0.copy()
     for rows, pool, spool, sname in ((key, k, sk, "k_scale"), (value, v, sv, "v_scale")):
         x = np.asarray(rows)[live]
+        if CacheFormat.of(spec).block_scaled:
+            pool[blk, off], spool[blk, off] = nvfp4_cases.expected_rows(x, inputs[sname[0] + "_tensor_scale"])
+            continue
         if not CacheFormat.of(spec).quantized:
             scale = None
         elif kv.scale == "per_tensor":
@@ -160,15 +169,18 @@ def cases() -> list[Case]:
 
 
 def _initial_pools(spec, rng: np.random.Generator, N: int):
-    """Canonical K [N, B, H, D], V [N, B, H, DV] pools and, for per_token_head, scale pools [N, B, H]
-    of random bytes."""
-    kv, H, D = spec.kv_cache, spec.attention.num_kv_heads, spec.attention.head_dim
+    """Canonical K [N, B, H, D], V [N, B, H, DV] pools (nvfp4: [.., D / 2] bytes) and, for per_token_head,
+    scale pools [N, B, H] (nvfp4: block scales [N, B, H, D / 16]) of random bytes."""
+    kv, f = spec.kv_cache, CacheFormat.of(spec)
     cd = dtype(kv.dtype).numpy
-    k0 = random_bytes(rng, (N, kv.block_size, H, D), cd)
-    v0 = random_bytes(rng, (N, kv.block_size, H, spec.v_head_dim_value), cd)
-    ptoken = CacheFormat.of(spec).per_token
-    sk0 = random_bytes(rng, (N, kv.block_size, H), np.dtype(np.float32)) if ptoken else None
-    sv0 = random_bytes(rng, (N, kv.block_size, H), np.dtype(np.float32)) if ptoken else None
+    rows = (N, kv.block_size, f.num_kv_heads, f.row_len)
+    k0, v0 = random_bytes(rng, rows, cd), random_bytes(rng, (*rows[:3], f.v_row_len), cd)
+    if f.block_scaled:
+        scale_rows, sd = (*rows[:3], f.head_dim // BLOCK_GROUP), np.dtype(np.uint8)
+    else:
+        scale_rows, sd = rows[:3], np.dtype(np.float32)
+    sk0 = random_bytes(rng, scale_rows, sd) if f.scale_pools else None
+    sv0 = random_bytes(rng, scale_rows, sd) if f.scale_pools else None
     return k0, v0, sk0, sv0
 
 

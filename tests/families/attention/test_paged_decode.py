@@ -291,7 +291,7 @@ def test_bundled_specs_keep_64_bytes_in_flight_per_thread():
         assert not problems
         kv = spec.kv_cache
         assert geo.bytes_in_flight >= 64, (spec.name, geo)
-        assert geo.tile_tokens * 2 * spec.attention.head_dim * dtype(kv.dtype).itemsize >= 64 * geo.threads
+        assert geo.tile_tokens * 2 * dtype(kv.dtype).bytes_for(spec.attention.head_dim) >= 64 * geo.threads
 
 
 @pytest.mark.parametrize("overrides,config,pattern", [

@@ -1,0 +1,211 @@
+"""paged_decode over nvfp4 caches (docs/abi.md, NVFP4 caches): the verifier's matrix on the CPU
+backend (data through the reference quantizer, garbage bytes and NaN e4m3 scales in every slot that
+must not be read, split-KV, NHD and HND, GQA groups on each side of mma_min_group), the golden's
+exact dequantization, the call's argument errors, and mutants the verifier must reject."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kgen
+from kgen.errors import ArgumentError, UnsupportedError
+from kgen.families.attention.decode_mma_geometry import uses_tensor_cores
+from kgen.families.attention.reference import attention_outputs, real_kv
+from kgen.formats import nvfp4
+from kgen.render import render
+from kgen.verify.runner import verify
+from kgen.verify.untrusted.handwritten import kernel_from_source
+
+EXAMPLE = "specs/llama3_8b_decode_nvfp4.yaml"
+
+
+def variant(order="NHD", q="bf16", heads=(8, 2), head_dim=64, block=16, **extra):
+    return kgen.load_spec(EXAMPLE).with_overrides(
+        name=f"nv_dec_{order}_{q}_{heads[0]}x{heads[1]}_{head_dim}_{block}",
+        **{"kv_cache.order": order, "dtype.q": q, "dtype.out": q, "attention.num_q_heads": heads[0],
+           "attention.num_kv_heads": heads[1], "attention.head_dim": head_dim, "kv_cache.block_size": block},
+        **extra)
+
+
+# (order, q, (q heads, kv heads), head_dim, block, config): both bodies (auto mma_min_group is 2 for nvfp4:
+# tensor cores from GQA 2), fp16 and bf16 MMA operands, MQA, GQA 16 (two MMA row halves), head_dim with a
+# half span of 32 (96), split and single-pass.
+MATRIX = [
+    ("NHD", "fp16", (8, 2), 64, 16, {"partition_size": 64}),
+    ("HND", "bf16", (32, 2), 96, 8, {"partition_size": 0}),
+    ("NHD", "bf16", (8, 8), 128, 8, {"partition_size": 0}),
+    ("HND", "fp16", (16, 2), 32, 32, {"partition_size": 64, "threads": 64, "mma_min_group": 0}),
+]
+
+
+@pytest.mark.parametrize("combo", MATRIX, ids=lambda c: f"{c[0]}-{c[1]}-{c[2][0]}x{c[2][1]}-d{c[3]}-b{c[4]}")
+def test_decode_matrix_passes(combo):
+    *shape, config = combo
+    spec = variant(*shape)
+    kern = kgen.build(spec, backend="cpu", config=config, archs=[], seed=11)
+    assert kern.report.passed, kern.report.summary()
+    names = {c.name for c in kern.report.cases}
+    assert {"len_B-1", "long_32k", "padded_pool", "huge_pool", "shared_prefix"} <= names
+    if config["partition_size"]:
+        assert kern.kernel_names[-1].endswith("_merge") and "len_P+1" in names
+    body = "paged_decode_mma_body" if spec.group_size >= 2 and config.get("mma_min_group", -1) else "paged_decode_body"
+    assert f"kgen::{body}<Cfg>" in kern.source
+
+
+def test_tensor_cores_from_gqa_2_by_default():
+    config = {"partition_size": 0, "threads": 128, "stages": 0, "heads_per_thread": 0, "mma_min_group": -1}
+    assert not uses_tensor_cores(variant(heads=(8, 8)), config)
+    assert uses_tensor_cores(variant(heads=(8, 4)), config)
+    assert not uses_tensor_cores(variant(heads=(8, 4)), {**config, "mma_min_group": 0})
+
+
+def _pool(rng, spec, N, ts):
+    a, kv = spec.attention, spec.kv_cache
+    real = rng.normal(0, 1, (N, kv.block_size, a.num_kv_heads, a.head_dim))
+    packed, scales = nvfp4.quantize(real, ts)
+    if kv.order == "HND":
+        packed, scales = (np.ascontiguousarray(x.swapaxes(1, 2)) for x in (packed, scales))
+    return packed, scales
+
+
+@pytest.fixture(scope="module", params=[0, 2], ids=["cuda_cores", "tensor_cores"])
+def small(request):
+    spec = variant()
+    return spec, kgen.build(spec, backend="cpu", config={"partition_size": 0, "mma_min_group": request.param},
+                            verify=False, archs=[])
+
+
+def _call(spec, rng, N=6):
+    a = spec.attention
+    k, ks = _pool(rng, spec, N, 0.01)
+    v, vs = _pool(rng, spec, N, 0.02)
+    return dict(q=rng.normal(0, 1, (2, a.num_q_heads, a.head_dim)).astype(ml_dtypes.bfloat16), k_cache=k, v_cache=v,
+                k_scale=ks, v_scale=vs, k_tensor_scale=0.01, v_tensor_scale=np.float32(0.02),
+                block_tables=np.array([[4, 1, 0], [2, 5, 3]], np.int32), seq_lens=np.array([37, 20], np.int32))
+
+
+def test_golden_dequantizes_exactly(small):
+    spec, _ = small
+    args = _call(spec, np.random.default_rng(1))
+    (k, v), _ = real_kv(spec, args)  # sequence 0: blocks 4, 1, 0 (37 tokens)
+    ks = nvfp4.dequantize(args["k_cache"], args["k_scale"], 0.01)  # [N, B, H, D] (NHD)
+    expect = ks[[4, 1, 0]].reshape(-1, 2, 64)[:37].transpose(1, 0, 2)
+    assert np.array_equal(k, expect)
+    vs = nvfp4.dequantize(args["v_cache"], args["v_scale"], np.float32(0.02))
+    assert np.array_equal(v, vs[[4, 1, 0]].reshape(-1, 2, 64)[:37].transpose(1, 0, 2))
+
+
+def test_garbage_and_nan_scales_past_the_lengths_change_nothing(small):
+    spec, kern = small
+    rng = np.random.default_rng(2)
+    args = _call(spec, rng)
+    clean = kern(**args).astype(np.float32)
+    ref, _ = attention_outputs(spec, args["q"], args)
+    assert np.abs(clean - ref).max() < 0.05 * np.abs(ref).max()
+    dirty = {k: (x.copy() if isinstance(x, np.ndarray) else x) for k, x in args.items()}
+    for name in ("k_scale", "v_scale"):
+        dirty[name][0, 37 - 32:] = 0x7F  # the tail of sequence 0's last block (block 0, slots 5..15): NaN
+        dirty[name][5, 20 - 16:] = 0xFF  # sequence 1's (block 5, slots 4..15)
+        dirty[name][3] = 0x7F  # a table entry past sequence 1's blocks: never read
+    for name in ("k_cache", "v_cache"):
+        dirty[name][0, 5:] = rng.integers(0, 256, dirty[name][0, 5:].shape, dtype=np.uint8)
+        dirty[name][3] = rng.integers(0, 256, dirty[name][3].shape, dtype=np.uint8)
+    assert np.array_equal(kern(**dirty).astype(np.float32), clean)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"k_tensor_scale": None}, "k_tensor_scale: required for an nvfp4 cache"),
+    ({"v_scale": None}, "v_scale: required for an nvfp4 cache"),
+    ({"k_scale": "fp32"}, "k_scale: expected dtype fp8_e4m3, got fp32"),
+    ({"v_scale": "wide"}, "v_scale: expected shape [6, 16, 2, 4]"),
+    ({"k_cache": "fp16"}, "k_cache: expected dtype nvfp4, got fp16"),
+    ({"v_tensor_scale": "vector"}, "v_tensor_scale: expected shape []"),
+])
+def test_argument_errors_name_what_is_wrong(small, change, message):
+    spec, kern = small
+    args = _call(spec, np.random.default_rng(3))
+    for name, how in change.items():
+        if how is None:
+            args.pop(name)
+        elif how == "fp32":
+            args[name] = args[name].astype(np.float32)
+        elif how == "wide":
+            args[name] = np.zeros((*args[name].shape[:-1], 8), np.uint8)
+        elif how == "fp16":
+            args[name] = np.zeros(args[name].shape, np.float16)
+        elif how == "vector":
+            args[name] = np.ones(2, np.float32)
+    with pytest.raises(ArgumentError) as err:
+        kern(**args)
+    assert message in str(err.value)
+
+
+def test_misaligned_block_scale_rows_are_refused(small):
+    spec, kern = small
+    args = _call(spec, np.random.default_rng(4))
+    wide = np.zeros((*args["k_scale"].shape[:-1], 6), np.uint8)
+    wide[..., :4] = args["k_scale"]
+    args["k_scale"] = wide[..., :4]  # rows of 4 bytes 6 apart: the 4-byte copies would straddle them
+    with pytest.raises(ArgumentError, match="k_scale: each row of block scales is copied 4 bytes at a time"):
+        kern(**args)
+
+
+def test_prefill_and_mla_stay_refused_with_the_reason():
+    prefill = kgen.load_spec("specs/llama3_8b_prefill.yaml").with_overrides(
+        **{"kv_cache.dtype": "nvfp4", "kv_cache.scale": "none", "kv_cache.block_size": 16})
+    with pytest.raises(UnsupportedError, match="nvfp4 prefill is not built yet"):
+        kgen.build(prefill, backend="cpu", verify=False, archs=[])
+    mla = kgen.load_spec(EXAMPLE).with_overrides(
+        **{"attention.num_q_heads": 16, "attention.num_kv_heads": 1, "attention.head_dim": 576,
+           "attention.v_head_dim": 512, "attention.softmax_scale": 0.0722, "kv_cache.layout": "mla",
+           "kv_cache.order": None})
+    with pytest.raises(UnsupportedError, match="nvfp4 caches in the mla layout are not built yet"):
+        kgen.build(mla, backend="cpu", verify=False, archs=[])
+
+
+# mutants of the rendered source the verifier must reject: (mma_min_group, old, new)
+MUTANTS = [
+    # CUDA cores: the block-scale copies read past the sequence: the tails' NaN scales reach the V weights
+    (0, "const bool valid = t >= lo && t < hi;\n          const unsigned char* src",
+     "const bool valid = t >= lo && t < hi + 8;\n          const unsigned char* src"),
+    # CUDA cores: every element of a row scaled by its first group's scale
+    (0, "scales[t * S::GROUPS + e / 16]", "scales[t * S::GROUPS]"),
+    # CUDA cores: V dequantized with K's block scales
+    (0, "load_row_chunk<Cfg, VEC>(vs, fs + NT * S::GROUPS,", "load_row_chunk<Cfg, VEC>(vs, fs,"),
+    # tensor cores: the same over-read of the tail's block scales
+    (2, "const bool valid = pos >= tok_begin && pos < tok_end;\n      const unsigned char* src",
+     "const bool valid = pos >= tok_begin && pos < tok_end + 8;\n      const unsigned char* src"),
+    # tensor cores: K's elements 8t .. 8t + 7 given the span's first group whatever t
+    (2, "const int grp = 2 * c2 + (t >> 1);", "const int grp = 2 * c2;"),
+    # tensor cores: V's nibble j taken from the wrong end of the byte pair
+    (2, "fp4_place(w << (12 - 4 * j))", "fp4_place(w << (4 * j))"),
+]
+
+
+@pytest.mark.parametrize(("mma", "old", "new"), MUTANTS,
+                         ids=["tail_scales", "first_group_only", "v_with_k_scales", "mma_tail_scales", "mma_k_group",
+                              "mma_v_nibble"])
+def test_mutants_fail_verification(mma, old, new):
+    spec = variant(q="fp16", block=8)
+    rendered = render(spec, {"partition_size": 0, "mma_min_group": mma})
+    assert rendered.source.count(old) == 1, old
+    mutant = kernel_from_source(spec, rendered.source.replace(old, new), backend="cpu", config=rendered.config,
+                                archs=[])
+    assert not verify(mutant, seed=5).passed
+
+
+def test_torch_op_takes_uint8_pools_and_float_tensor_scales(small):
+    torch = pytest.importorskip("torch")
+    spec, built = small
+    spec = spec.with_overrides(name=f"{spec.name}_torch_{built.config['mma_min_group']}")  # one op per body
+    kern = kgen.build(spec, backend="cpu", config=built.config, verify=False, archs=[])
+    args = _call(spec, np.random.default_rng(6))
+    expect = kern(**args)
+    op = getattr(torch.ops.kgen, spec.name)
+    t = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in args.items() if isinstance(v, np.ndarray) and k != "q"}
+    q = torch.from_numpy(args["q"].view(np.uint16).copy()).view(torch.bfloat16)
+    got = op(q, t["k_cache"], t["v_cache"], t["block_tables"], t["seq_lens"], t["k_scale"], t["v_scale"], 0.01,
+             0.02)
+    assert np.array_equal(got.view(torch.uint16).numpy(), expect.view(np.uint16))
