@@ -22,7 +22,7 @@ from kgen.families.attention.serving import draw_serving, prefill_output
 from kgen.families.base import Bench, Case, Config
 from kgen.formats.cache import CacheFormat
 from kgen.formats.dtypes import dtype
-from kgen.verify.judge.bounds import check_lse, check_output
+from kgen.verify.judge.bounds import check_lse, check_output, head_dims
 from kgen.verify.judge.guards import Guarded, guarded, seal, tripwires
 from kgen.verify.judge.report import CaseResult
 
@@ -108,7 +108,7 @@ def _launch(kernel, case: Case, args: dict, rng: np.random.Generator) -> list[Ca
     outputs = {g.name: to_backend(g.view, kernel.backend) for g in buffers}
     kernel(**given, **outputs, plan=plan)
     result = check_output(name, lens, to_numpy(outputs["out"]), ref.out, lowp.out, spec.dtype.resolved_out,
-                          ref.magnitude, ref.logit_magnitude)
+                          ref.magnitude, ref.logit_magnitude, **head_dims(spec))
     results = [result]
     if "lse" in outputs:
         results.append(check_lse(f"{name}_lse", lens, to_numpy(outputs["lse"]), ref.lse, lowp.lse,
@@ -125,7 +125,7 @@ def bench(spec, bucket: tuple[int, int], rng: np.random.Generator) -> Bench:
     def check(got: dict) -> CaseResult:
         ref, lowp = _references(spec, args)
         return check_output("tuning", lens, got["out"], ref.out, lowp.out, spec.dtype.resolved_out,
-                            ref.magnitude, ref.logit_magnitude)
+                            ref.magnitude, ref.logit_magnitude, **head_dims(spec))
 
     return Bench(args, ["out"], check)
 
