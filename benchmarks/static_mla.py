@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -40,10 +42,12 @@ from static_perf import find_nvcc, flashinfer_data, md_table, nvcc_cubin  # noqa
 
 from kgen.cache import ArtifactCache, content_key  # noqa: E402
 from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report  # noqa: E402
+from kgen.families.attention.mla import MLA_DECODE, row_blocks  # noqa: E402
+from kgen.families.attention.mla_geometry import mla_geometry  # noqa: E402
 from kgen.perf import model as pm  # noqa: E402
 from kgen.perf import prefill_model as pf  # noqa: E402
-from kgen.perf.report import kgen_planner  # noqa: E402
 from kgen.perf.sass import find_cuobjdump, sass_text  # noqa: E402
+from kgen.plan import target_blocks  # noqa: E402
 from kgen.render import render  # noqa: E402
 from kgen.spec.models import load_spec  # noqa: E402
 
@@ -97,10 +101,13 @@ class MlaKernel:
     def occ(self) -> pm.Occupancy:
         return pm.occupancy(self.threads, self.registers, self.smem, DEV)
 
-    def unroll(self) -> int:
-        """Main-loop iterations of the SASS per tile: its FLOP over one tile's (rows x kv_tile x (D + DV) x 2)."""
+    def unroll(self) -> float:
+        """Tiles per iteration of the SASS main loop: its tensor FLOP over one tile's share of a warp
+        (rows x kv_tile x (D + DV) x 2 / warps). Above 1: the compiler unrolled the tile loop; below 1:
+        the main loop is a loop nested in the tile loop (kgen's k16 steps and column groups), which then
+        runs 1 / unroll times a tile (the instructions between the nested loops are not counted)."""
         tile = 2 * self.rows * self.kv_tile * (D + DV) / self.warps
-        return max(1, round(self.work.mma_flop / tile)) if self.work.mma_flop else 1
+        return self.work.mma_flop / tile if self.work.mma_flop else 1.0
 
     def estimate(self, batch: int, context: int) -> pf.PrefillEstimate:
         return pf.launch_estimate(self.ctas(batch, context), self.work, self.warps, self.occ.blocks,
@@ -119,31 +126,36 @@ def balanced(batch: int, context: int, kv_tile: int, row_tiles: int, ctas: int, 
 
 # ---- kgen -------------------------------------------------------------------------------------------
 def kgen_mla(cuobjdump: str, cache: ArtifactCache) -> MlaKernel:
+    """kgen's MLA decode for the bundled DeepSeek-V3 spec (its default config), its CTAs from the
+    family's own schedule: row blocks x sequences x the plan's partitions, each partition's keys in
+    tiles of 16 x col_warps."""
     if not SPEC.exists():
         raise RuntimeError(f"{SPEC.relative_to(ROOT)} is not in this checkout")
     spec = load_spec(SPEC)
     rendered = render(spec)
+    config = rendered.config
     art = compile_cubin(rendered.source, ARCH, origin=str(SPEC), cache=cache)
     funcs = pm.parse_sass(sass_text(art.cubin, cuobjdump))
     res = art.resources[spec.name]
-    launches, _ = kgen_planner(spec, rendered, ARCH, DEV)
-    ctx = rendered.context if hasattr(rendered, "context") else {}
-    geo = ctx.get("geo")
-    rows = getattr(geo, "rows", 64)
-    kv_tile = getattr(geo, "tile_tokens", 64)
-    threads = getattr(geo, "threads", 256)
-    row_tiles = -(-HEADS // rows)
+    geo = mla_geometry(spec, config)[0]
+    occ = pm.occupancy(geo.threads, res.registers, res.static_smem + geo.smem_bytes, DEV)
+    rb = row_blocks(spec, config)
 
     def ctas(batch: int, context: int) -> list[float]:
-        main = next(ln for ln in launches(batch, context) if ln.kernel == spec.name)
-        parts = max(1, main.blocks // (batch * row_tiles))
-        keys = -(-context // parts)  # a partition's keys
-        return [float(-(-keys // kv_tile))] * main.blocks
+        sizes, _ = MLA_DECODE.schedule(spec, config, {"seq_lens": np.full(batch, context)},
+                                       target_blocks(DEV.sms, max(1, occ.blocks) * DEV.sms))
+        parts = sizes["max_partitions"]
+        keys = -(-context // parts)
+        return [float(-(-keys // geo.tile_tokens))] * (rb * batch * parts)
 
-    smem = res.static_smem + next(ln for ln in launches(1, 1024) if ln.kernel == spec.name).smem
-    return MlaKernel(f"kgen {spec.name}", res.registers, f"{res.spill_stores}/{res.spill_loads}", smem, threads,
-                     pf.tile_work(funcs[spec.name], DEV), rows, kv_tile, ctas,
-                     [f"kgen: {rows} rows x {kv_tile}-key tiles per CTA, {threads} threads; grid from kern.plan"])
+    rows = 16 * geo.row_tiles
+    return MlaKernel(f"kgen {spec.name}", res.registers, f"{res.spill_stores}/{res.spill_loads}",
+                     res.static_smem + geo.smem_bytes, geo.threads, pf.tile_work(funcs[spec.name], DEV), rows,
+                     geo.tile_tokens, ctas,
+                     [f"kgen {spec.name}: {rows} heads x {geo.tile_tokens}-key tiles per CTA ({geo.row_tiles} row "
+                      f"tiles x {geo.col_warps} column warps, {geo.stages} stages), {geo.threads} threads, "
+                      f"{geo.smem_bytes} B dynamic smem; grid from the family's schedule (split-KV partitions of "
+                      f"{config['partition_size']}-token granules)"])
 
 
 # ---- FlashInfer's MLA kernel (mla.cuh) ------------------------------------------------------------------
@@ -298,7 +310,7 @@ def resource_table(kernels: list[MlaKernel]) -> str:
             "main loop: tensor FLOP / instrs / smem wf per warp"]
     rows = [[k.label, str(k.registers), k.spills, str(k.smem) if k.smem else "not restated", str(k.threads),
              str(k.occ.blocks), f"{k.rows} x {k.kv_tile}",
-             f"{k.work.mma_flop} / {k.work.instrs} / {k.work.wavefronts} (x{k.unroll()} tiles)"] for k in kernels]
+             f"{k.work.mma_flop} / {k.work.instrs} / {k.work.wavefronts} ({k.unroll():.2g} tiles)"] for k in kernels]
     return md_table(head, rows)
 
 

@@ -48,3 +48,17 @@ def test_flashinfer_mla_kernel_through_the_model():
         e = k.estimate(b, c)
         assert 0 < e.fraction <= 1.0
         assert sm.latent_bytes(b, c) / e.seconds <= sm.DEV.copy_bw * (1 + 1e-9)
+
+
+@needs_sass
+def test_kgen_mla_decode_through_the_model():
+    """kgen's DeepSeek-V3 spec: its SASS main loop is nested in the tile loop (a k16 or column loop), so
+    a tile takes several of its iterations; the estimate stays under both limits."""
+    k = sm.kgen_mla(sm.find_cuobjdump(), ArtifactCache())
+    assert k.work.mma.get("HMMA.16816", 0) > 0
+    assert 0 < k.unroll() < 1  # the loop found holds part of a tile's FLOP
+    assert k.ctas(2, 4096) and all(t >= 1 for t in k.ctas(2, 4096))
+    for b, c in ((1, 1024), (64, 4096)):
+        e = k.estimate(b, c)
+        assert 0 < e.fraction <= 1.0
+        assert sm.latent_bytes(b, c) / e.seconds <= sm.DEV.copy_bw * (1 + 1e-9)
