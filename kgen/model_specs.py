@@ -23,13 +23,16 @@ from kgen.spec.models import Spec, spec_from_dict
 KINDS = ("cache_write", "decode", "prefill")  # the set every layer type gets, in build order
 _KIND_OF = {"cache_write": "cache_write", "decode": "paged_decode", "prefill": "paged_prefill"}
 # The attention fields each kernel takes (None: all); the write kernel knows nothing of the attention math.
-_ATTENTION_FIELDS = {"cache_write": ("num_q_heads", "num_kv_heads", "head_dim"), "decode": None, "prefill": None}
+_ATTENTION_FIELDS = {"cache_write": ("num_q_heads", "num_kv_heads", "head_dim", "v_head_dim"), "decode": None,
+                     "prefill": None}
 _ATTENTION_EXTRA = {"prefill": {"causal": True}}  # chunks attend causally to their prefix and themselves
 KV_DTYPES = ("auto", "fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2")
 _TORCH_DTYPES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32", "float": "fp32"}
 # Model types whose attention is the plain decoder attention kgen derives (others are refused by name).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gemma3_text", "phi3",
-                         "gpt_oss")
+                         "gpt_oss", *("deepseek_v2", "deepseek_v3", "kimi_k2"))
+# Multi-head latent attention (docs/mla.md): served in its absorbed form over one latent row per token.
+MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
 
 
 @dataclass(frozen=True)
@@ -48,12 +51,16 @@ class LayerAttention:
     alibi: bool = False
     order: str = "HND"  # vLLM's pages hold [kv head, token, dim] (kgen/vllm/backend.py)
     sinks: bool = False  # learned per-head sink logits (gpt-oss), passed at call time
+    v_head_dim: int | None = None  # V's and the output's head dim when it differs (MLA: the latent rank)
+    layout: str = "separate"  # mla: one latent row per token (DeepSeek-V2/V3, Kimi K2)
 
     def key(self) -> str:
         """A short stable name for this layer type (part of the spec names)."""
         fields = asdict(self)
-        if not self.sinks:  # left out, so the names of layer types without sinks stay as they were
-            fields.pop("sinks")
+        # fields at their defaults are left out, so the names of layer types without them stay as they were
+        for name, default in (("sinks", False), ("v_head_dim", None), ("layout", "separate")):
+            if fields[name] == default:
+                fields.pop(name)
         digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:8]
         window = f"_w{self.sliding_window}" if self.sliding_window else ""
         return (f"h{self.num_q_heads}kv{self.num_kv_heads}d{self.head_dim}_{self.dtype}_{self.kv_dtype}"
@@ -95,8 +102,12 @@ def layer_spec_dicts(layer: LayerAttention, prefix: str = "kgen") -> dict[str, d
         attention["alibi"] = True
     if layer.sinks:
         attention["sinks"] = True
-    kv = {"block_size": layer.block_size, "layout": "separate", "order": layer.order, "dtype": layer.kv_dtype,
+    if layer.v_head_dim is not None:
+        attention["v_head_dim"] = int(layer.v_head_dim)
+    kv = {"block_size": layer.block_size, "layout": layer.layout, "order": layer.order, "dtype": layer.kv_dtype,
           "scale": "per_tensor" if quantized else "none"}
+    if layer.layout == "mla":  # one row per token: no head axis to order
+        kv.pop("order")
     docs = {}
     for kind in KINDS:
         doc: dict[str, Any] = {"kgen": 1, "name": f"{prefix}_{layer.key()}_{kind}", "kind": _KIND_OF[kind],
@@ -168,6 +179,8 @@ def model_layers(config: Any, kv_dtype: str = "auto", block_size: int = 16, dtyp
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedError(f"model_type {model_type}: kgen derives specs for "
                                f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    if model_type in MLA_MODEL_TYPES:
+        return model_type, _mla_layers(cfg, kv_dtype, block_size, dtype)
     try:
         heads = int(cfg["num_attention_heads"])
         kv_heads = int(cfg.get("num_key_value_heads") or heads)
@@ -184,6 +197,35 @@ def model_layers(config: Any, kv_dtype: str = "auto", block_size: int = 16, dtyp
                              sinks=model_type == "gpt_oss")  # every gpt-oss layer has learned sinks
               for w in _layer_windows(cfg)]
     return model_type, layers
+
+
+def mla_softmax_scale(cfg: dict[str, Any]) -> float:
+    """DeepSeek's attention scale: 1/sqrt(qk_nope_head_dim + qk_rope_head_dim), times mscale^2 under
+    YaRN rope scaling with mscale_all_dim (mscale = 0.1 * mscale_all_dim * ln(factor) + 1 for a factor
+    above 1), as its modeling code computes it."""
+    scale = (int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"])) ** -0.5
+    rope = cfg.get("rope_scaling") or {}
+    factor, mscale_all_dim = float(rope.get("factor", 1.0)), float(rope.get("mscale_all_dim", 0) or 0)
+    if mscale_all_dim and factor > 1:
+        mscale = 0.1 * mscale_all_dim * math.log(factor) + 1.0
+        scale *= mscale * mscale
+    return scale
+
+
+def _mla_layers(cfg: dict[str, Any], kv_dtype: str, block_size: int, dtype: str | None) -> list[LayerAttention]:
+    """Every layer of a DeepSeek-style model as absorbed MLA: all query heads on one latent row of
+    kv_lora_rank + qk_rope_head_dim elements, V (and the output) its first kv_lora_rank."""
+    try:
+        heads, rank, rope = int(cfg["num_attention_heads"]), int(cfg["kv_lora_rank"]), int(cfg["qk_rope_head_dim"])
+        scale = mla_softmax_scale(cfg)
+        n = int(cfg["num_hidden_layers"])
+    except KeyError as e:
+        raise KgenUserError(f"model config: missing {e.args[0]} (an MLA model's config has kv_lora_rank, "
+                            "qk_nope_head_dim and qk_rope_head_dim)") from None
+    q_dtype = kgen_dtype(dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
+    layer = LayerAttention(heads, 1, rank + rope, scale, q_dtype, kv_cache_dtype(kv_dtype, q_dtype), int(block_size),
+                           v_head_dim=rank, layout="mla")
+    return [layer] * n
 
 
 def specs_for_model(config: Any, kv_dtype: str = "auto", block_size: int = 16, dtype: str | None = None,

@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import yaml
@@ -106,3 +107,35 @@ def test_cli_writes_specs_that_validate_and_refuses_bad_input(tmp_path):
     r = run_kgen("specs-for-model", str(tmp_path / "bad"), "-o", str(tmp_path / "out2"))
     assert r.returncode == 2 and "not valid JSON" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "out2").exists()
+
+
+DEEPSEEK_V3 = {"model_type": "deepseek_v3", "num_hidden_layers": 61, "num_attention_heads": 128,
+               "num_key_value_heads": 128, "hidden_size": 7168, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+               "qk_rope_head_dim": 64, "v_head_dim": 128, "torch_dtype": "bfloat16",
+               "rope_scaling": {"type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                "original_max_position_embeddings": 4096}}
+
+
+def test_deepseek_v3_gets_absorbed_mla_specs_with_its_yarn_scale():
+    specs = kgen.specs_for_model(DEEPSEEK_V3, block_size=64)
+    assert sorted(specs) == ["cache_write", "decode", "prefill"]
+    mscale = 0.1 * math.log(40) + 1
+    for key in ("decode", "prefill"):
+        s = specs[key]
+        assert s.kv_cache.layout == "mla" and s.kv_cache.block_size == 64
+        assert (s.attention.num_q_heads, s.attention.num_kv_heads, s.attention.head_dim, s.v_head_dim_value) == (
+            128, 1, 576, 512)
+        assert s.softmax_scale_value == pytest.approx(192 ** -0.5 * mscale ** 2)
+    assert specs["cache_write"].kv_cache.layout == "mla" and specs["cache_write"].v_head_dim_value == 512
+    # the bundled example spec states the same numbers by hand
+    bundled = kgen.load_spec(Path(__file__).resolve().parents[1] / "specs" / "deepseek_v3_mla_decode.yaml")
+    assert bundled.softmax_scale_value == pytest.approx(specs["decode"].softmax_scale_value, rel=1e-7)
+    assert all(support_problems(spec) == [] for spec in specs.values())
+    fp8 = kgen.specs_for_model(DEEPSEEK_V3, kv_dtype="fp8", block_size=64)
+    assert fp8["decode"].kv_cache.dtype == "fp8_e4m3" and fp8["decode"].kv_cache.scale == "per_tensor"
+    assert support_problems(fp8["decode"]) == []
+
+
+def test_an_mla_config_without_its_ranks_is_a_user_error():
+    with pytest.raises(KgenUserError, match="kv_lora_rank"):
+        kgen.specs_for_model({k: v for k, v in DEEPSEEK_V3.items() if k != "kv_lora_rank"})
