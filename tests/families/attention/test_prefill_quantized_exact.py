@@ -172,8 +172,8 @@ INCLUDE = '#include "kgen/paged_prefill.cuh"\n'
 # The defect this file was written for, put back into the staged path of a per_token_head cache: K and
 # V scaled before their conversion to q's type, and no scale outside the products.
 ROUND_DEQUANTIZED = [
-    ("    load_as_float<KV, VEC>(vs + i * S::D + d0, vf);\n",
-     "    load_as_float<KV, VEC>(vs + i * S::D + d0, vf);\n"
+    ("    prefill_staged_chunk<Cfg>(vs, fs + KT * S::GROUPS, i, d0, vf);\n",
+     "    prefill_staged_chunk<Cfg>(vs, fs + KT * S::GROUPS, i, d0, vf);\n"
      "    for (int e = 0; e < VEC; ++e) kf[e] *= reinterpret_cast<const float*>(stage + S::SCALES_AT)[i],\n"
      "                                  vf[e] *= reinterpret_cast<const float*>(stage + S::SCALES_AT)[KT + i];\n"),
     ("s[j][i] * (qk_scale * tok_sc[col])", "s[j][i] * qk_scale"),
