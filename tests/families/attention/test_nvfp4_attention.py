@@ -324,3 +324,13 @@ def test_prefill_mutants_fail_verification(mutation):
     report = verify(_inlined(spec, {"partition_size": 64}, [mutation] if mutation else []), seed=5)
     assert report.passed == (mutation is None), report.summary()
 
+
+def test_specs_for_model_with_nvfp4_gives_three_buildable_specs():
+    from kgen.families.registry import support_problems
+    llama = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "hidden_size": 4096, "torch_dtype": "bfloat16"}
+    specs = kgen.specs_for_model(llama, kv_dtype="nvfp4")
+    assert sorted(specs) == ["cache_write", "decode", "prefill"]
+    for spec in specs.values():
+        assert spec.kv_cache.dtype == "nvfp4" and spec.kv_cache.scale == "none"
+        assert support_problems(spec) == [], spec.kind
