@@ -26,7 +26,7 @@ _KIND_OF = {"cache_write": "cache_write", "decode": "paged_decode", "prefill": "
 _ATTENTION_FIELDS = {"cache_write": ("num_q_heads", "num_kv_heads", "head_dim", "v_head_dim"), "decode": None,
                      "prefill": None}
 _ATTENTION_EXTRA = {"prefill": {"causal": True}}  # chunks attend causally to their prefix and themselves
-KV_DTYPES = ("auto", "fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2")
+KV_DTYPES = ("auto", "fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2", "nvfp4")
 _TORCH_DTYPES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32", "float": "fp32"}
 # Model types whose attention is the plain decoder attention kgen derives (others are refused by name).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gemma3_text", "phi3",
@@ -82,8 +82,8 @@ def kv_cache_dtype(kv_dtype: str, dtype: str) -> str:
     aliases = {"auto": dtype, "fp8": "fp8_e4m3", "float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
     resolved = aliases.get(kv_dtype, kv_dtype)
     if resolved not in KV_DTYPES[1:]:
-        raise UnsupportedError(f"kv cache dtype {kv_dtype}: kgen serves auto, fp16, bf16, fp32, fp8 "
-                               "(fp8_e4m3) and fp8_e5m2 caches")
+        raise UnsupportedError(f"kv cache dtype {kv_dtype}: kgen serves auto, fp8 (fp8_e4m3) and "
+                               f"{', '.join(KV_DTYPES[1:])} caches")
     return resolved
 
 

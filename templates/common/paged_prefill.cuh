@@ -78,16 +78,20 @@ struct PrefillShape {
   // of the stored bytes into STAGES staging tiles, then one dequantizing pass into the operand tile;
   // PATH_GATHER, plain loads that dequantize on the way (a row chunk not contiguous in memory: vLLM's V).
   typedef typename Cfg::kv_t KV;
+  static constexpr int PER = ElemsPer<KV>::value;  // elements per KV (2: nvfp4's packed pairs)
   static constexpr int PATH = Cfg::KV_PATH, STAGES = PATH == 2 ? 1 : Cfg::STAGES;
-  static constexpr int COPY = VEC * (int)sizeof(KV);  // bytes per cp.async
+  static constexpr int COPY = VEC / PER * (int)sizeof(KV);  // bytes per cp.async
   static constexpr bool TOKEN_SCALES = Cfg::SCALE_MODE == 3;
+  static constexpr bool FP4 = Cfg::SCALE_MODE == 4;  // nvfp4: an e4m3 scale per 16 elements of a row
+  static constexpr int GROUPS = D / 16;              // ... GROUPS bytes a row, [K | V][key][group] in a stage
   static constexpr int align16(int x) { return (x + 15) / 16 * 16; }
   static constexpr int Q_BYTES = ROWS * LD * (int)sizeof(T);
   static constexpr int TILE_BYTES = KT * LD * (int)sizeof(T);            // one K operand tile
   static constexpr int V_TILE_BYTES = KT * LDV * (int)sizeof(T);         // one V operand tile
-  static constexpr int RAW_BYTES = align16(KT * D * (int)sizeof(KV));     // one staged K tile, as stored
-  static constexpr int V_RAW_BYTES = align16(KT * DV * (int)sizeof(KV));  // one staged V tile
-  static constexpr int SCALE_BYTES = TOKEN_SCALES ? 8 * KT : 0;        // per-token scales of a tile: K's KT, V's KT
+  static constexpr int RAW_BYTES = align16(KT * D / PER * (int)sizeof(KV));     // one staged K tile, as stored
+  static constexpr int V_RAW_BYTES = align16(KT * DV / PER * (int)sizeof(KV));  // one staged V tile
+  // a tile's scales: per token, K's KT floats then V's; nvfp4, K's KT block-scale rows then V's
+  static constexpr int SCALE_BYTES = TOKEN_SCALES ? 8 * KT : FP4 ? align16(2 * KT * GROUPS) : 0;
   // A stage: PATH_COPY the two operand tiles; PATH_STAGE K and V as stored, then the scales;
   // PATH_GATHER (one stage) only the scales, written by the plain loads.
   static constexpr int STAGE_BYTES = PATH == 0   ? TILE_BYTES + V_TILE_BYTES
@@ -106,6 +110,7 @@ struct PrefillShape {
   static_assert(KT % 16 == 0, "KV_TILE must be a multiple of 16");
   static_assert(D % 8 == 0 && D % VEC == 0 && DV % 8 == 0 && DV % VEC == 0,
                 "head_dim and v_head_dim must be multiples of 8 and of the vector width");
+  static_assert(!FP4 || (PATH == 1 && D % 16 == 0 && DV == D), "nvfp4 takes the stage path, whole scale groups");
 };
 
 // ---- the warp's matrix products, as C fragments of m16n8 tiles (kgen_simt_mma.h has the layout) ----
@@ -261,7 +266,7 @@ __device__ __forceinline__ void prefill_load_kv_tile(
     typename Cfg::q_t* k_s, typename Cfg::q_t* v_s, float* tok_sc, int kv0, int kv_end, const int* __restrict__ table,
     int kv_head,
     const typename Cfg::kv_t* __restrict__ k_cache, const typename Cfg::kv_t* __restrict__ v_cache,
-    const float* __restrict__ k_scale, const float* __restrict__ v_scale, long long k_s_block, long long k_s_head,
+    typename Cfg::scale_arg_t k_scale, typename Cfg::scale_arg_t v_scale, long long k_s_block, long long k_s_head,
     long long k_s_token, long long k_s_run, long long v_s_block, long long v_s_head, long long v_s_token,
     long long v_s_run, long long ks_s_block, long long ks_s_head, long long ks_s_token, long long vs_s_block,
     long long vs_s_head, long long vs_s_token) {
@@ -306,7 +311,7 @@ template <class Cfg>
 __device__ __forceinline__ void prefill_issue_tile(
     unsigned char* __restrict__ stage, int kv0, int kv_end, const int* __restrict__ table, int kv_head,
     const typename Cfg::kv_t* __restrict__ k_cache, const typename Cfg::kv_t* __restrict__ v_cache,
-    const float* __restrict__ k_scale, const float* __restrict__ v_scale, long long k_s_block, long long k_s_head,
+    typename Cfg::scale_arg_t k_scale, typename Cfg::scale_arg_t v_scale, long long k_s_block, long long k_s_head,
     long long k_s_token, long long k_s_run, long long v_s_block, long long v_s_head, long long v_s_token,
     long long v_s_run, long long ks_s_block, long long ks_s_head, long long ks_s_token, long long vs_s_block,
     long long vs_s_head, long long vs_s_token) {
@@ -328,14 +333,36 @@ __device__ __forceinline__ void prefill_issue_tile(
       const long long phys = table[key / B];
       const int slot = key % B;
       ksrc = k_cache + phys * k_s_block + (long long)kv_head * k_s_head + slot * k_s_token +
-             run_offset<Cfg::K_RUN>(d0, k_s_run);
+             run_offset<Cfg::K_RUN>(d0, k_s_run) / S::PER;
       vsrc = v_cache + phys * v_s_block + (long long)kv_head * v_s_head + slot * v_s_token +
-             run_offset<Cfg::V_RUN>(d0, v_s_run);
+             run_offset<Cfg::V_RUN>(d0, v_s_run) / S::PER;
     }
-    if (has_k) cp_async<S::COPY>(ks + i * ROW + d0, ksrc, valid ? S::COPY : 0);
-    if (has_v) cp_async<S::COPY>(vs + i * V_ROW + d0, vsrc, valid ? S::COPY : 0);
+    if (has_k) cp_async<S::COPY>(ks + (i * ROW + d0) / S::PER, ksrc, valid ? S::COPY : 0);
+    if (has_v) cp_async<S::COPY>(vs + (i * V_ROW + d0) / S::PER, vsrc, valid ? S::COPY : 0);
   }
-  if (!COPY && S::TOKEN_SCALES) {
+  if constexpr (S::FP4) {  // the keys' block-scale rows, K then V, zero-filled past kv_end like the values
+    constexpr int FC = Cfg::S_COPY, PIECES = S::GROUPS / FC;
+    unsigned char* fs = stage + S::SCALES_AT;
+    for (int c = threadIdx.x; c < 2 * KT * PIECES; c += S::THREADS) {
+      const bool is_v = c >= KT * PIECES;
+      const int r = is_v ? c - KT * PIECES : c, key = kv0 + r / PIECES, g0 = (r % PIECES) * FC;
+      const bool valid = key < kv_end;
+      const unsigned char* src = reinterpret_cast<const unsigned char*>(k_scale.block);
+      if (valid) {
+        const long long phys = table[key / B];
+        const int slot = key % B;
+        src = reinterpret_cast<const unsigned char*>(
+                  is_v ? v_scale.block + phys * vs_s_block + (long long)kv_head * vs_s_head + slot * vs_s_token
+                       : k_scale.block + phys * ks_s_block + (long long)kv_head * ks_s_head + slot * ks_s_token) + g0;
+      }
+      if constexpr (FC >= 4) {
+        cp_async<(FC >= 4 ? FC : 4)>(fs + c * FC, src, valid ? FC : 0);
+      } else {  // rows of fewer than 4 bytes a piece: a plain copy, landed at issue
+        fs[c] = valid ? src[0] : (unsigned char)0;
+      }
+    }
+  }
+  if constexpr (!COPY && S::TOKEN_SCALES) {
     float* ss = reinterpret_cast<float*>(stage + S::SCALES_AT);
     for (int c = threadIdx.x; c < 2 * KT; c += S::THREADS) {
       const int key = kv0 + c % KT;
@@ -352,8 +379,29 @@ __device__ __forceinline__ void prefill_issue_tile(
   }
 }
 
+// VEC elements [d0, d0 + VEC) of staged row i as floats; nvfp4: times their groups' e4m3 block
+// scales (`scales`: the tile's [key][group] bytes), e2m1 * e4m3 exactly (convert.cuh), a piece of
+// at most one group at a time.
+// W: the rows' width (head_dim for K, v_head_dim for V).
+template <class Cfg, int W>
+__device__ __forceinline__ void prefill_staged_chunk(const typename Cfg::kv_t* rows, const unsigned char* scales,
+                                                     int i, int d0, float* dst) {
+  typedef PrefillShape<Cfg> S;
+  if constexpr (S::FP4) {
+    constexpr int PIECE = S::VEC < 16 ? S::VEC : 16;
+#pragma unroll
+    for (int p = 0; p < S::VEC; p += PIECE) {
+      const int e = d0 + p;
+      load_fp4_as_float<PIECE>(rows + (i * W + e) / S::PER, scales[i * (W / 16) + e / 16], dst + p);
+    }
+  } else {
+    load_as_float<typename Cfg::kv_t, S::VEC>(rows + i * W + d0, dst);
+  }
+}
+
 // PATH_STAGE: convert a landed staging tile into the operand tiles (packed conversions), values as
-// stored: the scales are applied outside the products. Zero-filled keys stay zeros.
+// stored (nvfp4: times the block scales): the per-tensor and per-token scales are applied outside
+// the products. Zero-filled keys (values and block scales) stay zeros.
 template <class Cfg>
 __device__ __forceinline__ void prefill_convert_tile(typename Cfg::q_t* k_s, typename Cfg::q_t* v_s,
                                                      const unsigned char* stage) {
@@ -362,16 +410,17 @@ __device__ __forceinline__ void prefill_convert_tile(typename Cfg::q_t* k_s, typ
   constexpr int VEC = S::VEC, KT = S::KT;
   const KV* ks = reinterpret_cast<const KV*>(stage);
   const KV* vs = reinterpret_cast<const KV*>(stage + S::RAW_BYTES);
+  const unsigned char* fs = stage + S::SCALES_AT;  // nvfp4: K's block-scale rows, then V's
   constexpr int MC = S::MAX_CHUNKS;
   for (int idx = threadIdx.x; idx < KT * MC; idx += S::THREADS) {
     const int i = idx / MC, c = idx % MC, d0 = c * VEC;
     float kf[VEC], vf[VEC];
     if (S::CHUNKS == MC || c < S::CHUNKS) {
-      load_as_float<KV, VEC>(ks + i * S::D + d0, kf);
+      prefill_staged_chunk<Cfg, S::D>(ks, fs, i, d0, kf);
       store_vec_from_float<typename Cfg::q_t, VEC>(k_s + i * S::LD + d0, kf);
     }
     if (S::V_CHUNKS == MC || c < S::V_CHUNKS) {
-      load_as_float<KV, VEC>(vs + i * S::DV + d0, vf);
+      prefill_staged_chunk<Cfg, S::DV>(vs, fs + KT * S::GROUPS, i, d0, vf);
       store_vec_from_float<typename Cfg::q_t, VEC>(v_s + i * S::LDV + d0, vf);
     }
   }
@@ -382,7 +431,7 @@ __device__ __forceinline__ void paged_prefill_body(
     typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
     const typename Cfg::kv_t* __restrict__ k_cache, const typename Cfg::kv_t* __restrict__ v_cache,
     const int* __restrict__ q_indptr, const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    const float* __restrict__ k_scale, const float* __restrict__ v_scale, const float* __restrict__ alibi_slopes,
+    typename Cfg::scale_arg_t k_scale, typename Cfg::scale_arg_t v_scale, const float* __restrict__ alibi_slopes,
     float* __restrict__ part_o, float* __restrict__ part_ml, float* __restrict__ lse, int num_seqs,
     int max_blocks_per_seq, int max_partitions, long long q_s_tok, long long q_s_head, long long o_s_tok,
     long long o_s_head, long long k_s_block, long long k_s_head, long long k_s_token, long long k_s_run,
@@ -465,6 +514,7 @@ __device__ __forceinline__ void paged_prefill_body(
   float qk_scale = Cfg::SOFTMAX_SCALE, v_out = 1.0f, v_inv_ref = 1.0f;
   if constexpr (Cfg::SCALE_MODE == 1) qk_scale *= k_scale[0], v_out = v_scale[0];
   if constexpr (Cfg::SCALE_MODE == 2) qk_scale *= k_scale[kv_head], v_out = v_scale[kv_head];
+  if constexpr (S::FP4) qk_scale *= *k_scale.tensor, v_out = *v_scale.tensor;  // the block scales are in the tiles
   if constexpr (S::TOKEN_SCALES && SameType<T, __half>::value) {
     float mx = 0.0f;
     for (int key = lo + tid; key < hi; key += S::THREADS)

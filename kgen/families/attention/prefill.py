@@ -25,7 +25,14 @@ from kgen.families.attention.common import (
 from kgen.families.attention.decode_geometry import vector_width
 from kgen.families.base import Config, TunableParam, resolve_config
 from kgen.families.binding import host_values
-from kgen.formats.cache import CacheFormat, describe, head_dims_text, vllm_x
+from kgen.formats.cache import (
+    BLOCK_GROUP,
+    CacheFormat,
+    describe,
+    head_dims_text,
+    scale_dtype,
+    vllm_x,
+)
 from kgen.formats.dtypes import dtype
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 from kgen.plan.arch import smem_limit
@@ -76,11 +83,12 @@ def kv_path(spec) -> str:
     wider caches); "gather", plain loads that dequantize on the way (a VEC-element chunk of a key's
     row that is not contiguous in memory, as in vLLM's head_dim-major V, or a copy of 1 or 2 bytes)."""
     kv = spec.kv_cache
-    vec, item = vector_width(spec), dtype(kv.dtype).itemsize
+    vec = vector_width(spec)
+    copy = dtype(kv.dtype).bytes_for(vec)  # bytes per vector load (nvfp4: two elements a byte)
     k_run, v_run = (vllm_x(spec), 1) if CacheFormat.of(spec).vllm else (spec.attention.head_dim, spec.v_head_dim_value)
-    if k_run % vec or v_run % vec or vec * item not in (4, 8, 16):
+    if k_run % vec or v_run % vec or copy not in (4, 8, 16):
         return "gather"
-    if kv.dtype == spec.dtype.q and kv.scale == "none" and vec * item == 16:
+    if kv.dtype == spec.dtype.q and kv.scale == "none" and copy == 16:
         return "copy"
     return "stage"
 
@@ -88,19 +96,23 @@ def kv_path(spec) -> str:
 def smem_bytes(spec, warps: int, kv_tile: int, stages: int = 2) -> int:
     """The Q tile, then K/V (templates/common/paged_prefill.cuh, PrefillShape): operand tiles in q's
     type with rows padded by 16 bytes, `stages` of them on the copy path; on the stage path one
-    operand pair plus `stages` staging tiles as stored (and per-token scales); on the gather path one
-    operand pair (and per-token scales). Plus fp32 P per warp where the products are fp32 FMAs (fp32 q, or a target older
+    operand pair plus `stages` staging tiles as stored (and per-token scales, or nvfp4's block
+    scales: a byte per 16 elements of each K and V row); on the gather path one operand pair (and
+    per-token scales). Plus fp32 P per warp where the products are fp32 FMAs (fp32 q, or a target older
     than sm_80: no mma.sync m16n8k16)."""
     item = dtype(spec.dtype.q).itemsize
     D, DV = spec.attention.head_dim, spec.v_head_dim_value  # K's rows and V's
     ld, ldv = (-(-dim // 16) * 16 + 16 // item for dim in (D, DV))
     tiles = kv_tile * (ld + ldv) * item  # one K and one V operand tile
     path = kv_path(spec)
-    scales = 8 * kv_tile if CacheFormat.of(spec).per_token else 0  # a tile's K and V scales, fp32
+    fmt = CacheFormat.of(spec)
+    scales = 8 * kv_tile if fmt.per_token else 0  # a tile's K and V scales, fp32
+    if fmt.block_scaled:  # a tile's K and V block-scale rows, one e4m3 byte per BLOCK_GROUP elements
+        scales = _align16(2 * kv_tile * dtype(scale_dtype(spec)).bytes_for(spec.attention.head_dim // BLOCK_GROUP))
     if path == "copy":
         kv = stages * tiles
     elif path == "stage":
-        raws = sum(-(-kv_tile * dim * dtype(spec.kv_cache.dtype).itemsize // 16) * 16 for dim in (D, DV))
+        raws = sum(_align16(fmt.dtype.bytes_for(kv_tile * dim)) for dim in (D, DV))
         kv = tiles + stages * (raws + scales)
     else:
         kv = tiles + scales
@@ -114,6 +126,10 @@ def fma_scratch(spec) -> bool:
     return dtype(spec.dtype.q).itemsize == 4 or any(int(arch.removeprefix("sm_")) < 80 for arch in spec.targets)
 
 
+def _align16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
 def slices(spec) -> int:
     """Output slices on grid z: v_head_dim in OUT_SLICE columns each."""
     return -(-spec.v_head_dim_value // OUT_SLICE)
@@ -124,10 +140,6 @@ class PagedPrefillFamily(AttentionFamily):
     kind, template, rows, cases_module = "paged_prefill", "paged_prefill.cu.j2", PREFILL_ROWS, prefill_cases
     params = {"warps": TunableParam("warps", 0), "kv_tile": TunableParam("kv_tile", 0),
               "stages": TunableParam("stages", 0), "partition_size": TunableParam("partition_size", 256)}
-
-    def unsupported(self, spec) -> list[str]:
-        nvfp4 = ["kv_cache.dtype: nvfp4 prefill is not built yet (cache_write, copy_blocks and paged_decode are)"]
-        return super().unsupported(spec) + (nvfp4 if CacheFormat.of(spec).block_scaled else [])
 
     # ---- generation -------------------------------------------------------------------
     def check_config(self, spec, config: Config) -> list[str]:
@@ -181,7 +193,8 @@ class PagedPrefillFamily(AttentionFamily):
         return [
             f"num_q_heads {a.num_q_heads}, num_kv_heads {a.num_kv_heads} (query head h reads KV head h / "
             f"{spec.group_size}), {head_dims_text(spec)}, block_size {kv.block_size}, cache {describe(spec)}, "
-            f"scale {kv.scale}",
+            + ("scales: e4m3 per 16 elements and a tensor scale" if CacheFormat.of(spec).block_scaled
+               else f"scale {kv.scale}"),
             f"softmax scale {spec.softmax_scale_value!r}"
             + (f", logits soft-cap {a.logits_soft_cap} (s = cap*tanh(s/cap), applied before ALiBi)"
                if a.logits_soft_cap else "")

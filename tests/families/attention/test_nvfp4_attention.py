@@ -1,4 +1,4 @@
-"""paged_decode over nvfp4 caches (docs/abi.md, NVFP4 caches): the verifier's matrix on the CPU
+"""paged_decode and paged_prefill over nvfp4 caches (docs/abi.md, NVFP4 caches): the verifier's matrix on the CPU
 backend (data through the reference quantizer, garbage bytes and NaN e4m3 scales in every slot that
 must not be read, split-KV, NHD and HND, GQA groups on each side of mma_min_group), the golden's
 exact dequantization, the call's argument errors, and mutants the verifier must reject."""
@@ -152,11 +152,7 @@ def test_misaligned_block_scale_rows_are_refused(small):
         kern(**args)
 
 
-def test_prefill_and_mla_stay_refused_with_the_reason():
-    prefill = kgen.load_spec("specs/llama3_8b_prefill.yaml").with_overrides(
-        **{"kv_cache.dtype": "nvfp4", "kv_cache.scale": "none", "kv_cache.block_size": 16})
-    with pytest.raises(UnsupportedError, match="nvfp4 prefill is not built yet"):
-        kgen.build(prefill, backend="cpu", verify=False, archs=[])
+def test_mla_stays_refused_with_the_reason():
     mla = kgen.load_spec(EXAMPLE).with_overrides(
         **{"attention.num_q_heads": 16, "attention.num_kv_heads": 1, "attention.head_dim": 576,
            "attention.v_head_dim": 512, "attention.softmax_scale": 0.0722, "kv_cache.layout": "mla",
@@ -209,3 +205,132 @@ def test_torch_op_takes_uint8_pools_and_float_tensor_scales(small):
     got = op(q, t["k_cache"], t["v_cache"], t["block_tables"], t["seq_lens"], t["k_scale"], t["v_scale"], 0.01,
              0.02)
     assert np.array_equal(got.view(torch.uint16).numpy(), expect.view(np.uint16))
+
+
+# ---- paged_prefill (the stage path: nibbles and block scales staged, one dequantizing pass) ----------
+PREFILL = "specs/llama3_8b_prefill.yaml"
+
+
+def prefill_variant(order="NHD", q="fp16", heads=(8, 2), head_dim=64, block=16, **extra):
+    return kgen.load_spec(PREFILL).with_overrides(
+        name=f"nv_pre_{order}_{q}_{heads[0]}x{heads[1]}_{head_dim}_{block}",
+        **{"kv_cache.dtype": "nvfp4", "kv_cache.scale": "none", "kv_cache.order": order, "dtype.q": q,
+           "dtype.out": q, "attention.num_q_heads": heads[0], "attention.num_kv_heads": heads[1],
+           "attention.head_dim": head_dim, "kv_cache.block_size": block}, **extra)
+
+
+# (order, q, heads, head_dim, block, config): GQA 4 and 8, MHA, MQA; split-KV and single-pass; 16-byte
+# loads (32 elements: two scale groups); block-scale rows of 8, 4, 2 and 6 bytes (head_dim 96: copied
+# a byte at a time); one to three stages.
+PREFILL_MATRIX = [
+    ("NHD", "fp16", (8, 2), 64, 16, {"partition_size": 64}),
+    ("HND", "bf16", (16, 2), 128, 8, {"partition_size": 0, "stages": 1}),
+    ("NHD", "bf16", (4, 4), 32, 32, {"partition_size": 64, "kv_tile": 16, "stages": 3}),
+    ("HND", "fp16", (8, 1), 96, 16, {"partition_size": 64, "warps": 2}),
+]
+
+
+@pytest.mark.parametrize("combo", PREFILL_MATRIX, ids=lambda c: f"{c[0]}-{c[1]}-{c[2][0]}x{c[2][1]}-d{c[3]}-b{c[4]}")
+def test_prefill_matrix_passes(combo):
+    *shape, config = combo
+    spec = prefill_variant(*shape)
+    kern = kgen.build(spec, backend="cpu", config=config, archs=[], seed=12)
+    assert kern.report.passed, kern.report.summary()
+    names = {c.name for c in kern.report.cases}
+    assert {"chunk_1", "chunk_150", "small_chunk_long_prefix", "padded_pool", "shared_prefix",
+            "decode_equivalence"} <= names
+    if config["partition_size"]:
+        assert kern.kernel_names[-1].endswith("_merge") and "split_prefix_3P" in names
+    assert "static constexpr int KV_PATH = 1;" in kern.source  # staged, then dequantized
+
+
+@pytest.fixture(scope="module", params=["NHD", "HND"])
+def small_prefill(request):
+    spec = prefill_variant(order=request.param)
+    return spec, kgen.build(spec, backend="cpu", config={"partition_size": 0}, verify=False, archs=[])
+
+
+def _prefill_call(spec, rng, N=6):
+    """Two causal chunks: 5 query tokens at the end of 37 keys (blocks 4, 1, 0), a whole prompt of 20
+    (blocks 2, 5)."""
+    a = spec.attention
+    k, ks = _pool(rng, spec, N, 0.01)
+    v, vs = _pool(rng, spec, N, 0.02)
+    return dict(q=rng.normal(0, 1, (25, a.num_q_heads, a.head_dim)).astype(np.float16), k_cache=k, v_cache=v,
+                q_indptr=np.array([0, 5, 25], np.int32), block_tables=np.array([[4, 1, 0], [2, 5, 3]], np.int32),
+                seq_lens=np.array([37, 20], np.int32), k_scale=ks, v_scale=vs, k_tensor_scale=0.01,
+                v_tensor_scale=np.float32(0.02))
+
+
+def _tail(spec, x, block, first):
+    """Slots first.. of one pool block, in either order (HND: slots after the head axis)."""
+    return x[block, first:] if spec.kv_cache.order == "NHD" else x[block, :, first:]
+
+
+def test_prefill_garbage_and_nan_scales_past_the_lengths_change_nothing(small_prefill):
+    spec, kern = small_prefill
+    rng = np.random.default_rng(7)
+    args = _prefill_call(spec, rng)
+    clean = kern(**args).astype(np.float32)
+    ref, _ = attention_outputs(spec, args["q"], args)
+    assert np.abs(clean - ref).max() < 0.02 * np.abs(ref).max()
+    dirty = {k: (x.copy() if isinstance(x, np.ndarray) else x) for k, x in args.items()}
+    for name in ("k_scale", "v_scale"):
+        _tail(spec, dirty[name], 0, 37 - 32)[...] = 0x7F  # sequence 0's last block past its 37 keys: NaN
+        _tail(spec, dirty[name], 5, 20 - 16)[...] = 0xFF  # sequence 1's
+        dirty[name][3] = 0x7F  # a table entry past sequence 1's blocks: never read
+    for name in ("k_cache", "v_cache"):
+        for block, first in ((0, 5), (5, 4), (3, 0)):
+            tail = _tail(spec, dirty[name], block, first)
+            tail[...] = rng.integers(0, 256, tail.shape, dtype=np.uint8)
+    assert np.array_equal(kern(**dirty).astype(np.float32), clean)
+
+
+def test_prefill_smem_and_raw_tiles_follow_the_bits():
+    """prefill.py's shared memory for nvfp4: raw tiles of half a byte an element and a byte of scale per
+    16; the template's static_assert checks the same sum at compile time (every build above)."""
+    from kgen.families.attention.prefill import smem_bytes
+    spec = prefill_variant(heads=(32, 8), head_dim=128)
+    int8 = spec.with_overrides(**{"kv_cache.dtype": "int8", "kv_cache.scale": "per_tensor"})
+    raw_fp4, raw_int8, scales = 64 * 128 // 2, 64 * 128, 2 * 64 * 128 // 16
+    assert smem_bytes(int8, 4, 64, 2) - smem_bytes(spec, 4, 64, 2) == 2 * 2 * (raw_int8 - raw_fp4) - 2 * scales
+
+
+# mutants of the prefill source the verifier must reject: (old, new)
+PREFILL_MUTANTS = [
+    # every element of a row scaled by its first group's scale
+    ("scales[i * S::GROUPS + e / 16]", "scales[i * S::GROUPS]"),
+    # V dequantized with K's block scales
+    ("prefill_staged_chunk<Cfg>(vs, fs + KT * S::GROUPS, i, d0, vf)", "prefill_staged_chunk<Cfg>(vs, fs, i, d0, vf)"),
+    # the block-scale copies read past the sequence: the tail's NaN scales reach the tiles
+    ("const bool valid = key < kv_end;\n      const unsigned char* src",
+     "const bool valid = key < kv_end + 8;\n      const unsigned char* src"),
+    # the tensor scale forgotten on K
+    ("qk_scale *= *k_scale.tensor, v_out", "v_out"),
+    # the nibbles of each byte swapped
+    ("prefill_staged_chunk<Cfg>(ks, fs, i, d0, kf);",
+     "prefill_staged_chunk<Cfg>(ks, fs, i, d0, kf);\n    for (int e = 0; e < VEC; e += 2) { const float x = kf[e]; "
+     "kf[e] = kf[e + 1]; kf[e + 1] = x; }"),
+]
+
+
+@pytest.mark.parametrize("mutation", [None, *PREFILL_MUTANTS],
+                         ids=["control", "first_group_only", "v_with_k_scales", "tail_scales", "no_k_tensor_scale",
+                              "nibble_order"])
+def test_prefill_mutants_fail_verification(mutation):
+    # the prefill body is a provided header: the mutants edit a copy inlined into the source
+    from test_prefill_quantized_exact import _inlined
+    spec = prefill_variant()
+    report = verify(_inlined(spec, {"partition_size": 64}, [mutation] if mutation else []), seed=5)
+    assert report.passed == (mutation is None), report.summary()
+
+
+def test_specs_for_model_with_nvfp4_gives_three_buildable_specs():
+    from kgen.families.registry import support_problems
+    llama = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "hidden_size": 4096, "torch_dtype": "bfloat16"}
+    specs = kgen.specs_for_model(llama, kv_dtype="nvfp4")
+    assert sorted(specs) == ["cache_write", "decode", "prefill"]
+    for spec in specs.values():
+        assert spec.kv_cache.dtype == "nvfp4" and spec.kv_cache.scale == "none"
+        assert support_problems(spec) == [], spec.kind

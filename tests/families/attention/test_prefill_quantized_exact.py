@@ -170,11 +170,11 @@ def test_an_int8_per_token_head_prefill_verifies(config):
 # The defect this file was written for, put back into the staged path of a per_token_head cache: K and
 # V scaled before their conversion to q's type, and no scale outside the products.
 ROUND_DEQUANTIZED = [
-    ("      load_as_float<KV, VEC>(ks + i * S::D + d0, kf);\n",
-     "      load_as_float<KV, VEC>(ks + i * S::D + d0, kf);\n"
+    ("      prefill_staged_chunk<Cfg, S::D>(ks, fs, i, d0, kf);\n",
+     "      prefill_staged_chunk<Cfg, S::D>(ks, fs, i, d0, kf);\n"
      "      for (int e = 0; e < VEC; ++e) kf[e] *= reinterpret_cast<const float*>(stage + S::SCALES_AT)[i];\n"),
-    ("      load_as_float<KV, VEC>(vs + i * S::DV + d0, vf);\n",
-     "      load_as_float<KV, VEC>(vs + i * S::DV + d0, vf);\n"
+    ("      prefill_staged_chunk<Cfg, S::DV>(vs, fs + KT * S::GROUPS, i, d0, vf);\n",
+     "      prefill_staged_chunk<Cfg, S::DV>(vs, fs + KT * S::GROUPS, i, d0, vf);\n"
      "      for (int e = 0; e < VEC; ++e) vf[e] *= reinterpret_cast<const float*>(stage + S::SCALES_AT)[KT + i];\n"),
     ("s[j][i] * (qk_scale * tok_sc[col])", "s[j][i] * qk_scale"),
     ("s[j][i] *= tok_sc[S::KT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;", ";"),  # (bf16 q: v_inv_ref is 1)
