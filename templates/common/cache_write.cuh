@@ -121,7 +121,7 @@ __device__ __forceinline__ void cache_write_body(
       unsigned char* pool = reinterpret_cast<unsigned char*>(
           is_v ? sc.block + blk * vs_s_block + h * vs_s_head + off * vs_s_token
                : sc.block + blk * ks_s_block + h * ks_s_head + off * ks_s_token);
-      write_fp4_row<D>(src, reinterpret_cast<unsigned char*>(dst), pool, *sc.tensor, lane);
+      write_fp4_row<Cfg::HEAD_DIM>(src, reinterpret_cast<unsigned char*>(dst), pool, *sc.tensor, lane);  // nvfp4: V as wide as K
     } else if constexpr (Cfg::SCALE_MODE == 0) {
       for (int d = lane; d < D; d += 32) dst[(d / run) * s_run + d % run] = convert_value<kv_t>(src[d]);
     } else {

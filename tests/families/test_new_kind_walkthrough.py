@@ -128,4 +128,4 @@ def test_a_packed_sub_byte_row_counts_bytes_not_items():
     assert fp4.packed and fp4.bytes_for(32) == 16 and fp4.bytes_for(3) == 2
     with pytest.raises(ValueError, match="packed"):
         _ = fp4.itemsize
-    assert dtypes.dtype("int8").qmax == 127.0 and dtypes.QUANTIZED == {"fp8_e4m3", "fp8_e5m2", "int8"}
+    assert dtypes.dtype("int8").qmax == 127.0 and dtypes.QUANTIZED == {"fp8_e4m3", "fp8_e5m2", "int8", "nvfp4"}

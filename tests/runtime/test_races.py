@@ -273,6 +273,6 @@ def test_generated_decode_without_a_barrier_is_reported():
     assert "shared-memory race on __shared__ 'smem'" in msg, msg
     lines = mutant.splitlines()
     write = next(i for i, ln in enumerate(lines, 1) if "cp_async<S::K_COPY>(ks" in ln)  # the copy's issue
-    read = next(i for i, ln in enumerate(lines, 1) if "load_as_float<kv_t, VEC>(ks" in ln)
+    read = next(i for i, ln in enumerate(lines, 1) if "load_as_float<typename Cfg::kv_t, VEC>(rows + t * W" in ln)
     assert "kernel 'llama3_8b_decode' block (" in msg
     assert f"kernel.cu:{write}" in msg and f"kernel.cu:{read}" in msg, msg

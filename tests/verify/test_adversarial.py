@@ -55,9 +55,9 @@ def _run(kernel, names: set[str]):
 
 
 OUT_WRITE = "out[seq * o_s_seq + (long long)h * o_s_head + d] = from_float<typename Cfg::out_t>(acc * blk.inv_sum());"
-K_ROW = ("ksrc = k_cache + phys * k_s_block + kv_head * k_s_head + slot * k_s_token + "
-         "run_offset<Cfg::K_RUN>(d0, k_s_run);")
-V_ROW = "vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0;"
+K_ROW = ("ksrc = k_cache + phys * k_s_block + kv_head * k_s_head + slot * k_s_token +\n"
+         "                 run_offset<Cfg::K_RUN>(d0, k_s_run) / S::PER;")
+V_ROW = "vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0 / S::PER;"
 KV_ROWS = K_ROW + "\n          " + V_ROW  # the K loop's (V rows of their own width have a loop of their own)
 LSE_WRITE = "lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = blk.lse();"
 SCALES = "  // Per-tensor / per-head dequantisation scales (per-token ones come with each tile).\n"

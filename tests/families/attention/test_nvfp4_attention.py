@@ -167,9 +167,9 @@ MUTANTS = [
     (0, "const bool valid = t >= lo && t < hi;\n          const unsigned char* src",
      "const bool valid = t >= lo && t < hi + 8;\n          const unsigned char* src"),
     # CUDA cores: every element of a row scaled by its first group's scale
-    (0, "scales[t * S::GROUPS + e / 16]", "scales[t * S::GROUPS]"),
+    (0, "scales[t * (W / 16) + e / 16]", "scales[t * (W / 16)]"),
     # CUDA cores: V dequantized with K's block scales
-    (0, "load_row_chunk<Cfg, VEC>(vs, fs + NT * S::GROUPS,", "load_row_chunk<Cfg, VEC>(vs, fs,"),
+    (0, "load_row_chunk<Cfg, VEC, DV>(vs, fs + NT * S::GROUPS,", "load_row_chunk<Cfg, VEC, DV>(vs, fs,"),
     # tensor cores: the same over-read of the tail's block scales
     (2, "const bool valid = pos >= tok_begin && pos < tok_end;\n      const unsigned char* src",
      "const bool valid = pos >= tok_begin && pos < tok_end + 8;\n      const unsigned char* src"),
