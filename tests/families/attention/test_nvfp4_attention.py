@@ -299,17 +299,18 @@ def test_prefill_smem_and_raw_tiles_follow_the_bits():
 # mutants of the prefill source the verifier must reject: (old, new)
 PREFILL_MUTANTS = [
     # every element of a row scaled by its first group's scale
-    ("scales[i * S::GROUPS + e / 16]", "scales[i * S::GROUPS]"),
+    ("scales[i * (W / 16) + e / 16]", "scales[i * (W / 16)]"),
     # V dequantized with K's block scales
-    ("prefill_staged_chunk<Cfg>(vs, fs + KT * S::GROUPS, i, d0, vf)", "prefill_staged_chunk<Cfg>(vs, fs, i, d0, vf)"),
+    ("prefill_staged_chunk<Cfg, S::DV>(vs, fs + KT * S::GROUPS, i, d0, vf)",
+     "prefill_staged_chunk<Cfg, S::DV>(vs, fs, i, d0, vf)"),
     # the block-scale copies read past the sequence: the tail's NaN scales reach the tiles
     ("const bool valid = key < kv_end;\n      const unsigned char* src",
      "const bool valid = key < kv_end + 8;\n      const unsigned char* src"),
     # the tensor scale forgotten on K
     ("qk_scale *= *k_scale.tensor, v_out", "v_out"),
     # the nibbles of each byte swapped
-    ("prefill_staged_chunk<Cfg>(ks, fs, i, d0, kf);",
-     "prefill_staged_chunk<Cfg>(ks, fs, i, d0, kf);\n    for (int e = 0; e < VEC; e += 2) { const float x = kf[e]; "
+    ("prefill_staged_chunk<Cfg, S::D>(ks, fs, i, d0, kf);",
+     "prefill_staged_chunk<Cfg, S::D>(ks, fs, i, d0, kf);\n      for (int e = 0; e < VEC; e += 2) { const float x = kf[e]; "
      "kf[e] = kf[e + 1]; kf[e + 1] = x; }"),
 ]
 
