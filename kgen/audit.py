@@ -1,4 +1,4 @@
-"""Audits in service: `kern.audit(rate)` checks a random sample of a kernel's calls (DESIGN §4).
+"""Audits in service: `kern.audit(rate)` checks a random sample of a kernel's calls (docs/ai-kernels.md).
 
 The wrapper returns exactly what the audited kernel returns; on a sampled call it also
 recomputes the call with a trusted computation and compares the two with the verifier's own

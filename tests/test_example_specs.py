@@ -42,7 +42,7 @@ def test_split_kv_example_splits_by_default():
 
 
 def test_deepseek_v3_mha_prefill_example():
-    """The v_head_dim example (DESIGN §3.5): DeepSeek-V3's MHA prefill on one TP-8 shard builds,
+    """The v_head_dim example (docs/abi.md): DeepSeek-V3's MHA prefill on one TP-8 shard builds,
     verifies and compiles for sm_90 without spills; its scale is the model's YaRN-corrected one."""
     spec = kgen.load_spec(SPECS / "deepseek_v3_mha_prefill.yaml")
     a = spec.attention

@@ -1,5 +1,5 @@
 """The nvfp4 reference quantizer (kgen/formats/nvfp4.py) against ml_dtypes' own e2m1 and e4m3
-types and against the DESIGN rule written out element by element."""
+types and against the format's rule (docs/abi.md) written out element by element."""
 
 import ml_dtypes
 import numpy as np
@@ -65,7 +65,7 @@ def test_e4m3_rounding_ties_subnormals_and_saturation():
 
 
 def _rule(row: np.ndarray, ts: float) -> tuple[list[int], list[int]]:
-    """DESIGN §3.6 written out one group and one element at a time, in np.float32 scalars."""
+    """The nvfp4 rule (docs/abi.md) written out one group and one element at a time, in np.float32 scalars."""
     ts = np.float32(ts)
     nibbles, scales = [], []
     for g in range(0, row.size, 16):

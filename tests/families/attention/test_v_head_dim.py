@@ -1,4 +1,4 @@
-"""attention.v_head_dim on the separate layout (DESIGN §3.5, docs/abi.md): q and K at head_dim,
+"""attention.v_head_dim on the separate layout (docs/abi.md): q and K at head_dim,
 V, out and the split scratch at v_head_dim. Decode (both bodies) and prefill verified on the CPU
 backend at block and partition boundaries, with v_head_dim both below and above head_dim, float
 and fp8 caches, GQA, split-KV, the LSE, NHD and HND; the call's shapes; `kgen abi`."""

@@ -170,7 +170,7 @@ def test_verifier_rejects_mutant(combo, old, new, case):
     assert "FAILED" in report.summary()
 
 
-# ---- key and value rows of their own widths (attention.v_head_dim, DESIGN §3.5) --------------
+# ---- key and value rows of their own widths (attention.v_head_dim, docs/abi.md) --------------
 TWO_WIDTHS = [  # (cache, scale, order, q, head_dim, v_head_dim)
     ("fp16", "none", "NHD", "fp16", 192, 128),
     ("int8", "per_token_head", "HND", "bf16", 64, 96),
