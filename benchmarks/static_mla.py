@@ -38,7 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from static_perf import find_nvcc, flashinfer_data, md_table, nvcc_cubin  # noqa: E402
+from static_perf import (  # noqa: E402
+    find_nvcc,
+    flashinfer_data,
+    md_table,
+    nvcc_cubin,
+    replace_between,
+)
 
 from kgen.cache import ArtifactCache, content_key  # noqa: E402
 from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report  # noqa: E402
@@ -340,15 +346,6 @@ def report(cache: ArtifactCache, flashmla_src: Path | None) -> str:
     return "\n".join(parts) + "\n"
 
 
-def write_doc(path: Path, text: str) -> None:
-    block = f"{DOC_BEGIN}\n{text}{DOC_END}"
-    old = path.read_text()
-    if DOC_BEGIN not in old or DOC_END not in old:
-        raise SystemExit(f"{path}: no {DOC_BEGIN} ... {DOC_END} markers to replace")
-    head, rest = old.split(DOC_BEGIN, 1)
-    path.write_text(head + block + rest.split(DOC_END, 1)[1])
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--flashmla-src", type=Path, help="a deepseek-ai/FlashMLA checkout (its sm90 decode kernel)")
@@ -358,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report(ArtifactCache(), args.flashmla_src)
     print(text)
     if args.doc:
-        write_doc(Path(args.doc), text)
+        replace_between(Path(args.doc), text, DOC_BEGIN, DOC_END)
     print(f"({time.perf_counter() - t0:.1f} s; every figure above is a static ESTIMATE, see the notes)")
     return 0
 

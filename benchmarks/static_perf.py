@@ -593,13 +593,17 @@ def report(subjects: list[Subject], skipped: list[str], fp8_label: str | None = 
 
 
 def write_doc(path: Path, text: str) -> None:
-    """Replace what lies between the markers (the rest of the page is hand-written)."""
-    block = f"{DOC_BEGIN}\n{text}{DOC_END}"
-    old = path.read_text() if path.exists() else f"# Performance\n\n{DOC_BEGIN}\n{DOC_END}\n"
-    if DOC_BEGIN not in old or DOC_END not in old:
-        raise SystemExit(f"{path}: no {DOC_BEGIN} ... {DOC_END} markers to replace")
-    head, rest = old.split(DOC_BEGIN, 1)
-    path.write_text(head + block + rest.split(DOC_END, 1)[1])
+    """Replace what lies between this benchmark's markers (the rest of the page is hand-written)."""
+    replace_between(path, text, DOC_BEGIN, DOC_END)
+
+
+def replace_between(path: Path, text: str, begin: str, end: str) -> None:
+    """Write `text` between the markers `begin` and `end` of the page at `path` (each benchmark its own)."""
+    old = path.read_text() if path.exists() else f"# Performance\n\n{begin}\n{end}\n"
+    if begin not in old or end not in old:
+        raise SystemExit(f"{path}: no {begin} ... {end} markers to replace")
+    head, rest = old.split(begin, 1)
+    path.write_text(head + f"{begin}\n{text}{end}" + rest.split(end, 1)[1])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,7 +36,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from static_perf import find_nvcc, flashinfer_data, md_table, nvcc_cubin  # noqa: E402
+from static_perf import (  # noqa: E402
+    find_nvcc,
+    flashinfer_data,
+    md_table,
+    nvcc_cubin,
+    replace_between,
+)
 
 from kgen.cache import ArtifactCache, content_key  # noqa: E402
 from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report  # noqa: E402
@@ -583,15 +589,6 @@ def report(cache: ArtifactCache) -> str:
     return "\n".join(parts) + "\n"
 
 
-def write_doc(path: Path, text: str) -> None:
-    block = f"{DOC_BEGIN}\n{text}{DOC_END}"
-    old = path.read_text()
-    if DOC_BEGIN not in old or DOC_END not in old:
-        raise SystemExit(f"{path}: no {DOC_BEGIN} ... {DOC_END} markers to replace")
-    head, rest = old.split(DOC_BEGIN, 1)
-    path.write_text(head + block + rest.split(DOC_END, 1)[1])
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--doc", help="write the tables into this markdown file between its static_prefill markers")
@@ -600,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report(ArtifactCache())
     print(text)
     if args.doc:
-        write_doc(Path(args.doc), text)
+        replace_between(Path(args.doc), text, DOC_BEGIN, DOC_END)
     print(f"({time.perf_counter() - t0:.1f} s; every figure above is a static ESTIMATE, see the assumptions)")
     return 0
 
