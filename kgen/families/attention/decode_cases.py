@@ -359,8 +359,13 @@ def _launch(kernel, case: Case, args: dict, sparse: dict, rng: np.random.Generat
     outputs = {g.name: to_backend(g.view, kernel.backend) for g in buffers}
     kernel(**given, **outputs, plan=plan)
 
-    out_dtype = spec.dtype.resolved_out
-    result = check_output(name, lens, to_numpy(outputs["out"]), ref.out, lowp.out, out_dtype,
+    return judge_outputs(spec, name, lens, outputs, ref, lowp, buffers, seals, given)
+
+
+def judge_outputs(spec, name: str, lens: list[int], outputs: dict, ref, lowp, buffers, seals, given) -> list[CaseResult]:
+    """One row per sequence's out (and lse when the call wrote it) against the reference, with the
+    tripwires of the guarded buffers and sealed inputs charged to the out row."""
+    result = check_output(name, lens, to_numpy(outputs["out"]), ref.out, lowp.out, spec.dtype.resolved_out,
                           ref.magnitude, ref.logit_magnitude, **head_dims(spec))
     results = [result]
     if "lse" in outputs:

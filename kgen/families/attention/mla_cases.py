@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from kgen.arrays import args_to_backend, to_backend, to_numpy
-from kgen.families.attention.decode_cases import _references, _strided, make_decode_case
+from kgen.arrays import args_to_backend, to_backend
+from kgen.families.attention.decode_cases import (
+    _references,
+    _strided,
+    judge_outputs,
+    make_decode_case,
+)
 from kgen.families.attention.prefill_cases import (
     check,
     make_prefill_case,
@@ -22,8 +27,8 @@ from kgen.families.attention.serving import draw_serving, prefill_output
 from kgen.families.base import Bench, Case, Config
 from kgen.formats.cache import CacheFormat
 from kgen.formats.dtypes import dtype
-from kgen.verify.judge.bounds import check_lse, check_output, head_dims
-from kgen.verify.judge.guards import Guarded, guarded, seal, tripwires
+from kgen.verify.judge.bounds import check_output, head_dims
+from kgen.verify.judge.guards import Guarded, guarded, seal
 from kgen.verify.judge.report import CaseResult
 
 
@@ -107,14 +112,7 @@ def _launch(kernel, case: Case, args: dict, rng: np.random.Generator) -> list[Ca
     given = {n: to_backend(x, kernel.backend) for n, x in args.items()}
     outputs = {g.name: to_backend(g.view, kernel.backend) for g in buffers}
     kernel(**given, **outputs, plan=plan)
-    result = check_output(name, lens, to_numpy(outputs["out"]), ref.out, lowp.out, spec.dtype.resolved_out,
-                          ref.magnitude, ref.logit_magnitude, **head_dims(spec))
-    results = [result]
-    if "lse" in outputs:
-        results.append(check_lse(f"{name}_lse", lens, to_numpy(outputs["lse"]), ref.lse, lowp.lse,
-                                 ref.logit_magnitude, spec.attention.head_dim))
-    tripwires(result, {g.name: g for g in buffers}, seals, {**given, **outputs})
-    return results
+    return judge_outputs(spec, name, lens, outputs, ref, lowp, buffers, seals, given)
 
 
 def bench(spec, bucket: tuple[int, int], rng: np.random.Generator) -> Bench:
