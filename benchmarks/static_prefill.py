@@ -551,6 +551,186 @@ def assumptions(groups, skipped) -> str:
     ])
 
 
+# ---- goals (issue 22 item 4): computed from this run's estimates, never typed in -----------------------
+GOAL_SHAPE = "prompt 4K"   # the peak goal's shape, fp16 KV
+GOAL_FRACTION = 0.60       # of the dense peak
+MIXED_SLACK = 0.10         # the mixed launch may take at most this much longer than its parts run alone
+PRINTED = 5e-3             # a ratio that prints as 1.00x counts as met (static_perf's targets do the same)
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One row of the goals table: `met` None when it cannot be judged (a row or an estimate missing)."""
+
+    goal: str
+    kernel: str
+    where: str                 # GQA and KV dtype
+    against: str
+    figure: str
+    target: str
+    met: bool | None
+
+    @property
+    def verdict(self) -> str:
+        return "n/a" if self.met is None else ("met" if self.met else "MISSED")
+
+
+def is_kgen(k: Kernel) -> bool:
+    return k.label.startswith("kgen")
+
+
+def mma_path(k: Kernel) -> str:
+    """The tensor-core path of a kernel's main loop, read from its SASS: FlashInfer's kernel for the same
+    arch as a kgen kernel is the one on the same path (sm80: mma.sync, sm90: wgmma)."""
+    return "wgmma" if any(s.startswith("HGMMA") for s in k.work.mma) else "mma.sync"
+
+
+def group_name(model: str, kv: str) -> str:
+    return f"{model.split(' (')[0]}, {kv}"
+
+
+def mixed_parts(seqs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """A mixed batch's parts as they would run alone: its prefill chunks as one launch, its decode rows
+    (q_len 1) as another."""
+    parts = [[s for s in seqs if s[0] > 1], [s for s in seqs if s[0] == 1]]
+    return [p for p in parts if p]
+
+
+def shape_estimates(k: Kernel, spec, pipes: pf.PrefillPipes = PIPES) -> dict[str, pf.PrefillEstimate | None]:
+    """The kernel's estimate at every shape of the tables (None where its launch cannot cover the shape)."""
+    a, out = spec.attention, {}
+    for name, seqs in SHAPES:
+        try:
+            out[name] = k.estimate(seqs, a.num_q_heads, a.num_kv_heads, pipes)
+        except ValueError:
+            out[name] = None
+    return out
+
+
+def peak_goal(kgen: dict[str, pf.PrefillEstimate | None], where: str) -> Goal:
+    """The best of kgen's kernels ({label: estimate at GOAL_SHAPE}) against GOAL_FRACTION of the peak."""
+    known = {label: e for label, e in kgen.items() if e is not None}
+    goal = f"{GOAL_SHAPE} causal >= {GOAL_FRACTION:.0%} of the dense peak (best kgen sm_90 kernel)"
+    if not known:
+        return Goal(goal, ", ".join(kgen) or "none", where, "-", "n/a", f">= {GOAL_FRACTION:.0%}", None)
+    label, e = max(known.items(), key=lambda x: x[1].fraction)
+    return Goal(goal, label, where, "-", f"{e.fraction:.0%} ({e.tflops / 1e12:.0f} TFLOP/s, {e.bound})",
+                f">= {GOAL_FRACTION:.0%}", e.fraction >= GOAL_FRACTION)
+
+
+def speed_ratio(ours: pf.PrefillEstimate | None, theirs: pf.PrefillEstimate | None) -> float | None:
+    """Their time over ours (the same FLOP: our TFLOP/s over theirs); >= 1: ours at least as fast."""
+    return None if ours is None or theirs is None else theirs.seconds / ours.seconds
+
+
+def versus_goal(goal: str, kernel: str, where: str, against: str, ratios: dict[str, float | None]) -> Goal:
+    """Every shape's ratio >= 1.00x: MISSED when one falls short, n/a when none (or not all) can be judged."""
+    known = {s: r for s, r in ratios.items() if r is not None}
+    if not known:
+        return Goal(goal, kernel, where, against, "no shape comparable", ">= 1.00x at every shape", None)
+    worst = min(known, key=known.get)
+    below = sum(r < 1 - PRINTED for r in known.values())
+    figure = f"worst {known[worst]:.2f}x at {worst}; {below} of {len(known)} shapes under 1.00x"
+    if len(known) < len(ratios):
+        figure += f" ({len(ratios) - len(known)} n/a)"
+    met = False if below else (True if len(known) == len(ratios) else None)
+    return Goal(goal, kernel, where, against, figure, ">= 1.00x at every shape", met)
+
+
+def mixed_goal(kernel: str, where: str, mixed: pf.PrefillEstimate | None,
+               parts: list[pf.PrefillEstimate | None]) -> Goal:
+    """The mixed launch's time against the sum of its parts' launches alone, within MIXED_SLACK (being
+    faster than the parts meets it: mixing must not cost more than running them apart)."""
+    goal = f"mixed batch within {MIXED_SLACK:.0%} of its parts run alone"
+    target = f"<= {1 + MIXED_SLACK:.2f}x"
+    if mixed is None or not parts or any(p is None for p in parts):
+        return Goal(goal, kernel, where, "parts alone", "n/a", target, None)
+    alone = sum(p.seconds for p in parts)
+    ratio = mixed.seconds / alone
+    figure = (f"{mixed.seconds * 1e6:.1f} us vs {alone * 1e6:.1f} us "
+              f"({' + '.join(f'{p.seconds * 1e6:.1f}' for p in parts)}) = {ratio:.2f}x")
+    return Goal(goal, kernel, where, "its parts alone (same model and planner)", figure, target,
+                ratio <= 1 + MIXED_SLACK)
+
+
+def best_per_shape(ests: dict[str, dict[str, pf.PrefillEstimate | None]]) -> dict[str, tuple[str, pf.PrefillEstimate] | None]:
+    """{shape: (label, estimate)} of the fastest of these kernels ({label: {shape: estimate}}) at each shape."""
+    out = {}
+    for name, _ in SHAPES:
+        known = [(label, e[name]) for label, e in ests.items() if e.get(name) is not None]
+        out[name] = min(known, key=lambda x: x[1].seconds) if known else None
+    return out
+
+
+def goals(groups, pipes: pf.PrefillPipes = PIPES) -> tuple[list[Goal], list[list[str]]]:
+    """(issue 22's goals for every kgen kernel row present, the per-shape ratio rows behind the
+    FlashInfer goals), all from the model's estimates in this run."""
+    rows, ratio_rows = [], []
+    versus = "every shape >= FlashInfer's kernel for the same arch"
+
+    def add_versus(kernel: str, where: str, against: str, ratios: dict[str, float | None]) -> None:
+        rows.append(versus_goal(versus, kernel, where, against, ratios))
+        ratio_rows.append([kernel, against, where, *("n/a" if r is None else f"{r:.2f}x" + (
+            "" if r >= 1 - PRINTED else " (MISSED)") for r in ratios.values())])
+
+    for (model, kv), (spec, kernels) in groups.items():
+        where = group_name(model, kv)
+        ests = {k.label: shape_estimates(k, spec, pipes) for k in kernels}
+        ours = [k for k in kernels if is_kgen(k)]
+        fi = [k for k in kernels if not is_kgen(k)]
+        if kv == "fp16":
+            rows.append(peak_goal({k.label: ests[k.label][GOAL_SHAPE] for k in ours}, where))
+        for k in ours:
+            same = [f for f in fi if mma_path(f) == mma_path(k)]
+            if not same:
+                rows.append(Goal(versus, k.label, where, f"no FlashInfer {mma_path(k)} kernel built", "n/a",
+                                 ">= 1.00x at every shape", None))
+            for f in same:
+                add_versus(k.label, where, f.label, {s: speed_ratio(ests[k.label][s], ests[f.label][s])
+                                                     for s, _ in SHAPES})
+        if fi and (len(ours) > 1 or len(fi) > 1):  # else the row above is already this one
+            best_k = best_per_shape({k.label: ests[k.label] for k in ours})
+            best_f = best_per_shape({f.label: ests[f.label] for f in fi})
+            add_versus("best kgen sm_90 kernel per shape", where, f"best of FlashInfer's {len(fi)} sm_90 kernels "
+                       "per shape",
+                       {s: None if best_k[s] is None or best_f[s] is None else speed_ratio(best_k[s][1], best_f[s][1])
+                        for s, _ in SHAPES})
+        a = spec.attention
+        for k in ours:
+            mixed = ests[k.label][SHAPES[-1][0]]
+            parts = []
+            for seqs in mixed_parts(SHAPES[-1][1]):
+                try:
+                    parts.append(k.estimate(seqs, a.num_q_heads, a.num_kv_heads, pipes))
+                except ValueError:
+                    parts.append(None)
+            rows.append(mixed_goal(k.label, where, mixed, parts))
+    return rows, ratio_rows
+
+
+def goals_section(groups) -> str:
+    """The goals table and the per-shape ratios behind it (report()'s hook)."""
+    rows, ratio_rows = goals(groups)
+    table = md_table(["goal", "kgen kernel", "GQA, KV", "against", "figure (ESTIMATE)", "target", "verdict"],
+                     [[g.goal, g.kernel, g.where, g.against, g.figure, g.target, g.verdict] for g in rows])
+    ratios = md_table(["kgen kernel", "FlashInfer kernel", "GQA, KV", *(s for s, _ in SHAPES)], ratio_rows)
+    mixed = SHAPES[-1][0]
+    return "\n".join([
+        "\n### Goals (issue 22), from the estimates above\n",
+        f"Computed in this run from the model's estimates (mma.sync at {PIPES.mma_sync_fraction} of the peak; "
+        f"at 0.5 the mma.sync figures fall, see the sensitivity table). The sm_90 peak goal takes kgen's best "
+        f"kernel at {GOAL_SHAPE} (fp16 KV); the FlashInfer goal compares each kgen kernel with FlashInfer's "
+        "kernel on the same tensor-core path (mma.sync: its sm80 path; wgmma: its sm90 path; read from the "
+        "SASS), and, where several kernels exist, kgen's best sm_90 kernel with FlashInfer's best per shape "
+        f"(time ratio: FlashInfer's time / kgen's, above 1 kgen is faster); the mixed goal compares the "
+        f"'{mixed}' launch with its {' and '.join(f'{len(p)} x q_len {p[0][0]}' for p in mixed_parts(SHAPES[-1][1]))} "
+        "sequences run as separate launches, each planned (kern.plan) and estimated by the same model.\n",
+        table,
+        "\n**FlashInfer time / kgen time per shape** (ESTIMATES; the rows behind the FlashInfer goal)\n",
+        ratios,
+    ])
+
+
 def report(cache: ArtifactCache) -> str:
     groups, skipped = build(cache)
     fa2, errors, errors_half, errors90 = fa2_table(groups, find_cuobjdump(), cache)
@@ -569,6 +749,7 @@ def report(cache: ArtifactCache) -> str:
         "### Estimated prefill throughput on H200 (sm_90), TFLOP/s\n",
         f"Shapes: {', '.join(s for s, _ in SHAPES)} ({MIXED_NOTE}).",
         estimate_table(groups),
+        goals_section(groups),
         "\n### The same with mma.sync at half the dense peak (sensitivity, fp16 KV; wgmma rows unchanged)\n",
         estimate_table(sens, half),
         "\n### CTAs of the main launch (busy: with at least one KV tile)\n",
