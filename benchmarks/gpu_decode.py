@@ -89,12 +89,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 # ---- timing -----------------------------------------------------------------------------------------
-def time_per_call(torch, call, sets: int, budget_s: float, device: str = "cuda") -> tuple[float, float]:
-    """(device seconds, host seconds) per call, medians of 5 samples: CUDA events around n back-to-back
-    calls (input set i % sets), n sized so one sample takes about budget_s / 5, 3 warm-up calls first;
-    the host figure is the wall time the loop took to enqueue them (when it is close to the device
-    figure, the launches were host-bound). In the CPU dry run both are the wall clock."""
-    for i in range(3):
+def time_per_call(torch, call, sets: int, budget_s: float, device: str = "cuda", min_calls: int = 10,
+                  samples: int = 5) -> tuple[float, float]:
+    """(device seconds, host seconds) per call, medians of `samples` samples: CUDA events around n
+    back-to-back calls (input set i % sets), n sized so one sample takes about budget_s / samples (at
+    least min_calls), min(3, min_calls) warm-up calls first; the host figure is the wall time the loop
+    took to enqueue them (when it is close to the device figure, the launches were host-bound). Long
+    calls (a 64K-token prefill) take a small min_calls. In the CPU dry run both are the wall clock."""
+    for i in range(min(3, min_calls)):
         call(i % sets)
     if device == "cpu":
         samples = []
@@ -116,8 +118,8 @@ def time_per_call(torch, call, sets: int, budget_s: float, device: str = "cuda")
         stop.synchronize()
         return start.elapsed_time(stop) / 1e3 / n, host / n
 
-    n = max(10, min(5000, int(budget_s / 5 / max(sample(5)[0], 1e-7))))
-    runs = [sample(n) for _ in range(5)]
+    n = max(min_calls, min(5000, int(budget_s / samples / max(sample(min(5, min_calls))[0], 1e-7))))
+    runs = [sample(n) for _ in range(samples)]
     return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
