@@ -591,6 +591,11 @@ def group_name(model: str, kv: str) -> str:
     return f"{model.split(' (')[0]}, {kv}"
 
 
+def mixed_shape() -> tuple[str, list[tuple[int, int]]]:
+    """The tables' mixed batch: (label, sequences)."""
+    return next((label, seqs) for label, seqs in SHAPES if seqs is MIXED)
+
+
 def mixed_parts(seqs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
     """A mixed batch's parts as they would run alone: its prefill chunks as one launch, its decode rows
     (q_len 1) as another."""
@@ -698,10 +703,11 @@ def goals(groups, pipes: pf.PrefillPipes = PIPES) -> tuple[list[Goal], list[list
                        {s: None if best_k[s] is None or best_f[s] is None else speed_ratio(best_k[s][1], best_f[s][1])
                         for s, _ in SHAPES})
         a = spec.attention
+        mixed_label, mixed_seqs = mixed_shape()
         for k in ours:
-            mixed = ests[k.label][SHAPES[-1][0]]
+            mixed = ests[k.label][mixed_label]
             parts = []
-            for seqs in mixed_parts(SHAPES[-1][1]):
+            for seqs in mixed_parts(mixed_seqs):
                 try:
                     parts.append(k.estimate(seqs, a.num_q_heads, a.num_kv_heads, pipes))
                 except ValueError:
@@ -716,7 +722,7 @@ def goals_section(groups) -> str:
     table = md_table(["goal", "kgen kernel", "GQA, KV", "against", "figure (ESTIMATE)", "target", "verdict"],
                      [[g.goal, g.kernel, g.where, g.against, g.figure, g.target, g.verdict] for g in rows])
     ratios = md_table(["kgen kernel", "FlashInfer kernel", "GQA, KV", *(s for s, _ in SHAPES)], ratio_rows)
-    mixed = SHAPES[-1][0]
+    mixed, mixed_seqs = mixed_shape()
     return "\n".join([
         "\n### Goals (issue 22), from the estimates above\n",
         f"Computed in this run from the model's estimates (mma.sync at {PIPES.mma_sync_fraction} of the peak; "
@@ -725,7 +731,7 @@ def goals_section(groups) -> str:
         "kernel on the same tensor-core path (mma.sync: its sm80 path; wgmma: its sm90 path; read from the "
         "SASS), and, where several kernels exist, kgen's best sm_90 kernel with FlashInfer's best per shape "
         f"(time ratio: FlashInfer's time / kgen's, above 1 kgen is faster); the mixed goal compares the "
-        f"'{mixed}' launch with its {' and '.join(f'{len(p)} x q_len {p[0][0]}' for p in mixed_parts(SHAPES[-1][1]))} "
+        f"'{mixed}' launch with its {' and '.join(f'{len(p)} x q_len {p[0][0]}' for p in mixed_parts(mixed_seqs))} "
         "sequences run as separate launches, each planned (kern.plan) and estimated by the same model.\n",
         table,
         "\n**FlashInfer time / kgen time per shape** (ESTIMATES; the rows behind the FlashInfer goal)\n",

@@ -83,7 +83,7 @@ def test_kgen_paths_are_probed_from_the_family(monkeypatch):
 
 
 def test_mixed_line_and_table_from_rows():
-    mixed = sp.SHAPES[-1][0]
+    mixed = sp.mixed_shape()[0]
     shapes = gp.default_shapes()
     labels = [label for label, _ in shapes if label.startswith(mixed)]
     rows = [{"spec": "s", "gqa": 4, "path": "p", "shape": label, "kgen_s": t, "flop": 1e9}

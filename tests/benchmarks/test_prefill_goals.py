@@ -47,6 +47,7 @@ def test_mixed_goal_against_the_sum_of_its_parts():
     assert g.verdict == "MISSED" and g.figure.endswith("= 1.20x")
     assert sp.mixed_goal("k", "w", _est(0.7), [_est(0.5), _est(0.5)]).verdict == "met"  # faster mixed
     assert sp.mixed_goal("k", "w", _est(1.0), [_est(0.5), None]).verdict == "n/a"
+    assert sp.mixed_shape() == (sp.SHAPES[-1][0], sp.MIXED)
     chunks, decodes = sp.mixed_parts(sp.MIXED)
     assert chunks == [(256, 4096)] * 8 and decodes == [(1, 4096)] * 56
     assert sorted(chunks + decodes) == sorted(sp.MIXED)
