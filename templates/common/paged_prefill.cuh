@@ -136,16 +136,18 @@ struct PrefillMath<Cfg, true> {
       for (int j = 0; j < S::NT; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) s[mt][j][i] = 0.0f;
+    // this lane's ldmatrix rows; the loops add constants (immediate offsets, no address math)
+    const T* q_l = q_w + (lane % 16) * S::LD + (lane / 16) * 8;
+    const T* k_l = k_s + ((lane / 16) * 8 + lane % 8) * S::LD + ((lane / 8) % 2) * 8;
 #pragma unroll
     for (int kk = 0; kk < S::DK / 16; ++kk) {
       unsigned a[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-        ldmatrix<4, false>(a[mt], q_w + (16 * mt + lane % 16) * S::LD + kk * 16 + (lane / 16) * 8);
+      for (int mt = 0; mt < MT; ++mt) ldmatrix<4, false>(a[mt], q_l + 16 * mt * S::LD + kk * 16);
 #pragma unroll
       for (int j = 0; j < S::NT; j += 2) {
         unsigned b[4];
-        ldmatrix<4, false>(b, k_s + (j * 8 + (lane / 16) * 8 + lane % 8) * S::LD + kk * 16 + ((lane / 8) % 2) * 8);
+        ldmatrix<4, false>(b, k_l + j * 8 * S::LD + kk * 16);
         const unsigned b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
@@ -159,6 +161,7 @@ struct PrefillMath<Cfg, true> {
   // o[mt][nt] += P[16 rows of m tile mt, KT keys] . V[keys, columns d0 + 8nt ..]; p holds P as S's C fragments.
   static __device__ __forceinline__ void pv(float (&o)[MT][S::ONT][4], const float (&p)[MT][S::NT][4], const T* v_s,
                                             int d0, int dn, float*, int lane) {
+    const T* v_l = v_s + (((lane / 8) % 2) * 8 + lane % 8) * S::LDV + d0;  // this lane's ldmatrix row
 #pragma unroll
     for (int kk = 0; kk < S::KT / 16; ++kk) {
       unsigned a[MT][4];
@@ -169,13 +172,13 @@ struct PrefillMath<Cfg, true> {
         a[mt][2] = pack2<T>(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
         a[mt][3] = pack2<T>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
       }
-      const T* v_row = v_s + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * S::LDV + d0;
+      const T* v_row = v_l + kk * 16 * S::LDV;
 #pragma unroll
       for (int nt = 0; nt < S::ONT; nt += 2) {
         if (8 * nt >= dn) break;  // uniform: dn is the slice's width
         if (nt + 1 < S::ONT && 8 * (nt + 1) < dn) {
           unsigned b[4];
-          ldmatrix<4, true>(b, v_row + 8 * (nt + lane / 16));
+          ldmatrix<4, true>(b, v_row + (lane / 16) * 8 + 8 * nt);
           const unsigned b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
@@ -366,7 +369,31 @@ __device__ __forceinline__ void prefill_issue_tile(
   constexpr int MC = S::MAX_CHUNKS;
   KV* ks = reinterpret_cast<KV*>(stage);
   KV* vs = reinterpret_cast<KV*>(stage + (COPY ? S::TILE_BYTES : S::RAW_BYTES));
-  for (int idx = threadIdx.x; idx < KT * MC; idx += S::THREADS) {
+  // TPK threads share a key, chunks c0, c0 + TPK, ..: a thread looks its key's block
+  // up and forms its row addresses once; the TPK threads of a key copy adjacent chunks.
+  constexpr int TPK = S::THREADS % KT == 0 && MC % (S::THREADS / KT) == 0 ? S::THREADS / KT : 0;
+  if constexpr (TPK > 0) {
+    const int i = threadIdx.x / TPK, c0 = threadIdx.x % TPK, key = kv0 + i;
+    const bool valid = key < kv_end;
+    const KV* krow = k_cache;
+    const KV* vrow = v_cache;
+    if (valid) {
+      const long long phys = table[key / B];
+      const int slot = key % B;
+      krow = k_cache + phys * k_s_block + (long long)kv_head * k_s_head + slot * k_s_token;
+      vrow = v_cache + phys * v_s_block + (long long)kv_head * v_s_head + slot * v_s_token;
+    }
+#pragma unroll
+    for (int n = 0; n < MC / (TPK > 0 ? TPK : 1); ++n) {
+      const int c = c0 + TPK * n, d0 = c * VEC;
+      const bool has_k = S::CHUNKS == MC || c < S::CHUNKS, has_v = S::V_CHUNKS == MC || c < S::V_CHUNKS;
+      // (a row in one run, every layout but vLLM's K: the offset is d0, no 64-bit product)
+      const KV* ksrc = valid ? krow + (Cfg::K_RUN >= S::D ? d0 : run_offset<Cfg::K_RUN>(d0, k_s_run)) / S::PER : k_cache;
+      const KV* vsrc = valid ? vrow + (Cfg::V_RUN >= S::DV ? d0 : run_offset<Cfg::V_RUN>(d0, v_s_run)) / S::PER : v_cache;
+      if (has_k) cp_async<S::COPY>(ks + (i * ROW + d0) / S::PER, ksrc, valid ? S::COPY : 0);
+      if (has_v) cp_async<S::COPY>(vs + (i * V_ROW + d0) / S::PER, vsrc, valid ? S::COPY : 0);
+    }
+  } else for (int idx = threadIdx.x; idx < KT * MC; idx += S::THREADS) {
     const int i = idx / MC, c = idx % MC, d0 = c * VEC, key = kv0 + i;
     const bool has_k = S::CHUNKS == MC || c < S::CHUNKS, has_v = S::V_CHUNKS == MC || c < S::V_CHUNKS;
     const bool valid = key < kv_end;
