@@ -42,6 +42,7 @@ WARPS = (1, 2, 4, 8)
 KV_TILES = (16, 32, 64, 128)
 STAGES = (1, 2, 3, 4)
 M_TILES = (1, 2)  # m16 row tiles per warp
+MAX_REGISTERS = 232  # the main kernel's cap (__maxnreg__): ptxas takes up to 255 when free to, none spill at 232
 M2_ACCUMULATORS = 160  # the most fp32 accumulators (O and S) a lane holds with 2 m tiles (automatic m_tiles)
 AUTO_STAGES = 2  # `stages: 0`: one tile in flight while one is computed, where shared memory allows
 KV_PATHS = ("copy", "stage", "gather")  # the template's KV_PATH is the index
@@ -207,7 +208,8 @@ class PagedPrefillFamily(AttentionFamily):
         warps, kv_tile = tiles(spec, config)
         table = self.arguments(spec, config)
         main = KernelDecl(spec.name, tuple(table), ("q_tiles", a.num_kv_heads, "z"), 32 * warps,
-                          smem=smem_bytes(spec, warps, kv_tile, stages_of(spec, config), m_tiles_of(spec, config)))
+                          smem=smem_bytes(spec, warps, kv_tile, stages_of(spec, config), m_tiles_of(spec, config)),
+                          max_registers=MAX_REGISTERS)
         return [main, merge_kernel(spec, table, PREFILL_ROWS)] if P else [main]
 
     def template_context(self, spec, config: Config) -> dict[str, Any]:
