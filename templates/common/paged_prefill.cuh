@@ -647,7 +647,9 @@ __device__ __forceinline__ void paged_prefill_body(
   // scores stay raw, their max is scaled once per row and exp2 takes the scale in its FFMA.
   constexpr bool PLAIN = !S::TOKEN_SCALES && !(Cfg::SOFT_CAP > 0.0f) && !Cfg::ALIBI;
   constexpr float LOG2E = 1.4426950408889634f;
-  const float x_scale = PLAIN ? fmaxf(qk_scale, 1e-30f) : 1.0f;  // logit = score * x_scale (> 0: -inf stays -inf)
+  // logit = score * x_scale; > 0, so a masked -inf stays -inf (a zero scale: 1e-30, exp2 gives 1 all
+  // the same; a NaN scale stays NaN)
+  const float x_scale = PLAIN ? (qk_scale == 0.0f ? 1e-30f : qk_scale) : 1.0f;
   const float e_scale = x_scale * LOG2E;
 
   SoftmaxState st[R];
