@@ -48,7 +48,7 @@ from static_perf import (  # noqa: E402
 
 from kgen.cache import ArtifactCache, content_key  # noqa: E402
 from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report  # noqa: E402
-from kgen.families.attention.prefill import PAGED_PREFILL, tiles  # noqa: E402
+from kgen.families.attention.prefill import PAGED_PREFILL, m_tiles_of, tiles  # noqa: E402
 from kgen.families.registry import family_for  # noqa: E402
 from kgen.formats.dtypes import dtype  # noqa: E402
 from kgen.perf import model as pm  # noqa: E402
@@ -143,6 +143,7 @@ def kgen_kernel(spec, cuobjdump: str, cache: ArtifactCache, label: str) -> Kerne
     kern = planning_kernel(spec, rendered, ARCH, DEV)
     (main,) = [d for d in family_for(spec).kernels(spec, rendered.config) if d.name == spec.name]
     warps, kv_tile = tiles(spec, rendered.config)  # the family's automatic tile choice for this config
+    mt = m_tiles_of(spec, rendered.config)
     a = spec.attention
 
     def ctas(seqs, num_q_heads, num_kv_heads):
@@ -154,7 +155,7 @@ def kgen_kernel(spec, cuobjdump: str, cache: ArtifactCache, label: str) -> Kerne
         parts, ptok = plan.sizes["max_partitions"], plan.sizes["partition_tokens"]
         grid = int(np.prod(plan.launches[0].grid))
         out = pf.kgen_ctas(seqs, spec.group_size, a.num_kv_heads, warps, kv_tile, parts, ptok,
-                           a.sliding_window or 0, a.causal)
+                           a.sliding_window or 0, a.causal, m_tiles=mt)
         assert len(out) == grid, (len(out), plan.launches[0].grid)
         extra = len(plan.launches) - 1
         tokens = int(indptr[-1])
@@ -163,8 +164,8 @@ def kgen_kernel(spec, cuobjdump: str, cache: ArtifactCache, label: str) -> Kerne
 
     return Kernel(label, res.registers, f"{res.spill_stores}/{res.spill_loads}", res.static_smem + main.smem,
                   32 * warps, pf.tile_work(fn, DEV),
-                  16 * warps, kv_tile, ctas, dtype(spec.kv_cache.dtype).itemsize,
-                  [f"{label}: {warps} warps x 16 packed rows, kv_tile {kv_tile}, {main.smem} B dynamic smem; grid "
+                  16 * warps * mt, kv_tile, ctas, dtype(spec.kv_cache.dtype).itemsize,
+                  [f"{label}: {warps} warps x {16 * mt} packed rows, kv_tile {kv_tile}, {main.smem} B dynamic smem; grid "
                    "(q_tiles, kv_heads, partitions) from kern.plan(seq_lens, q_indptr=..., num_sms=132)"])
 
 

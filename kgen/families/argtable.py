@@ -62,11 +62,13 @@ class KernelDecl:
     name: str
     params: tuple[Arg, ...]  # rows of the family's table, in parameter order
     grid: tuple[int | str, int | str, int | str]  # numbers, or names of sizes known at the call
-    block: int  # threads per block (also the declaration's __launch_bounds__)
+    block: int  # threads per block (also the declaration's __launch_bounds__, unless max_registers)
     smem: int = 0  # dynamic shared memory, bytes
+    max_registers: int = 0  # a register cap: __maxnreg__ in place of __launch_bounds__ (0: none)
 
     def declaration(self) -> str:
-        head = f'extern "C" __global__ void __launch_bounds__({self.block}) {self.name}('
+        bound = f"__maxnreg__({self.max_registers})" if self.max_registers else f"__launch_bounds__({self.block})"
+        head = f'extern "C" __global__ void {bound} {self.name}('
         return head + "\n" + _wrap(param_decls(self.params), "    ") + ")"
 
     def call_args(self, names: list[str] | None = None) -> str:

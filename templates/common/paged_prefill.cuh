@@ -54,13 +54,18 @@ namespace kgen {
 template <class A, class B> struct SameType { static constexpr bool value = false; };
 template <class A> struct SameType<A, A> { static constexpr bool value = true; };
 
+// Cfg::M_TILES, or 1 for a Cfg without it (sources written before m tiles: 16 rows a warp)
+template <class Cfg, class = void> struct CfgMTiles { static constexpr int value = 1; };
+template <class Cfg> struct CfgMTiles<Cfg, decltype(void(Cfg::M_TILES))> { static constexpr int value = Cfg::M_TILES; };
+
 template <class Cfg>
 struct PrefillShape {
   typedef typename Cfg::q_t T;  // Q, K and V in shared memory: the MMA input type
   static constexpr bool MMA = sizeof(T) == 2 && KGEN_PREFILL_HAS_MMA;
   static constexpr int D = Cfg::HEAD_DIM, DV = CfgVHeadDim<Cfg>::value, G = Cfg::GROUP;  // q/K and V/out
   static constexpr int WARPS = Cfg::WARPS, THREADS = 32 * WARPS;
-  static constexpr int ROWS = 16 * WARPS;                    // packed rows per block
+  static constexpr int MT = CfgMTiles<Cfg>::value;                   // m16 row tiles per warp
+  static constexpr int WROWS = 16 * MT, ROWS = WROWS * WARPS;  // packed rows per warp, per block
   static constexpr int KT = Cfg::KV_TILE;                    // keys per tile
   static constexpr int NT = KT / 8;                          // n8 tiles of S
   static constexpr int DK = (D + 15) / 16 * 16;              // QK^T reduction extent (zero padded)
@@ -101,7 +106,7 @@ struct PrefillShape {
   static constexpr int OPERAND_BYTES = PATH == 0 ? 0 : TILE_BYTES + V_TILE_BYTES;  // the converted K and V tiles
   static constexpr int KV_BYTES = OPERAND_BYTES + STAGES * STAGE_BYTES;
   // the fp32 P tiles: reserved when any target of the spec needs them (one geometry for every target)
-  static constexpr int SMEM_BYTES = Q_BYTES + KV_BYTES + (Cfg::FMA_SCRATCH ? WARPS * 16 * KT * 4 : 0);
+  static constexpr int SMEM_BYTES = Q_BYTES + KV_BYTES + (Cfg::FMA_SCRATCH ? ROWS * KT * 4 : 0);
   static_assert(MMA || Cfg::FMA_SCRATCH, "the fp32 FMA products need their P tiles");
   static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's smem_bytes and the template disagree");
   static_assert(PATH == 2 || COPY == 4 || COPY == 8 || COPY == 16, "cp.async copies 4, 8 or 16 bytes");
@@ -114,101 +119,142 @@ struct PrefillShape {
 };
 
 // ---- the warp's matrix products, as C fragments of m16n8 tiles (kgen_simt_mma.h has the layout) ----
+// A warp owns MT m16 tiles of rows: every K and V fragment ldmatrix loads feeds MT MMAs.
 template <class Cfg, bool MMA> struct PrefillMath;
 
 template <class Cfg>
 struct PrefillMath<Cfg, true> {
   typedef PrefillShape<Cfg> S;
   typedef typename S::T T;
+  static constexpr int MT = S::MT;
 
-  // s[j] = Q[16 rows] . K[keys 8j..8j+7]^T
-  static __device__ __forceinline__ void qk(float (&s)[S::NT][4], const T* q_w, const T* k_s, int lane) {
+  // s[mt][j] = Q[rows 16mt .. 16mt + 15 of the warp's] . K[keys 8j..8j+7]^T
+  static __device__ __forceinline__ void qk(float (&s)[MT][S::NT][4], const T* q_w, const T* k_s, int lane) {
 #pragma unroll
-    for (int j = 0; j < S::NT; ++j)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) s[j][i] = 0.0f;
+      for (int j = 0; j < S::NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[mt][j][i] = 0.0f;
+    // this lane's ldmatrix rows; the loops add constants (immediate offsets, no address math)
+    const T* q_l = q_w + (lane % 16) * S::LD + (lane / 16) * 8;
+    const T* k_l = k_s + ((lane / 16) * 8 + lane % 8) * S::LD + ((lane / 8) % 2) * 8;
 #pragma unroll
     for (int kk = 0; kk < S::DK / 16; ++kk) {
-      unsigned a[4];
-      ldmatrix<4, false>(a, q_w + (lane % 16) * S::LD + kk * 16 + (lane / 16) * 8);
+      unsigned a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) ldmatrix<4, false>(a[mt], q_l + 16 * mt * S::LD + kk * 16);
 #pragma unroll
       for (int j = 0; j < S::NT; j += 2) {
         unsigned b[4];
-        ldmatrix<4, false>(b, k_s + (j * 8 + (lane / 16) * 8 + lane % 8) * S::LD + kk * 16 + ((lane / 8) % 2) * 8);
+        ldmatrix<4, false>(b, k_l + j * 8 * S::LD + kk * 16);
         const unsigned b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        mma_m16n8k16<T>(s[j], a, b0, s[j]);
-        mma_m16n8k16<T>(s[j + 1], a, b1, s[j + 1]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_m16n8k16<T>(s[mt][j], a[mt], b0, s[mt][j]);
+          mma_m16n8k16<T>(s[mt][j + 1], a[mt], b1, s[mt][j + 1]);
+        }
       }
     }
   }
 
-  // o[nt] += P[16 rows, KT keys] . V[keys, columns d0 + 8nt ..]; p holds P as S's C fragments.
-  static __device__ __forceinline__ void pv(float (&o)[S::ONT][4], const float (&p)[S::NT][4], const T* v_s, int d0,
-                                            int dn, float*, int lane) {
+  // o[mt][nt] += P[16 rows of m tile mt, KT keys] . V[keys, columns d0 + 8nt ..]; p holds P as S's C fragments.
+  static __device__ __forceinline__ void pv(float (&o)[MT][S::ONT][4], const float (&p)[MT][S::NT][4], const T* v_s,
+                                            int d0, int dn, float*, int lane) {
+    const T* v_l = v_s + (((lane / 8) % 2) * 8 + lane % 8) * S::LDV + d0;  // this lane's ldmatrix row
 #pragma unroll
     for (int kk = 0; kk < S::KT / 16; ++kk) {
-      const unsigned a[4] = {pack2<T>(p[2 * kk][0], p[2 * kk][1]), pack2<T>(p[2 * kk][2], p[2 * kk][3]),
-                             pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                             pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
-      const T* v_row = v_s + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * S::LDV + d0;
+      unsigned a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = pack2<T>(p[mt][2 * kk][0], p[mt][2 * kk][1]);
+        a[mt][1] = pack2<T>(p[mt][2 * kk][2], p[mt][2 * kk][3]);
+        a[mt][2] = pack2<T>(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
+        a[mt][3] = pack2<T>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
+      }
+      const T* v_row = v_l + kk * 16 * S::LDV;
 #pragma unroll
       for (int nt = 0; nt < S::ONT; nt += 2) {
         if (8 * nt >= dn) break;  // uniform: dn is the slice's width
         if (nt + 1 < S::ONT && 8 * (nt + 1) < dn) {
           unsigned b[4];
-          ldmatrix<4, true>(b, v_row + 8 * (nt + lane / 16));
+          ldmatrix<4, true>(b, v_row + (lane / 16) * 8 + 8 * nt);
           const unsigned b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-          mma_m16n8k16<T>(o[nt], a, b0, o[nt]);
-          mma_m16n8k16<T>(o[nt + 1], a, b1, o[nt + 1]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_m16n8k16<T>(o[mt][nt], a[mt], b0, o[mt][nt]);
+            mma_m16n8k16<T>(o[mt][nt + 1], a[mt], b1, o[mt][nt + 1]);
+          }
         } else {
           unsigned b[2];
           ldmatrix<2, true>(b, v_row + 8 * nt);
-          mma_m16n8k16<T>(o[nt], a, b, o[nt]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) mma_m16n8k16<T>(o[mt][nt], a[mt], b, o[mt][nt]);
         }
       }
     }
   }
 };
 
-// The same fragments by fp32 FMAs (fp32 q; GPUs without mma.sync m16n8k16).
+// The same fragments by fp32 FMAs (fp32 q; GPUs without mma.sync m16n8k16). The reduction runs
+// outermost (a rolled loop), the lane's fragment innermost: few values live at once, no spills.
 template <class Cfg>
 struct PrefillMath<Cfg, false> {
   typedef PrefillShape<Cfg> S;
   typedef typename S::T T;
+  static constexpr int MT = S::MT;
 
-  static __device__ __forceinline__ void qk(float (&s)[S::NT][4], const T* q_w, const T* k_s, int lane) {
+  static __device__ __forceinline__ void qk(float (&s)[MT][S::NT][4], const T* q_w, const T* k_s, int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int j = 0; j < S::NT; ++j)
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const T* qr = q_w + (g + (i >= 2 ? 8 : 0)) * S::LD;
-        const T* kr = k_s + (8 * j + 2 * t + (i & 1)) * S::LD;
-        float acc = 0.0f;
-        for (int d = 0; d < S::D; ++d) acc += to_float(qr[d]) * to_float(kr[d]);
-        s[j][i] = acc;
+      for (int j = 0; j < S::NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[mt][j][i] = 0.0f;
+      const T* q0 = q_w + (16 * mt + g) * S::LD;
+#pragma unroll 2
+      for (int d = 0; d < S::D; ++d) {
+        const float a0 = to_float(q0[d]), a1 = to_float(q0[8 * S::LD + d]);
+#pragma unroll
+        for (int j = 0; j < S::NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float b = to_float(k_s[(8 * j + 2 * t + e) * S::LD + d]);
+            s[mt][j][e] += a0 * b;
+            s[mt][j][2 + e] += a1 * b;
+          }
       }
+    }
   }
 
-  // P goes through the warp's scratch p_w [16][KT] (fp32): each lane needs whole rows of it.
-  static __device__ __forceinline__ void pv(float (&o)[S::ONT][4], const float (&p)[S::NT][4], const T* v_s, int d0,
-                                            int dn, float* p_w, int lane) {
+  // P goes through the warp's scratch p_w [16 * MT][KT] (fp32): each lane needs whole rows of it.
+  static __device__ __forceinline__ void pv(float (&o)[MT][S::ONT][4], const float (&p)[MT][S::NT][4], const T* v_s,
+                                            int d0, int dn, float* p_w, int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int j = 0; j < S::NT; ++j)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) p_w[(g + (i >= 2 ? 8 : 0)) * S::KT + 8 * j + 2 * t + (i & 1)] = p[j][i];
+      for (int j = 0; j < S::NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) p_w[(16 * mt + g + (i >= 2 ? 8 : 0)) * S::KT + 8 * j + 2 * t + (i & 1)] = p[mt][j][i];
     __syncwarp();
 #pragma unroll
-    for (int nt = 0; nt < S::ONT; ++nt) {
-      if (8 * nt >= dn) break;
+    for (int mt = 0; mt < MT; ++mt) {
+      const float* p0 = p_w + (16 * mt + g) * S::KT;
+#pragma unroll 1
+      for (int k = 0; k < S::KT; ++k) {
+        const float a0 = p0[k], a1 = p0[8 * S::KT + k];
+        const T* vr = v_s + k * S::LDV + d0 + 2 * t;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float* pr = p_w + (g + (i >= 2 ? 8 : 0)) * S::KT;
-        const T* vc = v_s + d0 + 8 * nt + 2 * t + (i & 1);
-        float acc = o[nt][i];
-        for (int k = 0; k < S::KT; ++k) acc += pr[k] * to_float(vc[k * S::LDV]);
-        o[nt][i] = acc;
+        for (int nt = 0; nt < S::ONT; ++nt) {
+          if (8 * nt >= dn) break;
+          const float b0 = to_float(vr[8 * nt]), b1 = to_float(vr[8 * nt + 1]);
+          o[mt][nt][0] += a0 * b0;
+          o[mt][nt][1] += a0 * b1;
+          o[mt][nt][2] += a1 * b0;
+          o[mt][nt][3] += a1 * b1;
+        }
       }
     }
     __syncwarp();  // every lane has read p_w before the next tile overwrites it
@@ -323,7 +369,31 @@ __device__ __forceinline__ void prefill_issue_tile(
   constexpr int MC = S::MAX_CHUNKS;
   KV* ks = reinterpret_cast<KV*>(stage);
   KV* vs = reinterpret_cast<KV*>(stage + (COPY ? S::TILE_BYTES : S::RAW_BYTES));
-  for (int idx = threadIdx.x; idx < KT * MC; idx += S::THREADS) {
+  // TPK threads share a key, chunks c0, c0 + TPK, ..: a thread looks its key's block
+  // up and forms its row addresses once; the TPK threads of a key copy adjacent chunks.
+  constexpr int TPK = S::THREADS % KT == 0 && MC % (S::THREADS / KT) == 0 ? S::THREADS / KT : 0;
+  if constexpr (TPK > 0) {
+    const int i = threadIdx.x / TPK, c0 = threadIdx.x % TPK, key = kv0 + i;
+    const bool valid = key < kv_end;
+    const KV* krow = k_cache;
+    const KV* vrow = v_cache;
+    if (valid) {
+      const long long phys = table[key / B];
+      const int slot = key % B;
+      krow = k_cache + phys * k_s_block + (long long)kv_head * k_s_head + slot * k_s_token;
+      vrow = v_cache + phys * v_s_block + (long long)kv_head * v_s_head + slot * v_s_token;
+    }
+#pragma unroll
+    for (int n = 0; n < MC / (TPK > 0 ? TPK : 1); ++n) {
+      const int c = c0 + TPK * n, d0 = c * VEC;
+      const bool has_k = S::CHUNKS == MC || c < S::CHUNKS, has_v = S::V_CHUNKS == MC || c < S::V_CHUNKS;
+      // (a row in one run, every layout but vLLM's K: the offset is d0, no 64-bit product)
+      const KV* ksrc = valid ? krow + (Cfg::K_RUN >= S::D ? d0 : run_offset<Cfg::K_RUN>(d0, k_s_run)) / S::PER : k_cache;
+      const KV* vsrc = valid ? vrow + (Cfg::V_RUN >= S::DV ? d0 : run_offset<Cfg::V_RUN>(d0, v_s_run)) / S::PER : v_cache;
+      if (has_k) cp_async<S::COPY>(ks + (i * ROW + d0) / S::PER, ksrc, valid ? S::COPY : 0);
+      if (has_v) cp_async<S::COPY>(vs + (i * V_ROW + d0) / S::PER, vsrc, valid ? S::COPY : 0);
+    }
+  } else for (int idx = threadIdx.x; idx < KT * MC; idx += S::THREADS) {
     const int i = idx / MC, c = idx % MC, d0 = c * VEC, key = kv0 + i;
     const bool has_k = S::CHUNKS == MC || c < S::CHUNKS, has_v = S::V_CHUNKS == MC || c < S::V_CHUNKS;
     const bool valid = key < kv_end;
@@ -473,6 +543,17 @@ __device__ __forceinline__ void paged_prefill_body(
     clip_to_partition(part, P, max_partitions, lo, hi);
   }
   const int ntiles = hi > lo ? (hi - lo + KT - 1) / KT : 0;  // tile i: keys lo + i * KT ..
+  // Tiles [t_a, t_b) are full: every row of the block sees all their keys, so they need no mask.
+  // They are computed first (the online softmax takes tiles in any order), then the masked ones:
+  // those before t_a (the window's edge) and from t_b on (the causal diagonal, the tail).
+  const int pos_first = pos0 + r0 / G, pos_last = pos0 + (r0 + rows - 1) / G;
+  const int full_end = CAUSAL ? min(hi, pos_first + 1) : hi;
+  int t_a = W > 0 ? min(ntiles, (max(0, pos_last - W + 1 - lo) + KT - 1) / KT) : 0;
+  int t_b = full_end > lo ? min(ntiles, (full_end - lo) / KT) : 0;
+  if (t_b <= t_a) t_a = t_b = 0;
+  const int nfull = t_b - t_a;
+  // the tile computed at step k
+  auto tile_at = [&](int k) { return k < nfull ? t_a + k : k - nfull < t_a ? k - nfull : k; };
 
   // Shared memory: Q | operand K, V (stage and gather paths) | STAGES stages | fp32 P per warp.
   KGEN_DYNAMIC_SMEM(T, q_s);
@@ -480,11 +561,14 @@ __device__ __forceinline__ void paged_prefill_body(
   T* k_op = reinterpret_cast<T*>(smem + S::Q_BYTES);
   T* v_op = k_op + KT * S::LD;
   unsigned char* stages = smem + S::Q_BYTES + S::OPERAND_BYTES;
-  float* p_w = reinterpret_cast<float*>(smem + S::Q_BYTES + S::KV_BYTES) + warp * 16 * KT;  // fp32 math only
+  float* p_w = reinterpret_cast<float*>(smem + S::Q_BYTES + S::KV_BYTES) + warp * S::WROWS * KT;  // fp32 math only
   const int* table = block_tables + (long long)seq * max_blocks_per_seq;
-  auto issue = [&](int i) {
-    prefill_issue_tile<Cfg>(stages + (i % STAGES) * S::STAGE_BYTES, lo + i * KT, hi, table, kv_head, k_cache,
-                            v_cache, k_scale, v_scale, k_s_block, k_s_head, k_s_token, k_s_run, v_s_block, v_s_head,
+  // the KV head's rows, offset once: fewer 64-bit values live through the tile loop
+  const typename Cfg::kv_t* k_head = k_cache + (long long)kv_head * k_s_head;
+  const typename Cfg::kv_t* v_head = v_cache + (long long)kv_head * v_s_head;
+  auto issue = [&](int i) {  // the copies of step i's tile
+    prefill_issue_tile<Cfg>(stages + (i % STAGES) * S::STAGE_BYTES, lo + tile_at(i) * KT, hi, table, kv_head, k_head,
+                            v_head, k_scale, v_scale, k_s_block, 0LL, k_s_token, k_s_run, v_s_block, 0LL,
                             v_s_token, v_s_run, ks_s_block, ks_s_head, ks_s_token, vs_s_block, vs_s_head,
                             vs_s_token);
   };
@@ -531,6 +615,10 @@ __device__ __forceinline__ void paged_prefill_body(
     __syncthreads();  // everybody has read red before Q overwrites it
     if (mx > 0.0f && mx < 3.0e38f) v_out = mx, v_inv_ref = 1.0f / mx;  // (all zero or not finite: no rescaling)
   }
+  // A negative scale's sign goes into Q (negating is exact), so qk_scale > 0: a row's largest raw
+  // product is then its largest logit, and exp2 can take the scale in one FFMA (PLAIN below).
+  const bool q_neg = qk_scale < 0.0f;
+  qk_scale = fabsf(qk_scale);
 
   // Q of the block's rows (zeros past the last row and past head_dim).
   for (int idx = tid; idx < ROWS * S::DK; idx += S::THREADS) {
@@ -538,41 +626,52 @@ __device__ __forceinline__ void paged_prefill_body(
     float x = 0.0f;
     if (r < rows && d < S::D)
       x = to_float(q[(long long)(q_begin + pr / G) * q_s_tok + (long long)(kv_head * G + pr % G) * q_s_head + d]);
-    q_s[r * S::LD + d] = from_float<T>(x);
+    q_s[r * S::LD + d] = from_float<T>(q_neg ? -x : x);
   }
 
-  // This lane's two rows (g and g + 8 of the warp's 16).
-  bool row_ok[2];
-  int row_tok[2], row_head[2], row_pos[2];
-  float slope[2];
+  // This lane's rows: g and g + 8 of each of the warp's MT m16 tiles (index 2 * mt + rr).
+  constexpr int MT = S::MT, R = 2 * MT;
+  // row q's packed index in the sequence, and its position (recomputed where needed: fewer live registers)
+  auto row_at = [&](int q) { return r0 + warp * S::WROWS + 16 * (q / 2) + g + 8 * (q % 2); };
+  auto row_pos = [&](int q) { return pos0 + row_at(q) / G; };
+  float slope[Cfg::ALIBI ? R : 1];
 #pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int r = warp * 16 + g + 8 * rr, pr = r0 + r;
-    row_ok[rr] = r < rows;
-    row_tok[rr] = q_begin + pr / G;
-    row_head[rr] = kv_head * G + pr % G;
-    row_pos[rr] = pos0 + pr / G;
-    slope[rr] = Cfg::ALIBI && row_ok[rr] ? alibi_slopes[row_head[rr]] : 0.0f;
-  }
-  const int warp_rows = rows - warp * 16;  // <= 0: an idle warp
-  const int warp_pos_first = pos0 + (r0 + warp * 16) / G;
-  const int warp_pos_last = pos0 + (r0 + min(rows, warp * 16 + 16) - 1) / G;
+  for (int q = 0; q < (Cfg::ALIBI ? R : 1); ++q)
+    slope[q] = Cfg::ALIBI && row_at(q) - r0 < rows ? alibi_slopes[kv_head * G + row_at(q) % G] : 0.0f;
+  const int warp_rows = rows - warp * S::WROWS;  // <= 0: an idle warp
+  const int warp_pos_first = pos0 + (r0 + warp * S::WROWS) / G;
+  const int warp_pos_last = pos0 + (r0 + min(rows, warp * S::WROWS + S::WROWS) - 1) / G;
   const int d0 = slice * S::DS;
   const int dn = S::SLICES == 1 ? S::DS : min(S::DS, S::DV - d0);
+  // PLAIN: the logit is the product times qk_scale (no per-token scale, soft-cap or ALiBi): the
+  // scores stay raw, their max is scaled once per row and exp2 takes the scale in its FFMA.
+  constexpr bool PLAIN = !S::TOKEN_SCALES && !(Cfg::SOFT_CAP > 0.0f) && !Cfg::ALIBI;
+  constexpr float LOG2E = 1.4426950408889634f;
+  // logit = score * x_scale; > 0, so a masked -inf stays -inf (a zero scale: 1e-30, exp2 gives 1 all
+  // the same; a NaN scale stays NaN)
+  const float x_scale = PLAIN ? (qk_scale == 0.0f ? 1e-30f : qk_scale) : 1.0f;
+  const float e_scale = x_scale * LOG2E;
 
-  SoftmaxState st[2] = {SoftmaxState::empty(), SoftmaxState::empty()};
-  float o[S::ONT][4];
+  SoftmaxState st[R];
 #pragma unroll
-  for (int nt = 0; nt < S::ONT; ++nt)
+  for (int q = 0; q < R; ++q) st[q] = SoftmaxState::empty();
+  float o[MT][S::ONT][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) o[nt][i] = 0.0f;
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < S::ONT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[mt][nt][i] = 0.0f;
 
-  // The loop bound is uniform across the block, so every thread reaches every barrier.
-  for (int tile = 0; tile < ntiles; ++tile) {
-    const int kv0 = lo + tile * KT;
+  // Step k: wait for its tile (issued STAGES - 1 steps ago), refill the buffers of step k - 1,
+  // then the warp's products and softmax. The loop bound is uniform across the block, so every
+  // thread reaches every barrier.
+  for (int k = 0; k < ntiles; ++k) {
+    const bool masked = k >= nfull;  // block-uniform: the tile may hold keys some row must not see
+    const int kv0 = lo + tile_at(k) * KT;
     const T* k_s = k_op;
     const T* v_s = v_op;
-    const float* tok_sc = reinterpret_cast<const float*>(stages + (tile % STAGES) * S::STAGE_BYTES + S::SCALES_AT);
+    const float* tok_sc = reinterpret_cast<const float*>(stages + (k % STAGES) * S::STAGE_BYTES + S::SCALES_AT);
     if constexpr (S::PATH == 2) {
       __syncthreads();  // Q is stored; every warp is done with the previous tile
       prefill_load_kv_tile<Cfg>(k_op, v_op, reinterpret_cast<float*>(stages), kv0, hi, table, kv_head, k_cache,
@@ -583,7 +682,7 @@ __device__ __forceinline__ void paged_prefill_body(
     } else {
       if (STAGES == 1) {
         __syncthreads();  // everybody is done with the buffer
-        issue(tile);
+        issue(k);
         cp_async_commit();
         cp_async_wait<0>();
       } else {
@@ -591,10 +690,10 @@ __device__ __forceinline__ void paged_prefill_body(
       }
       __syncthreads();  // everybody's have; Q is stored; everybody is done with tile - 1, whose buffers are refilled next
       if (STAGES > 1) {
-        if (tile + STAGES - 1 < ntiles) issue(tile + STAGES - 1);
+        if (k + STAGES - 1 < ntiles) issue(k + STAGES - 1);
         cp_async_commit();
       }
-      const unsigned char* stage = stages + (tile % STAGES) * S::STAGE_BYTES;
+      const unsigned char* stage = stages + (k % STAGES) * S::STAGE_BYTES;
       if constexpr (S::PATH == 0) {
         k_s = reinterpret_cast<const T*>(stage);
         v_s = reinterpret_cast<const T*>(stage + S::TILE_BYTES);
@@ -603,82 +702,127 @@ __device__ __forceinline__ void paged_prefill_body(
         __syncthreads();  // the operand tiles are written
       }
     }
-    // Warp-uniform: a warp whose rows see none of this tile's keys skips it.
-    if (warp_rows <= 0 || (CAUSAL && kv0 > warp_pos_last) || (W > 0 && kv0 + KT - 1 <= warp_pos_first - W)) continue;
-    float s[S::NT][4];
-    Math::qk(s, q_s + warp * 16 * S::LD, k_s, lane);
-    float m_tile[2] = {KGEN_NEG_INF, KGEN_NEG_INF};
+    // Warp-uniform: an idle warp, or (masked tiles) one whose rows see none of this tile's keys, skips it.
+    if (warp_rows <= 0 || (masked && ((CAUSAL && kv0 > warp_pos_last) || (W > 0 && kv0 + KT - 1 <= warp_pos_first - W))))
+      continue;
+    float sm[MT][S::NT][4];
+    Math::qk(sm, q_s + warp * S::WROWS * S::LD, k_s, lane);
+    float m_tile[R];
 #pragma unroll
-    for (int j = 0; j < S::NT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int rr = i >> 1, col = 8 * j + 2 * t + (i & 1), key = kv0 + col;
-        const float qk = S::TOKEN_SCALES ? s[j][i] * (qk_scale * tok_sc[col]) : s[j][i] * qk_scale;
-        const float x = adjust_logit<Cfg>(qk, slope[rr], key, row_pos[rr]);
-        const bool seen = row_ok[rr] && key < hi && (!CAUSAL || key <= row_pos[rr]) && (W == 0 || key > row_pos[rr] - W);
-        s[j][i] = seen ? x : KGEN_NEG_INF;
-        m_tile[rr] = fmaxf(m_tile[rr], s[j][i]);
-      }
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      // the four lanes of a group hold the row's columns
-      m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 1, 32));
-      m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 2, 32));
-      const float f = st[rr].merge(SoftmaxState{m_tile[rr], 0.0f}).self;
-#pragma unroll
-      for (int nt = 0; nt < S::ONT; ++nt) {
-        o[nt][2 * rr] *= f;
-        o[nt][2 * rr + 1] *= f;
-      }
-    }
-    float l_tile[2] = {0.0f, 0.0f};  // this lane's share of the row sums; the lanes' shares add up at the end
-#pragma unroll
-    for (int j = 0; j < S::NT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int rr = i >> 1;
-        s[j][i] = s[j][i] == KGEN_NEG_INF ? 0.0f : __expf(s[j][i] - st[rr].m);
-        l_tile[rr] += s[j][i];
-      }
-    st[0].l += l_tile[0];
-    st[1].l += l_tile[1];
-    if constexpr (S::TOKEN_SCALES) {  // P V sees P times V's scales; l above is that of the real logits
+    for (int mt = 0; mt < MT; ++mt) {
+      float(&s)[S::NT][4] = sm[mt];
+      m_tile[2 * mt] = m_tile[2 * mt + 1] = KGEN_NEG_INF;
 #pragma unroll
       for (int j = 0; j < S::NT; ++j)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s[j][i] *= tok_sc[S::KT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;
+        for (int i = 0; i < 4; ++i) {
+          const int rr = 2 * mt + (i >> 1), col = 8 * j + 2 * t + (i & 1), key = kv0 + col;
+          if constexpr (!PLAIN) {
+            const float qk = S::TOKEN_SCALES ? s[j][i] * (qk_scale * tok_sc[col]) : s[j][i] * qk_scale;
+            s[j][i] = adjust_logit<Cfg>(qk, slope[Cfg::ALIBI ? rr : 0], key, row_pos(rr));
+          }
+        }
     }
-    Math::pv(o, s, v_s, d0, dn, p_w, lane);
+    if (masked) {  // only the diagonal, window-edge and tail tiles pay for the mask
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < S::NT; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int rr = 2 * mt + (i >> 1), key = kv0 + 8 * j + 2 * t + (i & 1);
+            const bool seen = key < hi && (!CAUSAL || key <= row_pos(rr)) && (W == 0 || key > row_pos(rr) - W);
+            if (!seen) sm[mt][j][i] = KGEN_NEG_INF;
+          }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < S::NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) m_tile[2 * mt + (i >> 1)] = fmaxf(m_tile[2 * mt + (i >> 1)], sm[mt][j][i]);
+    float m_e[R];  // each row's max, in the exponent's units (0 for a row with no key yet: its scores are -inf)
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      // the four lanes of a group hold the row's columns
+      m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 1, 32));
+      m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 2, 32));
+      const float f = st[rr].raise_max(m_tile[rr] * x_scale);
+      m_e[rr] = st[rr].m == KGEN_NEG_INF ? 0.0f : st[rr].m * LOG2E;
+#pragma unroll
+      for (int nt = 0; nt < S::ONT; ++nt) {
+        o[rr / 2][nt][2 * (rr % 2)] *= f;
+        o[rr / 2][nt][2 * (rr % 2) + 1] *= f;
+      }
+    }
+    float l_tile[R];  // this lane's share of the row sums; the lanes' shares add up at the end
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      float(&s)[S::NT][4] = sm[mt];
+      l_tile[2 * mt] = l_tile[2 * mt + 1] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < S::NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int rr = 2 * mt + (i >> 1);
+          s[j][i] = fast_exp2(fmaf(s[j][i], e_scale, -m_e[rr]));  // exp(logit - m); a masked -inf gives 0
+          l_tile[rr] += s[j][i];
+        }
+      if constexpr (S::TOKEN_SCALES) {  // P V sees P times V's scales; l above is that of the real logits
+#pragma unroll
+        for (int j = 0; j < S::NT; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) s[j][i] *= tok_sc[S::KT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) st[rr].l += l_tile[rr];
+    Math::pv(o, sm, v_s, d0, dn, p_w, lane);
   }
 
 #pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
+  for (int rr = 0; rr < R; ++rr) {
     st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 1, 32);
     st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 2, 32);
   }
-  float sink[2] = {1.0f, 1.0f};  // single pass: each row's sink once, at the end (a partial holds none)
+  bool row_ok[R];
+  int row_tok[R], row_head[R];
 #pragma unroll
-  for (int rr = 0; rr < 2; ++rr)
+  for (int rr = 0; rr < R; ++rr) {
+    const int pr = row_at(rr);
+    row_ok[rr] = pr - r0 < rows;
+    row_tok[rr] = q_begin + pr / G;
+    row_head[rr] = kv_head * G + pr % G;
+  }
+  float sink[R];  // single pass: each row's sink once, at the end (a partial holds none)
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) {
+    sink[rr] = 1.0f;
     if (sinks != nullptr && !split && row_ok[rr]) sink[rr] = st[rr].add_sink(sinks[row_head[rr]]);
-  const float inv[2] = {st[0].inv_sum() * sink[0] * v_out, st[1].inv_sum() * sink[1] * v_out};  // V's scale too
+  }
 #pragma unroll
-  for (int nt = 0; nt < S::ONT; ++nt) {
-    if (8 * nt >= dn) break;
+  for (int mt = 0; mt < MT; ++mt) {
+    const float inv[2] = {st[2 * mt].inv_sum() * sink[2 * mt] * v_out,  // V's scale too
+                          st[2 * mt + 1].inv_sum() * sink[2 * mt + 1] * v_out};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int rr = i >> 1, d = d0 + 8 * nt + 2 * t + (i & 1);
-      if (!row_ok[rr]) continue;
-      const float x = o[nt][i] * inv[rr];
-      if (split)
-        part_o[(((long long)row_tok[rr] * Cfg::NUM_Q_HEADS + row_head[rr]) * max_partitions + part) * S::DV + d] = x;
-      else
-        out[(long long)row_tok[rr] * o_s_tok + (long long)row_head[rr] * o_s_head + d] =
-            from_float<typename Cfg::out_t>(x);
+    for (int nt = 0; nt < S::ONT; ++nt) {
+      if (8 * nt >= dn) break;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int rr = 2 * mt + (i >> 1), d = d0 + 8 * nt + 2 * t + (i & 1);
+        if (!row_ok[rr]) continue;
+        const float x = o[mt][nt][i] * inv[i >> 1];
+        if (split)
+          part_o[(((long long)row_tok[rr] * Cfg::NUM_Q_HEADS + row_head[rr]) * max_partitions + part) * S::DV + d] = x;
+        else
+          out[(long long)row_tok[rr] * o_s_tok + (long long)row_head[rr] * o_s_head + d] =
+              from_float<typename Cfg::out_t>(x);
+      }
     }
   }
   if (slice == 0 && t == 0) {
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
+    for (int rr = 0; rr < R; ++rr) {
       if (!row_ok[rr]) continue;
       const long long row = (long long)row_tok[rr] * Cfg::NUM_Q_HEADS + row_head[rr];
       if (split) {

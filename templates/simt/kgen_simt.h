@@ -36,6 +36,9 @@
 #ifndef __launch_bounds__
 #define __launch_bounds__(...)
 #endif
+#ifndef __maxnreg__
+#define __maxnreg__(...)
+#endif
 #ifndef __grid_constant__
 #define __grid_constant__
 #endif

@@ -129,8 +129,8 @@ def test_list_scheduling_and_bandwidth_floor():
 
 @needs_sass
 def test_real_kgen_prefill_cubin_through_the_model():
-    """llama3_8b_prefill (fp16, 4 warps, 64-key tiles) on sm_90: 128 HMMA.16816 per warp per iteration =
-    16 rows x 64 keys x 128 x 4 FLOP; a 64-token causal prompt: FLOP by hand, numbers finite, a bound named."""
+    """llama3_8b_prefill (fp16, 4 warps of 2 m tiles, 32-key tiles) on sm_90: 128 HMMA.16816 per warp per
+    iteration = 32 rows x 32 keys x 128 x 4 FLOP; a 64-token causal prompt: FLOP by hand, numbers finite, a bound named."""
     import static_prefill as sp
 
     from kgen.cache import ArtifactCache
@@ -138,7 +138,7 @@ def test_real_kgen_prefill_cubin_through_the_model():
 
     spec = load_spec(ROOT / "specs" / "llama3_8b_prefill.yaml")
     k = sp.kgen_kernel(spec, CUOBJDUMP, ArtifactCache(), "kgen")
-    assert k.work.mma.get("HMMA.16816") == 128 and k.work.mma_flop == 4 * 16 * 64 * 128 == k.expected_flop()
+    assert k.work.mma.get("HMMA.16816") == 128 and k.work.mma_flop == 4 * 32 * 32 * 128 == k.expected_flop()
     assert k.work.mufu > 0 and k.work.fp32 > 0 and k.work.ldsm > 0
     e = k.estimate([(64, 64)], 32, 8)
     assert e.flop == 4 * 128 * 32 * (64 * 65 // 2)

@@ -36,28 +36,57 @@ from kgen.formats.cache import (
 from kgen.formats.dtypes import dtype
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 from kgen.plan.arch import smem_limit
-from kgen.plan.split import check_forced_partition, choose_split
+from kgen.plan.split import STEP_TOKENS, Split, check_forced_partition, choose_split, working_partitions
 
 WARPS = (1, 2, 4, 8)
 KV_TILES = (16, 32, 64, 128)
 STAGES = (1, 2, 3, 4)
+M_TILES = (1, 2)  # m16 row tiles per warp
+MAX_REGISTERS = 232  # the main kernel's cap (__maxnreg__): ptxas takes up to 255 when free to, none spill at 232
+M2_ACCUMULATORS = 160  # the most fp32 accumulators (O and S) a lane holds with 2 m tiles (automatic m_tiles)
 AUTO_STAGES = 2  # `stages: 0`: one tile in flight while one is computed, where shared memory allows
 KV_PATHS = ("copy", "stage", "gather")  # the template's KV_PATH is the index
 SMEM_TARGET = 96 * 1024  # the automatic tile choice stays under this (occupancy)
 OUT_SLICE = 256  # output columns per block: larger heads are sliced over grid z
 
 
+def m_tiles_of(spec, config: Config) -> int:
+    """m16 row tiles per warp: the config's `m_tiles`, or for 0 (automatic) 2 where the products are
+    mma.sync (16-bit q), head dims <= 128, a lane's accumulators of both m tiles (v_head_dim + kv_tile)
+    within M2_ACCUMULATORS and the tiles under SMEM_TARGET with 32 keys or more (fewer, and
+    rescaling the output each tile costs more than the shared fragments save): each K/V fragment then feeds two MMAs (fewer
+    ldmatrix and instructions per MMA); else 1."""
+    if config.get("m_tiles", 0):
+        return config["m_tiles"]
+    mma = dtype(spec.dtype.q).itemsize == 2
+    if not mma or max(spec.attention.head_dim, spec.v_head_dim_value) > 128:
+        return 1
+    two = {**config, "m_tiles": 2}
+    warps, kv_tile = tiles(spec, two)
+    # a lane's accumulators of both m tiles: v_head_dim floats of O, kv_tile of S (more spill on sm_90)
+    fits = spec.v_head_dim_value + kv_tile <= M2_ACCUMULATORS
+    return 2 if fits and kv_tile >= 32 and smem_bytes(spec, warps, kv_tile, stages_of(spec, two), 2) <= SMEM_TARGET else 1
+
+
+def block_rows(spec, config: Config) -> int:
+    """Packed query rows per block: 16 per m tile of every warp."""
+    return 16 * tiles(spec, config)[0] * m_tiles_of(spec, config)
+
+
 def tiles(spec, config: Config) -> tuple[int, int]:
     """(warps, kv_tile) of a config; 0 means automatic: 4 warps and 64-key tiles (32 past head_dim
-    128), halved while the shared memory exceeds SMEM_TARGET: the one with more rows in shared
-    memory first (the Q tile's 16 * warps, or the stages' 2 * stages * kv_tile), warps on a tie."""
+    128, or with 2 m tiles a warp: their scores' registers), halved while the shared memory exceeds
+    SMEM_TARGET: the one with more rows in shared memory first (the Q tile's 16 * warps * m_tiles,
+    or the stages' 2 * stages * kv_tile), warps on a tie."""
     auto_w, auto_t = not config.get("warps", 0), not config.get("kv_tile", 0)
+    mt = m_tiles_of(spec, config)
     warps = config.get("warps", 0) or 4
-    kv_tile = config.get("kv_tile", 0) or (64 if max(spec.attention.head_dim, spec.v_head_dim_value) <= 128 else 32)
+    wide = max(spec.attention.head_dim, spec.v_head_dim_value) > 128 or mt > 1
+    kv_tile = config.get("kv_tile", 0) or (32 if wide else 64)
     stages = stages_of(spec, config)
-    while smem_bytes(spec, warps, kv_tile, stages) > SMEM_TARGET:
+    while smem_bytes(spec, warps, kv_tile, stages, mt) > SMEM_TARGET:
         can_w, can_t = auto_w and warps > 1, auto_t and kv_tile > 16
-        if can_w and (not can_t or 16 * warps >= 2 * stages * kv_tile):
+        if can_w and (not can_t or 16 * warps * mt >= 2 * stages * kv_tile):
             warps //= 2
         elif can_t:
             kv_tile //= 2
@@ -72,7 +101,8 @@ def stages_of(spec, config: Config) -> int:
     (kgen.plan.arch.smem_limit) with it (wide heads of a staged cache: head_dim 512 of an fp32 cache)."""
     if config.get("stages", 0):
         return config["stages"]
-    fits = smem_bytes(spec, *tiles(spec, {**config, "stages": AUTO_STAGES}), AUTO_STAGES) <= smem_limit(spec.targets)
+    fits = smem_bytes(spec, *tiles(spec, {**config, "stages": AUTO_STAGES}), AUTO_STAGES,
+                      m_tiles_of(spec, config)) <= smem_limit(spec.targets)
     return AUTO_STAGES if fits else 1
 
 
@@ -93,12 +123,12 @@ def kv_path(spec) -> str:
     return "stage"
 
 
-def smem_bytes(spec, warps: int, kv_tile: int, stages: int = 2) -> int:
+def smem_bytes(spec, warps: int, kv_tile: int, stages: int = 2, m_tiles: int = 1) -> int:
     """The Q tile, then K/V (templates/common/paged_prefill.cuh, PrefillShape): operand tiles in q's
     type with rows padded by 16 bytes, `stages` of them on the copy path; on the stage path one
     operand pair plus `stages` staging tiles as stored (and per-token scales, or nvfp4's block
     scales: a byte per 16 elements of each K and V row); on the gather path one operand pair (and
-    per-token scales). Plus fp32 P per warp where the products are fp32 FMAs (fp32 q, or a target older
+    per-token scales). The Q tile has 16 * warps * m_tiles rows. Plus fp32 P per warp where the products are fp32 FMAs (fp32 q, or a target older
     than sm_80: no mma.sync m16n8k16)."""
     item = dtype(spec.dtype.q).itemsize
     D, DV = spec.attention.head_dim, spec.v_head_dim_value  # K's rows and V's
@@ -116,7 +146,8 @@ def smem_bytes(spec, warps: int, kv_tile: int, stages: int = 2) -> int:
         kv = tiles + stages * (raws + scales)
     else:
         kv = tiles + scales
-    return 16 * warps * ld * item + kv + (warps * 16 * kv_tile * 4 if fma_scratch(spec) else 0)
+    rows = 16 * warps * m_tiles
+    return rows * ld * item + kv + (rows * kv_tile * 4 if fma_scratch(spec) else 0)
 
 
 def fma_scratch(spec) -> bool:
@@ -139,7 +170,8 @@ class PagedPrefillFamily(AttentionFamily):
     # the kind's identity: its name, template, query rows and cases (the rest is AttentionFamily's)
     kind, template, rows, cases_module = "paged_prefill", "paged_prefill.cu.j2", PREFILL_ROWS, prefill_cases
     params = {"warps": TunableParam("warps", 0), "kv_tile": TunableParam("kv_tile", 0),
-              "stages": TunableParam("stages", 0), "partition_size": TunableParam("partition_size", 256)}
+              "stages": TunableParam("stages", 0), "m_tiles": TunableParam("m_tiles", 0),
+              "partition_size": TunableParam("partition_size", 256)}
 
     # ---- generation -------------------------------------------------------------------
     def check_config(self, spec, config: Config) -> list[str]:
@@ -152,14 +184,21 @@ class PagedPrefillFamily(AttentionFamily):
                             f"(got {config['kv_tile']})")
         if config["stages"] and config["stages"] not in STAGES:
             problems.append(f"stages must be 0 (automatic) or 1 to 4 (got {config['stages']})")
+        if config["m_tiles"] and config["m_tiles"] not in M_TILES:
+            problems.append(f"m_tiles must be 0 (automatic) or one of {', '.join(map(str, M_TILES))} "
+                            f"(got {config['m_tiles']})")
         problems += self.partition_problems(config)
         if not problems:
-            need = smem_bytes(spec, *tiles(spec, config), stages_of(spec, config))
+            need = smem_bytes(spec, *tiles(spec, config), stages_of(spec, config), m_tiles_of(spec, config))
             if need > smem_limit(spec.targets):
                 problems.append(f"warps, kv_tile and stages need {need} bytes of shared memory, more than "
                                 f"{smem_limit(spec.targets)} (the opt-in limit of {', '.join(spec.targets)}): "
-                                "use fewer warps or stages or a smaller kv_tile")
+                                "use fewer warps, stages or m_tiles or a smaller kv_tile")
         return problems
+
+    def abi_config(self, spec) -> Config:
+        # the hand-written kernel contract keeps its launch of 16 rows a warp, single pass
+        return {"partition_size": 0, "m_tiles": 1}
 
     def default_space(self, spec) -> dict[str, list[int]]:
         return {"warps": [2, 4], "kv_tile": [32, 64], "stages": [1, 2], "partition_size": [0, 256]}
@@ -169,7 +208,8 @@ class PagedPrefillFamily(AttentionFamily):
         warps, kv_tile = tiles(spec, config)
         table = self.arguments(spec, config)
         main = KernelDecl(spec.name, tuple(table), ("q_tiles", a.num_kv_heads, "z"), 32 * warps,
-                          smem=smem_bytes(spec, warps, kv_tile, stages_of(spec, config)))
+                          smem=smem_bytes(spec, warps, kv_tile, stages_of(spec, config), m_tiles_of(spec, config)),
+                          max_registers=MAX_REGISTERS)
         return [main, merge_kernel(spec, table, PREFILL_ROWS)] if P else [main]
 
     def template_context(self, spec, config: Config) -> dict[str, Any]:
@@ -180,6 +220,7 @@ class PagedPrefillFamily(AttentionFamily):
             "warps": warps,
             "kv_tile": kv_tile,
             "stages": stages_of(spec, config),
+            "m_tiles": m_tiles_of(spec, config),
             "kv_path": KV_PATHS.index(kv_path(spec)),
             "smem_bytes": kernels[0].smem,
             "fma_scratch": fma_scratch(spec),
@@ -187,7 +228,7 @@ class PagedPrefillFamily(AttentionFamily):
 
     def abi_notes(self, spec) -> list[str]:
         a, kv = spec.attention, spec.kv_cache
-        rows = 16 * tiles(spec, resolve_config(self, spec, self.abi_config(spec)))[0]  # the ABI launch's
+        rows = block_rows(spec, resolve_config(self, spec, self.abi_config(spec)))  # the ABI launch's
         visible = ("keys p-" + str(a.sliding_window - 1) + " .. p" if a.sliding_window else "keys 0 .. p") \
             if a.causal else "all seq_len keys (causal: false)"
         return [
@@ -234,11 +275,14 @@ class PagedPrefillFamily(AttentionFamily):
         if bad.size:
             s = int(bad[0])
             raise ArgumentError(f"sequence {s}: q_len = {int(q_lens[s])} is larger than seq_lens[{s}] = {int(lens[s])}")
-        warps, _ = tiles(spec, config)
-        row_tiles = -(-q_lens * spec.group_size // (16 * warps))
+        row_tiles = -(-q_lens * spec.group_size // block_rows(spec, config))
         window = spec.attention.sliding_window or 0
-        split = choose_split(np.where(q_lens > 0, lens, 0), spec.attention.num_kv_heads, target_blocks, granule,
-                             q_lens + window - 1 if window else 0, partition_tokens, row_tiles)
+        live = np.where(q_lens > 0, lens, 0)
+        wins = q_lens + window - 1 if window else 0
+        split = choose_split(live, spec.attention.num_kv_heads, target_blocks, granule, wins, partition_tokens,
+                             row_tiles)
+        if partition_tokens is None and split.merged:
+            split = whole_waves(split, live, spec.attention.num_kv_heads, target_blocks, granule, wins, row_tiles)
         T = int(ind[-1])
         sizes = {"num_seqs": int(lens.size), "num_q_tokens": T, "max_partitions": split.max_partitions,
                  "partition_tokens": split.partition_tokens, "q_tiles": int(np.sum(row_tiles)) + int(lens.size),
@@ -287,7 +331,7 @@ class PagedPrefillFamily(AttentionFamily):
         b.refuse_aliasing(written, [q, *pool.caches, ind, bt, sl, ks, vs, alibi, sinks, *written])
         values = b.values(PREFILL_ROWS, q, out, pool, bt, sl, (ks, vs), scale_strides, alibi, part_o, part_ml, lse,
                           sizes, M, q_indptr=b.pointer(ind), num_seqs=S, sinks=sinks)
-        rows = kernels[0].block // 32 * 16  # grid x from the call's shapes (a plan may be for other chunks)
+        rows = block_rows(spec, config)  # grid x from the call's shapes (a plan may be for other chunks)
         grid = {"q_tiles": -(-T * spec.group_size // rows) + S, "num_q_tokens": T, "z": max_parts * slices(spec)}
         reached = [c.native for c in pool.caches]  # fused: K/V by address (an isolated child maps them too)
         launches = [k.launch(grid, values, reached) for k in kernels] if T else []  # no query row: nothing to launch
@@ -300,6 +344,25 @@ class PagedPrefillFamily(AttentionFamily):
         if bt is None or len(bt.shape) != 2:
             return None
         return int(bt.shape[0]), int(bt.shape[1]) * spec.kv_cache.block_size
+
+
+def whole_waves(split: Split, lens: np.ndarray, num_kv_heads: int, target: int, granule: int, window,
+                weights) -> Split:
+    """Prefill's split in whole waves of `target` blocks: a block's time is about its keys, so a
+    launch takes about (waves of blocks) x (keys per partition). choose_split reaches the target
+    with the largest partition, which can leave a few blocks for a second wave (a 256-token chunk
+    over 32K keys: 8 row tiles x 8 KV heads x 5 partitions = 320 blocks on 264 slots); of 1 to 2 x
+    its partitions, the count with the least waves x partition (then the fewest) is taken."""
+    longest = int(lens.max())
+    best = None
+    for parts in range(1, 2 * split.max_partitions + 1):
+        size = max(granule, -(-longest // (parts * STEP_TOKENS)) * STEP_TOKENS)
+        blocks = num_kv_heads * working_partitions(lens, size, window, weights)
+        cost = -(-blocks // max(1, target)) * min(size, longest)
+        if best is None or cost < best[0]:
+            best = (cost, size)
+    size = best[1]
+    return Split(0, 1) if size >= longest else Split(size, -(-longest // size))
 
 
 def _checked_q_lens(indptr: np.ndarray, num_rows: int) -> np.ndarray:

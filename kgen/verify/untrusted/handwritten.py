@@ -127,7 +127,7 @@ def global_kernels(text: str) -> list[str]:
         if t.text != "__global__":
             continue
         for j in range(i + 1, min(i + 16, len(tokens) - 1)):
-            if tokens[j].kind == "id" and tokens[j + 1].text == "(" and tokens[j].text != "__launch_bounds__":
+            if tokens[j].kind == "id" and tokens[j + 1].text == "(" and tokens[j].text not in ("__launch_bounds__", "__maxnreg__"):
                 names.append(tokens[j].text)
                 break
     return list(dict.fromkeys(names))

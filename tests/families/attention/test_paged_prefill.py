@@ -63,8 +63,13 @@ def _check(spec, args, out, name="call"):
      {"warps": 1, "kv_tile": 16}),
     ({"attention.sliding_window": 30}, {"partition_size": 48, "warps": 2, "kv_tile": 16}),  # split-KV + window
     ({"attention.head_dim": 264, "attention.num_q_heads": 2}, None),  # head_dim sliced over grid z
+    ({}, {"m_tiles": 1}),  # 16 rows a warp (the automatic choice here is 2)
+    ({"attention.sliding_window": 30, "attention.alibi": True},
+     {"partition_size": 48, "warps": 2, "kv_tile": 32, "m_tiles": 2}),  # 2 m tiles: split-KV, window, ALiBi
+    ({"dtype.q": "fp32", "kv_cache.dtype": "fp32", "attention.head_dim": 40}, {"m_tiles": 2}),  # FMA path, 2 m tiles
 ], ids=["fp16", "noncausal-alibi", "window-softcap-alibi", "bf16-e5m2", "int8-vllm-b8", "e4m3-fused-hnd",
-        "fp32-d40", "mqa-b1-no-tail-mask", "split-window", "d264-slices"])
+        "fp32-d40", "mqa-b1-no-tail-mask", "split-window", "d264-slices", "fp16-m1", "split-window-m2",
+        "fp32-d40-m2"])
 def test_feature_verifies(overrides, config):
     kernel = _build(config, verify=True, **overrides)
     assert kernel.report.passed, kernel.report.summary()

@@ -14,6 +14,7 @@ import kgen
 from kgen.families.attention.prefill import (
     PAGED_PREFILL,
     kv_path,
+    m_tiles_of,
     smem_bytes,
     stages_of,
     tiles,
@@ -51,8 +52,8 @@ def _indptr(q_lens):
 
 # ---- the planner (no kernel built) ---------------------------------------------------------------
 def test_a_16_token_chunk_over_a_32k_prefix_fills_the_gpu():
-    """Llama 3 8B shapes: 16 tokens x 4 heads = one 64-row tile per KV head, 8 blocks unsplit; the plan
-    splits the prefix into the largest partitions that still give >= 2 blocks per SM of 132 with keys."""
+    """Llama 3 8B shapes: 16 tokens x 4 heads = one row tile per KV head, 8 blocks unsplit; the plan
+    splits the prefix into partitions that give >= 2 blocks per SM of 132 with keys, in whole waves."""
     spec = _spec(LLAMA)
     config = resolve_config(PAGED_PREFILL, spec, None)
     lens, q_lens = np.array([32768 + 16]), [16]
@@ -62,7 +63,8 @@ def test_a_16_token_chunk_over_a_32k_prefix_fills_the_gpu():
     assert P % STEP_TOKENS == 0 and P >= config["partition_size"] and parts == -(-int(lens[0]) // P)
     assert len(kernels) == 2 and sizes["q_tiles"] == 1 + 1  # one row tile (+ one spare block per sequence)
     assert 8 * parts >= target
-    assert 8 * -(-int(lens[0]) // (P + STEP_TOKENS)) < target  # the largest such size
+    # one whole wave (whole_waves): the largest size reaching the target, 992, gives 34 partitions (272 blocks)
+    assert 8 * parts == target and P == 1008
 
 
 def test_a_big_prompt_batch_is_not_split():
@@ -82,6 +84,37 @@ def test_a_mixed_batch_splits_only_as_far_as_it_needs():
     mixed, _ = PAGED_PREFILL.schedule(spec, config, {"seq_lens": np.array([32784, 256]),
                                                 "q_indptr": _indptr([16, 256])}, BLOCKS_PER_SM * 132)
     assert 1 < mixed["max_partitions"] < alone["max_partitions"]
+
+
+def test_a_256_token_chunk_over_a_32k_prefix_splits_in_whole_waves():
+    """8 row tiles of 128 rows x 8 KV heads: the largest partition reaching 264 blocks would make 5
+    partitions (320 blocks, a second wave of 56); prefill rounds to 4 (256 blocks, one wave)."""
+    spec = _spec(LLAMA)
+    config = resolve_config(PAGED_PREFILL, spec, None)
+    assert m_tiles_of(spec, config) == 2
+    lens = np.array([32768 + 256])
+    sizes, _ = PAGED_PREFILL.schedule(spec, config, {"seq_lens": lens, "q_indptr": _indptr([256])},
+                                      BLOCKS_PER_SM * 132)
+    assert sizes["max_partitions"] == 4 and sizes["q_tiles"] == 8 + 1
+    assert sizes["partition_tokens"] == -(-int(lens[0]) // (4 * STEP_TOKENS)) * STEP_TOKENS
+
+
+def test_automatic_m_tiles():
+    """2 m tiles a warp for 16-bit q, head dims up to 128, v_head_dim + kv_tile <= 160 (registers) and
+    tiles of 32+ keys under 96 KiB; else 1."""
+    def auto(config=None, **overrides):
+        spec = _spec(LLAMA, **overrides)
+        return m_tiles_of(spec, resolve_config(PAGED_PREFILL, spec, config))
+    assert auto() == 2 and tiles(_spec(LLAMA), {}) == (4, 32)
+    assert auto(**{"dtype.q": "fp32"}) == 1  # the FMA path
+    assert auto(**{"attention.head_dim": 192}) == 1  # the output rows would not fit twice
+    assert auto({"kv_tile": 64}) == 1  # 192 accumulators a lane: spills
+    assert auto(**{"attention.head_dim": 64}) == 2
+    assert auto({"m_tiles": 1}) == 1
+    rendered = render(_spec(LLAMA), {"partition_size": 0})
+    assert "M_TILES = 2;" in rendered.source
+    with pytest.raises(kgen.KgenUserError, match="m_tiles must be 0"):
+        render(_spec(LLAMA), {"m_tiles": 3})
 
 
 # ---- planned calls ---------------------------------------------------------------------------------
