@@ -45,12 +45,96 @@ AUTO_STAGES = 2  # `stages: 0`: one tile in flight while one is computed, where 
 KV_PATHS = ("copy", "stage", "gather")  # the template's KV_PATH is the index
 SMEM_TARGET = 96 * 1024  # the automatic tile choice stays under this (occupancy)
 OUT_SLICE = 256  # output columns per block: larger heads are sliced over grid z
+PATHS = ("auto", "mma", "wgmma")  # the `path` parameter's values (its index): auto = wgmma where it builds
+WGMMA_WARPS = (4, 8)  # consumer warps of the Hopper path: one or two warpgroups of 64 rows
+WGMMA_BARRIER_BYTES = 16 * max(STAGES)  # the full/empty mbarriers (static shared memory)
+
+
+def path_of(spec, config: Config) -> str:
+    """The body a config builds: "wgmma" (the Hopper path, templates/common/paged_prefill_wgmma.cuh)
+    or "mma" (paged_prefill.cuh). `path` 0 (auto) takes wgmma where wgmma_refusal finds nothing."""
+    chosen = PATHS[config.get("path", 0)] if config.get("path", 0) in range(len(PATHS)) else "mma"
+    if chosen == "auto":
+        return "mma" if wgmma_refusal(spec, config) else "wgmma"
+    return chosen
+
+
+def wgmma_refusal(spec, config: Config) -> str | None:
+    """Why the Hopper path cannot build this spec and config (None: it can). One launch geometry
+    and one verified body serve all of a spec's targets, so every target must be sm_90 (wgmma is
+    an sm_90a instruction)."""
+    a = spec.attention
+    others = [t for t in spec.targets if t != "sm_90"]
+    if others:
+        return f"it needs every target to be sm_90 (the spec also targets {', '.join(others)})"
+    if spec.dtype.q not in ("fp16", "bf16"):
+        return f"wgmma takes fp16 or bf16 operands (q is {spec.dtype.q})"
+    if kv_path(spec) != "copy" or CacheFormat.of(spec).vllm:
+        return f"it copies a cache in q's type, unscaled (this one is {describe(spec)})"
+    dims = (a.head_dim, spec.v_head_dim_value)
+    if any(d % 64 or d > 256 for d in dims):
+        return f"head dims must be multiples of 64 up to 256 (got {head_dims_text(spec)})"
+    if config.get("warps", 0) not in (0, *WGMMA_WARPS):
+        return f"warps {config['warps']}: the consumers are 4 or 8 warps (one or two warpgroups)"
+    warps, kv_tile = wgmma_tiles(spec, config)
+    return wgmma_fit_problem(spec, warps, kv_tile, stages_of(spec, {**config, "path": 2}))
+
+
+def wgmma_fit_problem(spec, warps: int, kv_tile: int, stages: int) -> str | None:
+    """Why a Hopper-path launch of these tiles cannot run: shared memory past the opt-in limit, or a
+    consumer thread needing more registers than 65536 / threads (estimated: the S accumulators,
+    KT/2; P, KT/4; O, DV/2; 40 for addresses, the softmax state and the loop)."""
+    need = wgmma_smem_bytes(spec, warps, kv_tile, stages) + WGMMA_BARRIER_BYTES
+    if need > smem_limit(spec.targets):
+        return (f"warps {warps}, kv_tile {kv_tile} and stages {stages} need {need} bytes of shared memory, "
+                f"more than {smem_limit(spec.targets)}")
+    regs, cap = wgmma_registers(spec, kv_tile), min(255, 65536 // (32 * warps + 128) // 8 * 8)
+    if regs > cap:
+        return (f"kv_tile {kv_tile} with {warps // 4} consumer warpgroup(s) needs about {regs} registers a "
+                f"consumer thread, more than {cap} ({32 * warps + 128} threads share 65536)")
+    return None
+
+
+def wgmma_registers(spec, kv_tile: int) -> int:
+    return kv_tile // 2 + kv_tile // 4 + spec.v_head_dim_value // 2 + 40
+
+
+def wgmma_tiles(spec, config: Config) -> tuple[int, int]:
+    """(consumer warps, kv_tile) of a Hopper-path config; 0 means automatic: two consumer
+    warpgroups and 128-key tiles, the key tile halved down to 64, then one warpgroup, then smaller
+    tiles, until shared memory and the register estimate fit (wgmma_fit_problem)."""
+    auto_w, auto_t = not config.get("warps", 0), not config.get("kv_tile", 0)
+    warps = config.get("warps", 0) or 8
+    kv_tile = config.get("kv_tile", 0) or 128
+    stages = config.get("stages", 0) or AUTO_STAGES
+    while wgmma_fit_problem(spec, warps, kv_tile, stages):
+        if auto_t and kv_tile > 64:
+            kv_tile //= 2
+        elif auto_w and warps > 4:
+            warps //= 2
+        elif auto_t and kv_tile > 16:
+            kv_tile //= 2
+        else:
+            break
+    return warps, kv_tile
+
+
+def wgmma_smem_bytes(spec, warps: int, kv_tile: int, stages: int) -> int:
+    """Dynamic shared memory of the Hopper path (WgmmaPrefillShape): 1024 bytes of alignment slack,
+    Q [16 * warps rows x head_dim], then `stages` K [kv_tile x head_dim] and V [kv_tile x v_head_dim]
+    tiles, all in q's type, unpadded (the 128-byte swizzle spreads the rows over the banks)."""
+    item = dtype(spec.dtype.q).itemsize
+    return 1024 + 16 * warps * spec.attention.head_dim * item + \
+        stages * kv_tile * (spec.attention.head_dim + spec.v_head_dim_value) * item
 
 
 def tiles(spec, config: Config) -> tuple[int, int]:
     """(warps, kv_tile) of a config; 0 means automatic: 4 warps and 64-key tiles (32 past head_dim
     128), halved while the shared memory exceeds SMEM_TARGET: the one with more rows in shared
-    memory first (the Q tile's 16 * warps, or the stages' 2 * stages * kv_tile), warps on a tie."""
+    memory first (the Q tile's 16 * warps, or the stages' 2 * stages * kv_tile), warps on a tie.
+    The Hopper path's (consumer warps) come from wgmma_tiles."""
+    if path_of(spec, config) == "wgmma":
+        return wgmma_tiles(spec, config)
     auto_w, auto_t = not config.get("warps", 0), not config.get("kv_tile", 0)
     warps = config.get("warps", 0) or 4
     kv_tile = config.get("kv_tile", 0) or (64 if max(spec.attention.head_dim, spec.v_head_dim_value) <= 128 else 32)
@@ -72,6 +156,8 @@ def stages_of(spec, config: Config) -> int:
     (kgen.plan.arch.smem_limit) with it (wide heads of a staged cache: head_dim 512 of an fp32 cache)."""
     if config.get("stages", 0):
         return config["stages"]
+    if config.get("path", 0) == 2 or path_of(spec, config) == "wgmma":
+        return AUTO_STAGES
     fits = smem_bytes(spec, *tiles(spec, {**config, "stages": AUTO_STAGES}), AUTO_STAGES) <= smem_limit(spec.targets)
     return AUTO_STAGES if fits else 1
 
@@ -139,7 +225,8 @@ class PagedPrefillFamily(AttentionFamily):
     # the kind's identity: its name, template, query rows and cases (the rest is AttentionFamily's)
     kind, template, rows, cases_module = "paged_prefill", "paged_prefill.cu.j2", PREFILL_ROWS, prefill_cases
     params = {"warps": TunableParam("warps", 0), "kv_tile": TunableParam("kv_tile", 0),
-              "stages": TunableParam("stages", 0), "partition_size": TunableParam("partition_size", 256)}
+              "stages": TunableParam("stages", 0), "partition_size": TunableParam("partition_size", 256),
+              "path": TunableParam("path", 0)}  # PATHS: 0 auto, 1 mma.sync, 2 the Hopper wgmma path
 
     # ---- generation -------------------------------------------------------------------
     def check_config(self, spec, config: Config) -> list[str]:
@@ -153,6 +240,15 @@ class PagedPrefillFamily(AttentionFamily):
         if config["stages"] and config["stages"] not in STAGES:
             problems.append(f"stages must be 0 (automatic) or 1 to 4 (got {config['stages']})")
         problems += self.partition_problems(config)
+        if config["path"] not in range(len(PATHS)):
+            problems.append(f"path must be 0 (auto), 1 (mma) or 2 (wgmma) (got {config['path']})")
+        elif config["path"] == 2 and not problems:
+            refusal = wgmma_refusal(spec, config)
+            if refusal:
+                problems.append(f"path 2 (wgmma): {refusal}")
+            return problems
+        if not problems and path_of(spec, config) == "wgmma":
+            return problems
         if not problems:
             need = smem_bytes(spec, *tiles(spec, config), stages_of(spec, config))
             if need > smem_limit(spec.targets):
@@ -168,8 +264,12 @@ class PagedPrefillFamily(AttentionFamily):
         a, P = spec.attention, config["partition_size"]
         warps, kv_tile = tiles(spec, config)
         table = self.arguments(spec, config)
-        main = KernelDecl(spec.name, tuple(table), ("q_tiles", a.num_kv_heads, "z"), 32 * warps,
-                          smem=smem_bytes(spec, warps, kv_tile, stages_of(spec, config)))
+        if path_of(spec, config) == "wgmma":  # a producer warpgroup besides the consumer warps
+            main = KernelDecl(spec.name, tuple(table), ("q_tiles", a.num_kv_heads, "z"), 32 * warps + 128,
+                              smem=wgmma_smem_bytes(spec, warps, kv_tile, stages_of(spec, config)))
+        else:
+            main = KernelDecl(spec.name, tuple(table), ("q_tiles", a.num_kv_heads, "z"), 32 * warps,
+                              smem=smem_bytes(spec, warps, kv_tile, stages_of(spec, config)))
         return [main, merge_kernel(spec, table, PREFILL_ROWS)] if P else [main]
 
     def template_context(self, spec, config: Config) -> dict[str, Any]:
@@ -183,7 +283,19 @@ class PagedPrefillFamily(AttentionFamily):
             "kv_path": KV_PATHS.index(kv_path(spec)),
             "smem_bytes": kernels[0].smem,
             "fma_scratch": fma_scratch(spec),
+            "wgmma": path_of(spec, config) == "wgmma",
         }
+
+    def build_notes(self, spec, config: Config) -> list[str]:
+        """What the build report says about the body chosen (the Hopper path, or why not)."""
+        if path_of(spec, config) == "wgmma":
+            warps, kv_tile = wgmma_tiles(spec, config)
+            return [f"paged_prefill: the Hopper wgmma path ({warps // 4} consumer warpgroup(s) + a producer, "
+                    f"{kv_tile}-key tiles, {stages_of(spec, config)} stages; the sm_90 cubin is built for sm_90a)"]
+        if config.get("path", 0) == 0:
+            return [f"paged_prefill: the mma.sync path; the Hopper wgmma path is not used: "
+                    f"{wgmma_refusal(spec, config)}"]
+        return []
 
     def abi_notes(self, spec) -> list[str]:
         a, kv = spec.attention, spec.kv_cache
@@ -287,7 +399,7 @@ class PagedPrefillFamily(AttentionFamily):
         b.refuse_aliasing(written, [q, *pool.caches, ind, bt, sl, ks, vs, alibi, sinks, *written])
         values = b.values(PREFILL_ROWS, q, out, pool, bt, sl, (ks, vs), scale_strides, alibi, part_o, part_ml, lse,
                           sizes, M, q_indptr=b.pointer(ind), num_seqs=S, sinks=sinks)
-        rows = kernels[0].block // 32 * 16  # grid x from the call's shapes (a plan may be for other chunks)
+        rows = 16 * tiles(spec, config)[0]  # grid x from the call's shapes (a plan may be for other chunks)
         grid = {"q_tiles": -(-T * spec.group_size // rows) + S, "num_q_tokens": T, "z": max_parts * slices(spec)}
         reached = [c.native for c in pool.caches]  # fused: K/V by address (an isolated child maps them too)
         launches = [k.launch(grid, values, reached) for k in kernels] if T else []  # no query row: nothing to launch
