@@ -24,6 +24,8 @@
 // on the accumulators (the m16n8 C-fragment layout per warp: S viewed as [KT/8][4]), P rounded to
 // q's type into A registers, O += P V by KT/16 wgmma_rs (m64 nDV k16, V MN-major), each followed by
 // wgmma.wait_group 0 (no overlap of the softmax with the next tile's products).
+// Registers (Cfg::SETMAXNREG, two consumer warpgroups whose tiles need more than 168 a thread):
+// setmaxnreg moves registers from the producer (40) to the consumers (232).
 #pragma once
 
 namespace kgen {
@@ -43,8 +45,16 @@ struct WgmmaPrefillShape {
   static_assert(D % 64 == 0 && DV % 64 == 0 && D <= 256 && DV <= 256, "head dims in 128-byte column blocks, N <= 256");
   static_assert(KT % 16 == 0 && KT >= 16 && KT <= 256, "KV_TILE is wgmma's N for S");
   static_assert(STAGES >= 1 && STAGES <= 4, "stages");
+  static_assert(!Cfg::SETMAXNREG || CONSUMERS == 2, "the register split is for 384 threads (168 each at launch)");
   static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's smem_bytes and the template disagree");
 };
+
+// A matrix descriptor `bytes` further on in shared memory: its start address field (bits 0-13,
+// address >> 4) plus bytes >> 4; shared addresses stay below 2^18, so the field does not carry.
+__device__ __forceinline__ unsigned long long desc_plus(unsigned long long desc, int bytes) {
+  const unsigned lo = (unsigned)desc + (unsigned)(bytes >> 4);  // a 32-bit add: the high word stays
+  return (desc & 0xffffffff00000000ull) | lo;
+}
 
 template <bool B> struct BoolTag { static constexpr bool value = B; };
 
@@ -122,7 +132,7 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(
   typedef WgmmaPrefillShape<Cfg> S;
   typedef typename S::T T;
   constexpr int G = S::G, ROWS = S::ROWS, KT = S::KT, D = S::D, DV = S::DV, W = Cfg::SLIDING_WINDOW;
-  constexpr int STAGES = S::STAGES, NT = KT / 8, ONT = DV / 8;
+  constexpr int STAGES = S::STAGES, ONT = DV / 8;
   constexpr bool CAUSAL = Cfg::CAUSAL;
   const bool split = Cfg::SPLIT && max_partitions > 1;
   const int tid = threadIdx.x, wg = tid / 128, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -175,6 +185,7 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(
 
   const int* table = block_tables + (long long)seq * max_blocks_per_seq;
   if (wg == 0) {  // ---- producer: gathers K/V tiles through the block table ----
+    if constexpr (Cfg::SETMAXNREG) setmaxnreg_dec<40>();  // its registers go to the consumers
     // Thread tid copies chunks CH * (tid % TPR) .. + CH - 1 (16 bytes each; TPR threads a row of
     // C = D / 8 chunks) of rows tid / TPR, tid / TPR + 128 / TPR, .. of a tile, K's and V's alike
     // when D = DV: one block-table read per key, its address math shared by 2 * CH copies, the
@@ -237,6 +248,9 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(
   }
 
   // ---- consumer warpgroup cw: rows 64 cw .. 64 cw + 63 of the block ----
+  // 128 x 40 + 256 x 232 = 384 x 168, the kernel's registers at launch (ptxas allocates all of
+  // __launch_bounds__(384)'s 168 where the consumers need more: tests/families/attention/test_prefill_wgmma.py)
+  if constexpr (Cfg::SETMAXNREG) setmaxnreg_inc<232>();
   const int cw = wg - 1, rb = 64 * cw, warp = (tid % 128) / 32;
   bool row_ok[2];
   int row_tok[2], row_head[2], row_pos[2];
@@ -260,22 +274,24 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(
   for (int i = 0; i < DV / 2; ++i) o[i] = 0.0f;
   float sacc[KT / 2];
 
+  // The operands' descriptors, made once: a tile's and a k-step's are these plus byte offsets.
+  const unsigned long long dq = wgmma_desc(q_s + rb * 128, 16, 1024, 128);         // Q, K-major
+  const unsigned long long dk0 = wgmma_desc(stages, 16, 1024, 128);                // K of stage 0, K-major
+  const unsigned long long dv0 = wgmma_desc(stages + S::K_BYTES, KT * 128, 1024, 128);  // V, MN-major
   // Tile i of the block: wait for it, compute (where the warpgroup's rows see some of it), release it.
   auto step = [&](int i, auto masked_tag) {
     constexpr bool MASKED = decltype(masked_tag)::value;
     const int s = i % STAGES, kv0 = lo + i * KT;
     mbar_wait(&full[s], (i / STAGES) & 1);  // tile i has landed
-    const unsigned char* ks = stages + s * S::STAGE_BYTES;
-    const unsigned char* vs = ks + S::K_BYTES;
+    const unsigned long long dk = desc_plus(dk0, s * S::STAGE_BYTES), dv = desc_plus(dv0, s * S::STAGE_BYTES);
     const bool sees = !MASKED || (wg_rows > 0 && !(CAUSAL && kv0 > wg_pos_last) &&
                                   !(W > 0 && kv0 + KT - 1 <= wg_pos_first - W));
     if (sees) {  // warpgroup-uniform
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        const unsigned long long da = wgmma_desc(q_s + (kk / 4) * (ROWS * 128) + rb * 128 + (kk % 4) * 32, 16, 1024, 128);
-        const unsigned long long db = wgmma_desc(ks + (kk / 4) * (KT * 128) + (kk % 4) * 32, 16, 1024, 128);
-        wgmma_ss<T, KT, 0, 0>(sacc, da, db, kk > 0 ? 1 : 0);
+        wgmma_ss<T, KT, 0, 0>(sacc, desc_plus(dq, (kk / 4) * (ROWS * 128) + (kk % 4) * 32),
+                              desc_plus(dk, (kk / 4) * (KT * 128) + (kk % 4) * 32), kk > 0 ? 1 : 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -285,8 +301,7 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(
       for (int kk = 0; kk < KT / 16; ++kk) {
         const unsigned a[4] = {pack2<T>(sacc[8 * kk], sacc[8 * kk + 1]), pack2<T>(sacc[8 * kk + 2], sacc[8 * kk + 3]),
                                pack2<T>(sacc[8 * kk + 4], sacc[8 * kk + 5]), pack2<T>(sacc[8 * kk + 6], sacc[8 * kk + 7])};
-        const unsigned long long db = wgmma_desc(vs + kk * 16 * 128, KT * 128, 1024, 128);
-        wgmma_rs<T, DV, 1>(o, a, db, 1);
+        wgmma_rs<T, DV, 1>(o, a, desc_plus(dv, kk * 16 * 128), 1);
       }
       wgmma_commit();
       wgmma_wait<0>();  // the tile's P V has read V: the stage may be refilled

@@ -188,8 +188,8 @@ def test_producer_instrs_charges_the_gather_loop_per_tile():
 @needs_sass
 def test_the_hopper_kernel_through_the_model():
     """llama3_8b_prefill targeting sm_90 alone (the wgmma path, its automatic tiles: 2 consumer warpgroups x
-    64 keys): 8 HGMMA.64x64x16 (S) + 4 HGMMA.64x128x16 (P V) per warp per tile = 16 rows x 64 keys x 128 x 4
-    FLOP; the producer's gather loop charged; 384 threads, one CTA per SM."""
+    128 keys): 8 HGMMA.64x128x16 (S) + 8 (P V) per warp per tile = 16 rows x 128 keys x 128 x 4 FLOP; the
+    producer's gather loop charged; 384 threads, one CTA per SM."""
     import static_prefill as sp
 
     from kgen.cache import ArtifactCache
@@ -197,7 +197,7 @@ def test_the_hopper_kernel_through_the_model():
 
     spec = load_spec(ROOT / "specs" / "llama3_8b_prefill.yaml").with_overrides(targets=["sm_90"])
     k = sp.kgen_kernel(spec, CUOBJDUMP, ArtifactCache(), "kgen hopper", sp.HOPPER_CONFIG)
-    assert k.work.mma == {"HGMMA.64x64x16": 8, "HGMMA.64x128x16": 4} and k.work.mma_flop == k.expected_flop()
+    assert k.work.mma == {"HGMMA.64x128x16": 16} and k.work.mma_flop == k.expected_flop()
     assert k.threads == 384 and k.warps == 8 and k.rows == 128 and k.work.producer_instrs > 0
     big = k.estimate([(4096, 4096)], 32, 8)
     assert pf.finite(big) and 0 < big.fraction < 1

@@ -82,20 +82,32 @@ def wgmma_refusal(spec, config: Config) -> str | None:
 
 def wgmma_fit_problem(spec, warps: int, kv_tile: int, stages: int) -> str | None:
     """Why a Hopper-path launch of these tiles cannot run: shared memory past the opt-in limit, or a
-    consumer thread needing more registers than 65536 / threads (estimated: the S accumulators,
-    KT/2; P, KT/4; O, DV/2; 40 for addresses, the softmax state and the loop)."""
+    consumer thread needing more registers than it can have (estimated, wgmma_registers): 255 with one
+    consumer warpgroup (256 threads); with two (384 threads, 168 each at launch), 168, or 232 where
+    setmaxnreg moves the producer's registers to the consumers (wgmma_setmaxnreg)."""
     need = wgmma_smem_bytes(spec, warps, kv_tile, stages) + WGMMA_BARRIER_BYTES
     if need > smem_limit(spec.targets):
         return (f"warps {warps}, kv_tile {kv_tile} and stages {stages} need {need} bytes of shared memory, "
                 f"more than {smem_limit(spec.targets)}")
-    regs, cap = wgmma_registers(spec, kv_tile), min(255, 65536 // (32 * warps + 128) // 8 * 8)
+    regs, cap = wgmma_registers(spec, kv_tile), 255 if warps == 4 else SETMAXNREG_CONSUMER
     if regs > cap:
         return (f"kv_tile {kv_tile} with {warps // 4} consumer warpgroup(s) needs about {regs} registers a "
-                f"consumer thread, more than {cap} ({32 * warps + 128} threads share 65536)")
+                f"consumer thread, more than {cap}")
     return None
 
 
+SETMAXNREG_CONSUMER = 232  # 128 x 40 (producer) + 256 x 232 = 384 x 168: the registers at launch
+
+
+def wgmma_setmaxnreg(spec, warps: int, kv_tile: int) -> bool:
+    """Whether the consumers take the producer's registers (setmaxnreg): two consumer warpgroups
+    whose estimate passes the 168 registers a thread of 384 gets at launch. Only then: the split's
+    counts assume the kernel is allocated exactly 168, which ptxas does when the code needs more."""
+    return warps == 8 and wgmma_registers(spec, kv_tile) > 65536 // 384 // 8 * 8
+
+
 def wgmma_registers(spec, kv_tile: int) -> int:
+    """A consumer thread's registers, estimated: S (kv_tile/2), P (kv_tile/4), O (v_head_dim/2), 40 more."""
     return kv_tile // 2 + kv_tile // 4 + spec.v_head_dim_value // 2 + 40
 
 
@@ -284,14 +296,16 @@ class PagedPrefillFamily(AttentionFamily):
             "smem_bytes": kernels[0].smem,
             "fma_scratch": fma_scratch(spec),
             "wgmma": path_of(spec, config) == "wgmma",
+            "setmaxnreg": path_of(spec, config) == "wgmma" and wgmma_setmaxnreg(spec, warps, kv_tile),
         }
 
     def build_notes(self, spec, config: Config) -> list[str]:
         """What the build report says about the body chosen (the Hopper path, or why not)."""
         if path_of(spec, config) == "wgmma":
             warps, kv_tile = wgmma_tiles(spec, config)
+            split = ", setmaxnreg 40/232" if wgmma_setmaxnreg(spec, warps, kv_tile) else ""
             return [f"paged_prefill: the Hopper wgmma path ({warps // 4} consumer warpgroup(s) + a producer, "
-                    f"{kv_tile}-key tiles, {stages_of(spec, config)} stages; the sm_90 cubin is built for sm_90a)"]
+                    f"{kv_tile}-key tiles, {stages_of(spec, config)} stages{split}; the sm_90 cubin is built for sm_90a)"]
         if config.get("path", 0) == 0:
             return [f"paged_prefill: the mma.sync path; the Hopper wgmma path is not used: "
                     f"{wgmma_refusal(spec, config)}"]

@@ -20,6 +20,7 @@ from kgen.families.attention.prefill import (
     PAGED_PREFILL,
     path_of,
     wgmma_refusal,
+    wgmma_setmaxnreg,
     wgmma_smem_bytes,
     wgmma_tiles,
 )
@@ -48,13 +49,15 @@ def test_auto_takes_wgmma_on_an_sm_90_only_fp16_spec():
     spec = _spec(**LLAMA)
     config = resolve_config(PAGED_PREFILL, spec, None)
     assert path_of(spec, config) == "wgmma" and wgmma_refusal(spec, config) is None
-    # two consumer warpgroups; 128-key tiles would need ~200 registers of 168: 64-key tiles
-    assert wgmma_tiles(spec, config) == (8, 64)
+    # two consumer warpgroups of 128-key tiles: ~200 registers a consumer, past the 168 of 384 threads at
+    # launch, so setmaxnreg gives the consumers 232 (the producer keeps 40)
+    assert wgmma_tiles(spec, config) == (8, 128) and wgmma_setmaxnreg(spec, 8, 128)
     main = PAGED_PREFILL.kernels(spec, config)[0]
-    assert main.block == 3 * 128 and main.smem == wgmma_smem_bytes(spec, 8, 64, 2) == 1024 + 128 * 256 + 2 * 64 * 512
+    assert main.block == 3 * 128 and main.smem == wgmma_smem_bytes(spec, 8, 128, 2) == 1024 + 128 * 256 + 2 * 128 * 512
     rendered = render(spec, config)
     assert "paged_prefill_wgmma_body<Cfg>" in rendered.source and "arch-specific sm_90a" in rendered.source
-    assert rendered.notes and "Hopper wgmma path" in rendered.notes[0]
+    assert rendered.notes and "Hopper wgmma path" in rendered.notes[0] and "setmaxnreg 40/232" in rendered.notes[0]
+    assert "SETMAXNREG = true" in rendered.source
 
 
 @pytest.mark.parametrize("overrides,why", [
@@ -83,11 +86,11 @@ def test_mma_path_forced_and_wgmma_forced_where_it_cannot_build():
 
 def test_configs_that_cannot_launch_are_pruned_with_the_reason():
     spec = kgen.spec_from_dict({**BASE, "tuning": {"params": {"path": [2], "warps": [4, 8], "kv_tile": [64, 128],
-                                                              "stages": [2, 4]}}}).with_overrides(
+                                                              "stages": [1, 4]}}}).with_overrides(
         **{**LLAMA, "attention.head_dim": 256})
     space = expand_space(spec)
     kept = {(c["warps"], c["kv_tile"], c["stages"]) for c in space.configs}
-    assert kept == {(4, 64, 2)}
+    assert kept == {(4, 64, 1), (8, 64, 1)}  # d256: 128-key tiles need ~264 registers; 4 stages, > 227 KiB
     reasons = " ".join(p["reason"] for p in space.pruned)
     assert "registers a consumer thread" in reasons and "bytes of shared memory" in reasons
 
@@ -164,14 +167,22 @@ CUOBJDUMP = find_cuobjdump()
 
 @pytest.mark.skipif(CUOBJDUMP is None, reason="cuobjdump (nvidia-cuda-cuobjdump wheel) is absent")
 def test_the_sm_90_cubin_is_built_for_sm_90a_with_hgmma_and_no_spills(tmp_path):
+    """The automatic tiles of Llama-3-8B shapes (2 consumer warpgroups x 128 keys, setmaxnreg): ptxas
+    allocates all 168 registers __launch_bounds__(384) allows, which the register split's counts assume
+    (128 x 40 + 256 x 232 = 384 x 168: with fewer at launch, the consumers' setmaxnreg.inc would wait
+    forever), and spills nothing; a config without the split keeps its own count."""
     spec = _spec(**LLAMA)
     rendered = render(spec, None)
     art = compile_cubin(rendered.source, "sm_90", cache=ArtifactCache(tmp_path))
     assert art.arch == "sm_90a"
     ops = set(re.findall(r"\b([A-Z][A-Z0-9]+)(?:\.[A-Za-z0-9_]+)*\b", sass_text(art.cubin, CUOBJDUMP)))
-    assert {"HGMMA", "SYNCS", "LDGSTS"} <= ops, sorted(ops)
+    assert {"HGMMA", "SYNCS", "LDGSTS", "USETMAXREG"} <= ops, sorted(ops)
     res = art.resources[spec.name]
-    assert res.spill_stores == 0 and res.registers <= 168  # 384 threads x 168 <= 65536
+    assert res.spill_stores == 0 and res.registers == 168
+    small = render(spec, {"warps": 8, "kv_tile": 32})
+    assert "SETMAXNREG = false" in small.source
+    res = compile_cubin(small.source, "sm_90", cache=ArtifactCache(tmp_path)).resources[spec.name]
+    assert res.spill_stores == 0 and res.registers <= 168
 
 
 # ---- the GPU ----------------------------------------------------------------------------------------------
