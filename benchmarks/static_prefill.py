@@ -1,7 +1,7 @@
 """Static performance of the prefill kernels on sm_90, side by side (no GPU needed; ESTIMATES).
 
 kgen's paged-prefill kernels (the bundled llama3_8b_prefill and prefill_fp8_e4m3 specs, and GQA 8
-variants of them) and FlashInfer's batch prefill (BatchPrefillWithPagedKVCacheKernel, its sm80 /
+variants of them; for fp16 also kgen's Hopper wgmma path: the same spec targeting sm_90 alone) and FlashInfer's batch prefill (BatchPrefillWithPagedKVCacheKernel, its sm80 /
 FA2-style path, mma.sync; and its sm90 path, wgmma, fp16 KV only), compiled here from the
 flashinfer-python wheel's headers with nvcc, instantiated the way its JIT does: each kernel's main loop is read from the SASS (kgen/perf/prefill_model.py: HMMA count
 and shape, smem wavefronts, FP32 and MUFU instructions, warp-instructions per tile iteration), its
@@ -48,7 +48,7 @@ from static_perf import (  # noqa: E402
 
 from kgen.cache import ArtifactCache, content_key  # noqa: E402
 from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report  # noqa: E402
-from kgen.families.attention.prefill import PAGED_PREFILL, m_tiles_of, tiles  # noqa: E402
+from kgen.families.attention.prefill import PAGED_PREFILL, m_tiles_of, path_of, stages_of, tiles  # noqa: E402
 from kgen.families.registry import family_for  # noqa: E402
 from kgen.formats.dtypes import dtype  # noqa: E402
 from kgen.perf import model as pm  # noqa: E402
@@ -89,6 +89,9 @@ FA3_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 # reads 309 ... 370, higher at every length as the non-causal panel is). FA3 on the same panel: 292 ... 616.
 FA2_PUBLISHED = {512: 191, 1024: 260, 2048: 298, 4096: 319, 8192: 333, 16384: 335}
 FA3_PUBLISHED = {512: 292, 1024: 423, 2048: 521, 4096: 579, 8192: 602, 16384: 616}
+# The Hopper row's config: path auto (wgmma on an sm_90-only spec) with its automatic tiles, not the
+# spec's tuning defaults (chosen for the mma.sync body).
+HOPPER_CONFIG = {"path": 0, "warps": 0, "kv_tile": 0, "stages": 0}
 MODELS = {"GQA 4 (Llama-3-8B: 32 q / 8 kv heads, d128)": {},
           "GQA 8 (Llama-3-70B on one GPU: 64 q / 8 kv heads, d128)": {"attention.num_q_heads": 64}}
 
@@ -135,8 +138,8 @@ class Kernel:
 
 
 # ---- kgen ----------------------------------------------------------------------------------------------
-def kgen_kernel(spec, cuobjdump: str, cache: ArtifactCache, label: str) -> Kernel:
-    rendered = render(spec)
+def kgen_kernel(spec, cuobjdump: str, cache: ArtifactCache, label: str, config: dict | None = None) -> Kernel:
+    rendered = render(spec, config)
     art = compile_cubin(rendered.source, ARCH, origin=spec.name, cache=cache)
     fn = pm.parse_sass(sass_text(art.cubin, cuobjdump))[spec.name]
     res = art.resources[spec.name]
@@ -145,6 +148,14 @@ def kgen_kernel(spec, cuobjdump: str, cache: ArtifactCache, label: str) -> Kerne
     warps, kv_tile = tiles(spec, rendered.config)  # the family's automatic tile choice for this config
     mt = m_tiles_of(spec, rendered.config)
     a = spec.attention
+    hopper = path_of(spec, rendered.config) == "wgmma"
+    work = pf.tile_work(fn, DEV)
+    if hopper:  # the producer warpgroup's cp.async loop shares the issue slots: charged per tile
+        copies = kv_tile * (a.head_dim + spec.v_head_dim_value) // 8 // 128
+        work.producer_instrs = pf.producer_instrs(fn, work.loop, copies)
+        # the consumers wait on barriers, not loads: one tile round trip per tile, STAGES - 1 in flight
+        stages = stages_of(spec, rendered.config)
+        work.latencies_per_iter = 1 / max(1, stages - 1)
 
     def ctas(seqs, num_q_heads, num_kv_heads):
         if (num_q_heads, num_kv_heads) != (a.num_q_heads, a.num_kv_heads):
@@ -162,11 +173,18 @@ def kgen_kernel(spec, cuobjdump: str, cache: ArtifactCache, label: str) -> Kerne
         partial = 2 * tokens * a.num_q_heads * parts * (a.head_dim + 2) * 4 if extra else 0.0
         return out, extra, partial
 
+    if hopper:
+        note = (f"{label}: {warps // 4} consumer warpgroup(s) x 64 packed rows + a producer warpgroup ({main.block} "
+                f"threads), kv_tile {kv_tile}, {stages_of(spec, rendered.config)} stages, {main.smem} B dynamic smem; "
+                f"the producer's {work.producer_instrs} warp-instructions per tile (its cp.async gather loop, from "
+                "the SASS) are charged to the issue term; latency: one tile round trip per tile over the stages - 1 "
+                "in flight; HGMMA operand reads are not in the smem term; grid from kern.plan as the mma.sync path's")
+    else:
+        note = (f"{label}: {warps} warps x 16 packed rows, kv_tile {kv_tile}, {main.smem} B dynamic smem; grid "
+                "(q_tiles, kv_heads, partitions) from kern.plan(seq_lens, q_indptr=..., num_sms=132)")
     return Kernel(label, res.registers, f"{res.spill_stores}/{res.spill_loads}", res.static_smem + main.smem,
-                  32 * warps, pf.tile_work(fn, DEV),
-                  16 * warps * mt, kv_tile, ctas, dtype(spec.kv_cache.dtype).itemsize,
-                  [f"{label}: {warps} warps x {16 * mt} packed rows, kv_tile {kv_tile}, {main.smem} B dynamic smem; grid "
-                   "(q_tiles, kv_heads, partitions) from kern.plan(seq_lens, q_indptr=..., num_sms=132)"])
+                  main.block, work, 16 * warps * mt, kv_tile, ctas, dtype(spec.kv_cache.dtype).itemsize, [note],
+                  mma_warps=warps if hopper else 0)
 
 
 # ---- FlashInfer (sm80 path) -------------------------------------------------------------------------
@@ -385,6 +403,10 @@ def build(cache: ArtifactCache) -> tuple[dict, list[str]]:
         for kv, spec in base.items():
             spec = spec.with_overrides(**over) if over else spec
             rows = [kgen_kernel(spec, cuobjdump, cache, f"kgen {spec.name}" + (" (64 q heads)" if over else ""))]
+            if kv == "fp16":  # the Hopper path: the same spec targeting sm_90 alone, its automatic tiles
+                hopper = spec.with_overrides(targets=["sm_90"])
+                rows.append(kgen_kernel(hopper, cuobjdump, cache, f"kgen {spec.name}" + (" (64 q heads)" if over else "")
+                                        + " Hopper wgmma path (targets: [sm_90])", HOPPER_CONFIG))
             if fi[kv] is not None:
                 rows.append(fi[kv])
             if kv == "fp16" and fi90 is not None:
@@ -512,8 +534,12 @@ def assumptions(groups, skipped) -> str:
         "kernel, reaches only 35% utilization of H100, and Luo et al. (arXiv 2501.12084) find Hopper's tensor "
         "peak reached through the asynchronous wgmma path; a microbenchmark figure for mma.sync's own ceiling on "
         "Hopper was not found in the time (the issue's \"about half\" is not confirmed here), so the sensitivity "
-        "table below re-runs the model at 0.5. HGMMA (wgmma) would count 2 x m x n x k per warpgroup instruction, "
-        "a quarter per warp's instruction; no kernel here has one.",
+        "table below re-runs the model at 0.5. HGMMA (wgmma) counts 2 x m x n x k per warpgroup instruction, "
+        "a quarter per warp's instruction, at the dense peak x 1.0 (OPTIMISTIC as well). kgen's Hopper row: its "
+        "consumers' main loop as above, plus its producer warpgroup's cp.async gather loop (instructions per "
+        "tile from the SASS: the innermost LDGSTS loop x its passes a tile + the tile loop around it, 4 warps) "
+        "charged to the issue term, which it shares; its latency term is one tile round trip per tile over the "
+        "stages - 1 tiles in flight.",
         f"- **Issue**: {d.issue_per_sm_clock} warp-instructions per SM per clock (one per sub-partition); "
         f"**MUFU**: {PIPES.mufu_per_sm_clock} ex2 results per SM per clock; **FP32**: {PIPES.fp32_per_sm_clock} "
         "lanes per SM per clock (CUDA C++ Programming Guide, arithmetic instruction throughput, compute "

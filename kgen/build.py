@@ -79,6 +79,7 @@ def build(spec, backend: str = "auto", verify: bool = True, config: Config | Non
                     resources={arch: resources_as_dict(a.resources) for arch, a in cubins.items()},
                     artifacts={"cubins": cubins})
     kernel.debug = debug
+    kernel.notes = list(rendered.notes)  # e.g. which prefill body was built, or why not the Hopper one
     if verify:
         kernel.report = run_verify(kernel, seed=seed)
     if kernel.report is None or kernel.report.passed:

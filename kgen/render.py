@@ -15,7 +15,7 @@ instead of an empty string.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import jinja2
@@ -32,6 +32,7 @@ class Rendered:
     source: str
     kernel_names: list[str]
     config: Config
+    notes: list[str] = field(default_factory=list)  # the build report's lines about the body chosen
 
 
 @lru_cache(maxsize=1)
@@ -61,4 +62,5 @@ def render(spec, config: Config | None = None) -> Rendered:
         config_text=json.dumps(resolved, sort_keys=True),
         **context,
     )
-    return Rendered(source, family.kernel_names(spec, resolved), resolved)
+    notes = family.build_notes(spec, resolved) if hasattr(family, "build_notes") else []
+    return Rendered(source, family.kernel_names(spec, resolved), resolved, notes)

@@ -60,6 +60,8 @@ def test_no_family_source_holds_another_familys_body(path):
     spec = load_spec(path)
     src = render(spec).source
     body = "paged_decode_mma_body" if "TENSOR_CORES = true;" in src else BODIES[spec.kind]  # decode's two bodies
+    if "kgen::paged_prefill_wgmma_body<" in src:  # prefill's Hopper body (an sm_90-only spec)
+        body = "paged_prefill_wgmma_body"
     if spec.kv_cache.layout == "mla":  # the mla layout's own bodies (templates/common/paged_mla.cuh)
         body = {"paged_decode": "paged_mla_decode_body", "paged_prefill": "paged_mla_prefill_body"}[spec.kind]
     assert f"kgen::{body}<" in src or f"kgen::{body}(" in src

@@ -64,6 +64,8 @@ def build(specs, output, archs, backend, tune, seed, force, source_file):
                 progress.advance(task)
                 continue
             line = kernel.report.summary()
+            for note in getattr(kernel, "notes", []):
+                out.print(f"note {escape(note)}")
             regs = ", ".join(f"{arch}: {max(r['registers'] for r in res.values())} regs "
                              f"{max(r['spill_stores'] for r in res.values())} spills"
                              for arch, res in kernel.resources.items())

@@ -170,9 +170,21 @@ def format_compile_error(source: str, log: str, origin: str, context: int = 2, n
     return "\n".join(parts)
 
 
+# A source whose first lines carry this comment uses sm_90a-only instructions (wgmma): its sm_90
+# cubin is compiled for the arch-specific target sm_90a, which runs on sm_90 GPUs only.
+SM90A_MARKER = "// kgen: arch-specific sm_90a"
+
+
+def compile_arch(source: str, arch: str) -> str:
+    """The -arch a target takes for `source`: sm_90 becomes sm_90a where the source asks for it."""
+    return "sm_90a" if arch == "sm_90" and SM90A_MARKER in source[:2048] else arch
+
+
 def compile_cubin(source: str, arch: str, *, origin: str = "<source>", name: str = "kernel.cu",
                   cache: ArtifactCache | None = None) -> CubinArtifact:
-    """Compile `source` for `arch` (e.g. "sm_90"); cached by content."""
+    """Compile `source` for `arch` (e.g. "sm_90"; sm_90a for a source marked SM90A_MARKER); cached
+    by content."""
+    arch = compile_arch(source, arch)
     include = cuda_include_dir()
     options = (f"-arch={arch}", *BASE_OPTIONS)
     key = content_key("nvrtc", source, json.dumps(options), nvrtc_version(), headers_fingerprint(include),

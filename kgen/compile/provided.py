@@ -24,7 +24,8 @@ CUDA_HEADERS = ("cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h", "vector_types.h", "v
 PROVIDED_HEADERS = {"kgen/platform.cuh": "common/platform.cuh", "kgen/async_copy.cuh": "common/async_copy.cuh",
                     "kgen/convert.cuh": "common/convert.cuh", "kgen/softmax.cuh": "common/softmax.cuh",
                     "kgen/mma.cuh": "common/mma.cuh", "kgen/paged_prefill.cuh": "common/paged_prefill.cuh",
-                    "kgen/hopper.cuh": "common/hopper.cuh"}
+                    "kgen/hopper.cuh": "common/hopper.cuh",
+                    "kgen/paged_prefill_wgmma.cuh": "common/paged_prefill_wgmma.cuh"}
 ALLOWED_INCLUDES = (*CUDA_HEADERS, *PROVIDED_HEADERS)
 
 # Names kgen reserves in kernel builds: C macros of its headers and compile commands, never read

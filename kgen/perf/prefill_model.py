@@ -116,6 +116,7 @@ class TileWork:
     fixed_instrs: int = 0      # warp-instructions outside the main loop (once per warp)
     latencies_per_iter: float = 0.0   # model.loop_mlp: round trips per iteration the loop waits for
     disjoint_mma_loops: int = 0       # other loops with MMAs outside the main loop (counted once)
+    producer_instrs: int = 0  # warp-instructions per iteration of a producer that shares the SM's issue slots
 
 
 def tile_work(fn: pm.SassFunction, dev: pm.Device = pm.H200) -> TileWork:
@@ -147,6 +148,24 @@ def tile_work(fn: pm.SassFunction, dev: pm.Device = pm.H200) -> TileWork:
     return w
 
 
+def producer_instrs(fn: pm.SassFunction, main: pm.Loop, copies_per_thread: int, producer_warps: int = 4) -> int:
+    """Warp-instructions a warp-specialized kernel's producer issues per K/V tile (all its warps), when it
+    gathers the tile by cp.async (LDGSTS) in loops of its own outside the consumers' main loop: the
+    innermost such loop runs copies_per_thread / (its LDGSTS) times a tile, the loop around it (the
+    producer's tile loop: barrier waits, the wait_group, the arrive) once."""
+    found = [lp for lp in pm.loops(fn) if not lp.overlaps(main)
+             and any(i.base == "LDGSTS" for i in fn.instrs[lp.start:lp.end + 1])]
+    if not found:
+        return 0
+    inner = min(found, key=lambda lp: lp.end - lp.start)
+    outer = [lp for lp in found if lp != inner and lp.contains(inner)]
+    body = inner.end - inner.start + 1
+    copies = sum(1 for i in fn.instrs[inner.start:inner.end + 1] if i.base == "LDGSTS")
+    around = (min(outer, key=lambda lp: lp.end - lp.start).end - min(outer, key=lambda lp: lp.end - lp.start).start
+              + 1 - body) if outer else 0
+    return producer_warps * (body * -(-copies_per_thread // copies) + around)
+
+
 # ---- one CTA, one launch --------------------------------------------------------------------------
 PREFILL_TERMS = ("tensor", "issue", "mufu", "fp32", "smem", "latency")
 
@@ -165,7 +184,7 @@ def cta_terms(work: TileWork, tiles: float, warps: int, k: int, dev: pm.Device, 
     issue_rate = min(dev.issue_per_sm_clock, warps * k) * clk / k
     return {
         "tensor": it * warps * work.mma_flop / tensor_rate,
-        "issue": (it * warps * work.instrs + warps * work.fixed_instrs) / issue_rate,
+        "issue": (it * (warps * work.instrs + work.producer_instrs) + warps * work.fixed_instrs) / issue_rate,
         "mufu": it * warps * (work.mufu + work.mufu_other) * 32 / (pipes.mufu_per_sm_clock * clk / k),
         "fp32": it * warps * work.fp32 * 32 / (pipes.fp32_per_sm_clock * clk / k),
         "smem": it * warps * work.wavefronts / (dev.smem_wavefronts_per_sm_clock * clk / k),

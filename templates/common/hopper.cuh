@@ -10,6 +10,10 @@
 //   mbar_wait(bar, parity)             block until the phase of that parity has completed
 //   mbar_try_wait / mbar_test_wait     one test (try_wait may suspend a while first)
 //   mbar_inval(bar)
+//   smem_align_1024(p)                 p rounded up to a 1024-byte shared address (swizzled tiles)
+//   setmaxnreg_inc<N>() / _dec<N>()    a warpgroup's registers per thread become N (sm_90a; no-op on the CPU)
+//   fence_proxy_async_shared()         generic-proxy writes to shared memory (stores, cp.async)
+//                                      before async-proxy reads (wgmma); the CPU orders them anyway
 // Bulk copies global -> shared, completing `bytes` transactions on `bar` when they land:
 //   bulk_copy_g2s(dst, src, bytes, bar)               16-byte aligned, bytes a multiple of 16
 //   tma_load_2d/3d/4d(dst, map, c0, c1.., bar)        the box at coordinates (elements, innermost
@@ -33,6 +37,12 @@ typedef ::kgen_simt::TensorMap TensorMap;
 
 __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) { ::kgen_simt::mbar_init(bar, count); }
 __device__ __forceinline__ void fence_mbarrier_init() {}
+__device__ __forceinline__ void fence_proxy_async_shared() {}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {}
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {}
+// The CPU backend's shared addresses (descriptors, swizzles) are offsets from the dynamic shared
+// memory's start, which is therefore 1024-byte aligned as it is.
+__device__ __forceinline__ unsigned char* smem_align_1024(unsigned char* dyn_smem) { return dyn_smem; }
 __device__ __forceinline__ void mbar_inval(unsigned long long* bar) { ::kgen_simt::mbar_inval(bar); }
 __device__ __forceinline__ unsigned long long mbar_arrive(unsigned long long* bar, unsigned count = 1) {
   return ::kgen_simt::mbar_arrive(bar, count, 0);
@@ -112,6 +122,24 @@ __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned coun
 // Makes the inits visible to the async proxy (TMA) and the other threads' mbarrier operations.
 __device__ __forceinline__ void fence_mbarrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// The first 1024-byte aligned shared address at or after `dyn_smem` (swizzle patterns and wgmma
+// descriptors are relative to 1024-byte boundaries); the caller reserves the slack.
+__device__ __forceinline__ unsigned char* smem_align_1024(unsigned char* dyn_smem) {
+  return dyn_smem + ((1024u - (smem_addr(dyn_smem) & 1023u)) & 1023u);
+}
+// setmaxnreg (sm_90a; all threads of a warpgroup together): this warpgroup's registers per thread
+// become N (a multiple of 8 in 24..256), taken from or given back to the CTA's pool.
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+// Orders this thread's generic-proxy shared-memory writes (stores, cp.async) before later
+// async-proxy reads of them (wgmma operands, bulk copies out).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 __device__ __forceinline__ void mbar_inval(unsigned long long* bar) {
   asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");

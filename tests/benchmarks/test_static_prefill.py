@@ -163,3 +163,41 @@ def test_flashinfer_sm90_items_by_hand():
     a 200-token prompt's tiles see 200 and 128 keys = 3 and 2 iterations of 96; a 100-token chunk at the
     end of 300 keys: 300 keys = 4 iterations."""
     assert pf.flashinfer_sm90_items([(200, 200), (100, 300)], 2) == [4, 3, 2] * 2
+
+
+def test_producer_instrs_charges_the_gather_loop_per_tile():
+    """A warp-specialized kernel: the consumers' HGMMA loop (0x0..), then the producer's tile loop around an
+    inner cp.async loop of 3 instructions with one LDGSTS: 8 copies a thread = 8 inner passes + the 2
+    instructions around it, for each of the producer's 4 warps; the issue term grows by that per tile."""
+    rows = [("HGMMA.64x64x16.F32 R0, gdesc[UR4], R0", 7, 0), ("@P0 BRA 0x0", 7, 0)]          # 0..1 main loop
+    rows += [("IADD3 R1, R1, 0x1, RZ", 7, 0)]                                                  # 2 producer tile loop
+    rows += [("LDGSTS.E.BYPASS.128 [R2], desc[UR6][R4.64]", 7, 0), ("IADD3 R2, R2, 0x10, RZ", 7, 0),
+             ("@P1 BRA 0x30", 7, 0)]                                                           # 3..5 inner loop
+    rows += [("@P2 BRA 0x20", 7, 0), ("EXIT", 7, 0)]                                           # 6: back to 2
+    fn = pm.parse_sass(_listing("k", rows))["k"]
+    lp = pf.main_loop(fn)
+    assert (lp.start, lp.end) == (0, 1)
+    assert pf.producer_instrs(fn, lp, 8) == 4 * (3 * 8 + 2)
+    w = pf.tile_work(fn, DEV)
+    before = pf.cta_terms(w, 10, 4, 1, DEV, PIPES)["issue"]
+    w.producer_instrs = pf.producer_instrs(fn, lp, 8)
+    after = pf.cta_terms(w, 10, 4, 1, DEV, PIPES)["issue"]
+    assert after == pytest.approx(before + 10 * 104 / (DEV.issue_per_sm_clock * DEV.clock_hz))
+
+
+@needs_sass
+def test_the_hopper_kernel_through_the_model():
+    """llama3_8b_prefill targeting sm_90 alone (the wgmma path, its automatic tiles: 2 consumer warpgroups x
+    128 keys): 8 HGMMA.64x128x16 (S) + 8 (P V) per warp per tile = 16 rows x 128 keys x 128 x 4 FLOP; the
+    producer's gather loop charged; 384 threads, one CTA per SM."""
+    import static_prefill as sp
+
+    from kgen.cache import ArtifactCache
+    from kgen.spec.models import load_spec
+
+    spec = load_spec(ROOT / "specs" / "llama3_8b_prefill.yaml").with_overrides(targets=["sm_90"])
+    k = sp.kgen_kernel(spec, CUOBJDUMP, ArtifactCache(), "kgen hopper", sp.HOPPER_CONFIG)
+    assert k.work.mma == {"HGMMA.64x128x16": 16} and k.work.mma_flop == k.expected_flop()
+    assert k.threads == 384 and k.warps == 8 and k.rows == 128 and k.work.producer_instrs > 0
+    big = k.estimate([(4096, 4096)], 32, 8)
+    assert pf.finite(big) and 0 < big.fraction < 1

@@ -48,6 +48,99 @@ AUTO_STAGES = 2  # `stages: 0`: one tile in flight while one is computed, where 
 KV_PATHS = ("copy", "stage", "gather")  # the template's KV_PATH is the index
 SMEM_TARGET = 96 * 1024  # the automatic tile choice stays under this (occupancy)
 OUT_SLICE = 256  # output columns per block: larger heads are sliced over grid z
+PATHS = ("auto", "mma", "wgmma")  # the `path` parameter's values (its index): auto = wgmma where it builds
+WGMMA_WARPS = (4, 8)  # consumer warps of the Hopper path: one or two warpgroups of 64 rows
+WGMMA_BARRIER_BYTES = 16 * max(STAGES)  # the full/empty mbarriers (static shared memory)
+
+
+def path_of(spec, config: Config) -> str:
+    """The body a config builds: "wgmma" (the Hopper path, templates/common/paged_prefill_wgmma.cuh)
+    or "mma" (paged_prefill.cuh). `path` 0 (auto) takes wgmma where wgmma_refusal finds nothing."""
+    chosen = PATHS[config.get("path", 0)] if config.get("path", 0) in range(len(PATHS)) else "mma"
+    if chosen == "auto":
+        return "mma" if wgmma_refusal(spec, config) else "wgmma"
+    return chosen
+
+
+def wgmma_refusal(spec, config: Config) -> str | None:
+    """Why the Hopper path cannot build this spec and config (None: it can). One launch geometry
+    and one verified body serve all of a spec's targets, so every target must be sm_90 (wgmma is
+    an sm_90a instruction)."""
+    a = spec.attention
+    others = [t for t in spec.targets if t != "sm_90"]
+    if others:
+        return f"it needs every target to be sm_90 (the spec also targets {', '.join(others)})"
+    if spec.dtype.q not in ("fp16", "bf16"):
+        return f"wgmma takes fp16 or bf16 operands (q is {spec.dtype.q})"
+    if kv_path(spec) != "copy" or CacheFormat.of(spec).vllm:
+        return f"it copies a cache in q's type, unscaled (this one is {describe(spec)})"
+    dims = (a.head_dim, spec.v_head_dim_value)
+    if any(d % 64 or d > 256 for d in dims):
+        return f"head dims must be multiples of 64 up to 256 (got {head_dims_text(spec)})"
+    if config.get("warps", 0) not in (0, *WGMMA_WARPS):
+        return f"warps {config['warps']}: the consumers are 4 or 8 warps (one or two warpgroups)"
+    warps, kv_tile = wgmma_tiles(spec, config)
+    return wgmma_fit_problem(spec, warps, kv_tile, stages_of(spec, {**config, "path": 2}))
+
+
+def wgmma_fit_problem(spec, warps: int, kv_tile: int, stages: int) -> str | None:
+    """Why a Hopper-path launch of these tiles cannot run: shared memory past the opt-in limit, or a
+    consumer thread needing more registers than it can have (estimated, wgmma_registers): 255 with one
+    consumer warpgroup (256 threads); with two (384 threads, 168 each at launch), 168, or 232 where
+    setmaxnreg moves the producer's registers to the consumers (wgmma_setmaxnreg)."""
+    need = wgmma_smem_bytes(spec, warps, kv_tile, stages) + WGMMA_BARRIER_BYTES
+    if need > smem_limit(spec.targets):
+        return (f"warps {warps}, kv_tile {kv_tile} and stages {stages} need {need} bytes of shared memory, "
+                f"more than {smem_limit(spec.targets)}")
+    regs, cap = wgmma_registers(spec, kv_tile), 255 if warps == 4 else SETMAXNREG_CONSUMER
+    if regs > cap:
+        return (f"kv_tile {kv_tile} with {warps // 4} consumer warpgroup(s) needs about {regs} registers a "
+                f"consumer thread, more than {cap}")
+    return None
+
+
+SETMAXNREG_CONSUMER = 232  # 128 x 40 (producer) + 256 x 232 = 384 x 168: the registers at launch
+
+
+def wgmma_setmaxnreg(spec, warps: int, kv_tile: int) -> bool:
+    """Whether the consumers take the producer's registers (setmaxnreg): two consumer warpgroups
+    whose estimate passes the 168 registers a thread of 384 gets at launch. Only then: the split's
+    counts assume the kernel is allocated exactly 168, which ptxas does when the code needs more."""
+    return warps == 8 and wgmma_registers(spec, kv_tile) > 65536 // 384 // 8 * 8
+
+
+def wgmma_registers(spec, kv_tile: int) -> int:
+    """A consumer thread's registers, estimated: S (kv_tile/2), P (kv_tile/4), O (v_head_dim/2), 40 more."""
+    return kv_tile // 2 + kv_tile // 4 + spec.v_head_dim_value // 2 + 40
+
+
+def wgmma_tiles(spec, config: Config) -> tuple[int, int]:
+    """(consumer warps, kv_tile) of a Hopper-path config; 0 means automatic: two consumer
+    warpgroups and 128-key tiles, the key tile halved down to 64, then one warpgroup, then smaller
+    tiles, until shared memory and the register estimate fit (wgmma_fit_problem)."""
+    auto_w, auto_t = not config.get("warps", 0), not config.get("kv_tile", 0)
+    warps = config.get("warps", 0) or 8
+    kv_tile = config.get("kv_tile", 0) or 128
+    stages = config.get("stages", 0) or AUTO_STAGES
+    while wgmma_fit_problem(spec, warps, kv_tile, stages):
+        if auto_t and kv_tile > 64:
+            kv_tile //= 2
+        elif auto_w and warps > 4:
+            warps //= 2
+        elif auto_t and kv_tile > 16:
+            kv_tile //= 2
+        else:
+            break
+    return warps, kv_tile
+
+
+def wgmma_smem_bytes(spec, warps: int, kv_tile: int, stages: int) -> int:
+    """Dynamic shared memory of the Hopper path (WgmmaPrefillShape): 1024 bytes of alignment slack,
+    Q [16 * warps rows x head_dim], then `stages` K [kv_tile x head_dim] and V [kv_tile x v_head_dim]
+    tiles, all in q's type, unpadded (the 128-byte swizzle spreads the rows over the banks)."""
+    item = dtype(spec.dtype.q).itemsize
+    return 1024 + 16 * warps * spec.attention.head_dim * item + \
+        stages * kv_tile * (spec.attention.head_dim + spec.v_head_dim_value) * item
 
 
 def m_tiles_of(spec, config: Config) -> int:
@@ -55,7 +148,9 @@ def m_tiles_of(spec, config: Config) -> int:
     mma.sync (16-bit q), head dims <= 128, a lane's accumulators of both m tiles (v_head_dim + kv_tile)
     within M2_ACCUMULATORS and the tiles under SMEM_TARGET with 32 keys or more (fewer, and
     rescaling the output each tile costs more than the shared fragments save): each K/V fragment then feeds two MMAs (fewer
-    ldmatrix and instructions per MMA); else 1."""
+    ldmatrix and instructions per MMA); else 1. The Hopper path's warpgroups own 64 rows: 1."""
+    if path_of(spec, config) == "wgmma":
+        return 1
     if config.get("m_tiles", 0):
         return config["m_tiles"]
     mma = dtype(spec.dtype.q).itemsize == 2
@@ -77,7 +172,10 @@ def tiles(spec, config: Config) -> tuple[int, int]:
     """(warps, kv_tile) of a config; 0 means automatic: 4 warps and 64-key tiles (32 past head_dim
     128, or with 2 m tiles a warp: their scores' registers), halved while the shared memory exceeds
     SMEM_TARGET: the one with more rows in shared memory first (the Q tile's 16 * warps * m_tiles,
-    or the stages' 2 * stages * kv_tile), warps on a tie."""
+    or the stages' 2 * stages * kv_tile), warps on a tie. The Hopper path's (consumer warps) come
+    from wgmma_tiles."""
+    if path_of(spec, config) == "wgmma":
+        return wgmma_tiles(spec, config)
     auto_w, auto_t = not config.get("warps", 0), not config.get("kv_tile", 0)
     mt = m_tiles_of(spec, config)
     warps = config.get("warps", 0) or 4
@@ -101,6 +199,8 @@ def stages_of(spec, config: Config) -> int:
     (kgen.plan.arch.smem_limit) with it (wide heads of a staged cache: head_dim 512 of an fp32 cache)."""
     if config.get("stages", 0):
         return config["stages"]
+    if config.get("path", 0) == 2 or path_of(spec, config) == "wgmma":
+        return AUTO_STAGES
     fits = smem_bytes(spec, *tiles(spec, {**config, "stages": AUTO_STAGES}), AUTO_STAGES,
                       m_tiles_of(spec, config)) <= smem_limit(spec.targets)
     return AUTO_STAGES if fits else 1
@@ -171,7 +271,8 @@ class PagedPrefillFamily(AttentionFamily):
     kind, template, rows, cases_module = "paged_prefill", "paged_prefill.cu.j2", PREFILL_ROWS, prefill_cases
     params = {"warps": TunableParam("warps", 0), "kv_tile": TunableParam("kv_tile", 0),
               "stages": TunableParam("stages", 0), "m_tiles": TunableParam("m_tiles", 0),
-              "partition_size": TunableParam("partition_size", 256)}
+              "partition_size": TunableParam("partition_size", 256),
+              "path": TunableParam("path", 0)}  # PATHS: 0 auto, 1 mma.sync, 2 the Hopper wgmma path
 
     # ---- generation -------------------------------------------------------------------
     def check_config(self, spec, config: Config) -> list[str]:
@@ -188,6 +289,15 @@ class PagedPrefillFamily(AttentionFamily):
             problems.append(f"m_tiles must be 0 (automatic) or one of {', '.join(map(str, M_TILES))} "
                             f"(got {config['m_tiles']})")
         problems += self.partition_problems(config)
+        if config["path"] not in range(len(PATHS)):
+            problems.append(f"path must be 0 (auto), 1 (mma) or 2 (wgmma) (got {config['path']})")
+        elif config["path"] == 2 and not problems:
+            refusal = wgmma_refusal(spec, config)
+            if refusal:
+                problems.append(f"path 2 (wgmma): {refusal}")
+            return problems
+        if not problems and path_of(spec, config) == "wgmma":
+            return problems
         if not problems:
             need = smem_bytes(spec, *tiles(spec, config), stages_of(spec, config), m_tiles_of(spec, config))
             if need > smem_limit(spec.targets):
@@ -197,8 +307,9 @@ class PagedPrefillFamily(AttentionFamily):
         return problems
 
     def abi_config(self, spec) -> Config:
-        # the hand-written kernel contract keeps its launch of 16 rows a warp, single pass
-        return {"partition_size": 0, "m_tiles": 1}
+        # the hand-written kernel contract keeps its launch of 16 rows a warp, single pass, one
+        # thread block of `warps` warps (the mma.sync geometry, also where the Hopper path is the default)
+        return {"partition_size": 0, "m_tiles": 1, "path": 1}
 
     def default_space(self, spec) -> dict[str, list[int]]:
         return {"warps": [2, 4], "kv_tile": [32, 64], "stages": [1, 2], "partition_size": [0, 256]}
@@ -207,9 +318,13 @@ class PagedPrefillFamily(AttentionFamily):
         a, P = spec.attention, config["partition_size"]
         warps, kv_tile = tiles(spec, config)
         table = self.arguments(spec, config)
-        main = KernelDecl(spec.name, tuple(table), ("q_tiles", a.num_kv_heads, "z"), 32 * warps,
-                          smem=smem_bytes(spec, warps, kv_tile, stages_of(spec, config), m_tiles_of(spec, config)),
-                          max_registers=MAX_REGISTERS)
+        if path_of(spec, config) == "wgmma":  # a producer warpgroup besides the consumer warps
+            main = KernelDecl(spec.name, tuple(table), ("q_tiles", a.num_kv_heads, "z"), 32 * warps + 128,
+                              smem=wgmma_smem_bytes(spec, warps, kv_tile, stages_of(spec, config)))
+        else:
+            main = KernelDecl(spec.name, tuple(table), ("q_tiles", a.num_kv_heads, "z"), 32 * warps,
+                              smem=smem_bytes(spec, warps, kv_tile, stages_of(spec, config), m_tiles_of(spec, config)),
+                              max_registers=MAX_REGISTERS)
         return [main, merge_kernel(spec, table, PREFILL_ROWS)] if P else [main]
 
     def template_context(self, spec, config: Config) -> dict[str, Any]:
@@ -224,7 +339,21 @@ class PagedPrefillFamily(AttentionFamily):
             "kv_path": KV_PATHS.index(kv_path(spec)),
             "smem_bytes": kernels[0].smem,
             "fma_scratch": fma_scratch(spec),
+            "wgmma": path_of(spec, config) == "wgmma",
+            "setmaxnreg": path_of(spec, config) == "wgmma" and wgmma_setmaxnreg(spec, warps, kv_tile),
         }
+
+    def build_notes(self, spec, config: Config) -> list[str]:
+        """What the build report says about the body chosen (the Hopper path, or why not)."""
+        if path_of(spec, config) == "wgmma":
+            warps, kv_tile = wgmma_tiles(spec, config)
+            split = ", setmaxnreg 40/232" if wgmma_setmaxnreg(spec, warps, kv_tile) else ""
+            return [f"paged_prefill: the Hopper wgmma path ({warps // 4} consumer warpgroup(s) + a producer, "
+                    f"{kv_tile}-key tiles, {stages_of(spec, config)} stages{split}; the sm_90 cubin is built for sm_90a)"]
+        if config.get("path", 0) == 0:
+            return [f"paged_prefill: the mma.sync path; the Hopper wgmma path is not used: "
+                    f"{wgmma_refusal(spec, config)}"]
+        return []
 
     def abi_notes(self, spec) -> list[str]:
         a, kv = spec.attention, spec.kv_cache

@@ -182,7 +182,7 @@ def test_kv_paths_and_shared_memory():
     spec = _spec(LLAMA)
     # Q 64 rows + 2 stages x (K, V) of 64 keys, rows of 128 + 8 halves
     assert smem_bytes(spec, 4, 64, 2) == (64 + 2 * 2 * 64) * 136 * 2
-    assert tiles(spec, {"stages": 4}) == (4, 32)  # automatic tiles shrink the key tile first under deep pipelines
+    assert tiles(spec, {"stages": 4, "path": 1}) == (4, 32)  # automatic tiles shrink the key tile first under deep pipelines
 
 
 def test_automatic_stages_fall_back_to_one_where_two_do_not_fit():
@@ -228,7 +228,7 @@ def test_reading_a_tile_before_its_copies_land_fails_verification(mid, old, new)
     """The CPU backend lands a cp.async copy only at its wait (issue leaves 0xFF bytes: NaN halves): a
     kernel that reads a tile before its own wait, or before the barrier after everybody's, fails."""
     spec = _spec()
-    rendered = render(spec, {"stages": 2, "partition_size": 0})  # the ABI's single-pass launch
+    rendered = render(spec, {"stages": 2, "partition_size": 0, "path": 1})  # the ABI's single pass, mma.sync body
     body = (ROOT / "templates" / "common" / "paged_prefill.cuh").read_text()  # provided as kgen/paged_prefill.cuh
     assert body.count(old) == 1 and rendered.source.count(INCLUDE) == 1
     # inlined as kernel code: no compiler branch (the MMA switch is 1 for sm_80+ and the CPU backend alike)

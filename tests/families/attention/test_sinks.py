@@ -204,7 +204,7 @@ def test_prefill_sink_mutations_are_caught(prefill_copy, old, new, must_fail):
 def prefill_copy():
     """(spec, render, source) of a split prefill with its body copied in, checked to pass unmutated."""
     spec = _spec(PREFILL)
-    r = render(spec, {"partition_size": 32})
+    r = render(spec, {"partition_size": 32, "path": 1})  # the mma.sync body (test_prefill_wgmma.py: the Hopper one)
     src = inline_prefill_body(r.source)  # the body, as a hand-written copy
     good = verify(kernel_from_source(spec, src, backend="cpu", config=r.config, archs=[]), seed=SEED)
     assert good.passed, good.summary()

@@ -1,0 +1,361 @@
+// Paged prefill attention on Hopper (sm_90a): warpgroup MMA (wgmma) with a producer warpgroup and
+// 1-2 consumer warpgroups synchronised by mbarriers (docs/prefill-family.md, "The Hopper path").
+// Same ABI, rows, masks, scales, split-KV contract and epilogue as paged_prefill.cuh's mma.sync
+// body; needs kgen/platform.cuh, async_copy.cuh, convert.cuh, softmax.cuh, mma.cuh (pack2) and
+// hopper.cuh before it.
+//
+// Threads: warpgroup 0 is the producer, warpgroups 1..C the consumers, each owning 64 packed rows
+// (wgmma's M). Cfg::WARPS = 4 * C consumer warps, so a block holds 16 * WARPS rows as on the mma
+// path.
+// Shared memory (from a 1024-byte aligned base): Q [ROWS x D], then STAGES stages of K [KT x D]
+// and V [KT x DV], all in q's type with the 128-byte swizzle: a tile is stored as column blocks
+// of 64 elements (one 128-byte row a key or query row), element (r, c) at byte
+// (c / 64) * R * 128 + r * 128 + (c % 64) * 2, chunk bits [4,7) XORed with row bits [7,10).
+// Q and K are K-major operands (SBO 1024: eight rows), V an MN-major one (LBO: the next 64
+// columns, R * 128 bytes; SBO 1024: the next eight keys).
+// Paged K/V: a tile's rows come from different cache blocks, so the producer gathers them with
+// 16-byte cp.async per row chunk through the block table, into the swizzled place by hand (zero
+// fill past the block's keys), then cp.async.wait_group, fence.proxy.async (the wgmma reads through
+// the async proxy) and an arrive on full[s] (count 128: every producer thread). Consumers wait
+// full[s], compute, and every consumer thread arrives on empty[s] (count 128 * C) after the tile's
+// P V wgmma completed; the producer waits empty[s] before refilling stage s. A consumer warpgroup
+// whose rows see none of a tile still waits and arrives, so each phase counts one tile.
+// Math per tile and consumer warpgroup: S = Q K^T by D/16 wgmma_ss (m64 nKT k16), online softmax
+// on the accumulators (the m16n8 C-fragment layout per warp: S viewed as [KT/8][4]), P rounded to
+// q's type into A registers, O += P V by KT/16 wgmma_rs (m64 nDV k16, V MN-major), each followed by
+// wgmma.wait_group 0 (no overlap of the softmax with the next tile's products).
+// Registers (Cfg::SETMAXNREG, two consumer warpgroups whose tiles need more than 168 a thread):
+// setmaxnreg moves registers from the producer (40) to the consumers (232).
+#pragma once
+
+namespace kgen {
+
+template <class Cfg>
+struct WgmmaPrefillShape {
+  typedef typename Cfg::q_t T;
+  static constexpr int D = Cfg::HEAD_DIM, DV = CfgVHeadDim<Cfg>::value, G = Cfg::GROUP;
+  static constexpr int CONSUMERS = Cfg::WARPS / 4, THREADS = 128 * (1 + CONSUMERS);
+  static constexpr int ROWS = 64 * CONSUMERS, KT = Cfg::KV_TILE, STAGES = Cfg::STAGES;
+  static constexpr int Q_BYTES = ROWS * D * 2, K_BYTES = KT * D * 2, V_BYTES = KT * DV * 2;
+  static constexpr int STAGE_BYTES = K_BYTES + V_BYTES;
+  static constexpr int SMEM_BYTES = 1024 + Q_BYTES + STAGES * STAGE_BYTES;  // + the alignment slack
+  static_assert(sizeof(T) == 2, "wgmma takes fp16 or bf16 operands");
+  static_assert(SameType<typename Cfg::kv_t, T>::value && Cfg::KV_PATH == 0, "the Hopper path copies a cache in q's type");
+  static_assert(Cfg::WARPS == 4 || Cfg::WARPS == 8, "one or two consumer warpgroups");
+  static_assert(D % 64 == 0 && DV % 64 == 0 && D <= 256 && DV <= 256, "head dims in 128-byte column blocks, N <= 256");
+  static_assert(KT % 16 == 0 && KT >= 16 && KT <= 256, "KV_TILE is wgmma's N for S");
+  static_assert(STAGES >= 1 && STAGES <= 4, "stages");
+  static_assert(!Cfg::SETMAXNREG || CONSUMERS == 2, "the register split is for 384 threads (168 each at launch)");
+  static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's smem_bytes and the template disagree");
+};
+
+// A matrix descriptor `bytes` further on in shared memory: its start address field (bits 0-13,
+// address >> 4) plus bytes >> 4; shared addresses stay below 2^18, so the field does not carry.
+__device__ __forceinline__ unsigned long long desc_plus(unsigned long long desc, int bytes) {
+  const unsigned lo = (unsigned)desc + (unsigned)(bytes >> 4);  // a 32-bit add: the high word stays
+  return (desc & 0xffffffff00000000ull) | lo;
+}
+
+template <bool B> struct BoolTag { static constexpr bool value = B; };
+
+__device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+// Byte offset of element (r, c) in a 128B-swizzled tile of R rows (from a 1024-aligned base).
+template <int R>
+__device__ __forceinline__ int wg_swizzled(int r, int c) {
+  const int off = (c / 64) * (R * 128) + r * 128 + (c % 64) * 2;
+  return off ^ (((off >> 7) & 7) << 4);
+}
+
+// The online softmax of one S tile in a consumer thread's registers (s: the m64nKT accumulators,
+// the m16n8 C-fragment layout per warp, [KT/8][4]): logits, masks (MASKED), the running (m, l) of
+// its two rows, O rescaled, and P = exp(logit - m) left in s. Without soft-cap and ALiBi (LINEAR)
+// the softmax scale folds into the exponent: one FFMA and one MUFU.EX2 a logit, the max taken on
+// the raw products (the scale is positive). exp2 of -inf is 0, so masked logits need no test;
+// a row with no key seen yet (m = -inf) subtracts 0 instead.
+template <class Cfg, bool MASKED, int NS, int NO>  // NS = KT / 2, NO = DV / 2 registers
+__device__ __forceinline__ void wg_softmax_tile(float (&s)[NS], float (&o)[NO], SoftmaxState (&st)[2], int kv0,
+                                                int hi, int t, const bool (&row_ok)[2], const int (&row_pos)[2],
+                                                const float (&slope)[2]) {
+  constexpr bool LINEAR = !Cfg::ALIBI && !(Cfg::SOFT_CAP > 0.0f);
+  constexpr int W = Cfg::SLIDING_WINDOW;
+  constexpr float LOG2E = 1.4426950408889634f;
+  const float scale = Cfg::SOFTMAX_SCALE;
+  float m_tile[2] = {KGEN_NEG_INF, KGEN_NEG_INF};
+#pragma unroll
+  for (int e = 0; e < NS; ++e) {
+    const int rr = (e >> 1) & 1, key = kv0 + 8 * (e >> 2) + 2 * t + (e & 1);
+    float x = LINEAR ? s[e] : adjust_logit<Cfg>(s[e] * scale, slope[rr], key, row_pos[rr]);
+    if (MASKED) {
+      const bool seen = row_ok[rr] && key < hi && (!Cfg::CAUSAL || key <= row_pos[rr]) && (W == 0 || key > row_pos[rr] - W);
+      x = seen ? x : KGEN_NEG_INF;
+    }
+    s[e] = x;
+    m_tile[rr] = fmaxf(m_tile[rr], x);
+  }
+  float mb[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {  // the four lanes of a group hold the row's columns
+    m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 1, 32));
+    m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 2, 32));
+    const float f = st[rr].merge(SoftmaxState{LINEAR ? m_tile[rr] * scale : m_tile[rr], 0.0f}).self;
+#pragma unroll
+    for (int nt = 0; nt < NO / 4; ++nt) {
+      o[4 * nt + 2 * rr] *= f;
+      o[4 * nt + 2 * rr + 1] *= f;
+    }
+    mb[rr] = st[rr].m == KGEN_NEG_INF ? 0.0f : st[rr].m * LOG2E;
+  }
+  const float c = LINEAR ? scale * LOG2E : LOG2E;
+  float l_tile[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int e = 0; e < NS; ++e) {
+    const int rr = (e >> 1) & 1;
+    s[e] = fast_exp2(s[e] * c - mb[rr]);
+    l_tile[rr] += s[e];
+  }
+  st[0].l += l_tile[0];
+  st[1].l += l_tile[1];
+}
+
+template <class Cfg>
+__device__ __forceinline__ void paged_prefill_wgmma_body(
+    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
+    const typename Cfg::kv_t* __restrict__ k_cache, const typename Cfg::kv_t* __restrict__ v_cache,
+    const int* __restrict__ q_indptr, const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
+    typename Cfg::scale_arg_t, typename Cfg::scale_arg_t, const float* __restrict__ alibi_slopes,
+    float* __restrict__ part_o, float* __restrict__ part_ml, float* __restrict__ lse, int num_seqs,
+    int max_blocks_per_seq, int max_partitions, long long q_s_tok, long long q_s_head, long long o_s_tok,
+    long long o_s_head, long long k_s_block, long long k_s_head, long long k_s_token, long long,
+    long long v_s_block, long long v_s_head, long long v_s_token, long long, long long, long long, long long,
+    long long, long long, long long, int partition_tokens = 0, const float* __restrict__ sinks = nullptr) {
+  typedef WgmmaPrefillShape<Cfg> S;
+  typedef typename S::T T;
+  constexpr int G = S::G, ROWS = S::ROWS, KT = S::KT, D = S::D, DV = S::DV, W = Cfg::SLIDING_WINDOW;
+  constexpr int STAGES = S::STAGES, ONT = DV / 8;
+  constexpr bool CAUSAL = Cfg::CAUSAL;
+  const bool split = Cfg::SPLIT && max_partitions > 1;
+  const int tid = threadIdx.x, wg = tid / 128, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int kv_head = blockIdx.y, part = blockIdx.z;  // DV <= 256: one output slice
+
+  // The block's sequence and tile of packed rows (as paged_prefill_body: last tile first).
+  int seq = -1, tile = 0;
+  for (int s = 0, first = 0; s < num_seqs; ++s) {
+    const int n = ((q_indptr[s + 1] - q_indptr[s]) * G + ROWS - 1) / ROWS;
+    if ((int)blockIdx.x < first + n) {
+      seq = s;
+      tile = n - 1 - ((int)blockIdx.x - first);
+      break;
+    }
+    first += n;
+  }
+  if (seq < 0) return;  // uniform
+  const int q_begin = q_indptr[seq], q_len = q_indptr[seq + 1] - q_begin, kv_len = seq_lens[seq];
+  const int r0 = tile * ROWS, rows = min(ROWS, q_len * G - r0);
+  const int pos0 = kv_len - q_len;
+  int lo = W > 0 ? max(0, pos0 + r0 / G - W + 1) : 0;
+  int hi = CAUSAL ? pos0 + (r0 + rows - 1) / G + 1 : kv_len;
+  if (split) {
+    if (part >= split_partitions(kv_len, partition_tokens, max_partitions)) return;  // uniform
+    clip_to_partition(part, partition_tokens, max_partitions, lo, hi);
+  }
+  const int ntiles = hi > lo ? (hi - lo + KT - 1) / KT : 0;
+
+  KGEN_DYNAMIC_SMEM(unsigned char, smem_raw);
+  unsigned char* base = smem_align_1024(smem_raw);  // the 1024 bytes of slack in SMEM_BYTES
+  unsigned char* q_s = base;
+  unsigned char* stages = base + S::Q_BYTES;
+  __shared__ unsigned long long full[STAGES], empty[STAGES];
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 128);                    // every producer thread, after its copies landed
+      mbar_init(&empty[s], 128 * S::CONSUMERS);  // every consumer thread, after its P V completed
+    }
+    fence_mbarrier_init();
+  }
+  // Q of the block's rows, by every thread (zeros past the last row).
+  for (int idx = tid; idx < ROWS * D; idx += S::THREADS) {
+    const int r = idx / D, d = idx % D, pr = r0 + r;
+    T x = from_float<T>(0.0f);
+    if (r < rows) x = q[(long long)(q_begin + pr / G) * q_s_tok + (long long)(kv_head * G + pr % G) * q_s_head + d];
+    *reinterpret_cast<T*>(q_s + wg_swizzled<ROWS>(r, d)) = x;
+  }
+  fence_proxy_async_shared();  // Q's generic stores before the wgmma's async-proxy reads
+  __syncthreads();             // the only block-wide barrier: the roles part here
+
+  const int* table = block_tables + (long long)seq * max_blocks_per_seq;
+  if (wg == 0) {  // ---- producer: gathers K/V tiles through the block table ----
+    if constexpr (Cfg::SETMAXNREG) setmaxnreg_dec<40>();  // its registers go to the consumers
+    // Thread tid copies chunks CH * (tid % TPR) .. + CH - 1 (16 bytes each; TPR threads a row of
+    // C = D / 8 chunks) of rows tid / TPR, tid / TPR + 128 / TPR, .. of a tile, K's and V's alike
+    // when D = DV: one block-table read per key, its address math shared by 2 * CH copies, the
+    // head's offsets hoisted out of the tile loop. Other widths: one chunk at a time.
+    constexpr int KC = D / 8, VC = DV / 8, CH = KC >= 4 ? 4 : KC, TPR = KC / CH;
+    constexpr bool PAIRED = KC == VC && KC % CH == 0 && 128 % TPR == 0;
+    const int c0 = (tid % TPR) * CH, r_first = tid / TPR;
+    const T* k_head = k_cache + (long long)kv_head * k_s_head + c0 * 8;
+    const T* v_head = v_cache + (long long)kv_head * v_s_head + c0 * 8;
+    for (int i = 0; i < ntiles; ++i) {
+      const int s = i % STAGES, kv0 = lo + i * KT;
+      if (i >= STAGES) mbar_wait(&empty[s], (i / STAGES - 1) & 1);  // the consumers are done with tile i - STAGES
+      unsigned char* ks = stages + s * S::STAGE_BYTES;
+      unsigned char* vs = ks + S::K_BYTES;
+      if constexpr (PAIRED) {
+        for (int r = r_first; r < KT; r += 128 / TPR) {
+          // keys at or past hi: zero-filled copies from the block's last key (a valid address, no
+          // branch); unsigned: keys and block ids are not negative (cheaper division and products)
+          const int key = kv0 + r;
+          const int bytes = key < hi ? 16 : 0;
+          const unsigned kc = (unsigned)min(key, hi - 1);
+          const unsigned long long phys = (unsigned)table[kc / Cfg::BLOCK_SIZE], slot = kc % Cfg::BLOCK_SIZE;
+          const T* ksrc = k_head + (long long)(phys * (unsigned long long)k_s_block + slot * (unsigned long long)k_s_token);
+          const T* vsrc = v_head + (long long)(phys * (unsigned long long)v_s_block + slot * (unsigned long long)v_s_token);
+#pragma unroll
+          for (int j = 0; j < CH; ++j) {
+            const int off = wg_swizzled<KT>(r, (c0 + j) * 8);
+            cp_async<16>(ks + off, ksrc + 8 * j, bytes);
+            cp_async<16>(vs + off, vsrc + 8 * j, bytes);
+          }
+        }
+      } else {
+        for (int idx = tid; idx < KT * (KC + VC); idx += 128) {
+          const bool is_v = idx >= KT * KC;
+          const int j = is_v ? idx - KT * KC : idx, c = is_v ? VC : KC, key_i = j / c, d0 = (j % c) * 8;
+          const int key = kv0 + key_i;
+          const bool valid = key < hi;
+          const T* src = is_v ? v_cache : k_cache;
+          if (valid) {
+            const long long phys = table[key / Cfg::BLOCK_SIZE];
+            const int slot = key % Cfg::BLOCK_SIZE;
+            src = is_v ? v_cache + phys * v_s_block + (long long)kv_head * v_s_head + slot * v_s_token + d0
+                       : k_cache + phys * k_s_block + (long long)kv_head * k_s_head + slot * k_s_token + d0;
+          }
+          unsigned char* dst = is_v ? vs + wg_swizzled<KT>(key_i, d0) : ks + wg_swizzled<KT>(key_i, d0);
+          cp_async<16>(dst, src, valid ? 16 : 0);
+        }
+      }
+      cp_async_commit();
+      if (i >= STAGES - 1) {  // tile i - STAGES + 1 has landed: announce it
+        cp_async_wait<STAGES - 1>();
+        fence_proxy_async_shared();
+        mbar_arrive(&full[(i - STAGES + 1) % STAGES]);
+      }
+    }
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    for (int i = max(0, ntiles - STAGES + 1); i < ntiles; ++i) mbar_arrive(&full[i % STAGES]);
+    return;
+  }
+
+  // ---- consumer warpgroup cw: rows 64 cw .. 64 cw + 63 of the block ----
+  // 128 x 40 + 256 x 232 = 384 x 168, the kernel's registers at launch (ptxas allocates all of
+  // __launch_bounds__(384)'s 168 where the consumers need more: tests/families/attention/test_prefill_wgmma.py)
+  if constexpr (Cfg::SETMAXNREG) setmaxnreg_inc<232>();
+  const int cw = wg - 1, rb = 64 * cw, warp = (tid % 128) / 32;
+  bool row_ok[2];
+  int row_tok[2], row_head[2], row_pos[2];
+  float slope[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int r = rb + warp * 16 + g + 8 * rr, pr = r0 + r;
+    row_ok[rr] = r < rows;
+    row_tok[rr] = q_begin + pr / G;
+    row_head[rr] = kv_head * G + pr % G;
+    row_pos[rr] = pos0 + pr / G;
+    slope[rr] = Cfg::ALIBI && row_ok[rr] ? alibi_slopes[row_head[rr]] : 0.0f;
+  }
+  const int wg_rows = rows - rb;  // <= 0: an idle warpgroup (it still takes part in the barriers)
+  const int wg_pos_first = pos0 + (r0 + rb) / G;
+  const int wg_pos_last = pos0 + (r0 + min(rows, rb + 64) - 1) / G;
+
+  SoftmaxState st[2] = {SoftmaxState::empty(), SoftmaxState::empty()};
+  float o[DV / 2];
+#pragma unroll
+  for (int i = 0; i < DV / 2; ++i) o[i] = 0.0f;
+  float sacc[KT / 2];
+
+  // The operands' descriptors, made once: a tile's and a k-step's are these plus byte offsets.
+  const unsigned long long dq = wgmma_desc(q_s + rb * 128, 16, 1024, 128);         // Q, K-major
+  const unsigned long long dk0 = wgmma_desc(stages, 16, 1024, 128);                // K of stage 0, K-major
+  const unsigned long long dv0 = wgmma_desc(stages + S::K_BYTES, KT * 128, 1024, 128);  // V, MN-major
+  // Tile i of the block: wait for it, compute (where the warpgroup's rows see some of it), release it.
+  auto step = [&](int i, auto masked_tag) {
+    constexpr bool MASKED = decltype(masked_tag)::value;
+    const int s = i % STAGES, kv0 = lo + i * KT;
+    mbar_wait(&full[s], (i / STAGES) & 1);  // tile i has landed
+    const unsigned long long dk = desc_plus(dk0, s * S::STAGE_BYTES), dv = desc_plus(dv0, s * S::STAGE_BYTES);
+    const bool sees = !MASKED || (wg_rows > 0 && !(CAUSAL && kv0 > wg_pos_last) &&
+                                  !(W > 0 && kv0 + KT - 1 <= wg_pos_first - W));
+    if (sees) {  // warpgroup-uniform
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        wgmma_ss<T, KT, 0, 0>(sacc, desc_plus(dq, (kk / 4) * (ROWS * 128) + (kk % 4) * 32),
+                              desc_plus(dk, (kk / 4) * (KT * 128) + (kk % 4) * 32), kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wg_softmax_tile<Cfg, MASKED>(sacc, o, st, kv0, hi, t, row_ok, row_pos, slope);
+      wgmma_fence();  // o and the P registers were written since the last wgmma
+#pragma unroll
+      for (int kk = 0; kk < KT / 16; ++kk) {
+        const unsigned a[4] = {pack2<T>(sacc[8 * kk], sacc[8 * kk + 1]), pack2<T>(sacc[8 * kk + 2], sacc[8 * kk + 3]),
+                               pack2<T>(sacc[8 * kk + 4], sacc[8 * kk + 5]), pack2<T>(sacc[8 * kk + 6], sacc[8 * kk + 7])};
+        wgmma_rs<T, DV, 1>(o, a, desc_plus(dv, kk * 16 * 128), 1);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();  // the tile's P V has read V: the stage may be refilled
+    }
+    mbar_arrive(&empty[s]);
+  };
+  // Tiles [i_a, i_b) need no mask for any row of the warpgroup (all 64 rows real, every key below hi,
+  // on or below every row's diagonal, inside every row's window): they run the unmasked softmax in a
+  // loop of their own; the tiles before (window edge) and after (diagonal, tail) are masked.
+  int i_a = 0, i_b = wg_rows >= 64 ? floor_div(hi - lo, KT) : 0;
+  if (CAUSAL) i_b = min(i_b, floor_div(wg_pos_first + 1 - lo, KT));
+  if (W > 0) i_a = max(0, -floor_div(lo - (wg_pos_last - W + 1), KT));  // ceil((wg_pos_last - W + 1 - lo) / KT)
+  i_a = min(i_a, ntiles);
+  i_b = max(i_a, min(i_b, ntiles));
+  for (int i = 0; i < i_a; ++i) step(i, BoolTag<true>());
+  for (int i = i_a; i < i_b; ++i) step(i, BoolTag<false>());
+  for (int i = i_b; i < ntiles; ++i) step(i, BoolTag<true>());
+
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 1, 32);
+    st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 2, 32);
+  }
+  float sink[2] = {1.0f, 1.0f};  // single pass: each row's sink once, at the end (a partial holds none)
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr)
+    if (sinks != nullptr && !split && row_ok[rr]) sink[rr] = st[rr].add_sink(sinks[row_head[rr]]);
+  const float inv[2] = {st[0].inv_sum() * sink[0], st[1].inv_sum() * sink[1]};
+#pragma unroll
+  for (int nt = 0; nt < ONT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int rr = e >> 1, d = 8 * nt + 2 * t + (e & 1);
+      if (!row_ok[rr]) continue;
+      const float x = o[4 * nt + e] * inv[rr];
+      if (split)
+        part_o[(((long long)row_tok[rr] * Cfg::NUM_Q_HEADS + row_head[rr]) * max_partitions + part) * DV + d] = x;
+      else
+        out[(long long)row_tok[rr] * o_s_tok + (long long)row_head[rr] * o_s_head + d] =
+            from_float<typename Cfg::out_t>(x);
+    }
+  if (t == 0) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      if (!row_ok[rr]) continue;
+      const long long row = (long long)row_tok[rr] * Cfg::NUM_Q_HEADS + row_head[rr];
+      if (split) {
+        part_ml[(row * max_partitions + part) * 2] = st[rr].m;
+        part_ml[(row * max_partitions + part) * 2 + 1] = st[rr].l;
+      } else if (lse != nullptr) {
+        lse[row] = st[rr].lse();
+      }
+    }
+  }
+}
+
+}  // namespace kgen
