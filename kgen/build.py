@@ -9,9 +9,11 @@ from typing import Any
 from kgen.cache import ArtifactCache
 from kgen.compile.host import compile_host
 from kgen.compile.nvrtc import compile_cubin, resources_as_dict
-from kgen.errors import KgenUserError
+from kgen.errors import CompileError, KgenUserError
 from kgen.families.base import Config
+from kgen.families.registry import family_for
 from kgen.kernel import Kernel
+from kgen.plan.arch import launch_problems
 from kgen.render import Rendered, render
 from kgen.runtime.cpu import CpuModule
 from kgen.runtime.cuda import CudaModule, IsolatedCudaModule, device_arch, gpu_available
@@ -41,6 +43,19 @@ def compile_cubins(spec, rendered: Rendered, archs: list[str] | None = None,
     origin = f"spec {spec.name}" + (f" ({spec.source_path})" if spec.source_path else "")
     return {arch: compile_cubin(rendered.source, arch, origin=origin, cache=cache)
             for arch in (archs if archs is not None else spec.targets)}
+
+
+def check_register_splits(spec, config: Config, cubins: dict[str, Any]) -> None:
+    """A kernel whose warpgroups trade registers (setmaxnreg; KernelDecl.launch_registers) must have
+    been allocated exactly that many at launch in every cubin: with fewer, setmaxnreg.inc would wait
+    forever on the GPU. A CompileError naming the kernel and arch otherwise, before anything runs."""
+    problems = [p for decl in family_for(spec).kernels(spec, config) if decl.launch_registers
+                for arch, art in cubins.items() if decl.name in art.resources
+                for p in launch_problems(arch, decl.name, decl.block, art.resources[decl.name].registers, 0, 0,
+                                         decl.launch_registers)]
+    if problems:
+        raise CompileError(f"spec {spec.name}: " + "; ".join(problems) + " (a config with `path: 1`, the "
+                           "mma.sync body, has no register split)")
 
 
 def load_module(backend: str, rendered: Rendered, cubins: dict[str, Any] | None = None,
@@ -74,6 +89,7 @@ def build(spec, backend: str = "auto", verify: bool = True, config: Config | Non
     chosen = select_backend(backend)  # a bad backend or KGEN_BACKEND is refused before any work
     rendered = render(spec, config)
     cubins = compile_cubins(spec, rendered, archs, cache)
+    check_register_splits(spec, rendered.config, cubins)
     module = load_module(chosen, rendered, cubins, sanitize=sanitize, cache=cache, race_check=race_check)
     kernel = Kernel(spec, rendered.source, rendered.config, module, rendered.kernel_names,
                     resources={arch: resources_as_dict(a.resources) for arch, a in cubins.items()},

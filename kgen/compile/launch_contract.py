@@ -190,7 +190,7 @@ def contract_problems(spec, config: Config, cubins: dict, tool: str | None = Non
             problems += param_problems(decl.name, arch, launcher_params(spec, decl), table[decl.name])
             res = art.resources.get(decl.name)
             problems += launch_problems(arch, decl.name, decl.block, res.registers if res else 0,
-                                        res.static_smem if res else 0, decl.smem)
+                                        res.static_smem if res else 0, decl.smem, decl.launch_registers)
     return problems
 
 

@@ -65,6 +65,9 @@ class KernelDecl:
     block: int  # threads per block (also the declaration's __launch_bounds__, unless max_registers)
     smem: int = 0  # dynamic shared memory, bytes
     max_registers: int = 0  # a register cap: __maxnreg__ in place of __launch_bounds__ (0: none)
+    # registers a thread must be allocated at launch, exactly (0: any): a setmaxnreg split of the
+    # block's registers between warpgroups counts on it (fewer, and setmaxnreg.inc waits forever)
+    launch_registers: int = 0
 
     def declaration(self) -> str:
         bound = f"__maxnreg__({self.max_registers})" if self.max_registers else f"__launch_bounds__({self.block})"

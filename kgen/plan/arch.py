@@ -85,13 +85,17 @@ def smem_limit(archs) -> int:
 
 
 def launch_problems(arch: str, kernel: str, threads: int, registers: int, static_smem: int,
-                    dynamic_smem: int) -> list[str]:
+                    dynamic_smem: int, launch_registers: int = 0) -> list[str]:
     """Why one launch of `kernel` (ptxas figures `registers` per thread and `static_smem` bytes;
     `threads` per block and `dynamic_smem` bytes at launch) cannot run on `arch`, as kgen's CUDA
     launcher launches it: it opts in to dynamic shared memory past the default
-    (kgen/runtime/cuda.py), so the bound is the opt-in limit of static + dynamic. [] when it can."""
+    (kgen/runtime/cuda.py), so the bound is the opt-in limit of static + dynamic. `launch_registers`
+    (KernelDecl's): the exact count the code's setmaxnreg split assumes. [] when it can."""
     lim = limits_for(arch)
     out = []
+    if launch_registers and registers != launch_registers:
+        out.append(f"{arch}: {kernel}: {registers} registers per thread at launch, but its setmaxnreg split "
+                   f"counts on exactly {launch_registers} (with fewer the warpgroups' registers cannot be moved)")
     if threads > lim.max_threads_per_block:
         out.append(f"{arch}: {kernel}: {threads} threads per block > {lim.max_threads_per_block}")
     if registers > lim.regs_per_thread:

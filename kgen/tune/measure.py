@@ -68,7 +68,7 @@ def resource_problems(kernel) -> list[str]:
         for arch, kernels in kernel.resources.items():
             res = kernels.get(decl.name, {})
             out += launch_problems(arch, decl.name, decl.block, res.get("registers", 0), res.get("static_smem", 0),
-                                   decl.smem)
+                                   decl.smem, decl.launch_registers)
     return out
 
 

@@ -46,6 +46,10 @@ def test_launch_problems_follow_the_opt_in_rules():
     assert launch_problems("sm_90", "k", 1024, 65, 0, 0) == ["sm_90: k: 65 registers x 1024 threads > 65536 per block"]
     assert "static shared memory" in launch_problems("sm_90", "k", 32, 32, 48 * KIB + 16, 0)[0]
     assert "threads per block" in launch_problems("sm_90", "k", 2048, 16, 0, 0)[0]
+    # a setmaxnreg split counts on an exact allocation at launch: fewer (or more) is a problem
+    assert launch_problems("sm_90", "k", 384, 168, 0, 0, launch_registers=168) == []
+    (short,) = launch_problems("sm_90", "k", 384, 160, 0, 0, launch_registers=168)
+    assert short.startswith("sm_90: k: 160 registers per thread at launch") and "exactly 168" in short
 
 
 def test_occupancy_reads_the_table():

@@ -35,7 +35,7 @@ from kgen.formats.cache import (
 )
 from kgen.formats.dtypes import dtype
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
-from kgen.plan.arch import smem_limit
+from kgen.plan.arch import limits_for, smem_limit
 from kgen.plan.split import STEP_TOKENS, Split, check_forced_partition, choose_split, working_partitions
 
 WARPS = (1, 2, 4, 8)
@@ -100,13 +100,14 @@ def wgmma_fit_problem(spec, warps: int, kv_tile: int, stages: int) -> str | None
 
 
 SETMAXNREG_CONSUMER = 232  # 128 x 40 (producer) + 256 x 232 = 384 x 168: the registers at launch
+LAUNCH_REGISTERS_384 = limits_for("sm_90").regs_per_block // 384 // 8 * 8  # 168: __launch_bounds__(384)'s per thread
 
 
 def wgmma_setmaxnreg(spec, warps: int, kv_tile: int) -> bool:
     """Whether the consumers take the producer's registers (setmaxnreg): two consumer warpgroups
     whose estimate passes the 168 registers a thread of 384 gets at launch. Only then: the split's
     counts assume the kernel is allocated exactly 168, which ptxas does when the code needs more."""
-    return warps == 8 and wgmma_registers(spec, kv_tile) > 65536 // 384 // 8 * 8
+    return warps == 8 and wgmma_registers(spec, kv_tile) > LAUNCH_REGISTERS_384
 
 
 def wgmma_registers(spec, kv_tile: int) -> int:
@@ -319,8 +320,10 @@ class PagedPrefillFamily(AttentionFamily):
         warps, kv_tile = tiles(spec, config)
         table = self.arguments(spec, config)
         if path_of(spec, config) == "wgmma":  # a producer warpgroup besides the consumer warps
+            split = wgmma_setmaxnreg(spec, warps, kv_tile)  # its counts assume 168 registers at launch
             main = KernelDecl(spec.name, tuple(table), ("q_tiles", a.num_kv_heads, "z"), 32 * warps + 128,
-                              smem=wgmma_smem_bytes(spec, warps, kv_tile, stages_of(spec, config)))
+                              smem=wgmma_smem_bytes(spec, warps, kv_tile, stages_of(spec, config)),
+                              launch_registers=LAUNCH_REGISTERS_384 if split else 0)
         else:
             main = KernelDecl(spec.name, tuple(table), ("q_tiles", a.num_kv_heads, "z"), 32 * warps,
                               smem=smem_bytes(spec, warps, kv_tile, stages_of(spec, config), m_tiles_of(spec, config)),

@@ -7,15 +7,17 @@ and mutants that drop an arrive or a wait fail verification."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 
 import kgen
+from kgen.build import check_register_splits
 from kgen.cache import ArtifactCache
 from kgen.compile.nvrtc import compile_cubin
 from kgen.compile.provided import kgen_headers
-from kgen.errors import KgenUserError
+from kgen.errors import CompileError, KgenUserError
 from kgen.families.attention.prefill import (
     PAGED_PREFILL,
     path_of,
@@ -179,6 +181,14 @@ def test_the_sm_90_cubin_is_built_for_sm_90a_with_hgmma_and_no_spills(tmp_path):
     assert {"HGMMA", "SYNCS", "LDGSTS", "USETMAXREG"} <= ops, sorted(ops)
     res = art.resources[spec.name]
     assert res.spill_stores == 0 and res.registers == 168
+    # the build checks that allocation on every cubin (KernelDecl.launch_registers): this one passes, the
+    # same cubin read as 160 registers at launch does not
+    config = resolve_config(PAGED_PREFILL, spec, None)
+    assert PAGED_PREFILL.kernels(spec, config)[0].launch_registers == 168
+    check_register_splits(spec, config, {"sm_90": art})
+    fewer = dataclasses.replace(art, resources={**art.resources, spec.name: dataclasses.replace(res, registers=160)})
+    with pytest.raises(CompileError, match=r"sm_90: wg_prefill: 160 registers per thread at launch.*exactly 168"):
+        check_register_splits(spec, config, {"sm_90": fewer})
     small = render(spec, {"warps": 8, "kv_tile": 32})
     assert "SETMAXNREG = false" in small.source
     res = compile_cubin(small.source, "sm_90", cache=ArtifactCache(tmp_path)).resources[spec.name]
