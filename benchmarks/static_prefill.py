@@ -48,7 +48,13 @@ from static_perf import (  # noqa: E402
 
 from kgen.cache import ArtifactCache, content_key  # noqa: E402
 from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report  # noqa: E402
-from kgen.families.attention.prefill import PAGED_PREFILL, m_tiles_of, path_of, stages_of, tiles  # noqa: E402
+from kgen.families.attention.prefill import (  # noqa: E402
+    PAGED_PREFILL,
+    m_tiles_of,
+    path_of,
+    stages_of,
+    tiles,
+)
 from kgen.families.registry import family_for  # noqa: E402
 from kgen.formats.dtypes import dtype  # noqa: E402
 from kgen.perf import model as pm  # noqa: E402

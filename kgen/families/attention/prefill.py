@@ -36,7 +36,13 @@ from kgen.formats.cache import (
 from kgen.formats.dtypes import dtype
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 from kgen.plan.arch import limits_for, smem_limit
-from kgen.plan.split import STEP_TOKENS, Split, check_forced_partition, choose_split, working_partitions
+from kgen.plan.split import (
+    STEP_TOKENS,
+    Split,
+    check_forced_partition,
+    choose_split,
+    working_partitions,
+)
 
 WARPS = (1, 2, 4, 8)
 KV_TILES = (16, 32, 64, 128)
