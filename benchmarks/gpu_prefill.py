@@ -7,7 +7,9 @@ chunk over a 32K prefix, the mixed batch of 8 chunks of 256 + 56 decode rows, an
 parts alone, so the mixed goal can be read off measured times too):
 
   - kgen, every path the spec's family offers (a tunable parameter that selects the tensor-core path,
-    probed by name in the family's params: each of its values a row; else the default config), built
+    probed by name in the family's params: each of its values a row, for paged_prefill's `path` the
+    mma.sync body and the Hopper wgmma body; else the default config), the spec retargeted to this
+    GPU's arch alone (so the sm_90-only Hopper path builds from a spec that also targets sm_80), built
     for this GPU (its verification matrix run there unless --no-verify); `kern.plan(seq_lens,
     q_indptr=...)` once, outside the timed region; `kern(..., plan=plan)` timed with CUDA events around
     back-to-back calls, inputs rotated over several cache pools (and queries) until the working set is
@@ -52,12 +54,13 @@ from gpu_decode import NO_GPU_EXIT, random_tensor, time_per_call, torch_dtype  #
 from static_prefill import SHAPES, mixed_parts, mixed_shape  # noqa: E402
 
 from kgen.build import build  # noqa: E402
+from kgen.families.attention.prefill import PATHS  # noqa: E402
 from kgen.families.registry import family_for  # noqa: E402
 from kgen.formats.cache import cache_shapes, scale_shape  # noqa: E402
 from kgen.formats.dtypes import dtype  # noqa: E402
 from kgen.perf import model as pm  # noqa: E402
 from kgen.perf import prefill_model as pf  # noqa: E402
-from kgen.runtime.cuda import gpu_available  # noqa: E402
+from kgen.runtime.cuda import device_arch, gpu_available  # noqa: E402
 from kgen.spec.models import load_spec  # noqa: E402
 
 DEFAULT_SPECS = [ROOT / "specs" / "llama3_8b_prefill.yaml", ROOT / "specs" / "prefill_fp8_e4m3.yaml"]
@@ -149,7 +152,17 @@ def prefill_paths(spec) -> list[tuple[str, dict | None]]:
     found = [p for p in getattr(family, "params", {}) if any(w in p for w in PATH_WORDS)]
     if not found:
         return [("default config", None)]
-    return [(f"{p}={v}", {p: v}) for p in found for v in sorted(set(space.get(p) or (0, 1)))]
+    return [(path_label(p, v), {p: v}) for p in found for v in sorted(set(space.get(p) or path_values(p)))]
+
+
+def path_values(param: str):
+    """The values of a path parameter to time: the prefill family's `path` names its bodies
+    (prefill.PATHS: 0 auto, then mma.sync and the Hopper wgmma path), each body once; others 0 and 1."""
+    return range(1, len(PATHS)) if param == "path" else (0, 1)
+
+
+def path_label(param: str, value: int) -> str:
+    return f"path={PATHS[value]}" if param == "path" and value in range(len(PATHS)) else f"{param}={value}"
 
 
 def build_paths(spec, args, device: str) -> list[tuple[str, object]]:
@@ -428,8 +441,11 @@ def report(rows, shapes, args, device_name: str) -> None:
         args.json.write_text(json.dumps({"device": device_name, "peak": PEAK, "rows": rows}, indent=1))
 
 
-def specs(args) -> list:
-    return [with_gqa(load_spec(p), g) for p in (args.spec or DEFAULT_SPECS) for g in args.gqa]
+def specs(args, arch: str) -> list:
+    """The specs to time, each retargeted to `arch` alone (the device's): an arch-specific body (the
+    Hopper prefill path, sm_90 only) is then among the paths a spec that also targets sm_80 builds."""
+    return [with_gqa(load_spec(p), g).with_overrides(targets=[arch]) for p in (args.spec or DEFAULT_SPECS)
+            for g in args.gqa]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -453,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{props.name}: {props.multi_processor_count} SMs, L2 {l2 >> 20} MiB; torch {torch.__version__}", flush=True)
     shapes = args.shapes or default_shapes()
     rows = []
-    for spec in specs(args):
+    for spec in specs(args, device_arch()):
         rows += run_spec(torch, spec, shapes, args, props.multi_processor_count, l2, started)
     print(f"\nMeasured on {props.name}. TFLOP/s: causal FLOP (kgen/perf/prefill_model.causal_flop) / kgen time; "
           f"'of peak': of {PEAK / 1e12:.1f} TFLOP/s dense fp16. FI/kgen and SDPA/kgen: time ratios, above 1 kgen "
@@ -470,7 +486,7 @@ def dry_run(args) -> int:
 
     shapes = args.shapes or parse_shapes(DRY_RUN_SHAPES)
     rows = []
-    for spec in specs(args):
+    for spec in specs(args, "sm_90"):  # the paths an H200 would time
         rows += run_spec(torch, spec, shapes, args, pm.H200.sms, 0, time.perf_counter(), device="cpu")
     print("CPU DRY RUN: kgen's CPU backend and torch on the CPU; the times are not GPU figures.")
     args.no_flashinfer = True

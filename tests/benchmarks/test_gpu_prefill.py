@@ -68,8 +68,11 @@ def test_flop_and_gqa_specs():
 
 def test_kgen_paths_are_probed_from_the_family(monkeypatch):
     spec = load_spec(LLAMA)
-    if not any(w in p for p in gp.family_for(spec).params for w in gp.PATH_WORDS):
-        assert gp.prefill_paths(spec) == [("default config", None)]
+    # the prefill family's `path`: each body once (mma.sync, the Hopper wgmma path), not `auto`
+    assert gp.prefill_paths(spec) == [("path=mma", {"path": 1}), ("path=wgmma", {"path": 2})]
+    # the specs are retargeted to the device's arch, where the Hopper path can build
+    (only,) = gp.specs(gp.parser().parse_args(["--spec", str(LLAMA), "--gqa", "4"]), "sm_90")
+    assert only.targets == ["sm_90"] and "sm_80" in spec.targets
 
     class Family:
         params = {"warps": None, "mma_path": None}
@@ -106,7 +109,9 @@ def test_cpu_dry_run_agrees_with_sdpa(tmp_path):
                   "16@100,2x16@64+3x1@64", "--json", str(out))
     assert run.returncode == 0, run.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
-    assert [r["shape"] for r in rows] == ["16@100", "2x16@64+3x1@64"]
+    # both bodies of the sm_90 retargeted spec, each on both shapes
+    assert sorted((r["path"], r["shape"]) for r in rows) == [
+        (path, shape) for path in ("path=mma", "path=wgmma") for shape in ("16@100", "2x16@64+3x1@64")]
     for r in rows:
         assert r["max_abs_kgen_vs_sdpa"] < 1e-2 and r["sdpa_s"] > 0 and r["kgen_s"] > 0
 
