@@ -509,15 +509,16 @@ def register_table(cuobjdump: str, cache: ArtifactCache) -> str:
         spec = load_spec(path)
         if family_for(spec) is not PAGED_PREFILL:
             continue
-        cells = []
+        rendered, cells = render(spec), []
         for arch in ("sm_80", "sm_90"):
             if arch not in spec.targets and not (arch == "sm_90" and "sm_89" in spec.targets):
                 cells.append(f"n/a (targets {', '.join(spec.targets)})")
                 continue
-            r = compile_cubin(render(spec).source, arch, origin=spec.name, cache=cache).resources[spec.name]
+            r = compile_cubin(rendered.source, arch, origin=spec.name, cache=cache).resources[spec.name]
             cells.append(f"{r.registers} regs, spills {r.spill_stores}/{r.spill_loads} B, stack {r.stack_frame} B")
-        rows.append([spec.name, spec.kv_cache.dtype, spec.group_size, spec.attention.head_dim, *cells])
-    return md_table(["spec", "kv dtype", "group", "head_dim", "sm_80", "sm_90"], rows)
+        body = {"wgmma": "Hopper wgmma (sm_90a)", "mma": "mma.sync"}[path_of(spec, rendered.config)]
+        rows.append([spec.name, spec.kv_cache.dtype, spec.group_size, spec.attention.head_dim, body, *cells])
+    return md_table(["spec", "kv dtype", "group", "head_dim", "body (default config)", "sm_80", "sm_90"], rows)
 
 
 def assumptions(groups, skipped) -> str:
