@@ -51,6 +51,23 @@ namespace kgen {
 #define KGEN_PREFILL_HAS_MMA 1
 #endif
 
+// A block's sequence and tile of packed rows (false: a spare block of the grid). blockIdx.x counts
+// the tiles of all sequences in order, a sequence's last (causal: heaviest) tile first, so the long
+// blocks start early. Shared by the mma.sync and the Hopper bodies.
+template <int G, int ROWS>
+__device__ __forceinline__ bool block_seq_tile(const int* q_indptr, int num_seqs, int& seq, int& tile) {
+  for (int s = 0, first = 0; s < num_seqs; ++s) {
+    const int n = ((q_indptr[s + 1] - q_indptr[s]) * G + ROWS - 1) / ROWS;
+    if ((int)blockIdx.x < first + n) {
+      seq = s;
+      tile = n - 1 - ((int)blockIdx.x - first);
+      return true;
+    }
+    first += n;
+  }
+  return false;
+}
+
 template <class A, class B> struct SameType { static constexpr bool value = false; };
 template <class A> struct SameType<A, A> { static constexpr bool value = true; };
 
@@ -519,19 +536,8 @@ __device__ __forceinline__ void paged_prefill_body(
   const int kv_head = blockIdx.y;
   const int slice = blockIdx.z % S::SLICES, part = blockIdx.z / S::SLICES;
 
-  // This block's sequence and tile of packed rows: blockIdx.x counts the tiles of all sequences in
-  // order, a sequence's last (causal: heaviest) tile first, so the long blocks start early.
-  int seq = -1, tile = 0;
-  for (int s = 0, first = 0; s < num_seqs; ++s) {
-    const int n = ((q_indptr[s + 1] - q_indptr[s]) * G + ROWS - 1) / ROWS;
-    if ((int)blockIdx.x < first + n) {
-      seq = s;
-      tile = n - 1 - ((int)blockIdx.x - first);
-      break;
-    }
-    first += n;
-  }
-  if (seq < 0) return;  // uniform across the block: the grid has spare tiles
+  int seq, tile;
+  if (!block_seq_tile<G, ROWS>(q_indptr, num_seqs, seq, tile)) return;  // uniform: the grid has spare tiles
   const int q_begin = q_indptr[seq], q_len = q_indptr[seq + 1] - q_begin, kv_len = seq_lens[seq];
   const int r0 = tile * ROWS, rows = min(ROWS, q_len * G - r0);
   const int pos0 = kv_len - q_len;  // absolute position of the chunk's first token

@@ -138,18 +138,8 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(
   const int tid = threadIdx.x, wg = tid / 128, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int kv_head = blockIdx.y, part = blockIdx.z;  // DV <= 256: one output slice
 
-  // The block's sequence and tile of packed rows (as paged_prefill_body: last tile first).
-  int seq = -1, tile = 0;
-  for (int s = 0, first = 0; s < num_seqs; ++s) {
-    const int n = ((q_indptr[s + 1] - q_indptr[s]) * G + ROWS - 1) / ROWS;
-    if ((int)blockIdx.x < first + n) {
-      seq = s;
-      tile = n - 1 - ((int)blockIdx.x - first);
-      break;
-    }
-    first += n;
-  }
-  if (seq < 0) return;  // uniform
+  int seq, tile;
+  if (!block_seq_tile<G, ROWS>(q_indptr, num_seqs, seq, tile)) return;  // uniform: the grid has spare tiles
   const int q_begin = q_indptr[seq], q_len = q_indptr[seq + 1] - q_begin, kv_len = seq_lens[seq];
   const int r0 = tile * ROWS, rows = min(ROWS, q_len * G - r0);
   const int pos0 = kv_len - q_len;
