@@ -387,19 +387,28 @@ def table(rows: list[dict], copy_bw: float) -> str:
     return "\n".join([fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(fmt, out)])
 
 
+def cuda_torch(script: str, static: str, needs: str):
+    """torch with a CUDA device, or None after saying on stderr why nothing was measured (no GPU for
+    CuPy, or a torch without CUDA); the caller then exits NO_GPU_EXIT."""
+    if not gpu_available():
+        print(f"{script}: no CUDA GPU visible (CuPy sees none); these figures need one, so nothing was "
+              f"measured. {static} gives the static estimates without a GPU.", file=sys.stderr)
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"{script}: CuPy sees a GPU but torch does not (a CPU-only torch?); {needs} need torch with "
+              "CUDA. Nothing was measured.", file=sys.stderr)
+        return None
+    return torch
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.cpu_dry_run:
         return dry_run(args)
-    if not gpu_available():
-        print("gpu_decode.py: no CUDA GPU visible (CuPy sees none); these figures need one, so nothing was "
-              "measured. benchmarks/static_perf.py gives the static estimates without a GPU.", file=sys.stderr)
-        return NO_GPU_EXIT
-    import torch
-
-    if not torch.cuda.is_available():
-        print("gpu_decode.py: CuPy sees a GPU but torch does not (a CPU-only torch?); the SDPA anchor and the "
-              "inputs need torch with CUDA. Nothing was measured.", file=sys.stderr)
+    torch = cuda_torch("gpu_decode.py", "benchmarks/static_perf.py", "the SDPA anchor and the inputs")
+    if torch is None:
         return NO_GPU_EXIT
     t0 = time.perf_counter()
     torch.cuda.set_stream(torch.cuda.default_stream())  # kgen launches through CuPy on the default stream

@@ -50,7 +50,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpu_decode import NO_GPU_EXIT, random_tensor, time_per_call, torch_dtype  # noqa: E402
+from gpu_decode import (  # noqa: E402
+    NO_GPU_EXIT,
+    cuda_torch,
+    random_tensor,
+    time_per_call,
+    torch_dtype,
+)
 from static_prefill import SHAPES, mixed_parts, mixed_shape  # noqa: E402
 
 from kgen.build import build  # noqa: E402
@@ -60,7 +66,7 @@ from kgen.formats.cache import cache_shapes, scale_shape  # noqa: E402
 from kgen.formats.dtypes import dtype  # noqa: E402
 from kgen.perf import model as pm  # noqa: E402
 from kgen.perf import prefill_model as pf  # noqa: E402
-from kgen.runtime.cuda import device_arch, gpu_available  # noqa: E402
+from kgen.runtime.cuda import device_arch  # noqa: E402
 from kgen.spec.models import load_spec  # noqa: E402
 
 DEFAULT_SPECS = [ROOT / "specs" / "llama3_8b_prefill.yaml", ROOT / "specs" / "prefill_fp8_e4m3.yaml"]
@@ -452,15 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.cpu_dry_run:
         return dry_run(args)
-    if not gpu_available():
-        print("gpu_prefill.py: no CUDA GPU visible (CuPy sees none); these figures need one, so nothing was "
-              "measured. benchmarks/static_prefill.py gives the static estimates without a GPU.", file=sys.stderr)
-        return NO_GPU_EXIT
-    import torch
-
-    if not torch.cuda.is_available():
-        print("gpu_prefill.py: CuPy sees a GPU but torch does not (a CPU-only torch?); the inputs, SDPA and "
-              "FlashInfer need torch with CUDA. Nothing was measured.", file=sys.stderr)
+    torch = cuda_torch("gpu_prefill.py", "benchmarks/static_prefill.py", "the inputs, SDPA and FlashInfer")
+    if torch is None:
         return NO_GPU_EXIT
     started = time.perf_counter()
     torch.cuda.set_stream(torch.cuda.default_stream())  # kgen launches through CuPy on the default stream
