@@ -19,6 +19,7 @@ from conftest import run_kgen
 import kgen
 from kgen.compile.nvrtc import compile_cubin
 from kgen.families.attention.decode_cases import make_decode_case
+from kgen.families.attention.prefill import PAGED_PREFILL
 from kgen.families.attention.prefill_cases import check, make_prefill_case, references
 from kgen.render import render
 from kgen.verify.untrusted.handwritten import kernel_from_source
@@ -85,8 +86,9 @@ def test_feature_verifies(overrides, config):
 def test_the_matrix_catches_a_wrong_mask():
     """The non-causal kernel, verified against the causal spec's contract (as a hand-written kernel
     would be), fails the chunks but not decode equivalence (a q_len = 1 row sees every key anyway)."""
-    wrong = kernel_from_source(_spec(), render(_spec(**{"attention.causal": False}), {"partition_size": 0}).source,
-                               backend="cpu", archs=[])  # the single-pass ABI launch
+    abi = PAGED_PREFILL.abi_config(_spec())  # the single-pass ABI launch a hand-written kernel implements
+    wrong = kernel_from_source(_spec(), render(_spec(**{"attention.causal": False}), abi).source,
+                               backend="cpu", archs=[])
     report = kgen.verify(wrong, seed=5)
     assert not report.passed
     failed = {c.name for c in report.failed_cases}

@@ -35,6 +35,7 @@ BASE = {
     "dtype": {"q": "fp16"}, "tail_masking": True, "targets": ["sm_90"],
 }
 LLAMA = {**BASE, "name": "pipe_llama", "attention": {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128}}
+MMA = {"path": 1}  # the mma.sync body (these specs target sm_90 alone, where auto takes the Hopper body)
 
 
 def _spec(base=BASE, **overrides):
@@ -90,7 +91,7 @@ def test_a_256_token_chunk_over_a_32k_prefix_splits_in_whole_waves():
     """8 row tiles of 128 rows x 8 KV heads: the largest partition reaching 264 blocks would make 5
     partitions (320 blocks, a second wave of 56); prefill rounds to 4 (256 blocks, one wave)."""
     spec = _spec(LLAMA)
-    config = resolve_config(PAGED_PREFILL, spec, None)
+    config = resolve_config(PAGED_PREFILL, spec, MMA)  # an sm_90-only spec: auto would take the Hopper body
     assert m_tiles_of(spec, config) == 2
     lens = np.array([32768 + 256])
     sizes, _ = PAGED_PREFILL.schedule(spec, config, {"seq_lens": lens, "q_indptr": _indptr([256])},
@@ -101,20 +102,21 @@ def test_a_256_token_chunk_over_a_32k_prefix_splits_in_whole_waves():
 
 def test_automatic_m_tiles():
     """2 m tiles a warp for 16-bit q, head dims up to 128, v_head_dim + kv_tile <= 160 (registers) and
-    tiles of 32+ keys under 96 KiB; else 1."""
+    tiles of 32+ keys under 96 KiB; else 1. The Hopper body's warpgroups own 64 rows: 1 there."""
     def auto(config=None, **overrides):
         spec = _spec(LLAMA, **overrides)
-        return m_tiles_of(spec, resolve_config(PAGED_PREFILL, spec, config))
-    assert auto() == 2 and tiles(_spec(LLAMA), {}) == (4, 32)
+        return m_tiles_of(spec, resolve_config(PAGED_PREFILL, spec, {**MMA, **(config or {})}))
+    assert auto() == 2 and tiles(_spec(LLAMA), MMA) == (4, 32)
+    assert m_tiles_of(_spec(LLAMA), resolve_config(PAGED_PREFILL, _spec(LLAMA), {"path": 2})) == 1
     assert auto(**{"dtype.q": "fp32"}) == 1  # the FMA path
     assert auto(**{"attention.head_dim": 192}) == 1  # the output rows would not fit twice
     assert auto({"kv_tile": 64}) == 1  # 192 accumulators a lane: spills
     assert auto(**{"attention.head_dim": 64}) == 2
     assert auto({"m_tiles": 1}) == 1
-    rendered = render(_spec(LLAMA), {"partition_size": 0})
+    rendered = render(_spec(LLAMA), {"partition_size": 0, **MMA})
     assert "M_TILES = 2;" in rendered.source
     with pytest.raises(kgen.KgenUserError, match="m_tiles must be 0"):
-        render(_spec(LLAMA), {"m_tiles": 3})
+        render(_spec(LLAMA), {"m_tiles": 3, **MMA})
 
 
 # ---- planned calls ---------------------------------------------------------------------------------
