@@ -68,6 +68,19 @@ __device__ __forceinline__ bool block_seq_tile(const int* q_indptr, int num_seqs
   return false;
 }
 
+// A finished row's softmax state: (m, l) of its partition for the merge (split), else its LSE when
+// asked for. Shared by the mma.sync and the Hopper bodies.
+template <class State>
+__device__ __forceinline__ void write_row_state(const State& st, long long row, int part, int max_partitions,
+                                                bool split, float* part_ml, float* lse) {
+  if (split) {
+    part_ml[(row * max_partitions + part) * 2] = st.m;
+    part_ml[(row * max_partitions + part) * 2 + 1] = st.l;
+  } else if (lse != nullptr) {
+    lse[row] = st.lse();
+  }
+}
+
 template <class A, class B> struct SameType { static constexpr bool value = false; };
 template <class A> struct SameType<A, A> { static constexpr bool value = true; };
 
@@ -830,13 +843,8 @@ __device__ __forceinline__ void paged_prefill_body(
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) {
       if (!row_ok[rr]) continue;
-      const long long row = (long long)row_tok[rr] * Cfg::NUM_Q_HEADS + row_head[rr];
-      if (split) {
-        part_ml[(row * max_partitions + part) * 2] = st[rr].m;
-        part_ml[(row * max_partitions + part) * 2 + 1] = st[rr].l;
-      } else if (lse != nullptr) {
-        lse[row] = st[rr].lse();
-      }
+      write_row_state(st[rr], (long long)row_tok[rr] * Cfg::NUM_Q_HEADS + row_head[rr], part, max_partitions,
+                      split, part_ml, lse);
     }
   }
 }

@@ -337,13 +337,8 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       if (!row_ok[rr]) continue;
-      const long long row = (long long)row_tok[rr] * Cfg::NUM_Q_HEADS + row_head[rr];
-      if (split) {
-        part_ml[(row * max_partitions + part) * 2] = st[rr].m;
-        part_ml[(row * max_partitions + part) * 2 + 1] = st[rr].l;
-      } else if (lse != nullptr) {
-        lse[row] = st[rr].lse();
-      }
+      write_row_state(st[rr], (long long)row_tok[rr] * Cfg::NUM_Q_HEADS + row_head[rr], part, max_partitions,
+                      split, part_ml, lse);
     }
   }
 }
