@@ -1,7 +1,7 @@
 """Shared test setup, and the helpers more than one test file uses.
 
 - GPU-only tests (@pytest.mark.gpu) are skipped unless CuPy sees a device.
-- Opt-in tests (@pytest.mark.all_cheats) are skipped unless `-m` names their marker.
+- The tiers (default, full: @pytest.mark.full) are tests/tiers.py's, a plugin of their own.
 - Every test, and every subprocess a test spawns, uses a temporary kgen cache
   (KGEN_CACHE_DIR), never the user's: one directory per test run, shared by the xdist
   workers so that each kernel is compiled once per run.
@@ -33,13 +33,6 @@ CACHE_DIR_NAME = "kgen-cache"
 
 
 def pytest_collection_modifyitems(config, items):
-    # Opt-in tests (@pytest.mark.all_cheats: the slow part of the corpus) run only when the -m
-    # expression names their marker.
-    if "all_cheats" not in (config.option.markexpr or ""):
-        opt_in = pytest.mark.skip(reason="opt-in: run with -m all_cheats")
-        for item in items:
-            if "all_cheats" in item.keywords:
-                item.add_marker(opt_in)
     if gpu_available():  # probed once per session
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; none is visible")

@@ -207,28 +207,62 @@ def _run_compilers(cmds: list[list[str]], cwd: Path) -> list[subprocess.Complete
     return results
 
 
+SHIM_NAMESPACE = "host-shim"
+SHIM_OBJECT = "shim.o"
+
+
+def _shim_object(cxx: str, shim_cmd: list[str], shim_source: str, key_parts: Sequence[str],
+                 cache: ArtifactCache) -> tuple[Path | None, subprocess.CompletedProcess | None]:
+    """The shim's object (the SIMT runtime and the launch entry points: half of every build's g++ time),
+    compiled once per (kernel names, flags, headers, compiler) and cached; (None, the failed run) when
+    g++ refuses it. Every input that shapes the object is in `key_parts` or the command."""
+    failed: list[subprocess.CompletedProcess] = []
+
+    def build(tmp: Path) -> None:
+        (tmp / SHIM_NAME).write_text(shim_source)
+        (res,) = _run_compilers([[*shim_cmd[:-1], SHIM_OBJECT]], tmp)
+        (tmp / SHIM_NAME).unlink()
+        if res.returncode != 0:
+            failed.append(res)
+            raise CompileError("shim")  # nothing is cached; the caller reports g++'s own message
+
+    key = content_key("host-shim-v1", shim_source, "\0".join(shim_cmd[:-1]), *key_parts)
+    try:
+        entry, _ = cache.get_or_build(SHIM_NAMESPACE, key, build)
+    except CompileError:
+        if failed:
+            return None, failed[0]
+        raise
+    return entry / SHIM_OBJECT, None
+
+
 def _build_library(cxx: str, flags: list[str], tmp: Path, source: str, sdir: Path, inc: Path,
-                   sanitize: bool, race_check: bool, object_policy: bool = True) -> None:
-    """kernel.cu -> kernel.o (checked) and shim.cpp -> shim.o, linked into kernel.so (shim first).
-    With `race_check` only the kernel's object is instrumented; the shim carries the runtime,
-    uninstrumented, and the instrumentation callbacks (KGEN_SIMT_RUNTIME_TU)."""
+                   sanitize: bool, race_check: bool, object_policy: bool, cache: ArtifactCache,
+                   key_parts: Sequence[str]) -> None:
+    """kernel.cu -> kernel.o (checked), linked with the shim's object (cached apart: it depends on
+    the kernel names and flags only) into kernel.so (shim first). With `race_check` only the kernel's
+    object is instrumented; the shim carries the runtime, uninstrumented, and the instrumentation
+    callbacks (KGEN_SIMT_RUNTIME_TU)."""
     scratch = tmp / _SCRATCH
     include = write_kgen_headers(scratch / "include")
     obj_flags = [f for f in flags if f != "-shared"]
     common = ["-include", str(sdir / "kgen_simt.h"), "-I", str(sdir), "-I", str(inc), "-I", str(include)]
-    kernel_o, shim_o = scratch / "kernel.o", scratch / "shim.o"
+    kernel_o = scratch / "kernel.o"
     race_kernel = list(RACE_KERNEL_FLAGS) if race_check else []
     race_shim = ["-DKGEN_SIMT_RUNTIME_TU"] if race_check else []
     kernel_cmd = [cxx, *obj_flags, *race_kernel, *_OBJECT_FLAGS, *common, "-x", "c++", SOURCE_NAME, "-o", str(kernel_o)]
-    shim_cmd = [cxx, *obj_flags, *race_shim, *_OBJECT_FLAGS, *common, "-x", "c++", SHIM_NAME, "-o", str(shim_o)]
-    kernel_res, shim_res = _run_compilers([kernel_cmd, shim_cmd], tmp)
+    # The shim's command without tmp's paths (kgen's headers are in key_parts), so that its key is stable.
+    shim_cmd = [cxx, *obj_flags, *race_shim, *_OBJECT_FLAGS, "-include", str(sdir / "kgen_simt.h"), "-I", str(sdir),
+                "-I", str(inc), "-x", "c++", SHIM_NAME, "-o", SHIM_OBJECT]
+    (kernel_res,) = _run_compilers([kernel_cmd], tmp)
     if kernel_res.returncode != 0:
         raise _compile_error(kernel_res.stderr, source)
     violations = check_object(kernel_o, sanitize=sanitize, race_check=race_check) if object_policy else []
     if violations:
         raise _object_policy_error(kernel_cmd, kernel_o, violations, source, tmp)
-    if shim_res.returncode != 0:
-        raise _compile_error(shim_res.stderr, source)
+    shim_o, shim_failed = _shim_object(cxx, shim_cmd, (tmp / SHIM_NAME).read_text(), key_parts, cache)
+    if shim_failed is not None:
+        raise _compile_error(shim_failed.stderr, source)
     link_flags = list(RACE_LINK_FLAGS) if race_check else []
     (link,) = _run_compilers([[cxx, *flags, *link_flags, str(shim_o), str(kernel_o), "-o", LIB_NAME]], tmp)
     if link.returncode != 0:
@@ -296,18 +330,20 @@ def compile_host(
         *(() if object_policy else ("object_policy=0",)),
     )
     build_time = [0.0]
+    cache = cache or ArtifactCache()
+    shim_key_parts = (*(p.name + "\0" + p.read_text() for p in headers), version, headers_fingerprint(inc))
 
     def build(tmp: Path) -> None:
         (tmp / SOURCE_NAME).write_text(source + _glue(names))
         (tmp / SHIM_NAME).write_text(_shim(names))
         t0 = time.perf_counter()
         try:
-            _build_library(cxx, flags, tmp, source, sdir, inc, sanitize, race_check, object_policy)
+            _build_library(cxx, flags, tmp, source, sdir, inc, sanitize, race_check, object_policy, cache,
+                           shim_key_parts)
         finally:
             build_time[0] = time.perf_counter() - t0
             shutil.rmtree(tmp / _SCRATCH, ignore_errors=True)
 
-    cache = cache or ArtifactCache()
     entry, hit = cache.get_or_build(NAMESPACE, key, build)
     return HostArtifact(
         library=entry / LIB_NAME,

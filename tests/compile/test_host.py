@@ -46,6 +46,18 @@ def _axpy(art):
     return mod
 
 
+def test_the_shim_is_compiled_once_for_kernels_of_the_same_names(cache_dir):
+    """The shim (the SIMT runtime and the launch entry points) depends on the kernel names and the
+    flags only: a second kernel source of the same names links the cached object, and both run."""
+    _axpy(compile_host(SRC, ["axpy", "sig"]))
+    other = SRC.replace("a * x[i]", "a * x[i] + 0.0f")
+    _axpy(compile_host(other, ["axpy", "sig"]))
+    shims = list((cache_dir / "host-shim").glob("*/*/shim.o"))
+    assert len(shims) == 1, shims
+    compile_host(SRC, ["axpy", "sig"], extra_flags=["-DKGEN_TEST_FLAG=2"])  # other flags: another shim
+    assert len(list((cache_dir / "host-shim").glob("*/*/shim.o"))) == 2
+
+
 def test_second_compile_is_a_cache_hit_and_corrupt_entry_is_rebuilt(cache_dir):
     a1 = compile_host(SRC, ["axpy", "sig"])
     assert not a1.cache_hit and a1.library.is_file() and a1.build_seconds > 0

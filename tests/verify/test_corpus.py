@@ -8,7 +8,7 @@ no /tmp/kgen_corpus_pwned_* marker, nothing in the working directory it was star
 echo of a file the kernel tried to #include.
 
 The cheats are slow (each a whole verification run): a representative subset runs by default,
-the entries marked `opt_in: true` in the manifest only with `pytest -m all_cheats`.
+the entries marked `tier: full` in the manifest in the full tier (`pytest --tier full`).
 """
 
 from __future__ import annotations
@@ -98,8 +98,8 @@ def test_variant_is_a_small_edit_of_its_original(entry):
 
 
 def _entries():
-    """Every manifest entry; those with `opt_in: true` (slow cheats) behind the all_cheats marker."""
-    return [pytest.param(e, marks=pytest.mark.all_cheats) if info.get("opt_in") else e for e, info in MANIFEST.items()]
+    """Every manifest entry; those with `tier: full` (slow cheats) in the full tier."""
+    return [pytest.param(e, marks=pytest.mark.full) if info.get("tier") == "full" else e for e, info in MANIFEST.items()]
 
 
 @pytest.mark.parametrize("entry", _entries())
