@@ -41,6 +41,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def full_tier_except(params, keep, *, single: bool = False) -> list:
+    """A parametrised matrix in two tiers: the entries at the indices in `keep` run in the default
+    tier, every other one only in the full tier (tests/tiers.py). Entries may be plain values, tuples
+    of the argument values, or pytest.param (`single`: one argument name, whose values may be
+    tuples); the caller says why the kept ones prove the matrix's claim by default."""
+    out = []
+    for i, p in enumerate(params):
+        if i in keep:
+            out.append(p)
+        elif isinstance(p, type(pytest.param(None))):
+            out.append(pytest.param(*p.values, marks=[*p.marks, pytest.mark.full], id=p.id))
+        else:
+            out.append(pytest.param(*(p if isinstance(p, tuple) and not single else (p,)), marks=pytest.mark.full))
+    return out
+
+
 def run_cache_dir(tmp_path_factory) -> Path:
     """This run's cache: under the run's base temp dir; with xdist every worker's base temp
     dir is a child of the run's, so the workers meet in the parent."""

@@ -24,7 +24,16 @@ def test_the_issue_examples_exist():
     assert set(REQUIRED) <= names
 
 
-@pytest.mark.parametrize("path", _decode_specs(), ids=lambda p: p.stem)
+# The slowest to verify are the full tier's; their formats and layouts are verified by default elsewhere
+# (fp8 in tests/verify/corpus, nvfp4 in test_nvfp4_attention.py, vLLM's layout in test_decode_sweep.py).
+FULL_TIER = {"decode_vllm_layout", "llama3_8b_decode_nvfp4", "decode_fp8_e4m3_per_head", "gpt_oss_20b_decode_sliding"}
+
+
+def _tiered(paths: list[Path]) -> list:
+    return [pytest.param(p, marks=pytest.mark.full) if p.stem in FULL_TIER else p for p in paths]
+
+
+@pytest.mark.parametrize("path", _tiered(_decode_specs()), ids=lambda p: p.stem)
 def test_example_spec_builds_verifies_and_does_not_spill(path):
     spec = kgen.load_spec(path)
     archs = sorted(set(spec.targets) | {"sm_90"})

@@ -70,7 +70,10 @@ def test_ci_runs_the_readme_test_command(tmp_path):
     (tmp_path / "readme").mkdir()
     readme = tool_calls(tmp_path / "readme", "bash", "-c", tests)
     assert any(" -m pytest " in call for call in readme), readme
-    assert ci == ["python3 -m venv .venv", "pip install --quiet --upgrade pip", *readme], ci
+    assert ci[:len(readme) + 2] == ["python3 -m venv .venv", "pip install --quiet --upgrade pip", *readme], ci
+    # then a quarter of the full tier (no git repository here: commit count 0, shard 0)
+    assert ci[len(readme) + 2:] == ["python -m pytest -q -n 2 --dist loadfile --tier full --full-shard 0/4 "
+                                    "--durations=30"], ci
     # `.ci/run --print` shows the same command.
     r = subprocess.run(["bash", str(script), "--print"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0 and r.stdout == tests + "\n", r.stdout + r.stderr

@@ -80,7 +80,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def rerun_command(report) -> str:
-    tier = " --tier full" if MARK in report.keywords else ""
+    tier = " --tier full" if MARK in getattr(report, "keywords", {}) else ""  # a collection error has none
     return f".venv/bin/python -m pytest{tier} '{report.nodeid}'"
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, reference_check, run_kgen, run_python
+from conftest import ROOT, full_tier_except, reference_check, run_kgen, run_python
 from conftest import write_spec as write
 
 import kgen
@@ -248,7 +248,10 @@ USER_EDITS = [edit_added_file, edit_kernel_source, edit_manifest_gone, replace_w
               replace_with_user_dir]
 
 
-@pytest.mark.parametrize("edit", USER_EDITS, ids=[e.__name__ for e in USER_EDITS])
+# By default one edit of each kind (a file put in the way, kgen's own source edited); every edit in the full tier.
+@pytest.mark.parametrize("edit", full_tier_except(USER_EDITS, {i for i, e in enumerate(USER_EDITS)
+                                                               if e.__name__ in ("replace_with_file", "edit_kernel_source")}),
+                         ids=[e.__name__ for e in USER_EDITS])
 def test_build_refuses_to_replace_what_is_not_its_own_unless_forced(tmp_path, edit):
     out = tmp_path / "out"
     assert build_into(tmp_path, out).returncode == 0

@@ -206,7 +206,7 @@ def cache_dir(tmp_path_factory, monkeypatch):
 def test_built_module_of_any_spec_imports(data, cache_dir, tmp_path_factory):
     spec = spec_from_dict(data)
     assume(support_problems(spec) == [])  # kinds kgen generates (paged_prefill is not yet)
-    kernel = kgen.build(spec, backend="cpu")
+    kernel = kgen.build(spec, backend="cpu", verify=False)  # the claim is the import round trip, not the kernel
     root = tmp_path_factory.mktemp("built")
     package = root / "gen"
     write_generated(kernel, package)

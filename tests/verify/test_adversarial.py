@@ -11,7 +11,7 @@ import resource
 
 import numpy as np
 import pytest
-from conftest import inline_provided, run_kgen
+from conftest import full_tier_except, inline_provided, run_kgen
 
 import kgen
 from kgen.arrays import host_owner, to_backend, to_numpy
@@ -114,7 +114,9 @@ MUTANTS = [
 ]
 
 
-@pytest.mark.parametrize("mid,overrides,config,old,new,must_fail,must_pass,words", MUTANTS,
+# By default every third mutant (0, 3, 6, ...); every one in the full tier.
+@pytest.mark.parametrize("mid,overrides,config,old,new,must_fail,must_pass,words",
+                         full_tier_except(MUTANTS, set(range(0, len(MUTANTS), 3))),
                          ids=[m[0] for m in MUTANTS])
 def test_adversarial_case_catches_its_mutant(mid, overrides, config, old, new, must_fail, must_pass, words):
     spec = _spec(**overrides)

@@ -18,25 +18,40 @@ from kgen.vllm.compare import compare, run_side  # noqa: E402
 def models_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("vllm_models")
 
+
+@pytest.fixture(scope="module")
+def reference_runs():
+    """vLLM's own runs, one per (model, dtype, kv cache dtype) in this module: several cases compare
+    against the same one, and each costs a vLLM start-up."""
+    return {}
+
+
+FULL = pytest.mark.full  # the default tier serves two models (GQA Llama in fp32, Qwen2 in bf16) end to end
 # (model, dtype, kv cache dtype, vLLM's kv cache dtype, logprob tolerance, KGEN_VLLM_MIXED)
 CASES = [
     pytest.param("llama", "float32", "auto", "auto", 1e-3, "split", id="llama-gqa-fp32"),
-    pytest.param("llama", "float32", "auto", "auto", 1e-3, "auto", id="llama-gqa-fp32-prefill-serves-all-rows"),
-    pytest.param("mistral_window", "float32", "auto", "auto", 1e-3, "split", id="mistral-sliding-window"),
-    pytest.param("gemma2", "float32", "auto", "auto", 1e-3, "split", id="gemma2-softcap-alternating-windows"),
+    pytest.param("llama", "float32", "auto", "auto", 1e-3, "auto", id="llama-gqa-fp32-prefill-serves-all-rows",
+                 marks=FULL),
+    pytest.param("mistral_window", "float32", "auto", "auto", 1e-3, "split", id="mistral-sliding-window", marks=FULL),
+    pytest.param("gemma2", "float32", "auto", "auto", 1e-3, "split", id="gemma2-softcap-alternating-windows",
+                 marks=FULL),
     pytest.param("qwen2", "bfloat16", "auto", "auto", 0.05, "split", id="qwen2-bf16"),
-    pytest.param("bloom", "float32", "auto", "auto", 1e-3, "split", id="bloom-alibi"),
+    pytest.param("bloom", "float32", "auto", "auto", 1e-3, "split", id="bloom-alibi", marks=FULL),
     # kgen's fp8 cache against vLLM's unquantized one, within what e4m3's 3 mantissa bits move a logprob.
     # Not against vLLM's CPU fp8 path: that path is further from float64 over the same e4m3 K/V than the
     # e4m3 rounding itself (tests/vllm/test_layer_kernels.py measures kgen's; docs/vllm.md both).
-    pytest.param("llama", "float32", "fp8", "auto", 0.3, "split", id="llama-fp8-kv-cache"),
+    pytest.param("llama", "float32", "fp8", "auto", 0.3, "split", id="llama-fp8-kv-cache", marks=FULL),
 ]
 
 
 @pytest.mark.parametrize("name, dtype, kv_cache_dtype, ref_kv_cache_dtype, atol, mixed", CASES)
-def test_kgen_serves_like_vllm(models_dir, name, dtype, kv_cache_dtype, ref_kv_cache_dtype, atol, mixed):
+def test_kgen_serves_like_vllm(models_dir, reference_runs, name, dtype, kv_cache_dtype, ref_kv_cache_dtype, atol,
+                               mixed):
     model = write_model(name, models_dir, dtype)
-    ref = run_side(str(model), "vllm", dtype=dtype, kv_cache_dtype=ref_kv_cache_dtype)
+    key = (str(model), dtype, ref_kv_cache_dtype)
+    if key not in reference_runs:
+        reference_runs[key] = run_side(str(model), "vllm", dtype=dtype, kv_cache_dtype=ref_kv_cache_dtype)
+    ref = reference_runs[key]
     test = run_side(str(model), "kgen", dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                     extra_env={"KGEN_VLLM_MIXED": mixed})
 

@@ -6,6 +6,7 @@ renders (and the fallbacks, named in the notes); NVRTC compiles for sm_80 and sm
 from __future__ import annotations
 
 import pytest
+from conftest import full_tier_except
 
 import kgen
 from kgen.abi import abi_text
@@ -55,7 +56,9 @@ MATRIX = [
 ]
 
 
-@pytest.mark.parametrize("overrides,config", MATRIX, ids=[str(i) for i in range(len(MATRIX))])
+# By default every third row (0, 3, 6, ...); every row in the full tier.
+@pytest.mark.parametrize("overrides,config", full_tier_except(MATRIX, set(range(0, len(MATRIX), 3))),
+                         ids=[str(i) for i in range(len(MATRIX))])
 def test_tensor_core_body_verifies(overrides, config):
     spec = _spec(**overrides)
     config = {"mma_min_group": 1, **config}  # the tensor-core body for every row (auto would leave fp16 group 4)

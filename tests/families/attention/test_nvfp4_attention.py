@@ -8,6 +8,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import full_tier_except
 
 import kgen
 from kgen.errors import ArgumentError, UnsupportedError
@@ -180,7 +181,8 @@ MUTANTS = [
 ]
 
 
-@pytest.mark.parametrize(("mma", "old", "new"), MUTANTS,
+# By default one mutant of each body (CUDA cores: the tail's scales; tensor cores: V's nibble order).
+@pytest.mark.parametrize(("mma", "old", "new"), full_tier_except(MUTANTS, {0, 5}),
                          ids=["tail_scales", "first_group_only", "v_with_k_scales", "mma_tail_scales", "mma_k_group",
                               "mma_v_nibble"])
 def test_mutants_fail_verification(mma, old, new):
@@ -315,7 +317,8 @@ PREFILL_MUTANTS = [
 ]
 
 
-@pytest.mark.parametrize("mutation", [None, *PREFILL_MUTANTS],
+# By default the control and one mutant (the tail's scales); the full tier has every one.
+@pytest.mark.parametrize("mutation", full_tier_except([None, *PREFILL_MUTANTS], {0, 3}, single=True),
                          ids=["control", "first_group_only", "v_with_k_scales", "tail_scales", "no_k_tensor_scale",
                               "nibble_order"])
 def test_prefill_mutants_fail_verification(mutation):

@@ -253,7 +253,8 @@ def test_pipeline_verifies_in_race_mode(config):
 WAIT = "cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();"
 
 
-@pytest.mark.parametrize("stages", [2, 3])
+# By default at 2 stages; at 3 in the full tier.
+@pytest.mark.parametrize("stages", [2, pytest.param(3, marks=pytest.mark.full)])
 @pytest.mark.parametrize("mid,old,new,must_fail", [
     ("waits_one_group_short", WAIT, "cp_async_wait<(STAGES >= 2 ? STAGES - 1 : 0)>();", {"len_1", "long"}),
     ("never_waits", WAIT, "", {"len_1", "long"}),

@@ -187,9 +187,10 @@ def test_lse_includes_the_sink_in_every_launch_plan():
     ("if (sinks != nullptr && !split && row_ok[rr])", "if (sinks != nullptr && row_ok[rr])",  # per partition
      {"split_prefix_3P", "small_chunk_long_prefix"}),
     # (single-pass rows: the cases whose keys fit one partition of 32)
-    ("add_sink(sinks[row_head[rr]])", "add_sink(sinks[row_head[rr]] * Cfg::SOFTMAX_SCALE)",  # scaled
-     {"chunk_16", "chunk_17"}),
-    ("add_sink(sinks[row_head[rr]])", "add_sink(-1e30f)", {"chunk_16", "chunk_17"}),  # forgotten
+    pytest.param("add_sink(sinks[row_head[rr]])", "add_sink(sinks[row_head[rr]] * Cfg::SOFTMAX_SCALE)",  # scaled
+                 {"chunk_16", "chunk_17"}, marks=pytest.mark.full),  # (the decode ones are default: test_verify_runner)
+    pytest.param("add_sink(sinks[row_head[rr]])", "add_sink(-1e30f)", {"chunk_16", "chunk_17"},  # forgotten
+                 marks=pytest.mark.full),
 ])
 def test_prefill_sink_mutations_are_caught(prefill_copy, old, new, must_fail):
     spec, r, src = prefill_copy
