@@ -26,7 +26,8 @@ def test_the_issue_examples_exist():
 
 # The slowest to verify are the full tier's; their formats and layouts are verified by default elsewhere
 # (fp8 in tests/verify/corpus, nvfp4 in test_nvfp4_attention.py, vLLM's layout in test_decode_sweep.py).
-FULL_TIER = {"decode_vllm_layout", "llama3_8b_decode_nvfp4", "decode_fp8_e4m3_per_head", "gpt_oss_20b_decode_sliding"}
+FULL_TIER = {"decode_vllm_layout", "llama3_8b_decode_nvfp4", "decode_fp8_e4m3_per_head", "gpt_oss_20b_decode_sliding",
+             "decode_split_kv_long"}  # split-KV decode verifies by default in test_paged_decode.py
 
 
 def _tiered(paths: list[Path]) -> list:
@@ -50,6 +51,7 @@ def test_split_kv_example_splits_by_default():
     assert kernel.kernel_names == ["decode_split_kv_long", "decode_split_kv_long_merge"]
 
 
+@pytest.mark.full  # ~14 s; prefill with v_head_dim != head_dim verifies by default in test_v_head_dim.py
 def test_deepseek_v3_mha_prefill_example():
     """The v_head_dim example (docs/abi.md): DeepSeek-V3's MHA prefill on one TP-8 shard builds,
     verifies and compiles for sm_90 without spills; its scale is the model's YaRN-corrected one."""

@@ -16,6 +16,7 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import full_tier_except
 
 import kgen
 
@@ -65,7 +66,8 @@ FLASHMLA = [(1, 16, False), (1, 32, True), (1, 64, True), (1, 128, True), (2, 16
             (2, 128, True)]
 
 
-@pytest.mark.parametrize("s_q,h_q,varlen", FLASHMLA, ids=[f"sq{s}-h{h}-{'varlen' if v else 'fixed'}" for s, h, v in
+# By default every other FlashMLA check (both s_q, varlen and fixed lengths); all in the full tier.
+@pytest.mark.parametrize("s_q,h_q,varlen", full_tier_except(FLASHMLA, set(range(0, len(FLASHMLA), 2))), ids=[f"sq{s}-h{h}-{'varlen' if v else 'fixed'}" for s, h, v in
                                                            FLASHMLA])
 def test_flashmla_checks(s_q, h_q, varlen):
     rng = np.random.default_rng(1000 * s_q + h_q)

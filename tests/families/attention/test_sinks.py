@@ -184,8 +184,9 @@ def test_lse_includes_the_sink_in_every_launch_plan():
 
 # ---- the prefill body's sink, broken on purpose (decode's: tests/verify/test_verify_runner.py) -----
 @pytest.mark.parametrize("old,new,must_fail", [
-    ("if (sinks != nullptr && !split && row_ok[rr])", "if (sinks != nullptr && row_ok[rr])",  # per partition
-     {"split_prefix_3P", "small_chunk_long_prefix"}),
+    pytest.param("if (sinks != nullptr && !split && row_ok[rr])", "if (sinks != nullptr && row_ok[rr])",  # per partition
+                 {"split_prefix_3P", "small_chunk_long_prefix"}, marks=pytest.mark.full),  # ~28 s: the Hopper
+    # body's same mutation (test_prefill_wgmma.py) and the decode sink mutations (test_verify_runner.py) are default
     # (single-pass rows: the cases whose keys fit one partition of 32)
     pytest.param("add_sink(sinks[row_head[rr]])", "add_sink(sinks[row_head[rr]] * Cfg::SOFTMAX_SCALE)",  # scaled
                  {"chunk_16", "chunk_17"}, marks=pytest.mark.full),  # (the decode ones are default: test_verify_runner)
