@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, _env
 
 DOC = ROOT / "docs" / "ai-kernels.md"
@@ -19,6 +20,7 @@ def bash_blocks() -> list[str]:
     return re.findall(r"^```bash\n(.*?)^```$", DOC.read_text(encoding="utf-8"), re.M | re.S)
 
 
+@pytest.mark.full  # ~30 s: the commands it runs are each tested by default in tests/cli/
 def test_the_loop_runs_as_written(tmp_path):
     blocks = bash_blocks()
     assert len(blocks) >= 6, f"expected the loop's steps as bash blocks, found {len(blocks)}"

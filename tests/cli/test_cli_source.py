@@ -15,7 +15,7 @@ SPECS = ROOT / "specs"
 
 # Each verifies twice over its family's matrix (decode ~1 min, prefill ~4.5 min): the full tier's. The default
 # tier runs `kgen verify --source` and `kgen build --source` below and in tests/cli/test_cli.py, and verifies
-# `kgen show` output in tests/verify/test_source_policy.py and test_load_source.py.
+# `kgen show` output in tests/verify/test_load_source.py.
 @pytest.mark.parametrize("name", [pytest.param("llama3_8b_decode", marks=pytest.mark.full),
                                   pytest.param("llama3_8b_prefill", marks=pytest.mark.full)])
 def test_kgen_show_output_verifies_and_builds_as_is(tmp_path, name):

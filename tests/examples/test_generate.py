@@ -9,9 +9,11 @@ import re
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 
+@pytest.mark.full  # ~35 s; the kernels it serves with are each verified by default in tests/families/
 def test_generate_smallest_matches_the_contiguous_reference():
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "generate.py"), "--smallest"], capture_output=True,
                        text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)

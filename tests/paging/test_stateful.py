@@ -18,6 +18,7 @@ invariant is checked after every operation.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from conftest import fingerprint
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -309,6 +310,7 @@ SETTINGS = settings(
 )
 
 
+@pytest.mark.full  # ~30 s of hypothesis; the manager's rules are tested by default in test_manager.py and test_invariants.py
 def test_paging_state_machine():
     """The random walks pass every check, and they are long enough to mean something:
     at least MIN_OPS manager operations in this run."""

@@ -200,6 +200,7 @@ def local_ray(monkeypatch):
     ray.shutdown()
 
 
+@pytest.mark.full  # ~23 s starting a local Ray cluster; the local executor is the default tier's
 def test_ray_executor_measures_on_a_local_cluster(tmp_path, local_ray):
     spec = tiny_decode("tiny_ray", tuning={"params": {"threads": [64], "partition_size": [0, 32]},
                                            "constraints": ["threads >= 32 * group_size"],

@@ -246,6 +246,7 @@ def test_dynamic_initialization_of_a_global_is_refused_at_its_line():
 # ---- kgen's own kernels, and kernels written from ABI-1 `kgen show` ---------------------------
 
 
+@pytest.mark.full  # ~25 s; `kgen show` output verifies by default in tests/verify/test_load_source.py
 def test_abi1_kgen_show_output_with_inlined_platform_block_still_verifies(tmp_path):
     text = ABI1_FIXTURE.read_text()
     assert "#ifndef KGEN_SIMT" in text  # the ABI-1 inlined block, as `kgen show` printed it

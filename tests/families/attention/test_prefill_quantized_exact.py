@@ -193,6 +193,7 @@ def _inlined(spec, config, mutations=()):
     return kernel_from_source(spec, source, backend="cpu", config=rendered.config, archs=[])
 
 
+@pytest.mark.full  # ~30 s, two whole verifications; the exactness itself is checked by default above
 @pytest.mark.parametrize("mutations", [(), ROUND_DEQUANTIZED], ids=["control", "rounds_dequantized"])
 def test_kgen_verify_fails_a_prefill_that_rounds_dequantized_values(mutations):
     spec = _spec(order="HND")
