@@ -3,8 +3,9 @@
 `compile_host(source, kernel_names)` builds a shared library holding the kernels and a
 launch shim. The kernel source is compiled as its own translation unit (with per-kernel glue,
 templates/simt/kgen_simt_glue.h) and the object is checked (kgen/compile/object_check.py:
-allow-listed calls only, no load-time code) before it is linked with the shim, which exports
-(C ABI):
+allow-listed calls only, no load-time code) before it is linked with the shim (the SIMT runtime,
+the same cached object for every kernel) and a small dispatch from kernel names to the glue. The
+library exports (C ABI):
 
     int kgen_launch(const char* kernel, unsigned gx, unsigned gy, unsigned gz,
                     unsigned bx, unsigned by, unsigned bz, size_t smem,
@@ -47,6 +48,7 @@ from kgen.settings import KGEN_CXX
 NAMESPACE = "host"
 SOURCE_NAME = "kernel.cu"
 SHIM_NAME = "shim.cpp"
+DISPATCH_NAME = "dispatch.cpp"
 LIB_NAME = "kernel.so"
 GLUE_HEADER = "kgen_simt_glue.h"
 RACE_FLAGS = ("-DKGEN_SIMT_RACECHECK", "-g1")
@@ -119,45 +121,59 @@ def _glue(kernel_names: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _shim(kernel_names: Sequence[str]) -> str:
+# The shim: the SIMT runtime and the options, the same object for every kernel (compiled once per
+# flags, headers and compiler, and cached); `_dispatch` maps kernel names onto it in a small
+# translation unit without includes, compiled with each library.
+_SHIM = """\
+#include <cstring>
+#include <string>
+#define SHIM_EXPORT extern "C" __attribute__((visibility("default")))
+extern "C" int kgen_shim_launch(const char* kernel, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                unsigned by, unsigned bz, size_t smem, void (*body)(void*), void** args,
+                                char* err, size_t errlen) {
+  if (body == nullptr)
+    return ::kgen_simt::write_err(err, errlen, std::string("unknown kernel '") + kernel + "'");
+  dim3 g(gx, gy, gz), b(bx, by, bz);
+  return ::kgen_simt::launch(kernel, g, b, smem, body, args, err, errlen);
+}
+SHIM_EXPORT void kgen_set_options(unsigned workers, size_t stack_bytes) {
+  ::kgen_simt::g_options.workers = workers;
+  ::kgen_simt::g_options.stack_size = stack_bytes;
+}
+SHIM_EXPORT void kgen_set_schedule(int schedule, unsigned long long seed) {
+  ::kgen_simt::g_options.schedule = schedule;
+  ::kgen_simt::g_options.seed = seed;
+}
+"""
+
+
+def _dispatch(kernel_names: Sequence[str]) -> str:
+    """kgen_launch and kgen_signature for these kernels: names to glue entry points."""
     lines = [
-        "#include <cstring>",
-        "#include <string>",
+        "typedef __SIZE_TYPE__ kgen_size_t;",
         '#define SHIM_EXPORT extern "C" __attribute__((visibility("default")))',
+        'extern "C" int kgen_shim_launch(const char*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,',
+        "                                kgen_size_t, void (*)(void*), void**, char*, kgen_size_t);",
     ]
     for name in kernel_names:
         lines.append(f'extern "C" void kgen_glue_run_{name}(void*);')
         lines.append(f'extern "C" const char* kgen_glue_sig_{name}();')
     lines += [
         "SHIM_EXPORT int kgen_launch(const char* kernel, unsigned gx, unsigned gy, unsigned gz, unsigned bx,",
-        "                            unsigned by, unsigned bz, size_t smem, void** args, char* err, size_t errlen) {",
-        "  dim3 g(gx, gy, gz), b(bx, by, bz);",
+        "                            unsigned by, unsigned bz, kgen_size_t smem, void** args, char* err,",
+        "                            kgen_size_t errlen) {",
+        "  void (*body)(void*) = nullptr;",
     ]
     for name in kernel_names:
-        lines.append(
-            f'  if (std::strcmp(kernel, "{name}") == 0) '
-            f'return ::kgen_simt::launch("{name}", g, b, smem, &kgen_glue_run_{name}, args, err, errlen);'
-        )
+        lines.append(f'  if (__builtin_strcmp(kernel, "{name}") == 0) body = &kgen_glue_run_{name};')
     lines += [
-        '  return ::kgen_simt::write_err(err, errlen, std::string("unknown kernel \'") + kernel + "\'");',
+        "  return kgen_shim_launch(kernel, gx, gy, gz, bx, by, bz, smem, body, args, err, errlen);",
         "}",
         "SHIM_EXPORT const char* kgen_signature(const char* kernel) {",
     ]
     for name in kernel_names:
-        lines.append(f'  if (std::strcmp(kernel, "{name}") == 0) return kgen_glue_sig_{name}();')
-    lines += [
-        "  return nullptr;",
-        "}",
-        "SHIM_EXPORT void kgen_set_options(unsigned workers, size_t stack_bytes) {",
-        "  ::kgen_simt::g_options.workers = workers;",
-        "  ::kgen_simt::g_options.stack_size = stack_bytes;",
-        "}",
-        "SHIM_EXPORT void kgen_set_schedule(int schedule, unsigned long long seed) {",
-        "  ::kgen_simt::g_options.schedule = schedule;",
-        "  ::kgen_simt::g_options.seed = seed;",
-        "}",
-        "",
-    ]
+        lines.append(f'  if (__builtin_strcmp(kernel, "{name}") == 0) return kgen_glue_sig_{name}();')
+    lines += ["  return nullptr;", "}", ""]
     return "\n".join(lines)
 
 
@@ -211,28 +227,30 @@ SHIM_NAMESPACE = "host-shim"
 SHIM_OBJECT = "shim.o"
 
 
-def _shim_object(cxx: str, shim_cmd: list[str], shim_source: str, key_parts: Sequence[str],
+class _ShimFailed(Exception):
+    def __init__(self, result: subprocess.CompletedProcess):
+        super().__init__("g++ refused the shim")
+        self.result = result
+
+
+def _shim_object(cxx: str, shim_cmd: list[str], key_parts: Sequence[str],
                  cache: ArtifactCache) -> tuple[Path | None, subprocess.CompletedProcess | None]:
-    """The shim's object (the SIMT runtime and the launch entry points: half of every build's g++ time),
-    compiled once per (kernel names, flags, headers, compiler) and cached; (None, the failed run) when
-    g++ refuses it. Every input that shapes the object is in `key_parts` or the command."""
-    failed: list[subprocess.CompletedProcess] = []
+    """The shim's object (the SIMT runtime: half of every build's g++ time), compiled once per
+    (flags, headers, compiler) and cached; (None, the failed run) when g++ refuses it. Every input
+    that shapes the object is in `key_parts` or the command."""
 
     def build(tmp: Path) -> None:
-        (tmp / SHIM_NAME).write_text(shim_source)
+        (tmp / SHIM_NAME).write_text(_SHIM)
         (res,) = _run_compilers([[*shim_cmd[:-1], SHIM_OBJECT]], tmp)
         (tmp / SHIM_NAME).unlink()
         if res.returncode != 0:
-            failed.append(res)
-            raise CompileError("shim")  # nothing is cached; the caller reports g++'s own message
+            raise _ShimFailed(res)  # nothing is cached; the caller reports g++'s own message
 
-    key = content_key("host-shim-v1", shim_source, "\0".join(shim_cmd[:-1]), *key_parts)
+    key = content_key("host-shim-v2", _SHIM, "\0".join(shim_cmd[:-1]), *key_parts)
     try:
         entry, _ = cache.get_or_build(SHIM_NAMESPACE, key, build)
-    except CompileError:
-        if failed:
-            return None, failed[0]
-        raise
+    except _ShimFailed as e:
+        return None, e.result
     return entry / SHIM_OBJECT, None
 
 
@@ -240,7 +258,7 @@ def _build_library(cxx: str, flags: list[str], tmp: Path, source: str, sdir: Pat
                    sanitize: bool, race_check: bool, object_policy: bool, cache: ArtifactCache,
                    key_parts: Sequence[str]) -> None:
     """kernel.cu -> kernel.o (checked), linked with the shim's object (cached apart: it depends on
-    the kernel names and flags only) into kernel.so (shim first). With `race_check` only the kernel's
+    the flags only) and the names' dispatch into kernel.so (shim first). With `race_check` only the kernel's
     object is instrumented; the shim carries the runtime, uninstrumented, and the instrumentation
     callbacks (KGEN_SIMT_RUNTIME_TU)."""
     scratch = tmp / _SCRATCH
@@ -254,17 +272,20 @@ def _build_library(cxx: str, flags: list[str], tmp: Path, source: str, sdir: Pat
     # The shim's command without tmp's paths (kgen's headers are in key_parts), so that its key is stable.
     shim_cmd = [cxx, *obj_flags, *race_shim, *_OBJECT_FLAGS, "-include", str(sdir / "kgen_simt.h"), "-I", str(sdir),
                 "-I", str(inc), "-x", "c++", SHIM_NAME, "-o", SHIM_OBJECT]
-    (kernel_res,) = _run_compilers([kernel_cmd], tmp)
+    dispatch_o = scratch / "dispatch.o"
+    dispatch_cmd = [cxx, *obj_flags, *_OBJECT_FLAGS, "-x", "c++", DISPATCH_NAME, "-o", str(dispatch_o)]
+    kernel_res, dispatch_res = _run_compilers([kernel_cmd, dispatch_cmd], tmp)
     if kernel_res.returncode != 0:
         raise _compile_error(kernel_res.stderr, source)
     violations = check_object(kernel_o, sanitize=sanitize, race_check=race_check) if object_policy else []
     if violations:
         raise _object_policy_error(kernel_cmd, kernel_o, violations, source, tmp)
-    shim_o, shim_failed = _shim_object(cxx, shim_cmd, (tmp / SHIM_NAME).read_text(), key_parts, cache)
-    if shim_failed is not None:
-        raise _compile_error(shim_failed.stderr, source)
+    shim_o, shim_failed = _shim_object(cxx, shim_cmd, key_parts, cache)
+    for failed in (shim_failed, dispatch_res if dispatch_res.returncode != 0 else None):
+        if failed is not None:
+            raise _compile_error(failed.stderr, source)
     link_flags = list(RACE_LINK_FLAGS) if race_check else []
-    (link,) = _run_compilers([[cxx, *flags, *link_flags, str(shim_o), str(kernel_o), "-o", LIB_NAME]], tmp)
+    (link,) = _run_compilers([[cxx, *flags, *link_flags, str(shim_o), str(dispatch_o), str(kernel_o), "-o", LIB_NAME]], tmp)
     if link.returncode != 0:
         raise _compile_error(link.stderr, source)
 
@@ -335,7 +356,7 @@ def compile_host(
 
     def build(tmp: Path) -> None:
         (tmp / SOURCE_NAME).write_text(source + _glue(names))
-        (tmp / SHIM_NAME).write_text(_shim(names))
+        (tmp / DISPATCH_NAME).write_text(_dispatch(names))
         t0 = time.perf_counter()
         try:
             _build_library(cxx, flags, tmp, source, sdir, inc, sanitize, race_check, object_policy, cache,

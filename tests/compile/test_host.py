@@ -46,14 +46,16 @@ def _axpy(art):
     return mod
 
 
-def test_the_shim_is_compiled_once_for_kernels_of_the_same_names(cache_dir):
-    """The shim (the SIMT runtime and the launch entry points) depends on the kernel names and the
-    flags only: a second kernel source of the same names links the cached object, and both run."""
+def test_the_shim_is_compiled_once_for_every_kernel_of_the_same_flags(cache_dir):
+    """The shim (the SIMT runtime) depends on the flags only: another kernel source, of other kernel
+    names, links the cached object, each library launches its own kernels by name and refuses others."""
     _axpy(compile_host(SRC, ["axpy", "sig"]))
-    other = SRC.replace("a * x[i]", "a * x[i] + 0.0f")
-    _axpy(compile_host(other, ["axpy", "sig"]))
+    other = SRC.replace("a * x[i]", "a * x[i] + 0.0f").replace("void sig(", "void sig2(")
+    mod = _axpy(compile_host(other, ["axpy", "sig2"]))
     shims = list((cache_dir / "host-shim").glob("*/*/shim.o"))
     assert len(shims) == 1, shims
+    with pytest.raises(Exception, match="unknown kernel 'sig'"):
+        mod.launch(Launch("sig", (1, 1, 1), (1, 1, 1), 0, []))
     compile_host(SRC, ["axpy", "sig"], extra_flags=["-DKGEN_TEST_FLAG=2"])  # other flags: another shim
     assert len(list((cache_dir / "host-shim").glob("*/*/shim.o"))) == 2
 
