@@ -18,7 +18,14 @@ import difflib
 from pathlib import Path
 
 import pytest
-from corpus_runner import CORPUS, EXIT, MANIFEST, check_entry, entries, spec_of  # tests/verify/corpus_runner.py
+from corpus_runner import (  # tests/verify/corpus_runner.py
+    CORPUS,
+    EXIT,
+    MANIFEST,
+    check_entry,
+    entries,
+    spec_of,
+)
 
 MAX_EDIT_LINES = 20  # a mutant or hostile kernel is a small, reviewable edit of its original
 
