@@ -25,7 +25,6 @@ audited yet (their outputs are in-place pool writes; a bit-exact shadow needs a 
 
 from __future__ import annotations
 
-import hashlib
 import math
 import numbers
 import warnings
@@ -45,7 +44,7 @@ from kgen.formats.cache import cache_names
 from kgen.formats.dtypes import dtype
 from kgen.optional import module_of
 from kgen.render import render
-from kgen.runtime.cuda import CudaModule, cupy_module, device_arch
+from kgen.runtime.cuda import CudaModule, cupy_module, device_arch, loaded_cubin
 from kgen.seeds import fresh_seed
 from kgen.verify.judge.bounds import (
     EPS_FP32,
@@ -245,7 +244,7 @@ def _trusted_cuda_kernel(kernel):
     spec = kernel.spec
     rendered = render(spec)
     art = compile_cubin(rendered.source, device_arch(), origin=f"spec {spec.name} (audit)")
-    cubin = ArtifactCache().put_file("loaded", f"{hashlib.sha256(art.cubin).hexdigest()}.cubin", art.cubin)
+    cubin = loaded_cubin(ArtifactCache(), art.cubin, rendered.source)
     trusted = type(kernel)(spec, rendered.source, rendered.config, CudaModule(cubin, rendered.kernel_names),
                            rendered.kernel_names, resources={device_arch(): resources_as_dict(art.resources)})
     trusted.report = run_verify(trusted)
@@ -253,7 +252,7 @@ def _trusted_cuda_kernel(kernel):
 
 
 class DeviceShadow:
-    """The CUDA path of an audit (NOT YET RUN ON A GPU: no GPU was available where it was written).
+    """The CUDA path of an audit (not yet run on a GPU; tested against the strict driver model).
 
     On an audited call, after the audited launches on the caller's stream: copy its output (and
     LSE) into the auditor's buffers, run kgen's own verified kernel for the spec on the same inputs
@@ -267,10 +266,11 @@ class DeviceShadow:
     device does not have); two kernels each within the bound of the reference are within twice
     it of each other."""
 
-    def __init__(self, kernel):
+    def __init__(self, kernel, trusted=None):
         self.cp = cupy_module()
         self.spec = kernel.spec
-        self.trusted = _trusted_cuda_kernel(kernel)  # kgen's own kernel, verified before use
+        # kgen's own kernel, verified before use (`trusted`: one the caller built and verified)
+        self.trusted = trusted if trusted is not None else _trusted_cuda_kernel(kernel)
         if not self.trusted.report.passed:
             raise AuditError(f"kgen audit: kgen's own kernel for {kernel.spec.name} failed verification, so it "
                              f"cannot audit: {self.trusted.report.summary()}")
@@ -298,10 +298,13 @@ class DeviceShadow:
             host = [cp.cuda.alloc_pinned_memory(f.nbytes) for f in figures]
             views = [np.frombuffer(h, np.float32, f.size).reshape(f.shape) for h, f in zip(host, figures, strict=True)]
             for f, v in zip(figures, views, strict=True):
-                f.get(stream=self.side, out=v)
+                f.get(stream=self.side, out=v, blocking=False)  # the caller never waits for an audit
             done = self.side.record()
         width = int(np.prod(call["block_tables"].shape[1:])) * self.spec.kv_cache.block_size
-        self.pending.append((number, done, views, figures, host, width))
+        # Everything the side stream reads stays referenced until its event has fired: the pool would
+        # hand memory freed now to the caller's stream while the side stream still reads it.
+        in_use = (got, want, got_lse, want_lse, figures, host)
+        self.pending.append((number, done, views, in_use, width))
 
     def _f32(self, x):
         """A new float32 CuPy copy of a device output (torch or CuPy; bf16 from its bits: CuPy has no bf16)."""
@@ -317,7 +320,7 @@ class DeviceShadow:
         eps_q = float(np.finfo(np.float32).eps) if self.spec.dtype.q == "fp32" else \
             float(np.finfo(dtype(self.spec.dtype.q).numpy).eps)
         while self.pending and (wait or self.pending[0][1].done):
-            number, done, views, _figures, _host, width = self.pending.popleft()
+            number, done, views, _in_use, width = self.pending.popleft()
             done.synchronize()  # fired already unless `wait`
             err, mag = views[0].astype(np.float64), views[1].astype(np.float64)
             lens = np.full(err.shape[0], width)

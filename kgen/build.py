@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
 from typing import Any
 
 from kgen.cache import ArtifactCache
@@ -16,7 +14,13 @@ from kgen.kernel import Kernel
 from kgen.plan.arch import launch_problems
 from kgen.render import Rendered, render
 from kgen.runtime.cpu import CpuModule
-from kgen.runtime.cuda import CudaModule, IsolatedCudaModule, device_arch, gpu_available
+from kgen.runtime.cuda import (
+    CudaModule,
+    IsolatedCudaModule,
+    device_arch,
+    gpu_available,
+    loaded_cubin,
+)
 from kgen.runtime.isolated import IsolatedCpuModule
 from kgen.settings import KGEN_BACKEND
 from kgen.torch_ops import register_if_imported
@@ -70,13 +74,8 @@ def load_module(backend: str, rendered: Rendered, cubins: dict[str, Any] | None 
         return IsolatedCpuModule(artifact) if isolated and not sanitize else CpuModule(artifact)
     arch = device_arch()
     art = (cubins or {}).get(arch) or compile_cubin(rendered.source, arch, cache=cache)
-    cubin = _cubin_path(cache or ArtifactCache(), art)
+    cubin = loaded_cubin(cache or ArtifactCache(), art.cubin, rendered.source)
     return IsolatedCudaModule(cubin, rendered.kernel_names) if isolated else CudaModule(cubin, rendered.kernel_names)
-
-
-def _cubin_path(cache: ArtifactCache, art) -> Path:
-    """A file holding the cubin (CuPy loads modules from paths), named by its hash."""
-    return cache.put_file("loaded", f"{hashlib.sha256(art.cubin).hexdigest()}.cubin", art.cubin)
 
 
 def build(spec, backend: str = "auto", verify: bool = True, config: Config | None = None,

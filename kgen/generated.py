@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from kgen.build import load_module, select_backend
+from kgen.cache import ArtifactCache
 from kgen.compile.nvrtc import nvrtc_version
 from kgen.errors import KgenError, KgenUserError
 from kgen.fileio import make_temp_dir, remove_path
 from kgen.kernel import Kernel
 from kgen.render import Rendered
-from kgen.runtime.cuda import CudaModule, device_arch
+from kgen.runtime.cuda import CudaModule, device_arch, loaded_cubin
 from kgen.spec.models import spec_from_dict
 from kgen.torch_ops import register_if_imported
 from kgen.tune.tuned import tuned_from_manifest
@@ -259,7 +260,11 @@ class GeneratedKernel:
         rendered = Rendered(self.source, self.manifest["kernel_names"], self.manifest["config"])
         entry = self.manifest["cubins"].get(device_arch()) if chosen == "cuda" else None
         if entry is not None:
-            module = CudaModule(self.directory / entry["file"], rendered.kernel_names)
+            cubin = (self.directory / entry["file"]).read_bytes()
+            if _sha256(cubin) != entry["sha256"]:
+                raise KgenError(f"{self.directory / entry['file']}: cubin does not match its manifest; re-run kgen build")
+            # Loaded by its hash: a module rebuilt into the same directory is not CuPy's cached old one.
+            module = CudaModule(loaded_cubin(ArtifactCache(), cubin, self.source), rendered.kernel_names)
         else:  # the CPU backend, or a GPU the build did not target: compile the shipped source
             module = load_module(chosen, rendered)
         self._kernel = Kernel(spec, self.source, rendered.config, module, rendered.kernel_names, self.resources)

@@ -15,8 +15,9 @@ from kgen.families.registry import family_for
 from kgen.plan import BLOCKS_PER_SM, DEFAULT_SMS, Plan, PlannedLaunch, target_blocks
 from kgen.plan.arch import DEFAULT_ARCH, limits_for
 from kgen.plan.occupancy import occupancy
-from kgen.runtime.base import Module
+from kgen.runtime.base import Module, has_blocks
 from kgen.runtime.cuda import device_arch, device_sm_count
+from kgen.runtime.placement import on_callers_stream
 
 
 class Kernel:
@@ -52,19 +53,28 @@ class Kernel:
         return self.spec.name
 
     def __call__(self, plan: Plan | None = None, **arguments: Any):
-        """Run the kernel; with `plan` (from self.plan) the launch sizes and split-KV scratch are the
+        """Run the kernel; with `plan` (from self.plan) the launches and split-KV scratch are the
         plan's and the call does no planning."""
+        call = self.bind(plan, **arguments)
+        call.launch()
+        return call.result
+
+    def bind(self, plan: Plan | None = None, **arguments: Any) -> BoundCall:
+        """The call checked, planned and bound once, not run: `.launch()` runs its launches (again)
+        with no other host work, on the device and stream the arguments chose; `.result` is what
+        the call returns. For timing the kernel alone (kgen tune) and replaying one call."""
         if plan is not None and not isinstance(plan, Plan):
             raise ArgumentError(f"plan: expected a kgen Plan from kern.plan(seq_lens), got {type(plan).__name__}")
         checked = checks_values(self.backend, self.debug)
         if plan is None and self._default_target is None:  # a call without a plan plans for this GPU
             sms = self._gpu_sms()
             self._default_target = target_blocks(sms, self.resident_blocks(sms))
-        launches, result = self._family.bind(self.spec, self.config, arguments, checked=checked, plan=plan,
-                                             target_blocks=self._default_target)
-        for launch in launches:
-            self.module.launch(launch)
-        return result
+        device = getattr(self.module, "device", None)
+        with on_callers_stream(arguments, device):
+            launches, result = self._family.bind(self.spec, self.config, arguments, checked=checked, plan=plan,
+                                                 target_blocks=self._default_target)
+        # An empty batch has launches of zero blocks: nothing to run (CuPy would launch one block).
+        return BoundCall(self.module, [ln for ln in launches if has_blocks(ln)], result, arguments, device)
 
     def plan(self, seq_lens: Any, num_sms: int | None = None, partition_tokens: int | None = None,
              **lengths: Any) -> Plan:
@@ -117,6 +127,19 @@ class Kernel:
     def __repr__(self) -> str:
         verdict = "unverified" if self.report is None else ("passed" if self.report.passed else "FAILED")
         return f"<kgen.Kernel {self.name} kind={self.spec.kind} backend={self.backend} config={self.config} {verdict}>"
+
+
+class BoundCall:
+    """A kernel call bound once (Kernel.bind): its launches, holding every array they use alive."""
+
+    def __init__(self, module: Module, launches: list, result: Any, arguments: dict[str, Any], device: int | None):
+        self.module, self.launches, self.result = module, launches, result
+        self._arguments, self._device = arguments, device
+
+    def launch(self) -> None:
+        with on_callers_stream(self._arguments, self._device):
+            for launch in self.launches:
+                self.module.launch(launch)
 
 
 def _arch_number(arch: str) -> int:

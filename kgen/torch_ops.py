@@ -142,33 +142,12 @@ def _call(ov: Overload, args: tuple, kwargs: dict) -> dict[str, Any]:
 def _real(name: str, ov: Overload):
     def run(*args, **kwargs):
         kernel = _OPS[name].kernel
-        result = _on_torch_stream(kernel, _call(ov, args, kwargs))
+        result = kernel(**_call(ov, args, kwargs))  # on torch's current stream (kgen.runtime.placement)
         if len(ov.returns) == 1:
             return result
         return tuple(result) if ov.returns else None
 
     return run
-
-
-def _on_torch_stream(kernel, call: dict[str, Any]):
-    """Run the kernel; with CUDA tensors, on torch's current stream (CuPy launches on its own
-    current stream otherwise, which would race torch's work and escape CUDA-graph capture)."""
-    device = next((t.device for t in _tensors(call) if t.device.type == "cuda"), None)
-    if device is None:
-        return kernel(**call)
-    import cupy  # heavy, and only for CUDA tensors
-    import torch
-
-    stream = torch.cuda.current_stream(device)
-    with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(stream.cuda_stream):
-        return kernel(**call)
-
-
-def _tensors(call: dict[str, Any]):
-    for value in call.values():
-        for t in value if isinstance(value, list | tuple) else (value,):
-            if hasattr(t, "device") and hasattr(t, "data_ptr"):
-                yield t
 
 
 def _fake(ov: Overload, table: list[CallArg]):

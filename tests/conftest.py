@@ -191,3 +191,16 @@ def fingerprint(m: KVCacheManager) -> tuple:
         cache,
         tuple(m._pending.items()),
     )
+
+
+@pytest.fixture
+def strict_cuda(monkeypatch):
+    """kgen's CUDA backend against the strict model of the driver and CuPy (tests/strict_cuda/): the
+    model's Driver, whose records the test reads. Anything the model reports and the test did not
+    take (`driver.violations.clear()` after checking them) fails the test at teardown."""
+    from strict_cuda import install, uninstall
+
+    driver = install(monkeypatch)
+    yield driver
+    uninstall()
+    assert not driver.violations, "the strict CUDA model reported:\n" + "\n".join(driver.violations)

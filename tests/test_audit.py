@@ -8,7 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import ROOT, write_spec
+from conftest import ROOT, tiny_decode, write_spec
 
 import kgen
 from kgen.errors import AuditWarning
@@ -148,3 +148,27 @@ def test_cache_kinds_are_refused_with_a_reason(tmp_path):
     kern = kgen.build(spec, backend="cpu", verify=False)
     with pytest.raises(kgen.UnsupportedError, match="cannot be audited yet"):
         kern.audit(0.5)
+
+
+def test_cuda_audit_never_waits_and_keeps_what_its_side_stream_reads(strict_cuda):
+    """The CUDA path (DeviceShadow) against the strict driver model: an audited call adds no host
+    sync (the copy of the figures to pinned memory is asynchronous), nothing the side stream reads
+    is freed before its event, and the comparisons judge a correct kernel's calls as passed."""
+    from kgen.arrays import args_to_backend
+    from kgen.audit import DeviceShadow
+    from kgen.build import build
+    from kgen.verify.runner import verify as run_verify
+
+    spec = tiny_decode()
+    kern = build(spec, backend="cuda", verify=False)
+    trusted = build(spec, backend="cuda", verify=False)
+    trusted.report = run_verify(trusted, cases=["len_B+1", "mixed_batch"])  # a real verification, two cases
+    shadow = DeviceShadow(kern, trusted=trusted)
+    for number, lens in enumerate(([5, 40], [17], [33, 2, 64]), start=1):
+        arguments = args_to_backend(make_decode_case(spec, lens, np.random.default_rng(number)), "cuda")
+        before = len(strict_cuda.syncs)  # the inputs' copies to the device are the test's
+        shadow.submit(number, None, arguments, kern(**arguments))
+        assert strict_cuda.syncs[before:] == [], f"call {number} waited: {strict_cuda.syncs[before:]}"
+    assert len(shadow.pending) == 3
+    verdicts = list(shadow.completed(wait=True))
+    assert [n for n, _ in verdicts] == [1, 2, 3] and all(r.passed for _, r in verdicts), verdicts

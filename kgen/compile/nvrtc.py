@@ -197,6 +197,7 @@ def compile_cubin(source: str, arch: str, *, origin: str = "<source>", name: str
             raise CompileError(format_compile_error(source, log, origin, name=name))
         (tmp / "kernel.cubin").write_bytes(cubin)
         (tmp / "ptxas.log").write_text(log)
+        (tmp / "kernel.cu").write_text(source)  # what the cubin and the log's line numbers come from
 
     entry, hit = cache.get_or_build(CACHE_NAMESPACE, key, build)
     log = (entry / "ptxas.log").read_text()

@@ -13,6 +13,7 @@ from kgen.arrays import ArrayArg, adapt, as_array_arg, refuse_aliasing
 from kgen.errors import ArgumentError
 from kgen.formats.cache import CacheFormat, cache_names, cache_shapes
 from kgen.optional import is_torch_tensor
+from kgen.runtime.base import DeviceAddress
 
 
 def host_values(arg: ArrayArg) -> np.ndarray:
@@ -84,16 +85,18 @@ class CallBinder:
     def pointer(self, arg: ArrayArg | None):
         if arg is None:
             return None if self.device == "cpu" else np.uint64(0)
-        return self.raw(arg.native if self.device == "cpu" else arg.ptr)
+        if self.device == "cpu":
+            return self.raw(arg.native)
+        return DeviceAddress(arg.ptr, arg.native)  # holds the array (maybe a temporary) for the launch
 
     def raw(self, native):
         """CPU: the numpy array, strided views included (an isolated child maps its whole base
-        buffer, so the strides hold there too); CUDA: the device address."""
+        buffer, so the strides hold there too); CUDA: the device address (holding the array)."""
         if self.device == "cpu":
             return native if isinstance(native, np.ndarray) else int(native)
         if isinstance(native, (int, np.integer)):
             return np.uint64(native)
-        return np.uint64(as_array_arg("cache", native).ptr)  # a device array (CuPy, torch) given whole
+        return DeviceAddress(as_array_arg("cache", native).ptr, native)  # a device array (CuPy, torch) given whole
 
 
 # ---- the call's arguments as a table ---------------------------------------------------------

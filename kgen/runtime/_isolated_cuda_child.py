@@ -1,6 +1,6 @@
 """Child process of the isolated CUDA runtime (kgen.runtime.cuda.IsolatedCudaModule), started as
 
-    python -I -B _isolated_cuda_child.py SOCKET_FD CUBIN KERNELS PCI_BUS_ID
+    python -I -B _isolated_cuda_child.py SOCKET_FD CUBIN KERNELS PCI_BUS_ID [IMPORT_PATH]
 
 with an empty environment, in a scratch directory. A faulting kernel poisons the CUDA context of
 the process that launched it; here that is this child, which the parent then replaces. It loads
@@ -11,15 +11,19 @@ is copied; the kernel runs, the device is synchronized, the handles are closed a
 goes back. After a CUDA error the child answers and exits (its context is unusable).
 """
 
-import ctypes
-import importlib.util
-import math
 import os
-import resource
-import socket
 import sys
 
-import numpy as np
+if len(sys.argv) > 5:  # the parent's import path: numpy and CuPy may be installed outside -I's
+    sys.path[:0] = [p for p in sys.argv[5].split(os.pathsep) if p]
+
+import ctypes  # noqa: E402
+import importlib.util  # noqa: E402
+import math  # noqa: E402
+import resource  # noqa: E402
+import socket  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 
 def _sibling(name: str):
@@ -69,7 +73,9 @@ def run_launch(cupy, functions, req):
             bases.append(runtime.ipcOpenMemHandle(bytes.fromhex(handle)))
         fn = functions[req["kernel"]]
         smem = req["smem"]
-        if smem and fn.max_dynamic_shared_size_bytes < smem:  # opt in past the default (kgen/plan/arch.py)
+        # The attribute's default is what the function may take without the opt-in (the default limit
+        # less its static shared memory): past it, opt in (kgen/plan/arch.py).
+        if smem and fn.max_dynamic_shared_size_bytes < smem:
             fn.max_dynamic_shared_size_bytes = smem
         set_soft(resource.RLIMIT_CPU, math.ceil(cpu_seconds() + req["cpu_seconds"]))
         fn(tuple(req["grid"]), tuple(req["block"]), tuple(decode_args(req, bases)), shared_mem=smem)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 
 @dataclass
 class Launch:
@@ -23,6 +25,25 @@ class Launch:
     # Arrays the kernel reaches through addresses stored in an argument (a pointer table), not as
     # arguments: an isolated runtime maps them into its child process too.
     reached: list[Any] = field(default_factory=list)
+
+
+class DeviceAddress(np.uint64):
+    """A device address in a launch's arguments that keeps the array it points into alive (`owner`):
+    a temporary made while binding a call (split-KV scratch, an int32 copy of int64 indices, a
+    scale array) must outlive the launch, and a bound call's repeated launches."""
+
+    __slots__ = ("owner",)
+
+    def __new__(cls, address: int, owner: Any):
+        self = super().__new__(cls, address)
+        self.owner = owner
+        return self
+
+
+def has_blocks(launch: Launch) -> bool:
+    """False for a launch of zero blocks (a grid with a 0: an empty batch), which does no work."""
+    grid = (launch.grid,) if isinstance(launch.grid, int) else tuple(launch.grid)
+    return all(int(g) != 0 for g in grid)
 
 
 class Module(Protocol):

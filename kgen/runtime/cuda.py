@@ -4,6 +4,9 @@ kernels, in a child process: IsolatedCudaModule)."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import os
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -12,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from kgen.cache import ArtifactCache
 from kgen.errors import (
     ArgumentError,
     KernelRuntimeError,
@@ -19,8 +23,9 @@ from kgen.errors import (
     ToolchainError,
     UnsupportedError,
 )
+from kgen.optional import module_of
 from kgen.plan.arch import limits_for
-from kgen.runtime.base import Launch
+from kgen.runtime.base import DeviceAddress, Launch
 from kgen.runtime.cpu import _dims
 from kgen.runtime.isolated import Child, Limits
 
@@ -57,6 +62,27 @@ def require_gpu() -> None:
                             "use --backend cpu or auto")
 
 
+def is_device_error(error: BaseException) -> bool:
+    """True for an error CUDA reported through CuPy (a runtime or driver call failing, e.g. the
+    illegal address a faulting kernel leaves for the next call)."""
+    try:
+        cuda = cupy_module().cuda
+    except ToolchainError:
+        return False
+    kinds = tuple(k for k in (getattr(cuda.runtime, "CUDARuntimeError", None),
+                              getattr(getattr(cuda, "driver", None), "CUDADriverError", None)) if isinstance(k, type))
+    return bool(kinds) and isinstance(error, kinds)
+
+
+def release_device_memory() -> None:
+    """Return the memory CuPy's pool holds but no array uses to the GPU (after verification, whose
+    case pools would otherwise stay cached for the life of the process)."""
+    try:
+        cupy_module().get_default_memory_pool().free_all_blocks()
+    except Exception:  # noqa: BLE001 (a lost context refuses this too; nothing more to free then)
+        pass
+
+
 def device_sm_count() -> int:
     """Streaming multiprocessors of the current GPU."""
     return int(cupy_module().cuda.Device().attributes["MultiProcessorCount"])
@@ -68,24 +94,66 @@ def device_arch() -> str:
     return "sm_" + cupy_module().cuda.Device().compute_capability
 
 
+def loaded_cubin(cache: ArtifactCache, cubin: bytes, source: str) -> Path:
+    """A file holding the cubin for CuPy to load, named by its hash: CuPy keeps one module per path,
+    so a changed cubin must have a new path. Its source lies beside it (`<hash>.cu`), for tools that
+    map a fault back to it."""
+    digest = hashlib.sha256(cubin).hexdigest()
+    cache.put_file("loaded", f"{digest}.cu", source.encode())
+    return cache.put_file("loaded", f"{digest}.cubin", cubin)
+
+
 class CudaModule:
     backend = "cuda"
 
     def __init__(self, cubin_path: Path, kernel_names: list[str]):
         require_gpu()
-        self._module = cupy_module().RawModule(path=str(cubin_path))
+        cupy = cupy_module()
+        self.device = int(cupy.cuda.runtime.getDevice())  # the module's functions run on this device
+        self._module = cupy.RawModule(path=str(cubin_path))
         self._functions = {name: self._module.get_function(name) for name in kernel_names}
         self.arch = device_arch()
         self._limits = limits_for(self.arch)
 
     def launch(self, launch: Launch) -> None:
+        """On the current device's current CuPy stream (kgen.runtime.placement chose both)."""
         fn = self._functions[launch.kernel]
-        if launch.smem > self._limits.dynamic_smem_default and fn.max_dynamic_shared_size_bytes < launch.smem:
+        grid, block = _dims(launch.grid, "grid"), _dims(launch.block, "block")
+        check_grid(launch.kernel, grid)
+        if int(fn.shared_size_bytes) + launch.smem > self._limits.dynamic_smem_default \
+                and fn.max_dynamic_shared_size_bytes < launch.smem:
             opt_in_dynamic_smem(fn, launch, self.arch)
+        args = tuple(packable(launch.kernel, i, a) for i, a in enumerate(launch.args))
         try:
-            fn(launch.grid, launch.block, tuple(launch.args), shared_mem=launch.smem)
+            fn(grid, block, args, shared_mem=launch.smem)
         except Exception as e:
             raise KernelRuntimeError(f"launch of {launch.kernel} failed: {e}") from e
+
+
+MAX_GRID = (2**31 - 1, 65535, 65535)  # every arch kgen targets (CUDA Programming Guide, Table 21)
+
+
+def check_grid(kernel: str, grid: tuple[int, int, int]) -> None:
+    """A grid the driver would refuse, as an error naming the kernel and the axis (cuLaunchKernel
+    says only "invalid argument")."""
+    for axis, (g, most) in enumerate(zip(grid, MAX_GRID, strict=True)):
+        if g > most:
+            raise KernelRuntimeError(f"launch of {kernel}: grid {grid} has {g} blocks on axis {'xyz'[axis]}; "
+                                     f"a GPU takes at most {most} there (a batch this large must be split)")
+
+
+def packable(kernel: str, index: int, value: Any) -> Any:
+    """`value` as CuPy's argument packing takes it: a device array that is not CuPy's (a torch CUDA
+    tensor) becomes its address as np.uint64 (CuPy refuses such objects); the caller keeps the
+    array alive for the launch."""
+    if isinstance(value, np.uint64):
+        return np.uint64(value)  # a DeviceAddress as the plain numpy type CuPy packs
+    if value is None or isinstance(value, np.generic | bool | int | float) or module_of(value) == "cupy":
+        return value
+    if hasattr(value, "__cuda_array_interface__"):
+        return np.uint64(value.__cuda_array_interface__["data"][0])
+    raise ArgumentError(f"kernel '{kernel}' argument {index}: a {type(value).__name__}; kgen's CUDA launcher "
+                        "passes device arrays, device addresses (np.uint64) and numpy scalars")
 
 
 POINTER_BYTES = 8  # a device address (sm_80 and newer are 64-bit only)
@@ -93,10 +161,10 @@ POINTER_BYTES = 8  # a device address (sm_80 and newer are 64-bit only)
 
 def argument_layout(value: Any) -> tuple[int, int]:
     """(bytes, alignment) of one launch argument as CudaModule hands it to CuPy, which passes the
-    driver a pointer to a value of that size: a device array (CuPy, or anything with
-    __cuda_array_interface__) or None as a device address; a numpy scalar (kgen's by-value
-    parameters, and np.uint64 device addresses) as its dtype; a Python int, float or bool as CuPy
-    converts it (int64, float64, bool)."""
+    driver a pointer to a value of that size: a device array (CuPy's, or another library's, which
+    `packable` turns into its address) or None as a device address; a numpy scalar (kgen's
+    by-value parameters, and np.uint64 device addresses) as its dtype; a Python int, float or bool
+    as CuPy converts it (int64, float64, bool)."""
     if value is None or hasattr(value, "__cuda_array_interface__"):
         return POINTER_BYTES, POINTER_BYTES
     if isinstance(value, np.generic):
@@ -109,11 +177,11 @@ def argument_layout(value: Any) -> tuple[int, int]:
 
 
 def opt_in_dynamic_smem(fn, launch: Launch, arch: str) -> None:
-    """Let `fn` take the launch's dynamic shared memory past the default (48 KiB): the opt-in
-    attribute, up to the arch's limit of static + dynamic (kgen/plan/arch.py); past it a clear
-    error instead of CUDA's "invalid argument"."""
+    """Let `fn` take the launch's dynamic shared memory where static + dynamic pass the default
+    (48 KiB): the opt-in attribute, up to the arch's limit of static + dynamic (kgen/plan/arch.py);
+    past it a clear error instead of CUDA's "invalid argument"."""
     limit = limits_for(arch).smem_per_block
-    static = int(fn.shared_size_bytes)
+    static = int(fn.shared_size_bytes)  # the driver counts static + dynamic against the default
     if static + launch.smem > limit:
         raise KernelRuntimeError(f"launch of {launch.kernel}: {static} + {launch.smem} bytes of shared memory "
                                  f"(static + dynamic) > {limit}, the opt-in limit of {arch}")
@@ -171,6 +239,9 @@ def encode_cuda_args(kernel: str, args: Sequence[Any],
             encoded.append(["p", allocations.index(found), ptr - found[0]])
         elif ptr is not None and not isinstance(a, np.uint64):
             raise ArgumentError(f"kernel '{kernel}' argument {i}: a CuPy array whose memory CUDA does not know")
+        elif isinstance(a, DeviceAddress):  # kgen's own pointer argument: it must name device memory
+            raise ArgumentError(f"kernel '{kernel}' argument {i}: device address 0x{ptr:x} lies in no allocation "
+                                "of the current CUDA device (an array on another device, or freed memory)")
         elif isinstance(a, np.generic):
             encoded.append(["np", a.dtype.str, a.tobytes().hex()])
         elif isinstance(a, bool | int | float):
@@ -200,8 +271,15 @@ class IsolatedCudaModule:
         self.limits = limits or CUDA_LIMITS
         self._device = cupy.cuda.runtime.getDevice()
         bus_id = cupy.cuda.runtime.deviceGetPCIBusId(self._device)
-        self._child = Child(CUDA_CHILD, [str(cubin_path), ",".join(self.kernel_names), bus_id],
-                            python_flags=("-I", "-B"), startup_s=self.limits.startup_s)
+        # The child starts in a scratch directory, with -I and an empty environment: it gets the cubin's
+        # absolute path, this process's import path (CuPy installed with --user or on PYTHONPATH) and
+        # LD_LIBRARY_PATH (where libcuda may be found).
+        paths = [p for p in sys.path if p and os.path.isabs(p)]
+        env = {k: os.environ[k] for k in ("LD_LIBRARY_PATH",) if k in os.environ}
+        self._child = Child(CUDA_CHILD, [str(Path(cubin_path).resolve()), ",".join(self.kernel_names), bus_id,
+                                         os.pathsep.join(paths)],
+                            python_flags=("-I", "-B"), startup_s=self.limits.startup_s, env=env,
+                            start_failure=ToolchainError)
         self._lock = threading.Lock()
 
     @property

@@ -160,16 +160,25 @@ def _stop(state: _State) -> None:
         _remove_tree(scratch)
 
 
+_START_HINT = (" (the isolated process did not start: this is the environment, not the kernel; it runs this "
+               "Python with -I, an empty environment but LD_LIBRARY_PATH, and this process's import path)")
+
+
 class Child:
     """A child process running `script` (kgen.runtime._isolated_child or its CUDA twin) that serves
     requests over a socket; the argv is [python, *python_flags, script, SOCKET_FD, *args]."""
 
     def __init__(self, script: Path, args: Sequence[str], python_flags: Sequence[str] = ("-I", "-S", "-B"),
-                 startup_s: float = 60.0):
+                 startup_s: float = 60.0, env: dict[str, str] | None = None,
+                 start_failure: type[Exception] = KernelRuntimeError):
         self.script = script
         self.args = list(args)
         self.python_flags = list(python_flags)
         self.startup_s = startup_s
+        self.env = dict(env or {})  # the child's whole environment (empty by default)
+        # What a child that does not start raises: the CUDA child starts before any kernel code runs,
+        # so its failure is the environment's (a ToolchainError), not the kernel's verdict.
+        self.start_failure = start_failure
         self.hello: dict | None = None  # the child's first message
         self._state = _State()
         weakref.finalize(self, _stop, self._state)
@@ -193,7 +202,7 @@ class Child:
             with open(os.path.join(scratch, STDERR_NAME), "wb") as err:
                 proc = subprocess.Popen(
                     [sys.executable, *self.python_flags, str(self.script), str(child.fileno()), *self.args],
-                    env={}, cwd=scratch, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                    env=self.env, cwd=scratch, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                     pass_fds=(child.fileno(),), close_fds=True, start_new_session=True,
                 )
         except BaseException:
@@ -203,10 +212,16 @@ class Child:
         finally:
             child.close()
         self._state.proc, self._state.sock, self._state.scratch = proc, parent, scratch
-        hello = self._receive(self.startup_s, f"{what}: starting its isolated process")
+        try:
+            hello = self._receive(self.startup_s, f"{what}: starting its isolated process")
+        except KernelRuntimeError as e:
+            if self.start_failure is KernelRuntimeError:
+                raise
+            raise self.start_failure(f"{e}{_START_HINT}") from None
         if "error" in hello:
             self.stop()
-            raise KernelRuntimeError(f"{what}: {_printable(str(hello['error']))}")
+            message = f"{what}: {_printable(str(hello['error']))}"
+            raise self.start_failure(message + (_START_HINT if self.start_failure is not KernelRuntimeError else ""))
         self.hello = hello
         return hello
 

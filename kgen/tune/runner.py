@@ -15,7 +15,8 @@ from pathlib import Path
 from kgen.build import select_backend
 from kgen.errors import KernelRuntimeError, KgenUserError
 from kgen.seeds import fresh_seed
-from kgen.tune.measure import BUDGET, make_task, run_bounded, run_task
+from kgen.tune.fresh import run_in_fresh_process
+from kgen.tune.measure import BUDGET, make_task, run_bounded
 from kgen.tune.ray_executor import ray_map
 from kgen.tune.results import (
     FORMAT,
@@ -98,9 +99,9 @@ def tune_spec(spec, backend: str = "auto", buckets: dict | None = None, budget_s
         if run is None:  # here, one at a time: progress after each
             results = []
             for t in tasks:
-                # CPU backend: a measurement past the deadline is stopped (run_bounded); CUDA launches
-                # are short and a CUDA context must not be forked.
-                results.append(run_bounded(t) if backend == "cpu" else run_task(t))
+                # CPU backend: a measurement past the deadline is stopped (run_bounded, a fork); CUDA:
+                # each in a spawned process (a fault loses that process's context, a hang is killed).
+                results.append(run_bounded(t) if backend == "cpu" else run_in_fresh_process(t))
                 record(results[-1])
         else:
             results = run(tasks)

@@ -18,7 +18,7 @@ from kgen.compile.host import compile_host
 from kgen.compile.nvrtc import compile_cubin
 from kgen.errors import ArgumentError, KernelRuntimeError
 from kgen.runtime import _wire, isolated, shared
-from kgen.runtime.base import Launch
+from kgen.runtime.base import DeviceAddress, Launch
 from kgen.runtime.cpu import CpuModule
 from kgen.runtime.cuda import IsolatedCudaModule, device_arch, encode_cuda_args
 from kgen.runtime.isolated import (
@@ -373,6 +373,9 @@ def test_cuda_arguments_name_allocations_by_offset():
     assert encoded[4][0] == "np" and encoded[5] == ["py", 7] and encoded[6][0] == "np"
     with pytest.raises(ArgumentError, match="argument 0"):
         encode_cuda_args("k", [object()], find)
+    # kgen's own pointer (a bound array's address) outside every allocation: refused, not passed on
+    with pytest.raises(ArgumentError, match="argument 1: device address 0x5 lies in no allocation"):
+        encode_cuda_args("k", [np.uint64(1100), DeviceAddress(5, None)], find)
 
 
 @pytest.mark.gpu
@@ -421,3 +424,19 @@ def test_wall_limit_stretches_with_the_load_cpu_limit_does_not(artifact, monkeyp
     with pytest.raises(KernelRuntimeError, match=r"kernel 'spin' timed out after 2\.0 s and was killed"):
         mod.launch(Launch("spin", (1, 1, 1), (2, 1, 1), 0, [np.zeros(1, np.float32)]))
     mod.close()
+
+
+def test_a_cuda_child_that_cannot_start_is_the_environments_error_not_the_kernels(tmp_path):
+    """The isolated CUDA child fails before any kernel code runs (here its CuPy, found first on the
+    import path the parent hands it, refuses to import): a ToolchainError in the child's own words,
+    never a verdict on the kernel."""
+    from kgen.errors import ToolchainError
+    from kgen.runtime.cuda import CUDA_CHILD
+
+    fake = tmp_path / "paths" / "cupy"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError(\"the cupy on the parent's import path\")\n")
+    child = Child(CUDA_CHILD, [str(tmp_path / "k.cubin"), "k", "0000:00:00.0", str(tmp_path / "paths")],
+                  python_flags=("-I", "-B"), start_failure=ToolchainError)
+    with pytest.raises(ToolchainError, match="ImportError: the cupy on the parent's import path.*not the kernel"):
+        child.start("kernel 'k'")

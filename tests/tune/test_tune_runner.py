@@ -115,14 +115,22 @@ def test_measurement_rejects_a_fast_but_wrong_kernel(spec):
     config = {"threads": 64, "partition_size": 0}
     good = tune_measure._kernel(spec, config, "cpu")
 
-    def wrong(**args):  # a real launch whose output is then corrupted
-        out = good(**args)
-        out[0, 0, 0] += 1.0
-        return out
+    class Wrong:  # the real kernel, its output corrupted after every launch
+        config, resources, spec = good.config, good.resources, good.spec
+
+        def bind(self, **args):
+            call = good.bind(**args)
+            launch = call.launch
+
+            def corrupted():
+                launch()
+                call.result[0, 0, 0] += 1.0
+
+            call.launch = corrupted
+            return call
 
     key = next(k for k, v in tune_measure._KERNELS.items() if v is good)
-    wrong.config, wrong.resources, wrong.spec = good.config, good.resources, spec
-    tune_measure._KERNELS[key] = wrong
+    tune_measure._KERNELS[key] = Wrong()
     try:
         result = run_task(make_task(spec, config, (2, 40), "cpu", 0.001, seed=5))
     finally:
@@ -272,12 +280,14 @@ def test_cache_kind_measurement_rejects_a_wrong_write(kind):
     config = {"threads": 64}
     good = tune_measure._kernel(spec, config, "cpu")
 
-    def wrong(**args):  # a real launch that writes its K pool into a copy: V is right, K untouched
-        good(**{**args, "k_cache": args["k_cache"].copy()})
+    class Wrong:  # the real kernel binding a copy of the K pool: V is written right, K untouched
+        config, resources, spec = good.config, good.resources, good.spec
+
+        def bind(self, **args):
+            return good.bind(**{**args, "k_cache": args["k_cache"].copy()})
 
     key = next(k for k, v in tune_measure._KERNELS.items() if v is good)
-    wrong.config, wrong.resources, wrong.spec = good.config, good.resources, spec
-    tune_measure._KERNELS[key] = wrong
+    tune_measure._KERNELS[key] = Wrong()
     try:
         result = run_task(make_task(spec, config, (2, 40), "cpu", 0.001, seed=5))
     finally:

@@ -43,6 +43,7 @@ from kgen.formats.cache import (
 )
 from kgen.formats.dtypes import dtype
 from kgen.plan import Plan
+from kgen.runtime.placement import device_index
 
 MERGE_THREADS = 128
 PARTITION_TOKENS = scalar("partition_tokens", "int32", "keys per partition, chosen by the call's plan (split only)")
@@ -373,7 +374,7 @@ class AttentionBinder(CallBinder):
                 shape: tuple) -> ArrayArg:
         if given is not None or plan is None:
             return self.buffer(like, given, name, shape)
-        key = (name, like.device if like.device == "cpu" else str(getattr(like.obj, "device", like.device)))
+        key = (name, like.device, device_index(like.obj))  # one per device the plan is used on
         if key not in plan.workspace:
             plan.workspace[key] = self.buffer(like, None, name, shape)
         return plan.workspace[key]

@@ -1,0 +1,232 @@
+"""kgen's CUDA host paths (kgen/runtime/cuda.py, placement.py; the kernel call, the tuner's timing,
+verification's memory and faults, generated modules) against the strict model of the driver and
+CuPy (tests/strict_cuda/, the `strict_cuda` fixture): the defects a GPU would show, each refused or
+fixed here, with the kernels' bodies run on the CPU backend so their outputs are checked too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import reference_check, tiny_decode
+
+import kgen
+from kgen.arrays import args_to_backend, to_numpy
+from kgen.build import build
+from kgen.cache import ArtifactCache
+from kgen.compile.nvrtc import compile_cubin
+from kgen.errors import ArgumentError, KernelRuntimeError
+from kgen.families.attention.decode_cases import make_decode_case
+from kgen.runtime.base import Launch
+from kgen.runtime.cuda import CudaModule, loaded_cubin
+from kgen.verify.runner import verify as run_verify
+
+ROOT = Path(__file__).resolve().parents[2]
+AXPY = r"""
+extern "C" __global__ void axpy(float* y, const float* x, float a, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += a * x[i];
+}
+"""
+
+
+def _decode_call(spec, lens, seed=0):
+    host = make_decode_case(spec, list(lens), np.random.default_rng(seed))
+    return host, args_to_backend(host, "cuda")
+
+
+def _axpy_module() -> CudaModule:
+    art = compile_cubin(AXPY, "sm_90")
+    return CudaModule(loaded_cubin(ArtifactCache(), art.cubin, AXPY), ["axpy"])
+
+
+def test_static_plus_dynamic_shared_memory_past_48k_opts_in(strict_cuda):
+    """llama3_8b_decode with 256 threads and no split: 49,152 bytes of static shared memory plus
+    dynamic: past 48 KiB only together, where the driver already needs the opt-in."""
+    spec = kgen.load_spec(ROOT / "specs" / "llama3_8b_decode.yaml")
+    kern = build(spec, backend="cuda", verify=False, config={"threads": 256, "partition_size": 0})
+    host, dev = _decode_call(spec, [17, 40])
+    out = kern(**dev)
+    (launch,) = strict_cuda.launches
+    fn = kern.module._functions[launch.kernel]
+    assert fn.shared_size_bytes <= 48 * 1024 < fn.shared_size_bytes + launch.smem, (fn.shared_size_bytes, launch.smem)
+    assert fn.max_dynamic_shared_size_bytes >= launch.smem
+    result = reference_check(spec, host, to_numpy(out))
+    assert result.passed, result
+
+
+def test_an_empty_batch_returns_at_once_without_a_launch(strict_cuda):
+    spec = tiny_decode()
+    kern = build(spec, backend="cuda", verify=False)
+    host, _ = _decode_call(spec, [5])
+    empty = {k: (v[:0] if k in ("q", "block_tables", "seq_lens", "out") else v) for k, v in host.items()}
+    out = kern(**args_to_backend(empty, "cuda"))
+    assert out.shape[0] == 0
+    assert strict_cuda.launches == []
+
+
+def test_a_grid_past_the_driver_limit_is_refused_naming_the_axis(strict_cuda):
+    mod = _axpy_module()
+    y = kgen_cupy().zeros(4, np.float32)
+    with pytest.raises(KernelRuntimeError, match="70000 blocks on axis y; a GPU takes at most 65535"):
+        mod.launch(Launch("axpy", (1, 70000, 1), (4, 1, 1), 0, [y, y, np.float32(1), np.int32(4)]))
+    assert strict_cuda.launches == []
+
+
+def test_a_foreign_device_array_is_passed_as_its_address(strict_cuda):
+    """CuPy's packing refuses objects it does not know (a torch CUDA tensor: `Unsupported type`);
+    kgen passes any __cuda_array_interface__ array as its address."""
+    cp = kgen_cupy()
+    y, x = cp.zeros(64, np.float32), cp.asarray(np.arange(64, dtype=np.float32))
+
+    class Foreign:  # what a torch CUDA tensor offers kgen's launcher
+        __cuda_array_interface__ = y.__cuda_array_interface__
+
+    _axpy_module().launch(Launch("axpy", (1, 1, 1), (64, 1, 1), 0, [Foreign(), x, np.float32(2), np.int32(64)]))
+    np.testing.assert_array_equal(y.get(), 2 * np.arange(64, dtype=np.float32))
+
+
+def test_a_direct_call_runs_on_the_callers_stream(strict_cuda):
+    cp = kgen_cupy()
+    spec = tiny_decode()
+    kern = build(spec, backend="cuda", verify=False)
+    host, dev = _decode_call(spec, [3, 33])
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        out = kern(**dev)
+    assert strict_cuda.launches and {ln.stream for ln in strict_cuda.launches} == {stream.ptr}
+    stream.synchronize()  # the output was written on `stream`: read it after it is done
+    assert reference_check(spec, host, to_numpy(out)).passed
+
+
+def test_reading_a_result_without_waiting_for_its_stream_is_a_race(strict_cuda):
+    """The model's stream rule, seen through kgen: the output read on the legacy stream before the
+    non-blocking stream that wrote it was waited for."""
+    cp = kgen_cupy()
+    spec = tiny_decode()
+    kern = build(spec, backend="cuda", verify=False)
+    _, dev = _decode_call(spec, [9])
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        out = kern(**dev)
+    out.get()
+    assert any("written on stream" in v for v in strict_cuda.violations), strict_cuda.violations
+    strict_cuda.violations.clear()
+    stream.synchronize()  # before the arrays it used are freed
+
+
+def test_a_planned_call_allocates_nothing_and_never_waits_after_its_first(strict_cuda):
+    """What CUDA-graph capture needs of kern(..., plan=plan): no allocation, no copy, no sync."""
+    spec = tiny_decode()
+    kern = build(spec, backend="cuda", verify=False, config={"threads": 64, "partition_size": 16})
+    host, dev = _decode_call(spec, [40, 3, 70])
+    plan = kern.plan(host["seq_lens"], num_sms=2, partition_tokens=16)
+    kern(**dev, plan=plan)  # the first call allocates the plan's split-KV scratch
+    before = len(strict_cuda.log)
+    out = kern(**dev, plan=plan)
+    after = strict_cuda.log[before:]
+    assert after and all(kind == "launch" for kind, *_ in after), after
+    assert len(after) == len(plan.launches) >= 2  # split: the partitions and their merge
+    assert reference_check(spec, host, to_numpy(out)).passed
+
+
+def test_arrays_on_two_devices_are_refused_naming_both(monkeypatch):
+    from strict_cuda import install, uninstall
+
+    driver = install(monkeypatch, device_count=2)
+    try:
+        cp = kgen_cupy()
+        spec = tiny_decode()
+        kern = build(spec, backend="cuda", verify=False)
+        host, dev = _decode_call(spec, [4])
+        with cp.cuda.Device(1):
+            dev["q"] = cp.asarray(host["q"])
+        with pytest.raises(ArgumentError, match="q is on cuda:1 but"):
+            kern(**dev)
+        with cp.cuda.Device(1):
+            on_one = args_to_backend(host, "cuda")
+        with pytest.raises(ArgumentError, match="on cuda:1, but this kernel was loaded on cuda:0"):
+            kern(**on_one)
+        assert driver.launches == [] and not driver.violations
+    finally:
+        uninstall()
+
+
+def test_verification_releases_its_device_memory(strict_cuda):
+    spec = tiny_decode()
+    kern = build(spec, backend="cuda", verify=False)
+    report = run_verify(kern, cases=["len_B+1", "mixed_batch"])
+    assert report.passed, report.summary()
+    assert strict_cuda.peak_bytes > 0
+    assert strict_cuda.pool_cached_bytes == 0, "the cases' arrays stay cached in CuPy's pool"
+
+
+class _WildAddress(CudaModule):
+    """Launches its kernels with one pointer argument moved outside any allocation: on a GPU, the
+    illegal address a kernel that computes a wild pointer faults on."""
+
+    def __init__(self, inner: CudaModule):
+        self.__dict__.update(inner.__dict__)
+
+    def launch(self, launch: Launch) -> None:
+        args = [np.uint64(0xDEAD0000) if i == 0 else a for i, a in enumerate(launch.args)]
+        super().launch(Launch(launch.kernel, launch.grid, launch.block, launch.smem, args))
+
+
+def test_a_fault_during_verification_is_the_cases_verdict(strict_cuda):
+    """The error surfaces at the next CUDA call (the copy back) and the context is lost: the report
+    names the kernel and the case instead of raising CuPy's error out of build()."""
+    spec = tiny_decode()
+    kern = build(spec, backend="cuda", verify=False)
+    kern.module = _WildAddress(kern.module)
+    report = run_verify(kern, cases=["len_1", "len_B"])
+    assert not report.passed and len(report.cases) == 1
+    note = report.cases[0].note
+    assert "case 'len_1'" in note and spec.name in note and "CUDA context is lost" in note, note
+    assert any("illegal address" in v for v in strict_cuda.violations)
+    strict_cuda.violations.clear()
+
+
+def test_the_tuner_times_the_launches_and_nothing_else(strict_cuda):
+    from kgen.tune.measure import make_task, run_task
+
+    spec = tiny_decode()
+    # a split config: its call without a plan allocates the split-KV scratch (must not be timed)
+    result = run_task(make_task(spec, {"threads": 64, "partition_size": 16}, (2, 40), "cuda", 0.0, seed=3))
+    assert result["status"] == "ok", result
+    log = strict_cuda.log
+    events = [i for i, entry in enumerate(log) if entry[0] == "event"]
+    assert len(events) >= 2 * (result["reps"]), events
+    for start, stop in zip(events[::2], events[1::2], strict=True):
+        between = log[start + 1:stop]
+        assert between and all(kind == "launch" for kind, *_ in between), between
+
+
+def test_a_rebuilt_generated_module_loads_its_new_cubin(strict_cuda, tmp_path):
+    from kgen.errors import KgenError
+    from kgen.generated import load_generated, write_generated
+
+    spec = tiny_decode()
+    for threads in (64, 128):
+        kern = build(spec, backend="cuda", verify=False, archs=["sm_90"], config={"threads": threads})
+        write_generated(kern, tmp_path)
+        loaded = load_generated(tmp_path / spec.name).load(backend="cuda")
+        assert loaded.config["threads"] == threads
+        host, dev = _decode_call(spec, [20])
+        out = loaded(**dev)
+        assert strict_cuda.launches[-1].block[0] == threads
+        assert reference_check(spec, host, to_numpy(out)).passed
+    cubin = tmp_path / spec.name / "kernel.sm_90.cubin"
+    data = bytearray(cubin.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    cubin.write_bytes(bytes(data))
+    with pytest.raises(KgenError, match="cubin does not match its manifest"):
+        load_generated(tmp_path / spec.name).load(backend="cuda")
+
+
+def kgen_cupy():
+    """The `cupy` kgen imports: the model, under the strict_cuda fixture."""
+    import cupy
+
+    return cupy
