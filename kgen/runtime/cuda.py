@@ -28,6 +28,7 @@ from kgen.plan.arch import limits_for
 from kgen.runtime.base import DeviceAddress, Launch
 from kgen.runtime.cpu import _dims
 from kgen.runtime.isolated import Child, Limits
+from kgen.settings import child_environment
 
 
 def cupy_module():
@@ -275,7 +276,7 @@ class IsolatedCudaModule:
         # absolute path, this process's import path (CuPy installed with --user or on PYTHONPATH) and
         # LD_LIBRARY_PATH (where libcuda may be found).
         paths = [p for p in sys.path if p and os.path.isabs(p)]
-        env = {k: os.environ[k] for k in ("LD_LIBRARY_PATH",) if k in os.environ}
+        env = {k: v for k, v in child_environment().items() if k == "LD_LIBRARY_PATH"}
         self._child = Child(CUDA_CHILD, [str(Path(cubin_path).resolve()), ",".join(self.kernel_names), bus_id,
                                          os.pathsep.join(paths)],
                             python_flags=("-I", "-B"), startup_s=self.limits.startup_s, env=env,

@@ -100,6 +100,50 @@ def test_a_direct_call_runs_on_the_callers_stream(strict_cuda):
     assert reference_check(spec, host, to_numpy(out)).passed
 
 
+class _TorchCudaTensor:
+    """A stand-in for a torch CUDA tensor (torch's CUDA runtime cannot exist on this machine) over a
+    model array: what kgen reads of one (its type's module, device, dtype, shape, strides, address)."""
+
+    __module__ = "torch"
+    _DTYPES = {"float16": "float16", "float32": "float32", "int32": "int32"}
+
+    def __init__(self, array):
+        import torch
+
+        self._array = array
+        self.device = torch.device("cuda", array.device.id)
+        self.dtype = getattr(torch, self._DTYPES[array.dtype.name])
+        self.shape = torch.Size(array.shape)
+        self.__cuda_array_interface__ = array.__cuda_array_interface__
+
+    def stride(self):
+        return tuple(s // self._array.itemsize for s in self._array.strides)
+
+    def data_ptr(self) -> int:
+        return self._array.data.ptr
+
+    def detach(self):
+        return self
+
+
+def test_a_call_with_torch_tensors_runs_on_torchs_current_stream(strict_cuda, monkeypatch):
+    """One seam for direct calls, the torch ops and the vLLM plugin: torch's current stream of the
+    tensors' device (CuPy's own current stream would race torch's work and escape graph capture)."""
+    import types
+
+    import torch
+
+    spec = tiny_decode()
+    kern = build(spec, backend="cuda", verify=False)
+    host, dev = _decode_call(spec, [5, 40])
+    torch_stream = strict_cuda.new_stream(non_blocking=True)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(cuda_stream=torch_stream))
+    kern(**{name: _TorchCudaTensor(a) for name, a in dev.items()})
+    assert [ln.stream for ln in strict_cuda.launches] == [torch_stream]
+    strict_cuda.synchronize_stream(torch_stream, "the test waits for torch's stream")
+    assert reference_check(spec, host, to_numpy(dev["out"])).passed
+
+
 def test_reading_a_result_without_waiting_for_its_stream_is_a_race(strict_cuda):
     """The model's stream rule, seen through kgen: the output read on the legacy stream before the
     non-blocking stream that wrote it was waited for."""
@@ -230,3 +274,12 @@ def kgen_cupy():
     import cupy
 
     return cupy
+
+
+@pytest.mark.parametrize("name", ["copy_blocks_fp16", "cache_write_fp8_e4m3"])
+def test_the_cache_kernels_build_and_verify_on_cuda(strict_cuda, name):
+    """copy_blocks reaches its pools through a device table of addresses (which the model cannot
+    check, docs/testing.md); cache_write writes the pool in place: both verified through CuPy."""
+    kern = build(kgen.load_spec(ROOT / "specs" / f"{name}.yaml"), backend="cuda")
+    assert kern.report.passed, kern.report.summary()
+    assert strict_cuda.launches and strict_cuda.pool_cached_bytes == 0
