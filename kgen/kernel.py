@@ -77,12 +77,15 @@ class Kernel:
         return BoundCall(self.module, [ln for ln in launches if has_blocks(ln)], result, arguments, device)
 
     def plan(self, seq_lens: Any, num_sms: int | None = None, partition_tokens: int | None = None,
-             **lengths: Any) -> Plan:
+             workspace: dict | None = None, **lengths: Any) -> Plan:
         """The launches for a batch with these lengths (host-side: device lengths are copied once).
         num_sms: the GPU to fill (None: this GPU's, 132 without one). partition_tokens: force
         the split-KV partition size (a multiple of the config's partition_size), e.g. to test
         partition boundaries. `lengths`: the call's other length arguments by their ABI names, for
-        kinds whose calls have them (paged_prefill: q_indptr; the others refuse them)."""
+        kinds whose calls have them (paged_prefill: q_indptr; the others refuse them). `workspace`:
+        a dict shared by plans of this kernel (one per step, say) so that their split-KV scratch
+        is allocated once, grown to the largest, not per plan; their calls must then run in one
+        stream's order."""
         lens = _host_ints("seq_lens", seq_lens)
         if lens.ndim != 1 or not np.issubdtype(lens.dtype, np.integer) or (lens.size and lens.min() < 0):
             raise ArgumentError(f"seq_lens: expected a 1-d array of lengths >= 0, got {lens!r:.80}")
@@ -94,7 +97,10 @@ class Kernel:
         given = {"seq_lens": lens, **{n: _host_ints(n, v) for n, v in lengths.items() if v is not None}}
         sizes, kernels = self._family.schedule(self.spec, self.config, given, target, partition_tokens)
         launches = [PlannedLaunch(k.name, k.grid_for(sizes), (k.block, 1, 1), k.smem) for k in kernels]
-        return Plan(self.name, int(lens.size), dict(sizes), launches, num_sms, resident, target)
+        plan = Plan(self.name, int(lens.size), dict(sizes), launches, num_sms, resident, target)
+        if workspace is not None:
+            plan.workspace = workspace
+        return plan
 
     def resident_blocks(self, num_sms: int) -> int:
         """Blocks of the main (first) kernel a GPU with `num_sms` SMs holds at once: the occupancy of

@@ -48,7 +48,8 @@ class Plan:
     num_sms: int  # the SM count it filled
     resident_blocks: int  # blocks of the main kernel that GPU holds at once (kgen/plan/occupancy.py)
     target_blocks: int  # blocks with work the split aimed for (target_blocks)
-    # Scratch arrays of the plan's calls, by (name, device): made at the first call.
+    # Scratch arrays of the plan's calls, flat, by (name, device, index): made at the first call,
+    # grown when a call needs more (kern.plan(..., workspace=) shares one dict between plans).
     workspace: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __str__(self) -> str:

@@ -55,6 +55,24 @@ def gpu_available() -> bool:
     return _gpu_problem() is None
 
 
+def gpu_diagnosis() -> str:
+    """Why no GPU is usable here, with the versions that decide it: CuPy's words, CuPy's version,
+    the CUDA runtime it carries and the driver's CUDA version (0: no driver)."""
+    problem = _gpu_problem() or "a GPU is visible"
+    try:
+        cupy = cupy_module()
+    except ToolchainError as e:
+        return f"CuPy cannot be imported ({e})"
+    facts = [f"CuPy reports: {problem}", f"CuPy {cupy.__version__}"]
+    for what, call in (("its CUDA runtime", "runtimeGetVersion"), ("the driver supports CUDA", "driverGetVersion")):
+        try:
+            version = int(getattr(cupy.cuda.runtime, call)())
+            facts.append(f"{what} {version // 1000}.{version % 1000 // 10}" if version else f"{what}: none (no driver)")
+        except Exception as e:  # a runtime that cannot load at all
+            facts.append(f"{what}: unknown ({e})")
+    return "; ".join(facts)
+
+
 def require_gpu() -> None:
     """Refuse the CUDA backend, with CuPy's reason and the way out, where no GPU is usable."""
     problem = _gpu_problem()

@@ -19,6 +19,7 @@ from typing import ClassVar
 
 import torch
 from vllm.config import get_current_vllm_config, get_layers_from_vllm_config
+from vllm.forward_context import get_forward_context, is_forward_context_available
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionCGSupport,
@@ -29,15 +30,33 @@ from vllm.v1.attention.backend import (
 from vllm.v1.kv_cache_interface import KVCacheLayout
 
 from kgen.errors import KgenError
-from kgen.model_specs import LayerAttention, kgen_dtype, kv_cache_dtype, layer_specs
+from kgen.model_specs import LayerAttention, kgen_dtype, layer_specs
+from kgen.model_specs import kv_cache_dtype as kgen_kv_dtype
 from kgen.settings import KGEN_VLLM_BACKEND, KGEN_VLLM_MIXED
-from kgen.vllm.kernels import LayerKernels, count_launch, kernels_for
+from kgen.vllm.kernels import LayerKernels, count_launch, kernels_for, serving_backend
 from kgen.vllm.metadata import KgenAttentionMetadata, translate
 
 log = logging.getLogger("vllm.kgen")  # under vLLM's logger: its handler and level apply
 
 BLOCK_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]  # kgen: a power of two up to 256
 HEAD_SIZES = list(range(32, 513, 8))  # kgen: a multiple of 8 in 32..512
+MIN_COMPUTE_CAPABILITY = (8, 0)  # kgen builds for sm_80 and newer (docs/abi.md)
+_VALIDATE_PARAMETERS = list(inspect.signature(AttentionBackend.validate_configuration).parameters)
+_ACCEPTED = {  # vLLM's reason -> (the setting it names, its validate_configuration parameter, what kgen accepts)
+    "head_size not supported": ("head_size", "head_size", "a multiple of 8 in 32..512"),
+    "dtype not supported": ("dtype", "dtype", "torch.float16, torch.bfloat16 or torch.float32"),
+    "kv_cache_dtype not supported": ("kv_cache_dtype", "kv_cache_dtype",
+                                     "auto, float16, bfloat16, fp8, fp8_e4m3 or fp8_e5m2"),
+    "block_size not supported": ("block_size", "block_size", "a power of two up to 256"),
+    "compute capability not supported": ("the GPU's compute capability", "device_capability",
+                                         "8.0 or newer (Ampere, Ada, Hopper, Blackwell)"),
+    "KV connector not supported": (
+        "kv_transfer_config", None, "none: kgen's pages hold each block's K rows then its V rows per KV head, not "
+        "vLLM's [K | V] per token, so a KV connector or a disaggregated peer on another backend would misread them"),
+    "non-causal attention not supported": ("attention_config.use_non_causal", None, "causal attention only"),
+    "device-cpu query lens mismatch not supported, this is needed for adaptive verification": (
+        "speculative_config.enable_adaptive_verification", None, "off: kgen plans each batch from the host's lengths"),
+}
 
 
 def registered_name() -> str:
@@ -75,6 +94,46 @@ class KgenAttentionBackend(AttentionBackend):
     def supports_sink(cls) -> bool:  # gpt-oss's learned per-head sinks (docs/abi.md)
         return True
 
+    @classmethod
+    def supports_compute_capability(cls, capability) -> bool:
+        return capability is None or capability.major >= MIN_COMPUTE_CAPABILITY[0]
+
+    @classmethod
+    def supports_kv_connector(cls) -> bool:
+        # A page holds each (block, KV head)'s K rows, then its V rows; vLLM's GPU backends store
+        # [K | V] per token, so a connector or a non-kgen peer would read one layout as the other.
+        return False
+
+    @classmethod
+    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
+        return False  # the plans are made from the host's lengths (no device-to-host copy per step)
+
+    @classmethod
+    def supports_combination(cls, head_size, dtype, kv_cache_dtype, block_size, use_mla, has_sink, use_sparse,
+                             use_mm_prefix, device_capability) -> str | None:
+        """What kgen's spec rules refuse for this head size, dtype, cache and block size (the head
+        counts are the layer's, checked when vLLM constructs it)."""
+        vllm_refuses = not (cls.supports_head_size(head_size) and cls.supports_dtype(dtype)
+                            and cls.supports_kv_cache_dtype(kv_cache_dtype))
+        if use_mla or use_sparse or vllm_refuses:
+            return None  # refused by name by validate_configuration itself
+        try:
+            layer = LayerAttention(1, 1, head_size, 1.0, kgen_dtype(dtype),
+                                   kgen_kv_dtype(str(kv_cache_dtype or "auto"), kgen_dtype(dtype)),
+                                   int(block_size or 16), sinks=has_sink)
+            layer_specs(layer, prefix="vllm")
+        except KgenError as e:
+            return f"kgen: {e}"
+        return None
+
+    @classmethod
+    def validate_configuration(cls, *args, **kwargs) -> list[str]:
+        """vLLM's reasons, each with the setting and what kgen accepts, so that vLLM can name them
+        when it falls back to another backend (it asks before any layer is constructed)."""
+        reasons = super().validate_configuration(*args, **kwargs)
+        given = dict(zip(_VALIDATE_PARAMETERS, args, strict=False)) | kwargs
+        return [_explained(r, given) for r in reasons]
+
     @staticmethod
     def get_impl_cls() -> type[KgenAttentionImpl]:
         return KgenAttentionImpl
@@ -92,6 +151,11 @@ class KgenMetadataBuilder(AttentionMetadataBuilder[KgenAttentionMetadata]):
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self._init_reorder_batch_threshold(1)
+        head_size_v = getattr(kv_cache_spec, "head_size_v", None)
+        if head_size_v is not None and head_size_v != kv_cache_spec.head_size:
+            raise ValueError(f"kgen cannot serve attention layers {', '.join(layer_names)}: head_size_v "
+                             f"{head_size_v} differs from head_size {kv_cache_spec.head_size} (kgen's vLLM pages "
+                             "hold K and V of one width; accepted: head_size_v == head_size)")
         # Build (or load) and verify every layer's kernels now, at start-up, with the block size the
         # KV cache really has, so that a layer kgen cannot serve stops start-up naming the layer.
         self.kernel_sets: dict[str, LayerKernels] = {}
@@ -107,15 +171,35 @@ class KgenMetadataBuilder(AttentionMetadataBuilder[KgenAttentionMetadata]):
         mode = KGEN_VLLM_MIXED.value()
         backends = {k.decode.backend for k in self.kernel_sets.values()}
         self.split_decodes = mode == "split" or (mode == "auto" and backends != {"cpu"})
+        # Kept across steps, so a steady-state step allocates nothing: the int32 slot mapping the
+        # kernels take (vLLM's is int64) and each kernel's split-KV scratch, shared by its plans.
+        tokens = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_batched_tokens", None) or 0
+        self._slots = torch.empty(int(tokens), dtype=torch.int32, device=device)
+        self._workspaces: dict[tuple[str, str], dict] = {}
 
     def build(self, common_prefix_len: int, common_attn_metadata, fast_build: bool = False):
-        meta = translate(common_attn_metadata, split=self.split_decodes)
+        meta = translate(common_attn_metadata, split=self.split_decodes,
+                         slot_mapping=self._int32_slots(common_attn_metadata))
         for name, kernels in self.kernel_sets.items():
             meta.plans[name] = (
-                kernels.decode.plan(meta.decode.seq_lens) if meta.decode else None,
-                kernels.prefill.plan(meta.prefill.seq_lens, q_indptr=meta.prefill.q_indptr_cpu)
+                kernels.decode.plan(meta.decode.seq_lens_cpu, workspace=self._workspace(name, "decode"))
+                if meta.decode else None,
+                kernels.prefill.plan(meta.prefill.seq_lens_cpu, q_indptr=meta.prefill.q_indptr_cpu,
+                                     workspace=self._workspace(name, "prefill"))
                 if meta.prefill else None)
         return meta
+
+    def _workspace(self, name: str, kind: str) -> dict:
+        return self._workspaces.setdefault((name, kind), {})
+
+    def _int32_slots(self, common) -> torch.Tensor:
+        """vLLM's slot mapping narrowed into the persistent int32 buffer (a copy kernel, no allocation
+        after the first step); the kernels would otherwise narrow it per layer."""
+        n = int(common.num_actual_tokens)
+        if self._slots.shape[0] < n:
+            self._slots = torch.empty(n, dtype=torch.int32, device=common.slot_mapping.device)
+        self._slots[:n].copy_(common.slot_mapping[:n])
+        return self._slots[:n]
 
 
 class KgenAttentionImpl(AttentionImpl):
@@ -132,6 +216,7 @@ class KgenAttentionImpl(AttentionImpl):
         self.alibi_slopes = (torch.tensor(alibi_slopes, dtype=torch.float32) if alibi_slopes is not None
                              else None)
         self.sinks = sinks  # the layer's parameter [num_heads]: its weights are loaded after this
+        self._on_device: dict[tuple[str, torch.device], torch.Tensor] = {}  # fp32 slopes and sinks as kernels read them
         if sinks is not None and tuple(sinks.shape) != (num_heads,):
             raise ValueError(f"attention sinks of shape {list(sinks.shape)}: expected one per query head "
                              f"[{num_heads}]")
@@ -157,7 +242,7 @@ class KgenAttentionImpl(AttentionImpl):
     def _layer(self, block_size: int, soft_cap: float | None) -> LayerAttention:
         dtype = kgen_dtype(self.model_dtype)
         return LayerAttention(self.num_heads, self.num_kv_heads, self.head_size, self.scale, dtype,
-                              kv_cache_dtype(self.kv_cache_dtype, dtype), int(block_size),
+                              kgen_kv_dtype(self.kv_cache_dtype, dtype), int(block_size),
                               sliding_window=self.sliding_window or None, logits_soft_cap=soft_cap or None,
                               alibi=self.alibi_slopes is not None, sinks=self.sinks is not None)
 
@@ -166,7 +251,7 @@ class KgenAttentionImpl(AttentionImpl):
         self.layer_name = layer_name
         self.layer = self._layer(block_size, self.layer.logits_soft_cap)
         try:
-            self.kernels = kernels_for(self.layer)
+            self.kernels = kernels_for(self.layer, backend=serving_backend())
         except KgenError as e:
             raise ValueError(f"kgen cannot serve attention layer {layer_name}: {e}") from None
         log.info("kgen: layer %s served by %s (cache_write, decode, prefill)", layer_name, self.kernels.name)
@@ -175,10 +260,23 @@ class KgenAttentionImpl(AttentionImpl):
     def _pools(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return page_pools(kv_cache, self.head_size)
 
-    def _scales(self, layer) -> dict[str, float]:
+    def _scales(self, layer) -> dict[str, torch.Tensor]:
+        """vLLM's per-tensor scales: the layer's own fp32 tensors (a float would be a new device
+        array at every call)."""
         if not self.layer.kv_dtype.startswith("fp8"):
             return {}
-        return {"k_scale": float(layer._k_scale_float), "v_scale": float(layer._v_scale_float)}
+        return {"k_scale": layer._k_scale, "v_scale": layer._v_scale}
+
+    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+        self._on_device.clear()  # the sinks' weights are (re)loaded: read them again at the next call
+
+    def _persistent(self, what: str, device: torch.device) -> torch.Tensor:
+        """The ALiBi slopes or the sinks as fp32 on `device`, made once (not copied at every call)."""
+        held = self._on_device.get((what, device))
+        if held is None:
+            source = self.alibi_slopes if what == "alibi_slopes" else self.sinks.detach()
+            held = self._on_device[(what, device)] = source.to(device=device, dtype=torch.float32).contiguous()
+        return held
 
     def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:
@@ -187,7 +285,7 @@ class KgenAttentionImpl(AttentionImpl):
             return
         k_pool, v_pool = self._pools(kv_cache)
         self.kernels.cache_write(key=key[:n], value=value[:n], k_cache=k_pool, v_cache=v_pool,
-                                 slot_mapping=slot_mapping, **self._scales(layer))
+                                 slot_mapping=_int32_slots(self.layer_name, slot_mapping), **self._scales(layer))
         count_launch(self.layer_name, "cache_write")
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
@@ -200,9 +298,9 @@ class KgenAttentionImpl(AttentionImpl):
         k_pool, v_pool = self._pools(kv_cache)
         common = {"k_cache": k_pool, "v_cache": v_pool, **self._scales(layer)}
         if self.alibi_slopes is not None:
-            common["alibi_slopes"] = self.alibi_slopes.to(query.device)
-        if self.sinks is not None:  # read at each call: the model's bf16 weights as the ABI's fp32
-            common["sinks"] = self.sinks.detach().to(device=query.device, dtype=torch.float32).contiguous()
+            common["alibi_slopes"] = self._persistent("alibi_slopes", query.device)
+        if self.sinks is not None:  # the model's bf16 weights as the ABI's fp32, converted once
+            common["sinks"] = self._persistent("sinks", query.device)
         decode_plan, prefill_plan = attn_metadata.plans.get(self.kernels.name, (None, None))
         if (rows := attn_metadata.decode) is not None:
             self.kernels.decode(q=query[rows.row_start:rows.row_end], out=output[rows.row_start:rows.row_end],
@@ -214,6 +312,33 @@ class KgenAttentionImpl(AttentionImpl):
                                  plan=prefill_plan, **common)
             count_launch(self.layer_name, "prefill")
         return output
+
+
+def _int32_slots(layer_name: str, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """The builder's int32 copy of this step's slot mapping when vLLM's forward context has it
+    (one narrowing per step, not per layer), else vLLM's own (the kernel narrows it)."""
+    if not is_forward_context_available():  # a direct call
+        return slot_mapping
+    metadata = get_forward_context().attn_metadata
+    if isinstance(metadata, list):  # speculative decoding: the base model's first
+        metadata = metadata[0] if metadata else None
+    meta = metadata.get(layer_name) if isinstance(metadata, dict) else None
+    n = int(slot_mapping.shape[0])
+    if isinstance(meta, KgenAttentionMetadata) and meta.slot_mapping.shape[0] == n:
+        return meta.slot_mapping
+    return slot_mapping
+
+
+def _explained(reason: str, given: dict) -> str:
+    """vLLM's short reason with the setting, the value given and what kgen's backend accepts."""
+    if reason not in _ACCEPTED:
+        return reason
+    setting, parameter, accepted = _ACCEPTED[reason]
+    value = given.get(parameter) if parameter else None
+    if hasattr(value, "as_version_str"):  # vLLM's DeviceCapability
+        value = value.as_version_str()
+    shown = f" = {value}" if value is not None else ""
+    return f"{reason} by kgen: {setting}{shown}; accepted: {accepted}"
 
 
 def page_pools(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:

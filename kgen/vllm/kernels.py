@@ -23,8 +23,13 @@ from kgen.audit import auditable
 from kgen.build import build, select_backend
 from kgen.errors import KgenUserError
 from kgen.model_specs import KINDS, LayerAttention, layer_specs
-from kgen.runtime.cuda import device_arch
-from kgen.settings import KGEN_VLLM_AUDIT_RATE, KGEN_VLLM_SOURCE_DIR, KGEN_VLLM_SPEC_DIR
+from kgen.runtime.cuda import device_arch, gpu_available, gpu_diagnosis
+from kgen.settings import (
+    KGEN_BACKEND,
+    KGEN_VLLM_AUDIT_RATE,
+    KGEN_VLLM_SOURCE_DIR,
+    KGEN_VLLM_SPEC_DIR,
+)
 from kgen.spec.models import load_spec
 from kgen.verify.untrusted.handwritten import load_source
 
@@ -108,6 +113,26 @@ def _archs(backend: str) -> list[str] | None:
     if backend == "cuda":
         return [device_arch()]
     return ["sm_90"]
+
+
+def serving_backend(platform=None) -> str:
+    """kgen's backend for the platform vLLM runs on (vLLM's `current_platform` when None): CUDA on
+    a CUDA platform, the CPU backend on vLLM's CPU build. A CUDA vLLM where kgen cannot use the GPU
+    stops with the reason: the CPU backend would be handed device pointers."""
+    if platform is None:
+        from vllm.platforms import current_platform as platform
+    if platform.is_cpu():
+        return "cpu"
+    if not platform.is_cuda():
+        raise KgenUserError(f"kgen's vLLM backend serves CUDA and CPU platforms, not {platform.device_name}")
+    forced = KGEN_BACKEND.value()
+    if forced == "cpu":
+        raise KgenUserError("KGEN_BACKEND=cpu, but vLLM runs on CUDA: kgen's CPU backend cannot read the GPU's "
+                            "KV cache (unset KGEN_BACKEND, or set it to cuda or auto)")
+    if not gpu_available():
+        raise KgenUserError(f"vLLM runs on CUDA, but kgen cannot use the GPU ({gpu_diagnosis()}); kgen needs "
+                            "CuPy for CUDA 13 (cupy-cuda13x) and a driver that supports CUDA 13")
+    return "cuda"
 
 
 def kernels_for(layer: LayerAttention, backend: str = "auto") -> LayerKernels:

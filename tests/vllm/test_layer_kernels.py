@@ -134,3 +134,34 @@ def test_a_handwritten_source_in_the_source_dir_serves_verified(tmp_path, monkey
     assert kernels.decode.spec.name == spec.name and kernels.decode.report.passed
     assert kernels.decode.artifacts["origin"] == str(tmp_path / f"{spec.name}.cu")
     assert kernels.prefill.spec.name.startswith("vllm_")  # no source for it: kgen's kernel
+
+
+def platform(kind: str):
+    """What serving_backend reads of vLLM's platform object."""
+    import types
+
+    return types.SimpleNamespace(is_cpu=lambda: kind == "cpu", is_cuda=lambda: kind == "cuda", device_name=kind)
+
+
+def test_vllms_cpu_build_is_served_by_the_cpu_backend():
+    from kgen.vllm.kernels import serving_backend
+
+    assert serving_backend(platform("cpu")) == "cpu"
+    with pytest.raises(KgenUserError, match="serves CUDA and CPU platforms, not tpu"):
+        serving_backend(platform("tpu"))
+
+
+def test_a_cuda_vllm_where_kgen_sees_no_gpu_stops_saying_why(monkeypatch):
+    """Never the silent fallback to the CPU backend (it would be handed device pointers): CuPy's
+    reason and the versions that decide it (here: a CUDA 13 runtime, no driver)."""
+    from kgen.runtime.cuda import gpu_available
+    from kgen.vllm.kernels import serving_backend
+
+    if gpu_available():
+        pytest.skip("a GPU is visible: serving_backend chooses it")
+    with pytest.raises(KgenUserError, match=r"vLLM runs on CUDA, but kgen cannot use the GPU \(CuPy reports: .+; "
+                                            r"CuPy \d+\.\d+.*; its CUDA runtime \d+\.\d+; the driver supports CUDA"):
+        serving_backend(platform("cuda"))
+    monkeypatch.setenv("KGEN_BACKEND", "cpu")
+    with pytest.raises(KgenUserError, match="KGEN_BACKEND=cpu, but vLLM runs on CUDA"):
+        serving_backend(platform("cuda"))

@@ -58,3 +58,30 @@ def test_tensors_are_views_of_vllms_not_copies():
     meta = translate(c)
     assert meta.decode.seq_lens.data_ptr() == c.seq_lens.data_ptr()
     assert meta.prefill.block_tables.data_ptr() == c.block_table_tensor[1:].data_ptr()
+
+
+def test_plans_take_the_hosts_lengths_never_the_devices():
+    """seq_lens_cpu_upper_bound when vLLM gives it, else max_seq_len for every row: a kgen plan
+    needs only an upper bound, and the device's lengths would cost a sync per step."""
+    c = common([1, 1, 4], [9, 40, 12])
+    c.seq_lens_cpu_upper_bound = torch.tensor([10, 41, 12], dtype=torch.int32)
+    meta = translate(c)
+    assert meta.decode.seq_lens_cpu.tolist() == [10, 41] and meta.prefill.seq_lens_cpu.tolist() == [12]
+    c.seq_lens_cpu_upper_bound = None
+    assert translate(c).decode.seq_lens_cpu.tolist() == [40, 40]
+
+
+def test_the_device_tensors_are_never_read():
+    c = common([1, 2], [7, 3])
+    for name in ("query_start_loc", "seq_lens", "block_table_tensor", "slot_mapping"):
+        setattr(c, name, getattr(c, name).to("meta"))  # any host read raises
+    meta = translate(c)
+    assert meta.prefill.q_indptr.device.type == "meta" and meta.prefill.q_indptr_cpu.tolist() == [0, 2]
+
+
+@pytest.mark.parametrize("causal", [False, torch.tensor([True, False])], ids=["false", "per-request"])
+def test_a_non_causal_batch_is_refused_not_computed_causal(causal):
+    c = common([1, 3], [7, 3])
+    c.causal = causal
+    with pytest.raises(ValueError, match="serves causal attention only"):
+        translate(c)

@@ -47,22 +47,52 @@ def test_a_name_vllm_does_not_have_is_refused(clean_registry, monkeypatch):
         kgen.vllm.register()
 
 
-def test_validate_configuration_refuses_what_kgen_cannot_build():
+def reasons(**over):
+    """KgenAttentionBackend.validate_configuration as vLLM's selector calls it (keywords)."""
+    from vllm.platforms.interface import DeviceCapability
     from vllm.v1.attention.backend import AttentionType
 
     from kgen.vllm.backend import KgenAttentionBackend
 
-    def reasons(**over):
-        args = dict(head_size=128, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=16, use_mla=False,
-                    has_sink=False, use_sparse=False, use_mm_prefix=False, use_per_head_quant_scales=False,
-                    device_capability=None, attn_type=AttentionType.DECODER, has_sliding_window=True)
-        return KgenAttentionBackend.validate_configuration(**(args | over))
+    args = dict(head_size=128, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=16, use_mla=False,
+                has_sink=False, use_sparse=False, use_mm_prefix=False, use_per_head_quant_scales=False,
+                device_capability=DeviceCapability(9, 0), attn_type=AttentionType.DECODER, has_sliding_window=True)
+    return KgenAttentionBackend.validate_configuration(**(args | over))
+
+
+def test_validate_configuration_refuses_what_kgen_cannot_build():
+    from vllm.v1.attention.backend import AttentionType
 
     assert reasons() == []
     assert reasons(kv_cache_dtype="fp8_e5m2") == []
-    assert "head_size not supported" in reasons(head_size=20)
-    assert "dtype not supported" in reasons(dtype=torch.float64)
-    assert "kv_cache_dtype not supported" in reasons(kv_cache_dtype="fp8_inc")
+    assert reasons(device_capability=None) == []  # vLLM's tests ask without a device
+    assert reasons(head_size=20) == ["head_size not supported by kgen: head_size = 20; accepted: a multiple of 8 "
+                                     "in 32..512"]
+    assert reasons(dtype=torch.float64) == ["dtype not supported by kgen: dtype = torch.float64; accepted: "
+                                            "torch.float16, torch.bfloat16 or torch.float32"]
+    (why,) = reasons(kv_cache_dtype="fp8_inc")
+    assert why.startswith("kv_cache_dtype not supported by kgen: kv_cache_dtype = fp8_inc; accepted: auto")
     assert "MLA not supported" in reasons(use_mla=True)
     assert reasons(has_sink=True) == []  # gpt-oss's sinks: kgen's kernels take them (docs/abi.md)
     assert any("encoder" in r.lower() for r in reasons(attn_type=AttentionType.ENCODER))
+
+
+def test_what_only_a_gpu_run_would_meet_is_refused_where_vllm_asks_so_it_can_fall_back():
+    """vLLM's CUDA platform asks validate_configuration for each candidate backend before any layer
+    exists and takes the next one when the list is not empty: each reason names the setting, the
+    value and what kgen accepts."""
+    from vllm.platforms.interface import DeviceCapability
+
+    assert reasons(device_capability=DeviceCapability(8, 0)) == []
+    assert reasons(device_capability=DeviceCapability(7, 5)) == [
+        "compute capability not supported by kgen: the GPU's compute capability = 7.5; accepted: 8.0 or newer "
+        "(Ampere, Ada, Hopper, Blackwell)"]
+    (why,) = reasons(use_kv_connector=True)  # the page layout differs from vLLM's GPU backends'
+    assert why.startswith("KV connector not supported by kgen: kv_transfer_config; accepted: none: kgen's pages "
+                          "hold each block's K rows then its V rows")
+    (why,) = reasons(use_non_causal=True)
+    assert "attention_config.use_non_causal" in why and "causal attention only" in why
+    (why,) = reasons(use_adaptive_verification=True)  # plans come from the host's lengths
+    assert "speculative_config.enable_adaptive_verification" in why
+    (why,) = reasons(block_size=512)  # kgen's own spec rule, through supports_combination
+    assert why.startswith("kgen: ") and "kv_cache.block_size: must be a power of two in 1..256 (got 512" in why

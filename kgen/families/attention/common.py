@@ -374,10 +374,14 @@ class AttentionBinder(CallBinder):
                 shape: tuple) -> ArrayArg:
         if given is not None or plan is None:
             return self.buffer(like, given, name, shape)
-        key = (name, like.device, device_index(like.obj))  # one per device the plan is used on
-        if key not in plan.workspace:
-            plan.workspace[key] = self.buffer(like, None, name, shape)
-        return plan.workspace[key]
+        # One flat array per name and device, grown to the largest call: plans that share a workspace
+        # (kern.plan(..., workspace=)) reuse it, so a steady state allocates nothing.
+        key = (name, like.device, device_index(like.obj))
+        size = math.prod(shape)
+        held = plan.workspace.get(key)
+        if held is None or held.shape[0] < size:
+            held = plan.workspace[key] = empty_like_library(like, (size,), "fp32")
+        return as_array_arg(name, held[:size].reshape(shape))
 
     def buffer(self, like: ArrayArg, given: ArrayArg | None, name: str, shape: tuple) -> ArrayArg:
         """A packed fp32 output or scratch array: the one given (checked), else a new one."""

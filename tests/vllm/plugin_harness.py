@@ -1,0 +1,102 @@
+"""kgen's vLLM builder and impl driven the way vLLM's model runner drives them, without starting
+vLLM: a VllmConfig, one Attention-like layer per name registered where vLLM's
+get_layers_from_vllm_config finds it, vLLM's own CommonAttentionMetadata and forward context."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.forward_context import set_forward_context
+from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+from kgen.vllm.backend import KgenAttentionImpl, KgenMetadataBuilder
+
+HQ, H, D, B = 4, 2, 32, 16
+
+
+class Layer(torch.nn.Module):
+    """What the impl reads of vLLM's Attention layer: its impl and per-tensor fp8 scales."""
+
+    def __init__(self, impl: KgenAttentionImpl, device: torch.device):
+        super().__init__()
+        self.impl = impl
+        self._k_scale = torch.tensor(1.0, dtype=torch.float32, device=device)
+        self._v_scale = torch.tensor(1.0, dtype=torch.float32, device=device)
+        self._k_scale_float = self._v_scale_float = 1.0
+
+
+class Plugin:
+    """`layers` kgen layers of one KV-cache group, their builder and their pages on `device`."""
+
+    def __init__(self, device: str = "cpu", layers: int = 2, num_blocks: int = 16, alibi: bool = False,
+                 sinks: bool = False, max_tokens: int = 256, kv_cache_dtype: str = "auto"):
+        self.device = torch.device(device)
+        self.config = VllmConfig()
+        self.config.scheduler_config.max_num_batched_tokens = max_tokens
+        self.names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
+        slopes = [2.0 ** (-(i + 1)) for i in range(HQ)] if alibi else None
+        self.layers = {}
+        with set_current_vllm_config(self.config):
+            for name in self.names:
+                sink = torch.nn.Parameter(torch.linspace(-1, 1, HQ, device=self.device), requires_grad=False)
+                impl = KgenAttentionImpl(HQ, D, D ** -0.5, H, slopes, None, kv_cache_dtype,
+                                         sinks=sink if sinks else None)
+                self.layers[name] = self.config.compilation_config.static_forward_context[name] = Layer(impl,
+                                                                                                        self.device)
+        spec = FullAttentionSpec(block_size=B, num_kv_heads=H, head_size=D, dtype=torch.float32)
+        self.builder = KgenMetadataBuilder(spec, self.names, self.config, self.device)
+        stored = torch.uint8 if kv_cache_dtype.startswith("fp8") else torch.float32  # vLLM's fp8 pages: bytes
+        self.pages = {n: torch.zeros(num_blocks, H, B, 2 * D, dtype=stored, device=self.device) for n in self.names}
+
+    def step(self, common: CommonAttentionMetadata, q, k, v, outs: dict | None = None) -> dict[str, torch.Tensor]:
+        """One model step as vLLM runs it: build the metadata once, then per layer the KV-cache
+        update and the attention, inside the forward context. The outputs by layer (`outs`: vLLM's
+        output tensors, made before the step; new ones when None)."""
+        meta = self.builder.build(0, common)
+        outs = {n: torch.empty_like(q) for n in self.names} if outs is None else outs
+        with set_forward_context({n: meta for n in self.names}, self.config):
+            for name, layer in self.layers.items():
+                n = common.num_actual_tokens
+                layer.impl.do_kv_cache_update(layer, k, v, self.pages[name], common.slot_mapping[:n])
+                layer.impl.forward(layer, q, k, v, self.pages[name], meta, outs[name])
+        return outs
+
+
+def common_metadata(query_lens, seq_lens, tables, slots, device="cpu", upper_bounds=None):
+    """vLLM's batch metadata: the device-side tensors on `device`, the host-side ones on the CPU."""
+    qsl = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl.to(device), query_start_loc_cpu=qsl, seq_lens=lens.to(device), num_reqs=len(query_lens),
+        num_actual_tokens=int(qsl[-1]), max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+        block_table_tensor=torch.tensor(tables, dtype=torch.int32).to(device),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64).to(device),
+        seq_lens_cpu_upper_bound=torch.tensor(upper_bounds if upper_bounds is not None else seq_lens,
+                                              dtype=torch.int32))
+
+
+class DeviceTraffic(TorchDispatchMode):
+    """Counts what torch ops do on `device`: new allocations (an output whose storage no input has)
+    and copies onto it from another device."""
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.device = device
+        self.allocations: list[str] = []
+        self.copies_in: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        held = {t.untyped_storage()._cdata for t in inputs}
+        for t in torch.utils._pytree.tree_leaves(out):
+            if not isinstance(t, torch.Tensor) or t.device != self.device:
+                continue
+            if t.untyped_storage()._cdata not in held:
+                self.allocations.append(str(func))
+            if any(i.device != self.device for i in inputs):
+                self.copies_in.append(str(func))
+        return out

