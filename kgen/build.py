@@ -80,10 +80,12 @@ def load_module(backend: str, rendered: Rendered, cubins: dict[str, Any] | None 
 
 def build(spec, backend: str = "auto", verify: bool = True, config: Config | None = None,
           archs: list[str] | None = None, sanitize: bool = False, seed: int | None = None,
-          cache: ArtifactCache | None = None, race_check: bool = False, debug: bool | None = None) -> Kernel:
+          cache: ArtifactCache | None = None, race_check: bool = False, debug: bool | None = None,
+          device_budget: int | None = None) -> Kernel:
     """Render, compile (cubins for every target arch + the runnable backend), and verify
     (`race_check`: on the CPU backend, with shared-memory race detection). `debug`: the kernel's
-    value checks (Kernel.debug). With torch imported, the kernel becomes torch.ops.kgen.<name>
+    value checks (Kernel.debug). `device_budget`: verification's largest cases run on the host
+    (kgen.verify.runner.verify). With torch imported, the kernel becomes torch.ops.kgen.<name>
     unless it failed verification (docs/interop.md)."""
     chosen = select_backend(backend)  # a bad backend or KGEN_BACKEND is refused before any work
     rendered = render(spec, config)
@@ -96,7 +98,12 @@ def build(spec, backend: str = "auto", verify: bool = True, config: Config | Non
     kernel.debug = debug
     kernel.notes = list(rendered.notes)  # e.g. which prefill body was built, or why not the Hopper one
     if verify:
-        kernel.report = run_verify(kernel, seed=seed)
+        def host_twin() -> Kernel:  # where verification runs the cases past device_budget
+            twin = build(spec, backend="cpu", verify=False, config=rendered.config, cache=cache)
+            twin.debug = debug
+            return twin
+
+        kernel.report = run_verify(kernel, seed=seed, device_budget=device_budget, host_twin=host_twin)
     if kernel.report is None or kernel.report.passed:
         register_if_imported(kernel)
     return kernel

@@ -101,6 +101,10 @@ class Family(Protocol):
     def run_case(self, kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
         """Make the case's inputs, call `kernel`, judge its outputs against the reference."""
 
+    def case_device_bytes(self, spec, case: Case) -> int:
+        """The device memory one case's arrays take when they are larger than usual (verification
+        with a device budget runs such a case on the host instead); 0 for an ordinary case."""
+
     def bench(self, spec, config: Config, bucket: Bucket, rng: np.random.Generator) -> Bench:
         """Inputs for timing one (batch, context) bucket, and the check of what the kernel wrote."""
 
@@ -124,6 +128,9 @@ class FamilyBase:
 
     def kernel_names(self, spec, config: Config) -> list[str]:
         return [k.name for k in self.kernels(spec, config)]
+
+    def case_device_bytes(self, spec, case: Case) -> int:
+        return 0
 
     def call_arguments(self, spec, config: Config) -> list[CallArg]:
         return table_call_arguments(self, spec, config)

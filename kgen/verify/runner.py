@@ -5,6 +5,8 @@ gathers the report."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -16,22 +18,36 @@ from kgen.verify.isolation import failed_run
 from kgen.verify.judge.report import VerificationReport
 
 
-def verify(kernel, seed: int | None = None, cases: list[str] | None = None) -> VerificationReport:
+def verify(kernel, seed: int | None = None, cases: list[str] | None = None, device_budget: int | None = None,
+           host_twin: Callable[[], Any] | None = None) -> VerificationReport:
     """Run the case matrix on `kernel` with fresh random inputs (the seed is recorded); `cases`
-    keeps only the cases of those names."""
+    keeps only the cases of those names. `device_budget` (bytes, CUDA only): a case whose arrays
+    take more device memory than that runs on `host_twin()` instead (the CPU backend's build of the
+    same source and config; made at most once), and its verdict says so (serving-time
+    verification: kgen/vllm)."""
     spec = kernel.spec
     family = family_for(spec)
     seed = int(seed if seed is not None else fresh_seed())
     rng = np.random.default_rng(seed)
     report = VerificationReport(spec.name, kernel.backend, seed, dict(kernel.config))
     start = time.perf_counter()
+    twin = None
     try:
         for case in family.cases(spec, kernel.config, rng):
             if cases is not None and case.name not in cases:
                 continue
             t0 = time.perf_counter()
+            runs_on, moved = kernel, None
+            need = family.case_device_bytes(spec, case)
+            if device_budget is not None and kernel.backend == "cuda" and need > device_budget:
+                if host_twin is None:
+                    raise ValueError("verify: a device_budget needs host_twin, the kernel's CPU-backend build")
+                twin = twin or host_twin()
+                runs_on = twin
+                moved = (f"run on the host (the CPU backend's build of the same source): its arrays take "
+                         f"{need / 2**30:.1f} GiB, over the device budget of {device_budget / 2**20:.0f} MiB")
             try:
-                results = family.run_case(kernel, case, rng)
+                results = family.run_case(runs_on, case, rng)
             except KernelRuntimeError as e:  # a crash, abort or hang of an isolated kernel: this case's verdict
                 report.cases.append(failed_run(case.name, case.sizes, e))
                 break
@@ -46,9 +62,12 @@ def verify(kernel, seed: int | None = None, cases: list[str] | None = None) -> V
                 break
             for r in results:
                 r.seconds = time.perf_counter() - t0
+                if moved:
+                    r.note = moved + (f"; {r.note}" if r.note else "")
             report.cases.extend(results)
     finally:
         if kernel.backend == "cuda":
             release_device_memory()  # the cases' pools (up to ~17 GiB for huge_pool) leave CuPy's cache
     report.seconds = time.perf_counter() - start
     return report
+

@@ -34,6 +34,9 @@ from kgen.spec.models import load_spec
 from kgen.verify.untrusted.handwritten import load_source
 
 log = logging.getLogger("vllm.kgen")  # under vLLM's logger: its handler and level apply
+# Device memory a verification case may take at start-up, between vLLM's memory profiling and its
+# KV-cache allocation: the huge-pool cases (8-17 GiB) run on the host instead (docs/vllm.md).
+SERVING_VERIFY_BUDGET = 256 * 2**20
 _LOCK = threading.Lock()
 _BUILT: dict[str, object] = {}  # spec name -> verified Kernel
 _LAUNCHES: Counter[tuple[str, str]] = Counter()  # (layer name, kind) -> launches
@@ -97,7 +100,7 @@ def _build(spec, backend: str):
                 log.info("kgen: %s from the hand-written %s (verifying)", spec.name, source)
                 kern = load_source(served, source, backend=backend, archs=_archs(backend))  # VerificationError
             else:
-                kern = build(spec, backend=backend, archs=_archs(backend))
+                kern = build(spec, backend=backend, archs=_archs(backend), device_budget=SERVING_VERIFY_BUDGET)
                 if not kern.report.passed:
                     raise KgenUserError(f"kgen: {spec.name} failed verification, so it will not serve: "
                                         f"{kern.report.summary()}")

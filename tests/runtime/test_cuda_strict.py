@@ -144,6 +144,32 @@ def test_a_call_with_torch_tensors_runs_on_torchs_current_stream(strict_cuda, mo
     assert reference_check(spec, host, to_numpy(dev["out"])).passed
 
 
+def test_a_torch_op_runs_on_torchs_current_stream(strict_cuda, monkeypatch):
+    """torch.ops.kgen.<name>'s body (what torch's dispatcher calls with CUDA tensors) through the same
+    seam: the launch on torch's current stream, the result right."""
+    import types
+
+    import torch
+
+    from kgen import torch_ops
+    from kgen.families.base import resolve_config
+    from kgen.families.binding import call_arguments
+    from kgen.families.registry import family_for
+
+    spec = tiny_decode(name="tiny_decode_torch_op")
+    kern = build(spec, backend="cuda", verify=False)
+    torch_ops.register(kern)
+    family = family_for(spec)
+    (default, *_) = torch_ops.overloads(call_arguments(family, spec, resolve_config(family, spec, kern.config)))
+    host, dev = _decode_call(spec, [12, 33])
+    torch_stream = strict_cuda.new_stream(non_blocking=True)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(cuda_stream=torch_stream))
+    torch_ops._real(spec.name, default)(**{name: _TorchCudaTensor(a) for name, a in dev.items()})
+    assert [ln.stream for ln in strict_cuda.launches] == [torch_stream]
+    strict_cuda.synchronize_stream(torch_stream, "the test waits for torch's stream")
+    assert reference_check(spec, host, to_numpy(dev["out"])).passed
+
+
 def test_reading_a_result_without_waiting_for_its_stream_is_a_race(strict_cuda):
     """The model's stream rule, seen through kgen: the output read on the legacy stream before the
     non-blocking stream that wrote it was waited for."""

@@ -184,3 +184,25 @@ def test_check_output_refuses_nan_and_errors_above_the_bound():
     off[0, 1, 5] += 10 * np.max(np.abs(lowp - ref))
     r = check_output("off", [1, 2], off, ref, lowp, "fp16")
     assert not r.passed and (r.first_failure["sequence"], r.first_failure["dim"]) == (0, 5)
+
+
+def test_a_device_budget_runs_the_cases_past_it_on_the_host(strict_cuda):
+    """Serving-time verification (kgen/vllm) between vLLM's memory profiling and its KV-cache
+    allocation: huge_pool's 8.6 GB of pools for this fp16 spec would be allocated on the GPU; with a
+    256 MiB budget it runs on the CPU backend's build of the same source, its verdict says so, every
+    other case runs on the device, and what the run asks of the device stays far under the budget."""
+    from conftest import tiny_decode
+
+    from kgen.build import build
+    from kgen.families.attention.adversarial_cases import huge_pool_bytes
+
+    spec = tiny_decode()
+    assert huge_pool_bytes(spec) > 8 * 2**30
+    budget = 256 * 2**20
+    kern = build(spec, backend="cuda", device_budget=budget)
+    assert kern.report.passed, kern.report.summary()
+    moved = [r.name for r in kern.report.cases if "run on the host" in (r.note or "")]
+    assert moved == ["huge_pool"], moved
+    assert "over the device budget of 256 MiB" in next(r.note for r in kern.report.cases if r.name == "huge_pool")
+    sizes = [size for kind, _, size in (e for e in strict_cuda.log if e[0] == "malloc")]
+    assert sizes and strict_cuda.peak_bytes < budget // 8, (max(sizes), strict_cuda.peak_bytes)

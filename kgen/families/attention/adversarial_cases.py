@@ -189,6 +189,17 @@ def _block_stride(spec) -> int:
     return max(int(np.prod(s[1:])) for s in cache_shapes(spec, 1).values())
 
 
+def huge_pool_bytes(spec) -> int:
+    """The device bytes of a `huge` pool case's cache arrays (and scale pools): each holds blocks past
+    2^32 elements, and every byte below them is allocated on the device too (build_pool_case)."""
+    N = WRAP // _block_stride(spec) + 2
+    f = CacheFormat.of(spec)
+    total = sum(int(np.prod(shape)) for shape in cache_shapes(spec, N).values()) * dtype(spec.kv_cache.dtype).numpy.itemsize
+    if f.quantized and f.scale_pools:  # fp32 per-token scales, or nvfp4's e4m3 block scales
+        total += 2 * int(np.prod(scale_shape(spec, N))) * (1 if f.block_scaled else 4)
+    return total
+
+
 def build_pool_case(spec, seq_lens: list[int], rng: np.random.Generator, profile: str = "normal",
                     huge: bool = False, spare: float = 0.25) -> PoolCase:
     """A decode call's inputs for `seq_lens` with values from `profile`: shuffled tables over a

@@ -169,6 +169,10 @@ class AttentionFamily(FamilyBase):
     def run_case(self, kernel, case, rng: np.random.Generator):
         return self.cases_module.run_case(kernel, case, rng)
 
+    def case_device_bytes(self, spec, case) -> int:
+        measure = getattr(self.cases_module, "case_device_bytes", None)
+        return measure(spec, case) if measure is not None else 0
+
     def bench(self, spec, config: Config, bucket, rng: np.random.Generator):
         return self.cases_module.bench(spec, bucket, rng)
 

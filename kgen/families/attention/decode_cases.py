@@ -27,6 +27,7 @@ from kgen.families.attention.adversarial_cases import (
     ADVERSARIAL,
     adversarial_cases,
     build_pool_case,
+    huge_pool_bytes,
     poison,
 )
 from kgen.families.attention.reference import Reference, attention_reference
@@ -315,6 +316,12 @@ def _outputs(spec, case: Case, args: dict, plan, rng: np.random.Generator) -> li
         buffers += [buffer("part_o", (S, Hq, parts, D), np.float32),
                     buffer("part_ml", (S, Hq, parts, 2), np.float32, stale_mean=2.0)]
     return buffers
+
+
+def case_device_bytes(spec, case: Case) -> int:
+    """huge_pool's pools are allocated whole on the device (docs/verification.md); the other
+    cases take megabytes."""
+    return huge_pool_bytes(spec) if case.params.get("huge") else 0
 
 
 def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
