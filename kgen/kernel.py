@@ -41,6 +41,9 @@ class Kernel:
         self.report = report
         self.artifacts = artifacts or {}
         self.debug: bool | None = None
+        # A hand-written source (kgen.load_source): held to the ABI of DESIGN.md, not to what only
+        # kgen's own kernels promise beyond it (verification cases with "kgen_only").
+        self.handwritten = False
         self._family = family_for(spec)
         self._default_target: int | None = None
 

@@ -17,6 +17,7 @@ import inspect
 import logging
 from typing import ClassVar
 
+import numpy as np
 import torch
 from vllm.config import get_current_vllm_config, get_layers_from_vllm_config
 from vllm.forward_context import get_forward_context, is_forward_context_available
@@ -144,9 +145,10 @@ class KgenAttentionBackend(AttentionBackend):
 
 
 class KgenMetadataBuilder(AttentionMetadataBuilder[KgenAttentionMetadata]):
-    # kgen's plans are capture-safe (docs/abi.md, Plans), but this backend has not been run under
-    # vLLM's CUDA graphs: it declares none rather than a support nobody has tested.
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    # Full CUDA graphs of batches of one-token decode rows (padded with rows of seq_len 0): a
+    # planned kgen call allocates nothing and never waits (docs/abi.md, Plans), and the capture's
+    # plan covers any length the block table can address (build_for_cudagraph_capture).
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -176,6 +178,7 @@ class KgenMetadataBuilder(AttentionMetadataBuilder[KgenAttentionMetadata]):
         tokens = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_batched_tokens", None) or 0
         self._slots = torch.empty(int(tokens), dtype=torch.int32, device=device)
         self._workspaces: dict[tuple[str, str], dict] = {}
+        self._graph_plans: dict[tuple[str, int], object] = {}  # (kernel set, rows) -> the capture's plan
 
     def build(self, common_prefix_len: int, common_attn_metadata, fast_build: bool = False):
         meta = translate(common_attn_metadata, split=self.split_decodes,
@@ -187,6 +190,28 @@ class KgenMetadataBuilder(AttentionMetadataBuilder[KgenAttentionMetadata]):
                 kernels.prefill.plan(meta.prefill.seq_lens_cpu, q_indptr=meta.prefill.q_indptr_cpu,
                                      workspace=self._workspace(name, "prefill"))
                 if meta.prefill else None)
+        return meta
+
+    def build_for_cudagraph_capture(self, common_attn_metadata):
+        """The metadata a full CUDA graph of a one-token decode batch is captured with. The graph
+        keeps the launches' grids and every pointer, and replays them with other lengths (vLLM
+        rewrites its persistent seq_lens and block tables in place, padded rows get seq_len 0): so
+        the plan is made for the longest sequence the block table can address, once per batch size,
+        with its own split-KV scratch, and kept as long as the builder (the graphs') lives."""
+        common = common_attn_metadata
+        meta = translate(common, split=True, slot_mapping=self._int32_slots(common))
+        if meta.prefill is not None:
+            raise ValueError("kgen's backend captures CUDA graphs of one-token decode batches only "
+                             f"(UNIFORM_SINGLE_TOKEN_DECODE); this batch has query lengths up to {common.max_query_len}")
+        if meta.decode is None:
+            return meta
+        rows = meta.decode.num_seqs
+        longest = int(common.block_table_tensor.shape[1]) * int(self.kv_cache_spec.block_size)
+        for name, kernels in self.kernel_sets.items():
+            plan = self._graph_plans.get((name, rows))
+            if plan is None:
+                plan = self._graph_plans[(name, rows)] = kernels.decode.plan(np.full(rows, longest, dtype=np.int32))
+            meta.plans[name] = (plan, None)
         return meta
 
     def _workspace(self, name: str, kind: str) -> dict:

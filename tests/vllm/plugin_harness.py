@@ -54,7 +54,10 @@ class Plugin:
         """One model step as vLLM runs it: build the metadata once, then per layer the KV-cache
         update and the attention, inside the forward context. The outputs by layer (`outs`: vLLM's
         output tensors, made before the step; new ones when None)."""
-        meta = self.builder.build(0, common)
+        return self.forward(self.builder.build(0, common), common, q, k, v, outs)
+
+    def forward(self, meta, common: CommonAttentionMetadata, q, k, v, outs: dict | None = None) -> dict:
+        """The layers' part of a step, with metadata already built."""
         outs = {n: torch.empty_like(q) for n in self.names} if outs is None else outs
         with set_forward_context({n: meta for n in self.names}, self.config):
             for name, layer in self.layers.items():

@@ -138,3 +138,67 @@ def test_steps_on_the_cpu_backend_match_float64_with_upper_bound_plans():
         for i, n in enumerate(common.seq_lens.tolist()):
             expected = reference(q[i], plugin.pages[name], tables[i], n)
             assert (out[i].double() - expected).abs().max() < 1e-5, (step, i)
+
+
+def test_a_captured_decode_graph_serves_other_lengths_and_padded_rows():
+    """Full CUDA graphs, replayed eagerly on the CPU backend: vLLM captures with dummy lengths (1 per
+    row), then at each replay rewrites its persistent seq_lens, block tables and slot mapping in place
+    (padded rows: seq_len 0, slot -1), runs build() (which narrows the slots into the same int32
+    buffer) and replays the captured launches: the capture's plan, for any length the table holds."""
+    plugin = Plugin(layers=1)
+    name, builder = plugin.names[0], plugin.builder
+    assert type(builder).get_cudagraph_support(plugin.config, None).name == "UNIFORM_SINGLE_TOKEN_DECODE"
+    tables = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    prompt = {0: 19, 2: 32}
+    slots = [tables[r][j // B] * B + j % B for r, n in prompt.items() for j in range(n)]
+    plugin.step(common_metadata(list(prompt.values()), list(prompt.values()), [tables[r] for r in prompt], slots),
+                *qkv(sum(prompt.values()), "cpu", seed=1))
+
+    capture = common_metadata([1] * 4, [1] * 4, tables, [t[0] * B for t in tables])
+    graph = builder.build_for_cudagraph_capture(capture)
+    (plan, none), = graph.plans.values()
+    assert none is None and plan.num_seqs == 4
+    assert builder.build_for_cudagraph_capture(capture).plans == graph.plans  # one plan per captured size
+    longest = len(tables[0]) * B
+    assert plan.sizes == plugin.layers[name].impl.kernels.decode.plan([longest] * 4).sizes
+
+    lens = [20, 0, 33, 0]  # the replay: rows 1 and 3 are padding
+    capture.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+    capture.slot_mapping.copy_(torch.tensor([tables[0][1] * B + 3, -1, tables[2][2] * B, -1]))
+    builder.build(0, capture)  # vLLM's eager build before the replay: the slots into the same buffer
+    q, k, v = qkv(4, "cpu", seed=7)
+    out = plugin.forward(graph, capture, q, k, v)[name]
+    for i in (0, 2):
+        assert (out[i].double() - reference(q[i], plugin.pages[name], tables[i], lens[i])).abs().max() < 1e-5
+    assert torch.all(out[[1, 3]] == 0)
+
+
+def test_vllms_own_runner_code_reads_the_backend_as_declared(monkeypatch):
+    """vLLM's pure-Python model-runner code on the plugin: its AttentionGroup makes the builder, the
+    CUDA-graph mode resolution finds UNIFORM_SINGLE_TOKEN_DECODE, adaptive verification names kgen
+    as needing exact host lengths, and the KV-cache layout resolves to kgen's (an explicit
+    VLLM_KV_CACHE_LAYOUT that kgen cannot read is refused by vLLM, naming the valid one)."""
+    from vllm.v1.attention.backend import AttentionCGSupport
+    from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+    from vllm.v1.worker.gpu.attn_utils import (
+        get_attn_cg_support,
+        get_query_lens_mismatch_unsupported_backend,
+    )
+    from vllm.v1.worker.utils import AttentionGroup
+
+    from kgen.vllm.backend import KgenAttentionBackend, KgenMetadataBuilder
+
+    plugin = Plugin(layers=2)
+    group = AttentionGroup(KgenAttentionBackend, plugin.names, plugin.builder.kv_cache_spec, 0)
+    group.create_metadata_builders(plugin.config, torch.device("cpu"))
+    assert isinstance(group.get_metadata_builder(0), KgenMetadataBuilder)
+    info = get_attn_cg_support([[group]], plugin.config)
+    assert info.min_cg_support == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    assert get_query_lens_mismatch_unsupported_backend([[group]]) == "KgenAttentionBackend"
+
+    names = [layout.name for layout in KgenAttentionBackend.supported_kv_cache_layouts()]
+    assert resolve_kv_cache_layout(plugin.config, [names]).name == "LBHNC"
+    plugin.config.cache_config.kv_cache_layout = None
+    monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", "NHD")
+    with pytest.raises(ValueError, match="VLLM_KV_CACHE_LAYOUT=NHD does not satisfy"):
+        resolve_kv_cache_layout(plugin.config, [names])

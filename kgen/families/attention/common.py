@@ -409,7 +409,8 @@ class AttentionBinder(CallBinder):
         """Host-side checks of the values the kernel trusts: every seq_len in min_len..capacity, each
         q_len <= its seq_len, the tail-masking promise, and the block-table entries the kernel
         reads (from the window of the first query row to ceil(seq_len / B); none for a sequence
-        without query rows). q_lens None: one query row per sequence."""
+        without query rows). q_lens None: one query row per sequence (none for a
+        padded row, seq_len 0, which min_len 0 allows)."""
         spec, B = self.spec, self.spec.kv_cache.block_size
         lens = host_values(sl).astype(np.int64)
         table = host_values(bt)
@@ -420,7 +421,7 @@ class AttentionBinder(CallBinder):
             i = int(bad[0])
             raise ArgumentError(f"seq_lens[{i}] = {int(lens[i])}: must be in {min_len}..{cap} "
                                 f"(max_blocks_per_seq {max_blocks} × block_size {B})")
-        q_lens = np.ones_like(lens) if q_lens is None else q_lens
+        q_lens = np.minimum(lens, 1) if q_lens is None else q_lens
         bad = np.nonzero(q_lens > lens)[0]
         if bad.size:
             s = int(bad[0])
@@ -463,3 +464,4 @@ class AttentionBinder(CallBinder):
             "q_s_head": q.strides[1], f"o_s_{rows.axis}": out.strides[0], "o_s_head": out.strides[1],
             **stride_values(st, scale_strides), **tensor_scale_values(self, self.tensor_scales), **extra,
         }
+

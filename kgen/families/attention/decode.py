@@ -147,7 +147,7 @@ class PagedDecodeFamily(AttentionFamily):
         out = b.out(q, S)
         lse = b.lse(q, S)
         if checked:
-            b.check_lengths(sl, bt, pool.num_blocks)
+            b.check_lengths(sl, bt, pool.num_blocks, min_len=0)  # 0: a padded row (CUDA graphs)
         if plan is None:  # lengths known on the host are planned for; a device array's by its table's width
             lens = host_values(sl) if sl.device == "cpu" else np.full(S, M * spec.kv_cache.block_size)
             sizes, kernels = self.schedule(spec, config, {"seq_lens": lens}, target_blocks or DEFAULT_TARGET_BLOCKS)

@@ -226,6 +226,14 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
     return args
 
 
+def padded_rows_lengths(spec) -> list[int]:
+    """A decode batch padded as CUDA graphs pad it: real sequences with rows of seq_len 0 between
+    and after them (docs/abi.md: a padded row reads nothing and writes zeros)."""
+    B = spec.kv_cache.block_size
+    a, b = (B + 1, 2 * B + max(1, B // 2)) if spec.tail_masking else (B, 2 * B)
+    return [a, 0, b, 0]
+
+
 # ---- the verification matrix ----------------------------------------------------------------
 def decode_case_matrix(spec, config: Config, rng: np.random.Generator) -> list[tuple[str, list[int], bool]]:
     """(name, seq_lens, share_prefix) for every case of the matrix: the classic cases, then the
@@ -254,6 +262,7 @@ def decode_case_matrix(spec, config: Config, rng: np.random.Generator) -> list[t
     cases.append(("shared_prefix", [a, b], True))
     pad = [2 * B + 1, max(1, B // 2)] if spec.tail_masking else [2 * B, B]
     cases.append(("padded_pool", pad, False))  # strided pools: padding between blocks, heads, K and V
+    cases.append(("padded_rows", padded_rows_lengths(spec), False))  # seq_len 0 rows: zeros, reading nothing
     cases += [(name, lens, False) for name, lens in adversarial_cases(spec, rng)]
     return cases
 
@@ -263,7 +272,8 @@ def matrix_cases(spec, config: Config, rng: np.random.Generator) -> list[Case]:
     (kgen/families/attention/serving.py), then the serving cases."""
     cases = []
     for name, lens, share in decode_case_matrix(spec, config, rng):
-        params = {"seq_lens": lens, "share_prefix": share, **ADVERSARIAL.get(name, {})}
+        params = {"seq_lens": lens, "share_prefix": share, **ADVERSARIAL.get(name, {}),
+                  **({"kgen_only": True} if name == "padded_rows" else {})}
         if "profile" not in params:
             params["serving"] = draw_serving(rng)
         cases.append(Case(name, params, list(lens)))

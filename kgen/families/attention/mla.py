@@ -246,7 +246,7 @@ class MlaDecodeFamily(MlaAttentionFamily):
         b.aligned(out, 1, out.strides[:2])
         lse = b.lse(q, S)
         if checked:
-            b.check_lengths(sl, bt, N)
+            b.check_lengths(sl, bt, N, min_len=0)  # 0: a padded row (CUDA graphs)
         if plan is None:
             lens = host_values(sl) if sl.device == "cpu" else np.full(S, M * spec.kv_cache.block_size)
             sizes, kernels = self.schedule(spec, config, {"seq_lens": lens}, target_blocks or DEFAULT_TARGET_BLOCKS)

@@ -16,6 +16,7 @@ from kgen.families.attention.decode_cases import (
     _strided,
     judge_outputs,
     make_decode_case,
+    padded_rows_lengths,
 )
 from kgen.families.attention.prefill_cases import (
     check,
@@ -51,12 +52,14 @@ def case_lengths(spec, config: Config, rng: np.random.Generator) -> list[tuple[s
     shared = [3 * B + max(1, B // 2), 2 * B + 1] if spec.tail_masking else [3 * B, 2 * B]
     cases.append(("shared_prefix", shared, True))
     cases.append(("padded_pool", [2 * B + 1, max(1, B // 2)] if spec.tail_masking else [2 * B, B], False))
+    cases.append(("padded_rows", padded_rows_lengths(spec), False))  # seq_len 0 rows: zeros, reading nothing
     return cases
 
 
 def matrix_cases(spec, config: Config, rng: np.random.Generator) -> list[Case]:
     return [Case(name, {"seq_lens": lens, "share_prefix": share, "serving": draw_serving(rng),
-                        "lse": name in ("mixed_batch", "len_B+1")}, list(lens))
+                        "lse": name in ("mixed_batch", "len_B+1"), **({"kgen_only": True} if name == "padded_rows" else {})},
+                 list(lens))
             for name, lens, share in case_lengths(spec, config, rng)]
 
 

@@ -110,9 +110,11 @@ def kernel_from_source(spec, source: str, backend: str = "auto", config: Config 
     check_source_contract(spec, config, cubins, origin)
     # The source is what both compilers compiled (preprocessed, includes restored): what a
     # generated/<name>/ package or an in-process build compiles again.
-    return Kernel(spec, prepared.text, config, module, names,
-                  resources={arch: resources_as_dict(a.resources) for arch, a in cubins.items()},
-                  artifacts={"cubins": cubins})
+    kernel = Kernel(spec, prepared.text, config, module, names,
+                    resources={arch: resources_as_dict(a.resources) for arch, a in cubins.items()},
+                    artifacts={"cubins": cubins})
+    kernel.handwritten = True
+    return kernel
 
 
 _SHOW_HEADER = re.compile(r"^// Family (\w+); config:", re.M)

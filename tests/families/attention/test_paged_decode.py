@@ -198,12 +198,14 @@ def test_block_table_entry_outside_the_pool(fp16_kernel):
     _refused(fp16_kernel, args, r"block_tables\[0, 1\] = -1")
 
 
-@pytest.mark.parametrize("length", [0, 1000])
+@pytest.mark.parametrize("length", [-1, 1000])
 def test_seq_len_outside_the_table_capacity(fp16_kernel, length):
+    """0 is a padded row (test_a_padded_row_reads_nothing_and_writes_zeros); below it or past the
+    table's capacity is refused."""
     args = _args(fp16_kernel)
     cap = args["block_tables"].shape[1] * 16
     args["seq_lens"][1] = length
-    _refused(fp16_kernel, args, rf"seq_lens\[1\] = {length}: must be in 1..{cap}")
+    _refused(fp16_kernel, args, rf"seq_lens\[1\] = {length}: must be in 0..{cap}")
 
 
 @pytest.mark.parametrize("bad,pattern", [
@@ -335,3 +337,44 @@ def test_auto_stages_take_the_deepest_pipeline_that_fits(threads, stages):
         deeper, why = decode_geometry(spec, resolve_config(PAGED_DECODE, spec, {"threads": threads,
                                                                                "stages": stages + 1}))
         assert deeper is None and "shared memory" in why[0]
+
+
+class _PaddedRowsWrong:
+    """A kernel that gets the real rows right and writes `value` into the padded ones."""
+
+    def __init__(self, kernel, value: float):
+        self.kernel, self.value = kernel, value
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+    def __call__(self, **arguments):
+        out = self.kernel(**arguments)
+        out[np.asarray(arguments["seq_lens"]) == 0] = self.value
+        return out
+
+
+def test_a_padded_row_reads_nothing_and_writes_zeros():
+    """CUDA graphs pad a decode batch with rows of seq_len 0 (vLLM's full graphs): the checked path
+    takes them, the kernel writes zeros there (lse -inf), and the verifier's padded_rows case fails a
+    kernel that writes anything else."""
+    from conftest import tiny_decode
+
+    from kgen.families.attention.decode_cases import padded_rows_lengths, run_case
+    from kgen.families.base import Case
+    from kgen.families.registry import family_for
+
+    spec = tiny_decode()
+    kern = kgen.build(spec, backend="cpu", verify=False)
+    lens = padded_rows_lengths(spec)
+    host = make_decode_case(spec, lens, np.random.default_rng(0))
+    out, lse = kern(**host, return_lse=True)
+    assert np.all(out[1] == 0) and np.all(out[3] == 0) and np.all(np.isneginf(lse[[1, 3]]))
+    assert reference_check(spec, host, out).passed
+    (case,) = [c for c in family_for(spec).cases(spec, kern.config, np.random.default_rng(1)) if c.name == "padded_rows"]
+    assert 0 in case.params["seq_lens"]
+    assert all(r.passed for r in run_case(kern, case, np.random.default_rng(2)))
+    for wrong in (np.nan, 1e-3):
+        results = run_case(_PaddedRowsWrong(kern, wrong), Case(case.name, case.params, case.sizes),
+                           np.random.default_rng(2))
+        assert not all(r.passed for r in results), wrong
