@@ -1,6 +1,13 @@
 """Serve one model with vLLM's own attention and with kgen's, and compare (docs/vllm.md).
 
     python -m kgen.vllm.compare MODEL_DIR [--dtype float32] [--kv-cache-dtype auto] [--json OUT]
+    python -m kgen.vllm.compare MODEL_DIR --gpu [--dry-run] [--json OUT]
+
+`--gpu` is the GPU comparison: FLASH_ATTN against kgen (replacing it) in bf16 with CUDA graphs on,
+`gpu_memory_utilization` 0.9, 48 prompts at once and `VLLM_GPU_SYNC_CHECK=error`; both sides'
+logprobs are also compared against an independent float64 reference (the model run by
+transformers in float64 on each side's own tokens), and both are timed. `--dry-run` runs the same
+steps on vLLM's CPU build (CPU_ATTN, eager, a 64 MiB KV cache): how it is tested without a GPU.
 
 Each side runs in a fresh process (`serve` below, through `python -m kgen.vllm.compare
 --serve ...`), so vLLM's registry, its cached backend choice and kgen's launch counts belong to
@@ -18,7 +25,7 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kgen.settings import child_environment
@@ -28,30 +35,58 @@ TOP_K = 5
 RESULT = "serve-result: "  # the line a serving child prints its JSON result on
 
 
-def default_prompts(vocab_size: int) -> list[list[int]]:
+@dataclass(frozen=True)
+class Profile:
+    """How both sides serve: the model's dtype and cache, the batch, CUDA graphs, memory."""
+
+    dtype: str = "float32"
+    kv_cache_dtype: str = "auto"
+    block_size: int = 32
+    max_tokens: int = 8
+    chunk: int = 64  # max_num_batched_tokens: the chunked-prefill budget
+    prompts: int = 6  # default_prompts(vocab, prompts)
+    max_num_seqs: int = 8
+    eager: bool = True  # False: vLLM's CUDA graphs
+    gpu_memory_utilization: float | None = None  # None: a 64 MiB KV cache (vLLM's CPU build)
+    attention_backend: str | None = None  # vLLM's attention_backend= (kgen registered in its place)
+
+
+# The GPU comparison (--gpu) and its run on vLLM's CPU build (--gpu --dry-run).
+GPU_PROFILE = Profile(dtype="bfloat16", block_size=16, max_tokens=32, chunk=2048, prompts=48, max_num_seqs=64,
+                      eager=False, gpu_memory_utilization=0.9, attention_backend="FLASH_ATTN")
+DRY_RUN_PROFILE = Profile(dtype="bfloat16", block_size=32, max_tokens=8, chunk=256, prompts=32, max_num_seqs=32)
+
+
+def default_prompts(vocab_size: int, count: int = 6) -> list[list[int]]:
     """Prompts that exercise what serving does: short and long (chunked) prompts, two that share a
-    72-token prefix (prefix cache hits), and lengths at and around block boundaries."""
+    72-token prefix (prefix cache hits), and lengths at and around block boundaries; past the first
+    six, more of lengths 5..200 (a serving batch)."""
     def tokens(seed: int, n: int) -> list[int]:
         return [(seed * 7919 + i * 104729) % (vocab_size - 10) + 5 for i in range(n)]
     shared = tokens(1, 72)
-    return [tokens(2, 7), tokens(3, 32), tokens(4, 33), shared + tokens(5, 40), shared + tokens(6, 9),
-            tokens(7, 150)]
+    prompts = [tokens(2, 7), tokens(3, 32), tokens(4, 33), shared + tokens(5, 40), shared + tokens(6, 9),
+               tokens(7, 150)]
+    prompts += [tokens(8 + i, 5 + (i * 37) % 196) for i in range(max(0, count - len(prompts)))]
+    return prompts[:count]
 
 
-def serve(model: str, backend: str, dtype: str, kv_cache_dtype: str, block_size: int, max_tokens: int,
-          chunk: int) -> dict:
+def serve(model: str, backend: str, profile: Profile) -> dict:
     """Generate greedily for default_prompts in this process; the attention is vLLM's own
     (backend "vllm") or kgen's ("kgen": KGEN_VLLM_BACKEND must name the backend kgen replaces)."""
     t0 = time.perf_counter()
     from vllm import LLM, SamplingParams
 
     config = json.loads((Path(model) / "config.json").read_text())
-    llm = LLM(model=model, skip_tokenizer_init=True, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-              block_size=block_size, max_model_len=512, enforce_eager=True, enable_prefix_caching=True,
-              max_num_batched_tokens=chunk, max_num_seqs=8, kv_cache_memory_bytes=64 << 20, seed=0)
+    memory = ({"gpu_memory_utilization": profile.gpu_memory_utilization} if profile.gpu_memory_utilization
+              else {"kv_cache_memory_bytes": 64 << 20})
+    backend_choice = {"attention_backend": profile.attention_backend} if profile.attention_backend else {}
+    llm = LLM(model=model, skip_tokenizer_init=True, dtype=profile.dtype, kv_cache_dtype=profile.kv_cache_dtype,
+              block_size=profile.block_size, max_model_len=512, enforce_eager=profile.eager,
+              enable_prefix_caching=True, max_num_batched_tokens=profile.chunk, max_num_seqs=profile.max_num_seqs,
+              seed=0, **memory, **backend_choice)
     started = time.perf_counter()
-    prompts = default_prompts(int(config.get("vocab_size") or config["text_config"]["vocab_size"]))
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=TOP_K, ignore_eos=True)
+    prompts = default_prompts(int(config.get("vocab_size") or config["text_config"]["vocab_size"]), profile.prompts)
+    params = SamplingParams(max_tokens=profile.max_tokens, temperature=0.0, logprobs=TOP_K, ignore_eos=True)
     # One short request first, so that the timed run measures serving, not first-call set-up.
     llm.generate([{"prompt_token_ids": [3, 1, 4, 1, 5]}], SamplingParams(max_tokens=2), use_tqdm=False)
     warm = time.perf_counter()
@@ -60,6 +95,7 @@ def serve(model: str, backend: str, dtype: str, kv_cache_dtype: str, block_size:
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     return {
         "backend": backend,
+        "prompts": prompts,
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
         "logprobs": [[{str(t): lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs]
                      for o in outputs],
@@ -73,21 +109,61 @@ def serve(model: str, backend: str, dtype: str, kv_cache_dtype: str, block_size:
 
 def run_side(model: str, backend: str, replace: str = "CPU_ATTN", dtype: str = "float32",
              kv_cache_dtype: str = "auto", block_size: int = 32, max_tokens: int = 8, chunk: int = 64,
-             extra_env: dict[str, str] | None = None, timeout: float = 900) -> dict:
-    """`serve` in a fresh process: backend "vllm" (vLLM's attention) or "kgen" (kgen replacing `replace`)."""
+             extra_env: dict[str, str] | None = None, timeout: float = 900, profile: Profile | None = None) -> dict:
+    """`serve` in a fresh process: backend "vllm" (vLLM's attention) or "kgen" (kgen replacing `replace`).
+    `profile` in place of the separate settings."""
+    profile = profile or Profile(dtype=dtype, kv_cache_dtype=kv_cache_dtype, block_size=block_size,
+                                 max_tokens=max_tokens, chunk=chunk)
     env = child_environment() | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} | (extra_env or {})
     env.pop("KGEN_VLLM_BACKEND", None)
     if backend == "kgen":
         env["KGEN_VLLM_BACKEND"] = replace
-    cmd = [sys.executable, "-m", "kgen.vllm.compare", "--serve", model, "--backend", backend, "--dtype", dtype,
-           "--kv-cache-dtype", kv_cache_dtype, "--block-size", str(block_size), "--max-tokens", str(max_tokens),
-           "--chunk", str(chunk)]
+    cmd = [sys.executable, "-m", "kgen.vllm.compare", "--serve", model, "--backend", backend,
+           "--profile", json.dumps(asdict(profile))]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"serving {model} with {backend} attention failed (exit {proc.returncode}):\n"
                            f"{proc.stderr[-6000:]}")
     return json.loads(lines[-1].removeprefix(RESULT))
+
+
+def float64_errors(model: str, side: dict) -> dict:
+    """An independent reference for one side: the model run by transformers in float64 (on the GPU
+    when torch sees one) over the side's own prompts and tokens; the largest and mean absolute
+    difference between the side's logprob of each token it chose and float64's."""
+    import torch
+    import transformers
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    net = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float64).to(device).eval()
+    diffs = []
+    with torch.no_grad():
+        for prompt, tokens, steps in zip(side["prompts"], side["tokens"], side["logprobs"], strict=True):
+            ids = torch.tensor([prompt + tokens[:-1]], device=device)
+            logits = net(input_ids=ids).logits[0, len(prompt) - 1:].double()
+            exact = torch.log_softmax(logits, dim=-1)
+            diffs += [abs(steps[i][str(t)] - float(exact[i, t])) for i, t in enumerate(tokens)]
+    return {"max": max(diffs, default=0.0), "mean": sum(diffs) / max(1, len(diffs)), "tokens": len(diffs),
+            "device": device}
+
+
+def gpu_comparison(model: str, dry_run: bool, atol: float) -> dict:
+    """Both sides served with the GPU profile (the CPU build's stand-ins with `dry_run`), each judged
+    against float64, against each other, and timed. "ok": they agree within `atol` and kgen is no
+    further from float64 than twice vLLM's own distance plus `atol`."""
+    profile, replace = (DRY_RUN_PROFILE, "CPU_ATTN") if dry_run else (GPU_PROFILE, GPU_PROFILE.attention_backend)
+    env = {} if dry_run else {"VLLM_GPU_SYNC_CHECK": "error"}
+    sides = {"vllm": run_side(model, "vllm", profile=profile, extra_env=env),
+             "kgen": run_side(model, "kgen", replace=replace, profile=profile, extra_env=env)}
+    agreement = compare(sides["vllm"], sides["kgen"], atol)
+    f64 = {name: float64_errors(model, side) for name, side in sides.items()}
+    ok = agreement.ok and f64["kgen"]["max"] <= 2 * f64["vllm"]["max"] + atol
+    timing = {name: {k: side[k] for k in ("startup_s", "generate_s", "prompt_tokens", "generated_tokens")}
+              for name, side in sides.items()}
+    return {"profile": asdict(profile), "replaced": replace, "dry_run": dry_run, "ok": ok,
+            "agreement": asdict(agreement), "float64": f64, "timing": timing,
+            "kgen_launches": sides["kgen"]["launches"]}
 
 
 @dataclass
@@ -130,25 +206,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--backend", default="kgen", choices=("kgen", "vllm"), help=argparse.SUPPRESS)
+    p.add_argument("--profile", help=argparse.SUPPRESS)
+    p.add_argument("--gpu", action="store_true", help="the GPU comparison against FLASH_ATTN (module docstring)")
+    p.add_argument("--dry-run", action="store_true", help="with --gpu: the same steps on vLLM's CPU build")
     p.add_argument("--replace", default="CPU_ATTN", help="the vLLM backend kgen replaces (default CPU_ATTN)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--block-size", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--chunk", type=int, default=64, help="max_num_batched_tokens (the chunked-prefill budget)")
-    p.add_argument("--atol", type=float, default=1e-3)
-    p.add_argument("--json", type=Path, help="write both sides' results here")
+    p.add_argument("--atol", type=float, default=None, help="logprob tolerance (default 1e-3; 0.05 with --gpu)")
+    p.add_argument("--json", type=Path, help="write both sides' results (with --gpu: the comparison) here")
     args = p.parse_args(argv)
     if args.serve:
-        result = serve(args.model, args.backend, args.dtype, args.kv_cache_dtype, args.block_size,
-                       args.max_tokens, args.chunk)
+        result = serve(args.model, args.backend, Profile(**json.loads(args.profile)))
         print(RESULT + json.dumps(result), flush=True)
         return 0
+    if args.dry_run and not args.gpu:
+        p.error("--dry-run goes with --gpu")
+    if args.gpu:
+        report = gpu_comparison(args.model, args.dry_run, 0.05 if args.atol is None else args.atol)
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=1))
+        print(gpu_summary(report))
+        return 0 if report["ok"] else 1
     common = dict(dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
                   max_tokens=args.max_tokens, chunk=args.chunk)
+    atol = 1e-3 if args.atol is None else args.atol
     ref = run_side(args.model, "vllm", **common)
     test = run_side(args.model, "kgen", replace=args.replace, **common)
-    agreement = compare(ref, test, args.atol)
+    agreement = compare(ref, test, atol)
     if args.json:
         args.json.write_text(json.dumps({"vllm": ref, "kgen": test}, indent=1))
     print(f"{agreement.compared_tokens} tokens compared, logprobs within {agreement.max_logprob_diff:.3g}; "
@@ -156,6 +243,21 @@ def main(argv: list[str] | None = None) -> int:
     for line in agreement.divergences + agreement.problems:
         print(line)
     return 0 if agreement.ok else 1
+
+
+def gpu_summary(report: dict) -> str:
+    """The comparison in a few lines: agreement, distance from float64, timing."""
+    a, f, t = report["agreement"], report["float64"], report["timing"]
+    mode = "dry run on vLLM's CPU build" if report["dry_run"] else "GPU"
+    lines = [f"kgen in place of {report['replaced']} ({mode}, {report['profile']['dtype']}, "
+             f"{report['profile']['prompts']} prompts): {'OK' if report['ok'] else 'FAILED'}",
+             f"  agreement: {a['compared_tokens']} tokens compared, logprobs within {a['max_logprob_diff']:.3g}",
+             *(f"  {line}" for line in a["divergences"] + a["problems"])]
+    for name in ("vllm", "kgen"):
+        lines.append(f"  {name}: float64 distance max {f[name]['max']:.3g}, mean {f[name]['mean']:.3g} over "
+                     f"{f[name]['tokens']} tokens; start-up {t[name]['startup_s']:.1f} s, "
+                     f"{t[name]['generated_tokens'] / max(t[name]['generate_s'], 1e-9):.1f} generated tokens/s")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
