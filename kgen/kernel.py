@@ -41,8 +41,8 @@ class Kernel:
         self.report = report
         self.artifacts = artifacts or {}
         self.debug: bool | None = None
-        # A hand-written source (kgen.load_source): held to the ABI of DESIGN.md, not to what only
-        # kgen's own kernels promise beyond it (verification cases with "kgen_only").
+        # A hand-written source (kgen.load_source): held to the kernel ABI, not to what only kgen's
+        # own kernels promise beyond it (verification cases with "kgen_only", docs/abi.md).
         self.handwritten = False
         self._family = family_for(spec)
         self._default_target: int | None = None

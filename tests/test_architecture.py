@@ -15,7 +15,7 @@ from kgen.families.registry import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[1]
 KGEN = ROOT / "kgen"
-HEAVY = {"torch", "cupy", "cupyx", "ray", "matplotlib", "vllm"}
+HEAVY = {"torch", "cupy", "cupyx", "ray", "matplotlib", "vllm", "transformers"}
 KINDS = tuple(FAMILIES)  # every registered kind: a new family is covered by the rules below
 
 
