@@ -72,4 +72,3 @@ def verify(kernel, seed: int | None = None, cases: list[str] | None = None, devi
             release_device_memory()  # the cases' pools (up to ~17 GiB for huge_pool) leave CuPy's cache
     report.seconds = time.perf_counter() - start
     return report
-

@@ -464,4 +464,3 @@ class AttentionBinder(CallBinder):
             "q_s_head": q.strides[1], f"o_s_{rows.axis}": out.strides[0], "o_s_head": out.strides[1],
             **stride_values(st, scale_strides), **tensor_scale_values(self, self.tensor_scales), **extra,
         }
-
