@@ -180,11 +180,13 @@ def host_owner(a: np.ndarray) -> np.ndarray:
 
 
 def _device_copy(host: np.ndarray):
-    """A CuPy copy of a C-contiguous host array, bit-exact for any kgen dtype."""
+    """A CuPy copy of a C-contiguous host array, bit-exact for any kgen dtype, complete on return:
+    CuPy copies asynchronously on the current stream by default, and the array may next be used on
+    another (torch's, a caller's non-blocking one) with nothing ordering the two."""
     bits = _NP_BITS.get(host.dtype.itemsize)
     if bits is None:
-        return cupy_module().asarray(host)
-    return cupy_module().asarray(host.view(bits)).view(host.dtype)
+        return cupy_module().asarray(host, blocking=True)
+    return cupy_module().asarray(host.view(bits), blocking=True).view(host.dtype)
 
 
 def to_backend(arr: np.ndarray, backend: str):

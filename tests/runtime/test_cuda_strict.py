@@ -122,8 +122,31 @@ class _TorchCudaTensor:
     def data_ptr(self) -> int:
         return self._array.data.ptr
 
+    def __getitem__(self, key):
+        return _TorchCudaTensor(self._array[key])
+
+    def reshape(self, *shape):
+        return _TorchCudaTensor(self._array.reshape(*shape))
+
     def detach(self):
         return self
+
+
+def _torch_cuda_allocations(monkeypatch) -> None:
+    """torch.empty on a CUDA device, stood in for by the model's memory (torch's caching allocator
+    cannot exist on this machine); host allocations stay torch's."""
+    import torch
+
+    host_empty = torch.empty
+
+    def empty(*shape, dtype=None, device=None, **kwargs):
+        if device is None or torch.device(device).type != "cuda":
+            return host_empty(*shape, dtype=dtype, device=device, **kwargs)
+        size = shape[0] if len(shape) == 1 and isinstance(shape[0], tuple | list) else shape
+        numpy_dtype = {torch.float32: np.float32, torch.float16: np.float16, torch.int32: np.int32}[dtype]
+        return _TorchCudaTensor(kgen_cupy().empty(tuple(size), numpy_dtype))
+
+    monkeypatch.setattr(torch, "empty", empty)
 
 
 def test_a_call_with_torch_tensors_runs_on_torchs_current_stream(strict_cuda, monkeypatch):
@@ -309,3 +332,98 @@ def test_the_cache_kernels_build_and_verify_on_cuda(strict_cuda, name):
     kern = build(kgen.load_spec(ROOT / "specs" / f"{name}.yaml"), backend="cuda")
     assert kern.report.passed, kern.report.summary()
     assert strict_cuda.launches and strict_cuda.pool_cached_bytes == 0
+
+
+def test_copy_blocks_with_torch_tensors_runs_on_torchs_stream_without_a_host_sync(strict_cuda, monkeypatch):
+    """vLLM's copy-on-write call: pools and pairs are torch CUDA tensors. The plane table goes to the
+    device on torch's current stream through pinned staging (no host wait), the copy launches there
+    too, and every layer's blocks are copied."""
+    import types
+
+    import torch
+
+    from kgen.formats.cache import cache_shapes
+
+    cp = kgen_cupy()
+    spec = kgen.load_spec(ROOT / "specs" / "copy_blocks_fp16.yaml")
+    kern = build(spec, backend="cuda", verify=False)
+    rng = np.random.default_rng(7)
+    num_blocks, layers = 9, 2
+    pools = {name: [rng.standard_normal(shape).astype(np.float16) for _ in range(layers)]
+             for name, shape in cache_shapes(spec, num_blocks).items()}
+    pairs = np.asarray([[1, 4], [1, 5], [3, 8]], np.int32)
+    torch_stream = strict_cuda.new_stream(non_blocking=True)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(cuda_stream=torch_stream))
+    with cp.cuda.Stream(non_blocking=True):  # torch's work in flight: a blocking copy would be seen
+        dev = {name: [cp.asarray(p) for p in ps] for name, ps in pools.items()}
+        dev_pairs = cp.asarray(pairs)
+        cp.cuda.get_current_stream().synchronize()
+    before = len(strict_cuda.log)
+    kern(**{name: [_TorchCudaTensor(a) for a in arrays] for name, arrays in dev.items()},
+         pairs=_TorchCudaTensor(dev_pairs))
+    during = strict_cuda.log[before:]
+    assert [ln.stream for ln in strict_cuda.launches] == [torch_stream]
+    assert not [entry for entry in during if entry[0] == "sync"], during
+    table_bytes = len(pools) * layers * 3 * 8  # (address, block stride, block bytes) per pool array
+    assert ("copy_h2d", torch_stream, table_bytes) in during  # the plane table, on torch's stream
+    strict_cuda.synchronize_stream(torch_stream, "the test waits for torch's stream")
+    for name, ps in pools.items():
+        for i, p in enumerate(ps):
+            expected = p.copy()
+            expected[pairs[:, 1]] = p[pairs[:, 0]]
+            np.testing.assert_array_equal(to_numpy(dev[name][i]), expected, err_msg=f"{name}[{i}]")
+
+
+def test_a_planned_call_is_captured_in_a_cuda_graph_and_replays_with_new_inputs(strict_cuda, monkeypatch):
+    """What vLLM's full CUDA graphs do with a decode layer: torch's capture stream (global mode, so no
+    cudaMalloc), the planned call captured after a warm-up call, then replayed with new values in the
+    same arrays: every launch of the plan is in the graph and the replay's output is right."""
+    import types
+
+    import torch
+
+    cp = kgen_cupy()
+    spec = tiny_decode()
+    kern = build(spec, backend="cuda", verify=False, config={"threads": 64, "partition_size": 16})
+    lens = [40, 3, 70]
+    host, dev = _decode_call(spec, lens)
+    plan = kern.plan(host["seq_lens"], num_sms=2, partition_tokens=16)
+    capture_stream = cp.cuda.Stream(non_blocking=True)
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device: types.SimpleNamespace(cuda_stream=capture_stream.ptr))
+    _torch_cuda_allocations(monkeypatch)
+    tensors = {name: _TorchCudaTensor(a) for name, a in dev.items()}
+    kern(**tensors, plan=plan)  # the warm-up: the plan's split-KV scratch is allocated here
+    capture_stream.synchronize()
+    capture_stream.begin_capture(cp.cuda.runtime.streamCaptureModeGlobal)
+    kern(**tensors, plan=plan)
+    graph = capture_stream.end_capture()
+    assert len(strict_cuda.launches) == len(plan.launches) >= 2  # the warm-up's only: the capture ran nothing
+
+    new = make_decode_case(spec, lens, np.random.default_rng(1))
+    for name, array in dev.items():
+        if name != "out":
+            array.set(new[name], stream=capture_stream)
+    graph.launch(stream=capture_stream)
+    capture_stream.synchronize()
+    assert len(strict_cuda.launches) == 2 * len(plan.launches)
+    assert reference_check(spec, new, to_numpy(dev["out"])).passed
+
+
+def test_an_unplanned_split_call_cannot_be_captured(strict_cuda):
+    """Without a plan a split-KV call allocates its scratch per call: a cudaMalloc that a global-mode
+    capture refuses (and that a relaxed one would bake into the graph, then free). docs/abi.md: plan,
+    call once, then capture."""
+    cp = kgen_cupy()
+    spec = tiny_decode()
+    kern = build(spec, backend="cuda", verify=False, config={"threads": 64, "partition_size": 16})
+    _, dev = _decode_call(spec, [40, 3, 70])
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture(cp.cuda.runtime.streamCaptureModeGlobal)
+        with pytest.raises(Exception, match="capturing"):
+            kern(**dev)
+        with pytest.raises(Exception, match="invalidated by cudaMalloc"):
+            s.end_capture()
+    assert strict_cuda.violations
+    strict_cuda.violations.clear()

@@ -10,6 +10,7 @@ import pytest
 from kgen.cache import ArtifactCache
 from kgen.compile.nvrtc import compile_cubin
 from kgen.runtime.cuda import loaded_cubin
+from strict_cuda import CUDARuntimeError
 
 SRC = r"""
 #include <cuda_fp16.h>
@@ -42,7 +43,9 @@ def mod(strict_cuda):
 def _arrays(n=32):
     import cupy
 
-    return cupy.zeros(n, np.float32), cupy.asarray(np.arange(n, dtype=np.float32))
+    y, x = cupy.zeros(n, np.float32), cupy.asarray(np.arange(n, dtype=np.float32))
+    cupy.cuda.get_current_stream().synchronize()  # both written on the legacy stream; other streams use them
+    return y, x
 
 
 def test_values_flow_through_a_launch(mod):
@@ -52,8 +55,6 @@ def test_values_flow_through_a_launch(mod):
 
 
 def test_static_plus_dynamic_shared_memory_needs_the_opt_in(mod, strict_cuda):
-    from strict_cuda import CUDARuntimeError
-
     y, _ = _arrays()
     fn = mod.get_function("staged")
     assert fn.shared_size_bytes == 48 * 1024  # read from the cubin's .nv.shared.staged section
@@ -135,3 +136,97 @@ def test_implicit_conversion_to_numpy_is_refused(strict_cuda):
     y, _ = _arrays()
     with pytest.raises(TypeError, match="Implicit conversion to a NumPy array is not allowed"):
         np.asarray(y)
+
+
+def test_a_host_to_device_copy_is_asynchronous_on_the_current_stream(mod, strict_cuda):
+    """CuPy 14's asarray stages the values in pinned memory and copies on the current stream without
+    waiting (blocking=False); another stream reading the copy needs an event, or blocking=True."""
+    import cupy
+
+    y = cupy.zeros(32, np.float32)
+    x = cupy.asarray(np.arange(32, dtype=np.float32))
+    side = cupy.cuda.Stream(non_blocking=True)
+    mod.get_function("axpy")((1,), (32,), (y, x, np.float32(1), np.int32(32)), stream=side)
+    assert any("reads memory" in v and "stream 0x0" in v for v in strict_cuda.violations), strict_cuda.violations
+    strict_cuda.violations.clear()
+    side.synchronize()
+    cupy.cuda.get_current_stream().synchronize()
+    x = cupy.asarray(np.arange(32, dtype=np.float32), blocking=True)
+    mod.get_function("axpy")((1,), (32,), (y, x, np.float32(1), np.int32(32)), stream=side)
+    assert not strict_cuda.violations
+    side.synchronize()
+    assert ("pinned_alloc", None, 128) in strict_cuda.log
+
+
+def test_a_captured_launch_runs_at_each_replay_with_the_values_it_was_given(mod, strict_cuda):
+    import cupy
+
+    y, x = _arrays()
+    s = cupy.cuda.Stream(non_blocking=True)
+    s.begin_capture()
+    mod.get_function("axpy")((1,), (32,), (y, x, np.float32(2), np.int32(32)), stream=s)
+    graph = s.end_capture()
+    assert not strict_cuda.launches  # recorded, not run
+    graph.launch(stream=s)
+    graph.launch(stream=s)
+    s.synchronize()
+    np.testing.assert_array_equal(y.get(), 4 * np.arange(32, dtype=np.float32))
+    assert [ln.stream for ln in strict_cuda.launches] == [s.ptr, s.ptr]
+
+
+def test_a_replay_after_the_captured_memory_was_freed_faults(mod, strict_cuda):
+    import cupy
+
+    y, _ = _arrays()
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        tmp = cupy.asarray(np.ones(32, np.float32))  # a temporary made before the capture...
+    s.synchronize()
+    s.begin_capture()
+    mod.get_function("axpy")((1,), (32,), (y, tmp, np.float32(1), np.int32(32)), stream=s)
+    graph = s.end_capture()
+    del tmp  # ... and freed after it: the graph still holds its address
+    graph.launch(stream=s)
+    with pytest.raises(CUDARuntimeError, match="illegal memory access"):
+        s.synchronize()
+    assert any("in no live allocation" in v for v in strict_cuda.violations), strict_cuda.violations
+    strict_cuda.violations.clear()
+
+
+@pytest.mark.parametrize("mode, refused", [(0, True), (2, False)])
+def test_cudamalloc_during_a_global_mode_capture_is_refused(strict_cuda, mode, refused):
+    """torch.cuda.graph captures in global mode (no cudaMalloc); CuPy's default, relaxed, allows it."""
+    import cupy
+
+    s = cupy.cuda.Stream(non_blocking=True)
+    s.begin_capture(mode)
+    if refused:
+        with pytest.raises(CUDARuntimeError, match="capturing"):
+            cupy.empty(64, np.float32)
+        with pytest.raises(CUDARuntimeError, match="invalidated by cudaMalloc"):
+            s.end_capture()
+        assert any("cudaMalloc of 256 bytes during stream capture" in v for v in strict_cuda.violations)
+        strict_cuda.violations.clear()
+    else:
+        cupy.empty(64, np.float32)
+        assert s.end_capture() is not None
+
+
+@pytest.mark.parametrize("sync", ["stream", "device", "legacy stream"])
+def test_a_sync_or_the_legacy_stream_during_a_capture_invalidates_it(mod, strict_cuda, sync):
+    import cupy
+
+    y, x = _arrays()
+    s = cupy.cuda.Stream(non_blocking=True)
+    s.begin_capture()
+    with pytest.raises(CUDARuntimeError, match="capturing"):
+        if sync == "stream":
+            s.synchronize()
+        elif sync == "device":
+            cupy.cuda.runtime.deviceSynchronize()
+        else:
+            mod.get_function("axpy")((1,), (32,), (y, x, np.float32(1), np.int32(32)))
+    with pytest.raises(CUDARuntimeError, match="invalidated"):
+        s.end_capture()
+    assert strict_cuda.violations
+    strict_cuda.violations.clear()

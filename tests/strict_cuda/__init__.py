@@ -21,6 +21,8 @@ def install(monkeypatch, device_count: int = 1, limits: Limits | None = None) ->
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     monkeypatch.setitem(sys.modules, "cupy.cuda", cupy.cuda)
     monkeypatch.setitem(sys.modules, "cupy.cuda.runtime", cupy.cuda.runtime)
+    # libcuda's cuMemGetAddressRange, which kgen reaches through ctypes rather than CuPy
+    monkeypatch.setattr(kgen_cuda, "_address_range", lambda: fake_cupy.cu_mem_get_address_range)
     kgen_cuda._gpu_problem.cache_clear()  # kgen probes the GPU once per process: now the model's
     return driver
 

@@ -17,6 +17,14 @@ of an outside component, so where it may differ from a real driver is said where
   wrote, without such an order is a race and is reported.
 - Frees: CuPy's pool hands a freed block back to the stream that allocated it at once; memory
   freed while work on another stream that uses it is not known to be complete is reported.
+- Graph capture (the Programming Guide's "CUDA Graphs: stream capture"): a launch on a capturing
+  stream is recorded with its argument values, not run; replaying the graph runs the recorded
+  launches (their pointers checked then, so memory freed since the capture faults). While a capture
+  is in progress, a host synchronisation with the capturing stream or the device, and any use of
+  the legacy stream, is refused (cudaErrorStreamCaptureUnsupported) and invalidates the capture; in
+  the global and thread-local modes (torch.cuda.graph's default is global) so is cudaMalloc, in
+  the relaxed mode (CuPy's default) it is allowed. Only kernel launches are captured: any other
+  operation on a capturing stream (CuPy array operations, copies) is reported as outside the model.
 """
 
 from __future__ import annotations
@@ -78,6 +86,17 @@ class StreamState:
 
 
 @dataclass
+class Capture:
+    stream: int
+    mode: str  # "global" | "thread_local" | "relaxed"
+    nodes: list = field(default_factory=list)  # what a replay runs, in order
+    invalidated: str | None = None
+
+
+CAPTURE_MODES = {0: "global", 1: "thread_local", 2: "relaxed"}  # cudaStreamCaptureMode's values
+
+
+@dataclass
 class LaunchRecord:
     kernel: str
     grid: tuple[int, int, int]
@@ -108,6 +127,7 @@ class Driver:
         self.allocated_bytes = 0  # live, as the pool's users see them
         self.peak_bytes = 0
         self.pool_cached_bytes = 0  # freed into CuPy's pool, not yet returned
+        self.captures: dict[int, Capture] = {}  # capturing stream -> its capture
         for d in range(device_count):
             self.streams[self._legacy(d)] = StreamState(self._legacy(d), d, non_blocking=False)
 
@@ -135,6 +155,9 @@ class Driver:
     # ---- memory ------------------------------------------------------------------------------
     def malloc(self, size: int, stream: int) -> Allocation:
         self.check_alive()
+        strict = [c for c in self.captures.values() if c.mode != "relaxed"]
+        if strict:
+            self.refuse_during_capture(f"cudaMalloc of {size} bytes", strict)
         with self._lock:
             buf = np.zeros(size + ALIGN, np.uint8)
             base = (buf.ctypes.data + ALIGN - 1) // ALIGN * ALIGN
@@ -174,6 +197,35 @@ class Driver:
     def host_bytes(self, ptr: int, nbytes: int) -> np.ndarray:
         return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr)) if nbytes else np.zeros(0, np.uint8)
 
+    # ---- graph capture -----------------------------------------------------------------------
+    def begin_capture(self, stream: int, mode: str) -> None:
+        self.check_alive()
+        if stream == self._legacy(self.streams[stream].device):
+            raise CUDARuntimeError("cudaErrorStreamCaptureUnsupported", "the legacy stream cannot be captured")
+        if stream in self.captures:
+            raise CUDARuntimeError("cudaErrorIllegalState", f"stream {stream:#x} is already capturing")
+        self.captures[stream] = Capture(stream, mode)
+        self.log.append(("begin_capture", stream, mode))
+
+    def end_capture(self, stream: int) -> Capture:
+        capture = self.captures.pop(stream, None)
+        if capture is None:
+            raise CUDARuntimeError("cudaErrorIllegalState", f"stream {stream:#x} is not capturing")
+        self.log.append(("end_capture", stream, len(capture.nodes)))
+        if capture.invalidated:
+            raise CUDARuntimeError("cudaErrorStreamCaptureInvalidated", f"the capture on stream {stream:#x} was "
+                                   f"invalidated by {capture.invalidated}")
+        return capture
+
+    def refuse_during_capture(self, what: str, captures: list[Capture] | None = None) -> None:
+        """An operation CUDA forbids while these captures (default: all) are in progress: the captures
+        are invalidated and the call fails."""
+        for capture in self.captures.values() if captures is None else captures:
+            capture.invalidated = capture.invalidated or what
+        self.violations.append(f"{what} during stream capture")
+        raise CUDARuntimeError("cudaErrorStreamCaptureUnsupported", f"operation not permitted when stream is "
+                               f"capturing ({what})")
+
     # ---- streams -----------------------------------------------------------------------------
     def new_stream(self, non_blocking: bool, handle: int | None = None) -> int:
         with self._lock:
@@ -204,6 +256,11 @@ class Driver:
 
     def tick(self, stream: int) -> int:
         s = self.streams[stream]
+        if self.captures and stream == self._legacy(s.device):
+            self.refuse_during_capture(f"use of the legacy stream {stream:#x}")
+        if stream in self.captures:
+            self.violations.append(f"an operation other than a kernel launch on capturing stream {stream:#x} "
+                                   "(the model captures launches only)")
         s.clock = self._seen_by(stream)
         s.clock[stream] = s.clock.get(stream, 0) + 1
         return s.clock[stream]
@@ -235,16 +292,20 @@ class Driver:
         for k, v in clock.items():
             s.clock[k] = max(s.clock.get(k, 0), v)
 
-    def host_wait(self, clock: dict[int, int], what: str) -> None:
-        """The host blocks until the work in `clock` is done."""
+    def host_wait(self, clock: dict[int, int], what: str, waits_on: int | None = None,
+                  device_wide: bool = False) -> None:
+        """The host blocks until the work in `clock` is done (`waits_on`: the stream whose work it is,
+        if one; `device_wide`: all of the device's)."""
         self.check_alive()
+        if self.captures and (device_wide or waits_on in self.captures):
+            self.refuse_during_capture(what)
         self.syncs.append(what)
         self.log.append(("sync", None, what))
         for k, v in clock.items():
             self.host_clock[k] = max(self.host_clock.get(k, 0), v)
 
     def synchronize_stream(self, stream: int, what: str) -> None:
-        self.host_wait(self.record_event(stream), what)
+        self.host_wait(self.record_event(stream), what, waits_on=stream)
 
     def synchronize_device(self, what: str = "deviceSynchronize") -> None:
         self.check_alive()
@@ -252,4 +313,4 @@ class Driver:
         for s in self.streams.values():
             if s.device == self.current_device:
                 merged[s.handle] = s.clock.get(s.handle, 0)
-        self.host_wait(merged, what)
+        self.host_wait(merged, what, device_wide=True)

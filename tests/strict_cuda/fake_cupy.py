@@ -6,14 +6,16 @@ static shared memory from the ELF) and their bodies run on kgen's CPU backend fr
 the cubin was built from. What CuPy does that a caller can trip on is kept: its argument packing
 (cupy.ndarray, MemoryPointer, None, numpy and Python scalars; anything else is
 `TypeError: Unsupported type`, and a Python int or float is packed as 8 bytes), a grid of 0
-launched as one block, no implicit conversion of a device array to numpy, blocking copies by
-default, modules cached by path.
+launched as one block, no implicit conversion of a device array to numpy, blocking copies to the host by
+default (`get`) and asynchronous ones from it through pinned staging (`asarray`), modules cached by
+path.
 
 Where it may differ from CuPy 14 / a real GPU: dtypes are numpy's (CuPy may refuse some, e.g.
 ml_dtypes' bfloat16, that this accepts); a kernel that dereferences memory outside its
 arguments' allocations (a pointer table) is not checked; a zero grid is reported as the fault
-it causes whether or not the kernel would dereference the empty arrays; CUDA IPC (the isolated
-CUDA child) is not modelled; timing (`get_elapsed_time`) is the host time between the events.
+it causes whether or not the kernel would dereference the empty arrays; a CUDA IPC mapping is a
+copy at another address, made at ipcOpenMemHandle and copied back at ipcCloseMemHandle (exact only
+while the exporter waits, as kgen's parent does for its isolated child); timing (`get_elapsed_time`) is the host time between the events.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from strict_cuda.cubin import source_for, static_smem
-from strict_cuda.driver import CUDARuntimeError, Driver, LaunchRecord
+from strict_cuda.driver import CAPTURE_MODES, CUDARuntimeError, Driver, LaunchRecord
 
 D: Driver  # set by install()
 
@@ -297,16 +299,22 @@ def full(shape, value, dtype=float):
     return a
 
 
-def asarray(obj, dtype=None):
+def asarray(obj, dtype=None, order=None, *, copy=None, blocking=False):
+    """CuPy 14's host-to-device path (cupy/_core/core.pyx, _array_default): the host values are
+    staged in pinned memory and copied asynchronously on the current stream; `blocking=True` then
+    waits for that stream."""
     if isinstance(obj, ndarray):
         return obj if dtype is None or np.dtype(dtype) == obj.dtype else obj.astype(dtype)
     if hasattr(obj, "__cuda_array_interface__"):
         raise TypeError("the model does not take foreign device arrays (torch CUDA tensors) in asarray")
     host = np.ascontiguousarray(np.asarray(obj, dtype=dtype))
     handle = current_stream_handle()
+    if host.nbytes:
+        alloc_pinned_memory(host.nbytes)  # the staging buffer, kept until the copy's event has passed
     D.log.append(("copy_h2d", handle, host.nbytes))
     out = _new_from_host(host, "asarray (host-to-device copy)")
-    D.synchronize_stream(handle, "asarray (pageable host-to-device copy)")  # cudaMemcpy from pageable memory
+    if blocking:
+        D.synchronize_stream(handle, "asarray(blocking=True)")
     return out
 
 
@@ -461,6 +469,11 @@ class Function:
             raise CUDARuntimeError("CUDA_ERROR_INVALID_VALUE", f"{what}: {shared_mem} bytes of dynamic shared memory "
                                    f"(+ {self.shared_size_bytes} static) without the opt-in "
                                    f"(max_dynamic_shared_size_bytes = {self._max_dynamic})")
+        if handle in D.captures:  # recorded with the values it was given: pointers are not looked at until a replay
+            values = [np.uint64(v) if kind == "pointer" else v for kind, v, _ in packed]
+            D.captures[handle].nodes.append((self, grid, block, values, int(shared_mem)))
+            D.log.append(("captured_launch", handle, self.name))
+            return
         sig = self.module.cpu().signature(self.name)
         if len(packed) != len(sig):
             D.fault(f"{what}: {len(packed)} arguments for {len(sig)} parameters")
@@ -567,6 +580,16 @@ class Stream:
     def synchronize(self):
         D.synchronize_stream(self.ptr, "Stream.synchronize")
 
+    def begin_capture(self, mode=None):
+        """CuPy's default mode is relaxed; torch.cuda.graph captures in global mode."""
+        D.begin_capture(self.ptr, CAPTURE_MODES[2 if mode is None else int(mode)])
+
+    def end_capture(self) -> Graph:
+        return Graph(D.end_capture(self.ptr))
+
+    def is_capturing(self) -> bool:
+        return self.ptr in D.captures
+
     def __eq__(self, other):
         return isinstance(other, Stream) and other.ptr == self.ptr
 
@@ -585,6 +608,22 @@ class ExternalStream(Stream):
         self.device_id = D.streams[self.ptr].device
 
 
+class Graph:
+    """cupy.cuda.Graph: the launches captured on a stream, replayed with the argument values they
+    had at capture (pointers included)."""
+
+    def __init__(self, capture):
+        self._nodes = list(capture.nodes)
+
+    def launch(self, stream=None):
+        D.log.append(("graph_launch", _handle(stream), len(self._nodes)))
+        for function, grid, block, args, shared_mem in self._nodes:
+            function(grid, block, args, shared_mem=shared_mem, stream=stream)
+
+    def upload(self, stream=None):
+        pass
+
+
 def get_current_stream(device_id=None):
     stack = getattr(_current, "streams", None)
     return stack[-1] if stack else Stream(null=True)
@@ -600,11 +639,12 @@ class Event:
         stream = stream or get_current_stream()
         self.clock = D.record_event(stream.ptr)
         self.stream = stream.ptr
+        self.captured = stream.ptr in D.captures  # a node of the graph being captured
         self.when = time.perf_counter()
         D.log.append(("event", stream.ptr, id(self)))
 
     def synchronize(self):
-        D.host_wait(self.clock, "Event.synchronize")
+        D.host_wait(self.clock, "Event.synchronize", waits_on=self.stream if self.captured else None)
 
     @property
     def done(self) -> bool:
@@ -661,6 +701,18 @@ class Device:
         return hash(self.id)
 
 
+_ipc_mappings: dict[int, tuple] = {}  # the importing side's address -> (its allocation, the exporter's)
+
+
+def cu_mem_get_address_range(p_base, p_size, ptr) -> int:
+    """libcuda's cuMemGetAddressRange_v2 as kgen calls it through ctypes (by reference)."""
+    alloc = D.find(int(ptr.value))
+    if alloc is None or alloc.device != D.current_device:
+        return 1  # CUDA_ERROR_INVALID_VALUE
+    p_base._obj.value, p_size._obj.value = alloc.base, alloc.size
+    return 0
+
+
 def _runtime_module() -> types.ModuleType:
     rt = types.ModuleType("cupy.cuda.runtime")
     rt.CUDARuntimeError = CUDARuntimeError
@@ -679,10 +731,44 @@ def _runtime_module() -> types.ModuleType:
         D.synchronize_device()
 
     def ipc_get_mem_handle(ptr):
-        raise CUDARuntimeError("cudaErrorNotSupported", "the strict model does not share memory between processes")
+        D.check_alive()
+        alloc = D.find(int(ptr))
+        if alloc is None or alloc.base != int(ptr):
+            raise CUDARuntimeError("cudaErrorInvalidValue", f"ipcGetMemHandle: 0x{int(ptr):x} is not the base of a "
+                                   "device allocation")
+        D.log.append(("ipc_get", None, alloc.base))
+        return alloc.base.to_bytes(8, "little") + bytes(56)  # cudaIpcMemHandle_t is 64 opaque bytes
+
+    def ipc_open_mem_handle(handle, flags=1):
+        """The other process's mapping: an address of its own (never the exporter's), holding the same
+        bytes. The model copies them in here and back at the close; the exporter waits meanwhile."""
+        D.check_alive()
+        source = D.allocations.get(int.from_bytes(bytes(handle)[:8], "little"))
+        if source is None or not source.live:
+            raise CUDARuntimeError("cudaErrorInvalidResourceHandle", "ipcOpenMemHandle: no such allocation")
+        mapping = D.malloc(source.size, D.legacy_stream())
+        mapping.buffer[...] = source.buffer
+        _ipc_mappings[mapping.base] = (mapping, source)
+        return mapping.base
+
+    def ipc_close_mem_handle(ptr):
+        mapping, source = _ipc_mappings.pop(int(ptr))
+        if source.live:
+            source.buffer[...] = mapping.buffer
+        D.free(mapping)
+        D.pool_cached_bytes -= mapping.size  # a mapping is not the pool's
+
+    def device_get_by_pci_bus_id(bus_id):
+        for i in range(D.device_count):
+            if rt.deviceGetPCIBusId(i) == bus_id:
+                return i
+        raise CUDARuntimeError("cudaErrorInvalidDevice", f"no device with PCI bus id {bus_id}")
 
     rt.getDeviceCount, rt.getDevice, rt.setDevice = get_device_count, get_device, set_device
     rt.deviceSynchronize, rt.ipcGetMemHandle = device_synchronize, ipc_get_mem_handle
+    rt.ipcOpenMemHandle, rt.ipcCloseMemHandle = ipc_open_mem_handle, ipc_close_mem_handle
+    rt.deviceGetByPCIBusId = device_get_by_pci_bus_id
+    rt.streamCaptureModeGlobal, rt.streamCaptureModeThreadLocal, rt.streamCaptureModeRelaxed = 0, 1, 2
     rt.deviceGetPCIBusId = lambda i: f"0000:{0x10 + i:02x}:00.0"
     rt.driverGetVersion = lambda: 13000
     rt.runtimeGetVersion = lambda: 13000
@@ -707,7 +793,7 @@ def build_module(driver: Driver) -> types.ModuleType:
     cupy.RawModule = Module
     cupy.__version__ = "14.2.0 (strict model)"
     cuda = types.ModuleType("cupy.cuda")
-    for name in ("Stream", "ExternalStream", "Event", "Device", "MemoryPointer", "get_current_stream",
+    for name in ("Stream", "ExternalStream", "Event", "Graph", "Device", "MemoryPointer", "get_current_stream",
                  "get_elapsed_time", "alloc_pinned_memory"):
         setattr(cuda, name, getattr(me, name))
     cuda.Stream.null = None  # filled lazily by get_current_stream(); kgen does not read it

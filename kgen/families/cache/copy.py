@@ -29,7 +29,6 @@ from kgen.formats.cache import (
     scale_dtype,
     scale_shape,
 )
-from kgen.optional import is_torch_tensor
 
 
 class CopyBlocksFamily(SingleKernelFamily):
@@ -191,14 +190,12 @@ def _check_pairs(pairs: np.ndarray, num_blocks: int) -> None:
 
 
 def _device_table(like: ArrayArg, table: np.ndarray):
-    """The plane table where the kernel can read it: numpy on the CPU, a torch/CuPy array on the GPU."""
+    """The plane table where the kernel can read it: numpy on the CPU, else a CuPy array copied on
+    the current stream, which for torch tensors is torch's current stream (the call runs inside
+    kgen.runtime.placement.on_callers_stream). CuPy stages the copy in pinned memory and does not
+    wait for it (no host sync); its pool frees the table in that stream's order."""
     if like.device == "cpu":
         return table
-    if is_torch_tensor(like.obj):
-        import torch
-
-        # pinned and non-blocking: a copy from pageable memory would wait for the stream (a host sync)
-        return torch.from_numpy(table).pin_memory().to(like.obj.device, non_blocking=True)
     import cupy
 
     return cupy.asarray(table)
