@@ -2,7 +2,8 @@
 // (templates/common/mma.cuh calls these on the CPU, inline PTX on the GPU).
 //
 // Each one is a collective of the 32 lanes of a warp, with the fragment layouts of the PTX ISA
-// (section "Matrix Fragments for mma.m16n8k16 with floating point type" and "ldmatrix"):
+// (9.7.14.5.8 "Matrix Fragments for mma.m16n8k16 with floating point type", 9.7.14.5.15 "ldmatrix";
+// tests/runtime/ptx_layouts.py holds the tests' own transcription):
 //   groupID = laneid >> 2, threadID_in_group = laneid % 4;
 //   A (16x16, row):  a0,a1: (groupID,   2*tig + 0/1)   a2,a3: (groupID+8, 2*tig + 0/1)
 //                    a4,a5: (groupID,   2*tig+8 + 0/1) a6,a7: (groupID+8, 2*tig+8 + 0/1)
@@ -11,7 +12,9 @@
 // Two 16-bit elements share one .b32 register, the lower-indexed one in the low half.
 //   ldmatrix .m8n8 .b16: lanes 8i..8i+7 give the row addresses of matrix i (x1: i = 0; x2: 0, 1;
 //   x4: 0..3); register i of lane l holds row l/4, columns 2*(l%4) + 0/1 of matrix i
-//   (.trans: rows 2*(l%4) + 0/1, column l/4, i.e. the transposed matrix).
+//   (.trans: rows 2*(l%4) + 0/1, column l/4, i.e. the transposed matrix). Each row address must
+//   be 16-byte aligned (the ISA: "naturally aligned" to the 16 bytes four threads load); a
+//   misaligned one is an error naming the lane.
 //
 // The lanes exchange operands through a per-warp staging area (the block's, like __shared__:
 // one copy per worker thread) between two __syncwarp()s: every lane deposits, every lane reads
@@ -80,6 +83,10 @@ template <int N, bool TRANS>
 inline void ldmatrix(unsigned (&r)[N], const void* row_ptr) {
   MmaStage& s = warp_stage();
   const unsigned lane = lane_id();
+  // Lanes 0 .. 8N-1 give the rows of the N matrices; each row (16 bytes) must be 16-byte aligned.
+  if (lane < 8u * N && (uintptr_t)row_ptr % 16)
+    fail("ldmatrix.m8n8.x%d%s: lane %u gives the row address %p, which is not 16-byte aligned (each row of "
+         "eight 16-bit elements must start on a 16-byte boundary)", N, TRANS ? ".trans" : "", lane, row_ptr);
   s.row[lane] = static_cast<const unsigned char*>(row_ptr);
   __syncwarp();
   unsigned out[N];
