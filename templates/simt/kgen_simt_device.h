@@ -229,11 +229,20 @@ inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline double __fma_rn(double a, double b, double c) { return fma(a, b, c); }
 inline float __saturatef(float x) { return x != x ? 0.0f : x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
-inline int __float2int_rn(float x) { return (int)nearbyintf(x); }
-inline int __float2int_rz(float x) { return (int)x; }
-inline int __float2int_rd(float x) { return (int)floorf(x); }
-inline int __float2int_ru(float x) { return (int)ceilf(x); }
-inline unsigned __float2uint_rn(float x) { return (unsigned)nearbyintf(x); }
+// cvt.{rni,rzi,rmi,rpi}.{s32,u32}.f32: the PTX ISA clamps a float-to-integer conversion to the
+// destination's range and converts NaN to 0 (a C++ cast of such a value would be undefined).
+// `r` is already an integral value; 2^31 and 2^32 are exact floats.
+inline int kgen_simt_f2i(float r) {
+  return r != r ? 0 : r <= -2147483648.0f ? (int)0x80000000u : r >= 2147483648.0f ? 0x7fffffff : (int)r;
+}
+inline unsigned kgen_simt_f2u(float r) {
+  return r != r || r <= 0.0f ? 0u : r >= 4294967296.0f ? 0xffffffffu : (unsigned)r;
+}
+inline int __float2int_rn(float x) { return kgen_simt_f2i(nearbyintf(x)); }  // ties to even (default mode)
+inline int __float2int_rz(float x) { return kgen_simt_f2i(truncf(x)); }
+inline int __float2int_rd(float x) { return kgen_simt_f2i(floorf(x)); }
+inline int __float2int_ru(float x) { return kgen_simt_f2i(ceilf(x)); }
+inline unsigned __float2uint_rn(float x) { return kgen_simt_f2u(nearbyintf(x)); }
 inline float __int2float_rn(int x) { return (float)x; }
 inline float __uint2float_rn(unsigned x) { return (float)x; }
 inline void __sincosf(float x, float* s, float* c) { *s = sinf(x); *c = cosf(x); }
