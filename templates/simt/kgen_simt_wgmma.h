@@ -7,18 +7,21 @@
 //   D (64 x N, f32, N/2 registers): d[i] = (16w + g + 8*((i >> 1) & 1), 8*(i >> 2) + 2t + (i & 1))
 //   A in registers (64 x 16, four .b32 of two 16-bit values): the m16n8k16 A fragment of the
 //     warp's 16 rows: a0,a1 (g, 2t+0/1), a2,a3 (g+8, 2t+0/1), a4,a5 (g, 2t+8+0/1), a6,a7 (g+8, 2t+8+0/1)
-//   A or B in shared memory: a 64-bit matrix descriptor: start address >> 4 (bits 0-13), leading
-//     dimension byte offset >> 4 (LBO, 16-29), stride dimension byte offset >> 4 (SBO, 32-45),
-//     base offset (49-51; must be 0 here), swizzle (62-63: 0 none, 1 128B, 2 64B, 3 32B).
-//     The canonical layouts, in elements with T = 8 (16 bytes of 16-bit elements), S = swizzle
-//     bytes, before the swizzle is applied to the address:
+//   A or B in shared memory: a 64-bit matrix descriptor (PTX ISA 9.7.15.5.1.2.2 "Matrix Descriptor
+//     Format"): start address >> 4 (bits 0-13), leading dimension byte offset >> 4 (LBO, 16-29),
+//     stride dimension byte offset >> 4 (SBO, 32-45), base offset (49-51; must be 0 here),
+//     swizzle (62-63: 0 none, 1 128B, 2 64B, 3 32B).
+//     The canonical layouts (PTX ISA 9.7.15.5.1.2.1.3 "Canonical Layouts"; the same as CuTe's
+//     make_gmma_desc), in elements with T = 8 (16 bytes of 16-bit elements), S = swizzle bytes,
+//     before the swizzle is applied to the address:
 //       K-major,  none:  ((8,m),(T,2k)) : ((T,SBO),(1,LBO))      (core matrices of 8 rows x 16 bytes)
 //       K-major,  S:     ((8,m),(T,2k)) : ((S/2,SBO),(1,T))       (rows of S bytes, 8-row groups at SBO)
-//       MN-major, none:  ((T,1,m),(8,k)) : ((1,T,LBO),(T,SBO))
+//       MN-major, none:  ((T,1,m),(8,k)) : ((1,T,SBO),(T,LBO))    (SBO between 8-element MN groups,
+//                                                                  LBO between 8-deep K groups)
 //       MN-major, S:     ((T,S/16,m),(8,k)) : ((1,T,LBO),(S/2,SBO))
-//     then the swizzle XORs address bits [4, 4+b) with bits [7, 7+b), b = log2(S/16): the same
-//     patterns as the TMA's (kgen_simt_hopper.h). On the CPU the "shared address" of the
-//     descriptor is the byte offset in the block's dynamic shared memory (1024-byte aligned).
+//     then the swizzle (CuTe's Swizzle<b,4,3>) XORs address bits [4, 4+b) with bits [7, 7+b),
+//     b = log2(S/16). On the CPU the "shared address" of the descriptor is the byte offset in the
+//     block's dynamic shared memory (1024-byte aligned, where every swizzle pattern starts).
 // scale-d = 0: D = A*B; otherwise D = A*B + D. The accumulation is in fp32, k in order, one
 // rounding per step (as mma.sync's emulation, kgen_simt_mma.h).
 // The product is computed when the last thread of the warpgroup arrives (the operands are read
@@ -47,6 +50,14 @@ struct WgmmaStage {
 inline thread_local WgmmaStage wgmma_stage[8];  // one per warpgroup of the running block
 inline thread_local float wgmma_a[64][16], wgmma_b[16][256];  // operands of the product being computed
 
+// Swizzle<b,4,3> of a shared-memory byte address: the 16-byte chunk index inside each S-byte row
+// (bits 4..) XORed with the row index modulo the pattern's height (bits 7..): 128B: bits [4,7) ^=
+// bits [7,10); 64B: [4,6) ^= [7,9); 32B: bit 4 ^= bit 7 (the pattern repeats every 1024, 512, 256 B).
+inline size_t wgmma_swizzle(size_t addr, unsigned swizzle) {
+  const size_t mask = swizzle == 128 ? 7 : swizzle == 64 ? 3 : swizzle == 32 ? 1 : 0;
+  return addr ^ (((addr >> 7) & mask) << 4);
+}
+
 inline float wg_elem(unsigned short bits, int type) {
   return type == WG_F16 ? bits_to_float<__half>(bits) : bits_to_float<__nv_bfloat16>(bits);
 }
@@ -60,11 +71,13 @@ inline unsigned short wg_smem_elem(Worker* w, unsigned long long desc, bool k_ma
   if (k_major) {
     off = sw ? (size_t)(mn % 8) * sw + (size_t)(mn / 8) * sbo + (size_t)k * 2
              : (size_t)(mn % 8) * 16 + (size_t)(mn / 8) * sbo + (size_t)(k % 8) * 2 + (size_t)(k / 8) * lbo;
-  } else {
-    const int run = sw ? (int)sw / 2 : 8;  // elements contiguous along MN
-    off = (size_t)(mn % run) * 2 + (size_t)(mn / run) * lbo + (size_t)(k % 8) * (sw ? sw : 16) + (size_t)(k / 8) * sbo;
+  } else if (sw) {
+    const int run = (int)sw / 2;  // elements contiguous along MN
+    off = (size_t)(mn % run) * 2 + (size_t)(mn / run) * lbo + (size_t)(k % 8) * sw + (size_t)(k / 8) * sbo;
+  } else {  // without a swizzle the roles of the two offsets swap: SBO steps along MN, LBO along K
+    off = (size_t)(mn % 8) * 2 + (size_t)(mn / 8) * sbo + (size_t)(k % 8) * 16 + (size_t)(k / 8) * lbo;
   }
-  const size_t addr = tma_swizzle(start + off, sw);
+  const size_t addr = wgmma_swizzle(start + off, sw);
   if (addr + 2 > w->dyn_smem_len)
     fail("wgmma.mma_async: the descriptor 0x%016llx addresses byte %zu, beyond the %zu bytes of dynamic shared memory",
          desc, addr, w->dyn_smem_len);
