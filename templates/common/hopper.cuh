@@ -14,10 +14,8 @@
 //   setmaxnreg_inc<N>() / _dec<N>()    a warpgroup's registers per thread become N (sm_90a; no-op on the CPU)
 //   fence_proxy_async_shared()         generic-proxy writes to shared memory (stores, cp.async)
 //                                      before async-proxy reads (wgmma); the CPU orders them anyway
-// Bulk copies global -> shared, completing `bytes` transactions on `bar` when they land:
+// Bulk copy global -> shared, completing `bytes` transactions on `bar` when it lands:
 //   bulk_copy_g2s(dst, src, bytes, bar)               16-byte aligned, bytes a multiple of 16
-//   tma_load_2d/3d/4d(dst, map, c0, c1.., bar)        the box at coordinates (elements, innermost
-//                                                     first) of a tensor map made on the host
 // wgmma (sm_90a; the 128 threads of a warpgroup call together; fragment layouts and descriptor
 // layouts: templates/simt/kgen_simt_wgmma.h):
 //   wgmma_desc(smem, lbo, sbo, swizzle)               a shared-memory operand's matrix descriptor
@@ -25,15 +23,11 @@
 //   wgmma_rs<T, N, TRANS_B>(d, a_regs, desc_b, scale_d);                          A in registers
 //   wgmma_commit(); wgmma_wait<G>();                  at most G groups still pending
 //   T: __half or __nv_bfloat16; d: float[N/2]; TRANS = 0: K-major, 1: MN-major; scale_d 0: D = A*B
-// The TensorMap parameter is passed by value as a `const __grid_constant__ kgen::TensorMap`:
-// NVIDIA's CUtensorMap on the GPU, kgen's descriptor (kgen/runtime/tma.py) on the CPU.
 #pragma once
 
 namespace kgen {
 
 #ifdef KGEN_SIMT
-
-typedef ::kgen_simt::TensorMap TensorMap;
 
 __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) { ::kgen_simt::mbar_init(bar, count); }
 __device__ __forceinline__ void fence_mbarrier_init() {}
@@ -66,21 +60,7 @@ __device__ __forceinline__ bool mbar_test_wait(unsigned long long* bar, unsigned
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) { ::kgen_simt::mbar_wait(bar, parity); }
 
 __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-  ::kgen_simt::bulk_copy(dst, src, bytes, bar, nullptr, nullptr, 0);
-}
-__device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap& map, int c0, int c1, unsigned long long* bar) {
-  const int c[2] = {c0, c1};
-  ::kgen_simt::bulk_copy(dst, nullptr, 0, bar, &map, c, 2);
-}
-__device__ __forceinline__ void tma_load_3d(void* dst, const TensorMap& map, int c0, int c1, int c2,
-                                            unsigned long long* bar) {
-  const int c[3] = {c0, c1, c2};
-  ::kgen_simt::bulk_copy(dst, nullptr, 0, bar, &map, c, 3);
-}
-__device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap& map, int c0, int c1, int c2, int c3,
-                                            unsigned long long* bar) {
-  const int c[4] = {c0, c1, c2, c3};
-  ::kgen_simt::bulk_copy(dst, nullptr, 0, bar, &map, c, 4);
+  ::kgen_simt::bulk_copy(dst, src, bytes, bar);
 }
 
 template <class T> struct WgmmaType;
@@ -110,16 +90,12 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const unsigned (&a)[
 
 #else  // the GPU: sm_90 or later
 
-struct __align__(64) TensorMap {
-  unsigned long long opaque[16];  // CUtensorMap, encoded on the host by cuTensorMapEncodeTiled
-};
-
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
-// Makes the inits visible to the async proxy (TMA) and the other threads' mbarrier operations.
+// Makes the inits visible to the async proxy (bulk copies) and the other threads' mbarrier operations.
 __device__ __forceinline__ void fence_mbarrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
@@ -186,24 +162,6 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
 __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap& map, int c0, int c1, unsigned long long* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-      ::"r"(smem_addr(dst)), "l"(&map), "r"(c0), "r"(c1), "r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void tma_load_3d(void* dst, const TensorMap& map, int c0, int c1, int c2,
-                                            unsigned long long* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
-      "[%5];\n" ::"r"(smem_addr(dst)), "l"(&map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap& map, int c0, int c1, int c2, int c3,
-                                            unsigned long long* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
-      "%5}], [%6];\n" ::"r"(smem_addr(dst)), "l"(&map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
-      : "memory");
 }
 
 // wgmma needs sm_90a (the arch-specific target): NVRTC -arch=sm_90a.

@@ -1,6 +1,5 @@
 // kgen SIMT runtime, part 7: the Hopper (sm_90) primitives templates/common/hopper.cuh calls on
-// the CPU: mbarrier and the bulk copies (cp.async.bulk, cp.async.bulk.tensor = TMA) that complete
-// on one. State: kgen_simt_mbar.h.
+// the CPU: mbarrier and the bulk copy (cp.async.bulk) that completes on one. State: kgen_simt_mbar.h.
 //
 // PTX ISA semantics. An mbarrier's current phase completes when its pending arrival count and its
 // transaction count (tx-count) are both zero; then the phase number advances, the pending count is
@@ -161,48 +160,11 @@ __attribute__((noinline, noipa)) inline bool mbar_test_wait(void* bar, unsigned 
 }
 
 // ---- bulk copies ---------------------------------------------------------------------------------
-// Offset of byte `off` of a box in shared memory under the tensor map's swizzle: the 16-byte chunk
-// index inside each swizzle-wide row (bits 4.. of the offset) is XORed with the row index modulo the
-// pattern's height (bits 7..): 128B swizzle: bits [4,7) ^= bits [7,10); 64B: [4,6) ^= [7,9);
-// 32B: bit 4 ^= bit 7 (the PTX ISA's tensor swizzling modes; the pattern repeats every 1024, 512
-// and 256 bytes, which the destination must be aligned to).
-inline size_t tma_swizzle(size_t off, unsigned swizzle) {
-  const size_t mask = swizzle == 128 ? 7 : swizzle == 64 ? 3 : swizzle == 32 ? 1 : 0;
-  return off ^ (((off >> 7) & mask) << 4);
-}
-
-inline unsigned tma_box_bytes(const TensorMap& t) {
-  unsigned long long n = t.elem_bytes;
-  for (unsigned d = 0; d < t.rank; ++d) n *= t.box[d];
-  return (unsigned)n;
-}
-
-// The box at `coord` (elements, innermost first) to dst: box order, swizzled; zeros outside the tensor.
-inline void tma_gather(const BulkCopy& c) {
-  const TensorMap& t = c.map;
-  unsigned idx[TMA_MAX_RANK] = {0, 0, 0, 0, 0};
-  const unsigned total = tma_box_bytes(t) / t.elem_bytes;
-  for (unsigned e = 0; e < total; ++e) {
-    bool inside = true;
-    const unsigned char* p = t.base;
-    for (unsigned d = 0; d < t.rank; ++d) {
-      const long long g = (long long)c.coord[d] + idx[d];
-      if (g < 0 || (unsigned long long)g >= t.dims[d]) inside = false;
-      else p += d == 0 ? (unsigned long long)g * t.elem_bytes : (unsigned long long)g * t.strides[d - 1];
-    }
-    unsigned char* q = c.dst + tma_swizzle((size_t)e * t.elem_bytes, t.swizzle);
-    if (inside) std::memcpy(q, p, t.elem_bytes);
-    else std::memset(q, 0, t.elem_bytes);
-    for (unsigned d = 0; d < t.rank && ++idx[d] == t.box[d]; ++d) idx[d] = 0;
-  }
-}
-
 // The copy's writes as its issuer's async proxy.
 inline void bulk_land(Worker* w, const BulkCopy& c, Mbar& m) {
   const bool race = w->race.on;
   if (race) w->race.as_tid = (int)(w->nthreads + c.issuer);
-  if (c.rank == 0) std::memcpy(c.dst, c.src, c.bytes);
-  else tma_gather(c);
+  std::memcpy(c.dst, c.src, c.bytes);
   KGEN_SIMT_ASYNC_WRITE(c.dst, c.bytes);
   if (race) {
     w->race.as_tid = -1;
@@ -247,38 +209,18 @@ inline void mbar_complete_phase(Worker* w, unsigned bi) {
 }
 
 // cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], bytes, [bar]
-// (rank 0), or cp.async.bulk.tensor.<rank>d...tile.mbarrier::complete_tx::bytes [dst], [map, coord], [bar].
-__attribute__((noinline, noipa)) inline void bulk_copy(void* dst, const void* src, unsigned bytes, void* bar,
-                                                       const TensorMap* map, const int* coord, int rank) {
+__attribute__((noinline, noipa)) inline void bulk_copy(void* dst, const void* src, unsigned bytes, void* bar) {
   Worker* w = tls_w;
-  const char* op = rank ? "cp.async.bulk.tensor" : "cp.async.bulk";
+  const char* op = "cp.async.bulk";
   unsigned bi = 0;
   Mbar& m = *mbar_find(w, bar, op, &bi);
   if (w->hop.ncopies == BULK_MAX_PENDING)
     fail("%s: more than %u bulk copies in flight in one block (the CPU backend's limit)", op, BULK_MAX_PENDING);
+  if ((uintptr_t)dst % 16 || (uintptr_t)src % 16 || bytes % 16 || bytes == 0)
+    fail("cp.async.bulk: shared %p, global %p, %u bytes: both addresses must be 16-byte aligned and the size a "
+         "nonzero multiple of 16", dst, src, bytes);
   BulkCopy& c = w->hop.copies[w->hop.ncopies];
-  c.rank = rank;
-  if (rank == 0) {
-    if ((uintptr_t)dst % 16 || (uintptr_t)src % 16 || bytes % 16 || bytes == 0)
-      fail("cp.async.bulk: shared %p, global %p, %u bytes: both addresses must be 16-byte aligned and the size a "
-           "nonzero multiple of 16", dst, src, bytes);
-    c.src = static_cast<const unsigned char*>(src);
-  } else {
-    const TensorMap& t = *map;
-    if (t.magic != TMA_MAGIC) fail("cp.async.bulk.tensor: the tensor map at %p is not one kgen built", (const void*)map);
-    if ((int)t.rank != rank)
-      fail("cp.async.bulk.tensor.%dd with a tensor map of rank %u", rank, t.rank);
-    if (!(t.swizzle == 0 || t.swizzle == 32 || t.swizzle == 64 || t.swizzle == 128) ||
-        (t.swizzle && t.box[0] * t.elem_bytes != t.swizzle))
-      fail("cp.async.bulk.tensor: swizzle %u with an inner box of %u bytes: the CPU backend supports no swizzle, or "
-           "32/64/128-byte swizzle with an inner box of exactly that many bytes", t.swizzle, t.box[0] * t.elem_bytes);
-    const unsigned align = t.swizzle ? 8 * t.swizzle : 128;
-    if ((uintptr_t)dst % align)
-      fail("cp.async.bulk.tensor: shared destination %p must be %u-byte aligned (swizzle %u)", dst, align, t.swizzle);
-    c.map = t;
-    for (int d = 0; d < rank; ++d) c.coord[d] = coord[d];
-    bytes = tma_box_bytes(t);
-  }
+  c.src = static_cast<const unsigned char*>(src);
   c.bytes = bytes;
   c.dst = static_cast<unsigned char*>(dst);
   c.bar = bi;

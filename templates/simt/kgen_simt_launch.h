@@ -132,7 +132,7 @@ inline void run_worker(Job* job) {
   w->ready.resize(n);  // the ring buffer's capacity must be exactly n
   void* smem = nullptr;
   if (job->smem) {
-    // 1024-byte aligned: a 128B-swizzled TMA box must start on its 1024-byte pattern
+    // 1024-byte aligned: wgmma's 128B swizzle pattern repeats from 1024-byte boundaries
     if (posix_memalign(&smem, 1024, job->smem) != 0) {
       record(std::string("kernel '") + job->kernel + "': cannot allocate dynamic shared memory");
       release_stacks(w);

@@ -2,7 +2,7 @@
 //
 // An mbarrier is a 64-bit object in shared memory; the runtime keeps its state in a per-block
 // table keyed by that address (the word itself is left alone), with room for MBAR_MAX live
-// barriers. Bulk copies (cp.async.bulk, TMA) are recorded at issue and land when the phase of
+// barriers. Bulk copies (cp.async.bulk) are recorded at issue and land when the phase of
 // their mbarrier completes: the latest point the PTX ISA allows.
 #pragma once
 #include <cstdint>
@@ -11,21 +11,6 @@ namespace kgen_simt {
 
 constexpr unsigned MBAR_MAX = 64;           // live mbarriers per block
 constexpr unsigned BULK_MAX_PENDING = 512;  // bulk copies in flight per block
-constexpr unsigned TMA_MAX_RANK = 5;
-
-// kgen's tensor map on the CPU backend: what cuTensorMapEncodeTiled takes (the GPU side passes
-// NVIDIA's opaque 128-byte CUtensorMap in the same parameter slot). Built on the host
-// (kgen/runtime/tma.py); dims and box innermost first, strides in bytes for dims 1..rank-1.
-struct alignas(64) TensorMap {
-  const unsigned char* base;
-  unsigned long long dims[TMA_MAX_RANK];
-  unsigned long long strides[TMA_MAX_RANK - 1];
-  unsigned box[TMA_MAX_RANK];
-  unsigned rank, elem_bytes, swizzle;  // swizzle: 0 (none), 32, 64 or 128 bytes
-  unsigned magic;                      // TMA_MAGIC: refuses a descriptor that is not kgen's
-};
-static_assert(sizeof(TensorMap) == 128, "the same size as CUtensorMap");
-constexpr unsigned TMA_MAGIC = 0x4b544d41u;  // "KTMA"
 
 struct Mbar {
   const void* addr;
@@ -41,11 +26,8 @@ struct BulkCopy {
   unsigned bar;     // index in the table
   unsigned issuer;  // linear thread index
   unsigned char* dst;
-  const unsigned char* src;  // the non-tensor form
+  const unsigned char* src;
   unsigned bytes;
-  int rank;                  // 0: non-tensor
-  int coord[TMA_MAX_RANK];
-  TensorMap map;
 };
 
 // wgmma results not yet waited for: one per accumulator a thread has in flight. The registers

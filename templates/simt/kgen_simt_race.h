@@ -14,7 +14,7 @@
 // a __syncthreads between them (the block's barrier interval, `epoch`, differs) or a
 // __syncwarp chain inside one warp, or an mbarrier phase between warps (per-thread vector
 // clocks over the block's threads and their async proxies: kgen_simt_hopper.h). A thread's
-// async proxy (tid nthreads + t) performs its bulk copies (TMA): its writes are ordered after
+// async proxy (tid nthreads + t) performs its bulk copies (cp.async.bulk): its writes are ordered after
 // what the thread did before the issue and before what a waiter of the copy's mbarrier does.
 #pragma once
 #include <link.h>

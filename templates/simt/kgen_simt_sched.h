@@ -219,7 +219,7 @@ __attribute__((noinline)) inline void switch_ctx(Worker* w, Fiber* from, Fiber* 
 inline void thread_name(Worker* w, unsigned linear, char* buf, size_t n) {
   if (linear >= w->nthreads) {  // a thread's async proxy (race detection: its bulk copies)
     const Fiber& f = w->fibers[linear - w->nthreads];
-    snprintf(buf, n, "(the bulk copy/TMA issued by thread (%u,%u,%u))", f.tid.x, f.tid.y, f.tid.z);
+    snprintf(buf, n, "(the bulk copy issued by thread (%u,%u,%u))", f.tid.x, f.tid.y, f.tid.z);
     return;
   }
   const Fiber& f = w->fibers[linear];

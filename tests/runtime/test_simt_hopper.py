@@ -1,12 +1,9 @@
 """The CPU runtime's Hopper primitives (templates/common/hopper.cuh on the CPU side,
 templates/simt/kgen_simt_hopper.h): mbarrier phases and transaction counts, the blocking wait and
 the ordering the race detector takes from it, deadlocks and livelocks reported instead of hangs,
-and the bulk copies (cp.async.bulk, TMA tensor loads) landing when their phase completes, with the
-tensor map's out-of-bounds zero fill and the PTX ISA's swizzle modes checked element by element."""
+and the bulk copy (cp.async.bulk) landing when its phase completes."""
 
 from __future__ import annotations
-
-import ctypes
 
 import numpy as np
 import pytest
@@ -15,7 +12,6 @@ from kgen.errors import KernelRuntimeError
 from kgen.paths import templates_dir
 from kgen.runtime.base import Launch
 from kgen.runtime.cpu import CpuModule
-from kgen.runtime.tma import cpu_tensor_map
 
 MBAR_KERNELS = r"""
 // One thread walks an mbarrier through its phases; out[i] records each test (1: phase complete).
@@ -135,31 +131,8 @@ extern "C" __global__ void bulk(const unsigned char* src, unsigned char* dst, un
   if (mode != 2) kgen::mbar_wait(&bar, 0);
   for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = smem[(i + 16) % n];
 }
-
-// TMA: thread 0 loads the box at (c0..c3) into shared memory; everyone waits; the raw shared bytes
-// are copied out (the layout, swizzle included, is what the test checks). The box starts on a
-// 1024-byte boundary (the swizzle patterns follow shared-memory address bits; launch with 1 KiB more).
-extern "C" __global__ void tma(const __grid_constant__ kgen::TensorMap map, int rank, int c0, int c1, int c2, int c3,
-                               int bytes, unsigned char* out) {
-  KGEN_DYNAMIC_SMEM(unsigned char, raw);
-  unsigned char* smem = raw + ((1024 - (unsigned)(reinterpret_cast<unsigned long long>(raw) & 1023)) & 1023);
-  __shared__ unsigned long long bar;
-  if (threadIdx.x == 0) {
-    kgen::mbar_init(&bar, 1);
-    kgen::fence_mbarrier_init();
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    kgen::mbar_arrive_expect_tx(&bar, bytes);
-    if (rank == 2) kgen::tma_load_2d(smem, map, c0, c1, &bar);
-    if (rank == 3) kgen::tma_load_3d(smem, map, c0, c1, c2, &bar);
-    if (rank == 4) kgen::tma_load_4d(smem, map, c0, c1, c2, c3, &bar);
-  }
-  kgen::mbar_wait(&bar, 0);
-  for (int i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = smem[i];
-}
 """
-NAMES = ["phases", "ring", "tiny", "misuse", "bulk", "tma"]
+NAMES = ["phases", "ring", "tiny", "misuse", "bulk"]
 
 
 def _source(gpu: bool = False) -> str:
@@ -269,7 +242,7 @@ def test_bulk_copy_read_without_the_wait_is_a_race(race_module):
     dst, early = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
     _run(race_module, "bulk", 64, [src, dst, early, n, 0], smem=n)  # with the wait: clean
     assert dst.tolist() == [int(src[(i + 16) % n]) for i in range(n)]
-    with pytest.raises(KernelRuntimeError, match=r"shared-memory race on dynamic shared memory.*the bulk copy/TMA "
+    with pytest.raises(KernelRuntimeError, match=r"shared-memory race on dynamic shared memory.*the bulk copy "
                                                  r"issued by thread \(0,0,0\)"):
         _run(race_module, "bulk", 64, [src, dst, early, n, 2], smem=n)
 
@@ -280,81 +253,11 @@ def test_bulk_copy_checks_alignment(module):
         _run(module, "bulk", 32, [src, np.zeros(64, np.uint8), np.zeros(64, np.uint8), 24, 0], smem=64)
 
 
-# ---- TMA: the box, out-of-bounds zeros and swizzling -------------------------------------------------
-def swizzled_chunk(q: int, swizzle: int) -> int:
-    """Where 16-byte chunk q of a box lands under the PTX ISA's swizzle modes (Swizzle<b,4,3>: the
-    chunk's index bits [0,b) are XORed with bits [3,3+b), b = log2(swizzle / 16))."""
-    b = {0: 0, 32: 1, 64: 2, 128: 3}[swizzle]
-    return q ^ ((q >> 3) & ((1 << b) - 1))
-
-
-def expected_smem(a: np.ndarray, box: tuple[int, ...], start: tuple[int, ...], swizzle: int) -> np.ndarray:
-    """The box of `a` at `start` (both outermost first), zeros outside `a`, then swizzled by chunk."""
-    tile = np.zeros(box, a.dtype)
-    for idx in np.ndindex(*box):
-        g = tuple(s + i for s, i in zip(start, idx, strict=True))
-        if all(0 <= x < n for x, n in zip(g, a.shape, strict=True)):
-            tile[idx] = a[g]
-    raw = tile.tobytes()
-    out = bytearray(len(raw))
-    for q in range(len(raw) // 16):
-        p = swizzled_chunk(q, swizzle)
-        out[p * 16:(p + 1) * 16] = raw[q * 16:(q + 1) * 16]
-    return np.frombuffer(bytes(out), np.uint8)
-
-
-def _tma(module, a, box, start, swizzle):
-    desc = cpu_tensor_map(a, box, swizzle)
-    nbytes = int(np.prod(box)) * a.itemsize
-    coords = list(start[::-1]) + [0] * (4 - len(start))  # innermost first
-    out = np.zeros(nbytes, np.uint8)
-    _run(module, "tma", 32, [desc, a.ndim, *coords, nbytes, out], smem=nbytes + 1024)
-    return out
-
-
-CASES = [
-    # shape (outermost first), dtype, box, start, swizzle
-    ((40, 64), np.float16, (16, 64), (32, 0), 128),      # rows 40..47 outside: zeros
-    ((40, 64), np.float16, (16, 64), (-4, 0), 128),      # negative start
-    ((24, 96), np.float16, (8, 32), (3, 40), 64),
-    ((24, 96), np.float16, (8, 16), (9, 88), 32),        # columns 96..103 outside
-    ((12, 32), np.float16, (5, 24), (2, 10), 0),         # no swizzle, a ragged box
-    ((3, 20, 64), np.float16, (2, 8, 64), (2, 16, 0), 128),
-    ((2, 3, 10, 32), np.float32, (1, 2, 8, 32), (1, 2, 4, 0), 128),
-    ((2, 3, 10, 32), np.float32, (2, 2, 4, 16), (0, 1, 7, 16), 64),
-]
-
-
-@pytest.mark.parametrize("shape,dtype,box,start,swizzle", CASES)
-def test_tma_box_matches_the_documented_layout(module, shape, dtype, box, start, swizzle):
-    rng = np.random.default_rng(len(shape) * 100 + swizzle)
-    a = rng.standard_normal(shape).astype(dtype)
-    got = _tma(module, a, box, start, swizzle)
-    want = expected_smem(a, box, start, swizzle)
-    assert got.tobytes() == want.tobytes()
-    if swizzle:  # the check can fail: the unswizzled box is a different layout
-        assert got.tobytes() != expected_smem(a, box, start, 0).tobytes()
-
-
-def test_tma_reads_a_strided_view(module):
-    big = np.random.default_rng(3).standard_normal((40, 96)).astype(np.float16)
-    a = big[:, 16:80]  # row stride 192 bytes
-    got = _tma(module, a, (8, 64), (5, 0), 128)
-    assert got.tobytes() == expected_smem(np.ascontiguousarray(a), (8, 64), (5, 0), 128).tobytes()
-
-
-def test_swizzle_formula_is_a_permutation_within_its_pattern():
-    for sw, span in ((32, 256), (64, 512), (128, 1024)):
-        qs = [swizzled_chunk(q, sw) for q in range(span // 16 * 2)]
-        assert sorted(qs) == list(range(span // 16 * 2))
-        assert all(q // (span // 16) == p // (span // 16) for q, p in enumerate(qs))
-
-
-TMA_RING = r"""
-// A TMA ring of 2 stages: thread 0 loads rounds of 4 x 32 floats, warp 1 sums them. full[s]: the
-// producer's arrival + the box's bytes; empty[s]: the 32 consumers. mode 1: the producer does
-// not wait on empty before reloading a stage.
-extern "C" __global__ void tma_ring(const __grid_constant__ kgen::TensorMap map, int rounds, int mode, float* out) {
+BULK_RING = r"""
+// A ring of 2 stages fed by bulk copies: thread 0 loads rounds of 4 x 32 floats, warp 1 sums them.
+// full[s]: the producer's arrival + the copy's bytes; empty[s]: the 32 consumers. mode 1: the
+// producer does not wait on empty before reloading a stage.
+extern "C" __global__ void bulk_ring(const float* x, int rounds, int mode, float* out) {
   KGEN_DYNAMIC_SMEM(float, stage);  // [2][4][32]
   __shared__ unsigned long long full[2], empty[2];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -372,7 +275,7 @@ extern "C" __global__ void tma_ring(const __grid_constant__ kgen::TensorMap map,
     if (threadIdx.x == 0) {
       if (r >= 2 && mode == 0) kgen::mbar_wait(&empty[s], parity ^ 1);
       kgen::mbar_arrive_expect_tx(&full[s], 4 * 32 * 4);
-      kgen::tma_load_2d(stage + s * 128, map, 0, 4 * r, &full[s]);
+      kgen::bulk_copy_g2s(stage + s * 128, x + r * 128, 4 * 32 * 4, &full[s]);
     } else if (warp == 1) {
       kgen::mbar_wait(&full[s], parity);
       float acc = 0.f;
@@ -387,29 +290,27 @@ extern "C" __global__ void tma_ring(const __grid_constant__ kgen::TensorMap map,
 
 @pytest.fixture(scope="module")
 def ring_module():
-    return CpuModule.from_source(_source() + TMA_RING, ["tma_ring"], race_check=True)
+    return CpuModule.from_source(_source() + BULK_RING, ["bulk_ring"], race_check=True)
 
 
 @pytest.mark.parametrize("schedule", ["fifo", "reverse", "shuffle"])
-def test_tma_ring_is_ordered_by_its_barriers(ring_module, schedule):
+def test_bulk_copy_ring_is_ordered_by_its_barriers(ring_module, schedule):
     rounds = 6
     x = np.random.default_rng(2).integers(-9, 10, (4 * rounds, 32)).astype(np.float32)
     out = np.zeros(rounds * 32, np.float32)
     ring_module.schedule = schedule
-    ring_module.launch(Launch("tma_ring", (1, 1, 1), (64, 1, 1), 1024,
-                              [cpu_tensor_map(x, (4, 32)), rounds, 0, out]))
+    ring_module.launch(Launch("bulk_ring", (1, 1, 1), (64, 1, 1), 1024, [x, rounds, 0, out]))
     np.testing.assert_array_equal(out.reshape(rounds, 32), x.reshape(rounds, 4, 32).sum(axis=1))
 
 
-def test_tma_reloading_a_stage_without_the_empty_wait_is_a_race(ring_module):
+def test_reloading_a_stage_without_the_empty_wait_is_a_race(ring_module):
     """The consumers woke for round 0's phase; the producer's round-2 copy into the same stage is
     not ordered after their reads."""
     x = np.zeros((12, 32), np.float32)
     ring_module.schedule = "reverse"
-    with pytest.raises(KernelRuntimeError, match=r"shared-memory race on dynamic shared memory.*the bulk copy/TMA "
+    with pytest.raises(KernelRuntimeError, match=r"shared-memory race on dynamic shared memory.*the bulk copy "
                                                  r"issued by thread \(0,0,0\)"):
-        ring_module.launch(Launch("tma_ring", (1, 1, 1), (64, 1, 1), 1024,
-                                  [cpu_tensor_map(x, (4, 32)), 3, 1, np.zeros(96, np.float32)]))
+        ring_module.launch(Launch("bulk_ring", (1, 1, 1), (64, 1, 1), 1024, [x, 3, 1, np.zeros(96, np.float32)]))
 
 
 def test_kernels_include_the_provided_header():
@@ -437,7 +338,7 @@ extern "C" __global__ void all_arrive(int* out) {
 def gpu_module(tmp_path_factory):
     from test_simt_wgmma import GpuModule
 
-    return GpuModule(_source(gpu=True), ["phases", "ring", "bulk", "tma"], tmp_path_factory.mktemp("gpu"))
+    return GpuModule(_source(gpu=True), ["phases", "ring", "bulk"], tmp_path_factory.mktemp("gpu"))
 
 
 @pytest.mark.gpu
@@ -463,54 +364,3 @@ def test_the_gpu_bulk_copy_lands(gpu_module):
     dst = np.zeros(n, np.uint8)
     _run(gpu_module, "bulk", 64, [src, dst, np.zeros(n, np.uint8), n, 0], smem=n)
     assert dst.tolist() == [int(src[(i + 16) % n]) for i in range(n)]
-
-
-def _cuda_tensor_map(dev, box, swizzle) -> ctypes.Array:
-    """NVIDIA's CUtensorMap of the CuPy array `dev` (axes outermost first, as cpu_tensor_map takes
-    them), encoded by the driver's cuTensorMapEncodeTiled; zeros outside the tensor."""
-    lib = ctypes.CDLL("libcuda.so.1")
-    buf = (ctypes.c_uint8 * 192)()
-    at = (ctypes.addressof(buf) + 63) // 64 * 64  # CUtensorMap is 64-byte aligned
-    rank = dev.ndim
-    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
-    dims = (u64 * rank)(*dev.shape[::-1])
-    strides = (u64 * max(rank - 1, 1))(*dev.strides[::-1][1:])
-    boxes = (u32 * rank)(*tuple(box)[::-1])
-    ones = (u32 * rank)(*([1] * rank))
-    dtype = {2: 1, 4: 2}[dev.itemsize]  # CU_TENSOR_MAP_DATA_TYPE_UINT16 / UINT32: a copy moves bits
-    mode = {0: 0, 32: 1, 64: 2, 128: 3}[swizzle]
-    fn = lib.cuTensorMapEncodeTiled
-    fn.restype = ctypes.c_int
-    err = fn(ctypes.c_void_p(at), dtype, rank, ctypes.c_void_p(dev.data.ptr), dims, strides, boxes, ones,
-             0, mode, 0, 0)  # no interleave, no L2 promotion, OOB fill: zeros
-    assert err == 0, f"cuTensorMapEncodeTiled: CUresult {err}"
-    out = (ctypes.c_uint8 * 128)()
-    ctypes.memmove(out, at, 128)
-    return out
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape,dtype,box,start,swizzle", CASES)
-def test_the_gpu_tma_box_matches_the_emulation(gpu_module, module, shape, dtype, box, start, swizzle):
-    """cp.async.bulk.tensor on the hardware with the driver's tensor map == the emulation with kgen's
-    (launched through cuLaunchKernel: the 128-byte map goes by value)."""
-    import cupy as cp
-
-    rng = np.random.default_rng(len(shape) * 100 + swizzle)
-    a = rng.standard_normal(shape).astype(dtype)
-    want = _tma(module, a, box, start, swizzle)
-    dev = cp.asarray(a)
-    tmap = _cuda_tensor_map(dev, box, swizzle)
-    nbytes = int(np.prod(box)) * a.itemsize
-    coords = list(start[::-1]) + [0] * (4 - len(start))
-    out = cp.zeros(nbytes, cp.uint8)
-    values = [tmap, ctypes.c_int(a.ndim), *(ctypes.c_int(c) for c in coords), ctypes.c_int(nbytes),
-              ctypes.c_void_p(out.data.ptr)]
-    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-    fn = gpu_module.mod._module.get_function("tma")
-    launch = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
-    launch.restype = ctypes.c_int
-    err = launch(ctypes.c_void_p(fn.ptr), 1, 1, 1, 32, 1, 1, nbytes + 1024, None, params, None)
-    assert err == 0, f"cuLaunchKernel: CUresult {err}"
-    cp.cuda.runtime.deviceSynchronize()
-    assert cp.asnumpy(out).tobytes() == want.tobytes()
