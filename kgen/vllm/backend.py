@@ -152,7 +152,9 @@ class KgenMetadataBuilder(AttentionMetadataBuilder[KgenAttentionMetadata]):
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self._init_reorder_batch_threshold(1)
+        # With speculative decoding vLLM puts the verification requests (1 + draft tokens) at the front
+        # with the decode rows; kgen serves them with a prefill kernel fitted to them (translate).
+        self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
         head_size_v = getattr(kv_cache_spec, "head_size_v", None)
         if head_size_v is not None and head_size_v != kv_cache_spec.head_size:
             raise ValueError(f"kgen cannot serve attention layers {', '.join(layer_names)}: head_size_v "
@@ -161,18 +163,17 @@ class KgenMetadataBuilder(AttentionMetadataBuilder[KgenAttentionMetadata]):
         # Build (or load) and verify every layer's kernels now, at start-up, with the block size the
         # KV cache really has, so that a layer kgen cannot serve stops start-up naming the layer.
         self.kernel_sets: dict[str, LayerKernels] = {}
-        self.split_decodes = True
+        # On a GPU one-token rows go to paged_decode (paged_prefill would pad each to a 16-row MMA tile);
+        # on the CPU backend paged_prefill serves them faster (benchmarks/vllm_cpu.py, docs/vllm.md).
+        mode = KGEN_VLLM_MIXED.value()
+        self.split_decodes = mode == "split" or (mode == "auto" and serving_backend() != "cpu")
+        self.draft_q_len = int(self.reorder_batch_threshold or 1) if self.split_decodes else 1
         layers = get_layers_from_vllm_config(vllm_config, torch.nn.Module, layer_names)
         for name in layer_names:
             impl = getattr(layers.get(name), "impl", None)
             if isinstance(impl, KgenAttentionImpl):
-                kernels = impl.prepare(name, kv_cache_spec.block_size)
+                kernels = impl.prepare(name, kv_cache_spec.block_size, self.draft_q_len)
                 self.kernel_sets.setdefault(kernels.name, kernels)
-        # On a GPU one-token rows go to paged_decode (paged_prefill would pad each to a 16-row MMA tile);
-        # on the CPU backend paged_prefill serves them faster (benchmarks/vllm_cpu.py, docs/vllm.md).
-        mode = KGEN_VLLM_MIXED.value()
-        backends = {k.decode.backend for k in self.kernel_sets.values()}
-        self.split_decodes = mode == "split" or (mode == "auto" and backends != {"cpu"})
         # Kept across steps, so a steady-state step allocates nothing: the int32 slot mapping the
         # kernels take (vLLM's is int64) and each kernel's split-KV scratch, shared by its plans.
         tokens = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_batched_tokens", None) or 0
@@ -182,8 +183,11 @@ class KgenMetadataBuilder(AttentionMetadataBuilder[KgenAttentionMetadata]):
 
     def build(self, common_prefix_len: int, common_attn_metadata, fast_build: bool = False):
         meta = translate(common_attn_metadata, split=self.split_decodes,
-                         slot_mapping=self._int32_slots(common_attn_metadata))
+                         slot_mapping=self._int32_slots(common_attn_metadata), draft_q_len=self.draft_q_len)
         for name, kernels in self.kernel_sets.items():
+            if meta.drafts is not None:
+                meta.draft_plans[name] = kernels.drafts.plan(meta.drafts.seq_lens_cpu, q_indptr=meta.drafts.q_indptr_cpu,
+                                                             workspace=self._workspace(name, "drafts"))
             meta.plans[name] = (
                 kernels.decode.plan(meta.decode.seq_lens_cpu, workspace=self._workspace(name, "decode"))
                 if meta.decode else None,
@@ -271,15 +275,18 @@ class KgenAttentionImpl(AttentionImpl):
                               sliding_window=self.sliding_window or None, logits_soft_cap=soft_cap or None,
                               alibi=self.alibi_slopes is not None, sinks=self.sinks is not None)
 
-    def prepare(self, layer_name: str, block_size: int) -> LayerKernels:
-        """Build (first use) the verified kernels for the cache's block size; log which serve the layer."""
+    def prepare(self, layer_name: str, block_size: int, draft_q_len: int = 1) -> LayerKernels:
+        """Build (first use) the verified kernels for the cache's block size (and, for `draft_q_len` >
+        1, the prefill kernel fitted to speculative decoding's verification requests); log which
+        serve the layer."""
         self.layer_name = layer_name
         self.layer = self._layer(block_size, self.layer.logits_soft_cap)
         try:
-            self.kernels = kernels_for(self.layer, backend=serving_backend())
+            self.kernels = kernels_for(self.layer, backend=serving_backend(), draft_q_len=draft_q_len)
         except KgenError as e:
             raise ValueError(f"kgen cannot serve attention layer {layer_name}: {e}") from None
-        log.info("kgen: layer %s served by %s (cache_write, decode, prefill)", layer_name, self.kernels.name)
+        kinds = "cache_write, decode, prefill" + (f", drafts of up to {draft_q_len} tokens" if draft_q_len > 1 else "")
+        log.info("kgen: layer %s served by %s (%s)", layer_name, self.kernels.name, kinds)
         return self.kernels
 
     def _pools(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -331,6 +338,11 @@ class KgenAttentionImpl(AttentionImpl):
             self.kernels.decode(q=query[rows.row_start:rows.row_end], out=output[rows.row_start:rows.row_end],
                                 block_tables=rows.block_tables, seq_lens=rows.seq_lens, plan=decode_plan, **common)
             count_launch(self.layer_name, "decode")
+        if (rows := attn_metadata.drafts) is not None:
+            self.kernels.drafts(q=query[rows.row_start:rows.row_end], out=output[rows.row_start:rows.row_end],
+                                q_indptr=rows.q_indptr, block_tables=rows.block_tables, seq_lens=rows.seq_lens,
+                                plan=attn_metadata.draft_plans.get(self.kernels.name), **common)
+            count_launch(self.layer_name, "drafts")
         if (rows := attn_metadata.prefill) is not None:
             self.kernels.prefill(q=query[rows.row_start:rows.row_end], out=output[rows.row_start:rows.row_end],
                                  q_indptr=rows.q_indptr, block_tables=rows.block_tables, seq_lens=rows.seq_lens,

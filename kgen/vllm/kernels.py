@@ -22,6 +22,9 @@ from pathlib import Path
 from kgen.audit import auditable
 from kgen.build import build, select_backend
 from kgen.errors import KgenUserError
+from kgen.families.attention.prefill import fitted_to_short_rows
+from kgen.families.base import resolve_config
+from kgen.families.registry import family_for
 from kgen.model_specs import KINDS, LayerAttention, layer_specs
 from kgen.runtime.cuda import device_arch, gpu_available, gpu_diagnosis
 from kgen.settings import (
@@ -44,12 +47,15 @@ _LAUNCHES: Counter[tuple[str, str]] = Counter()  # (layer name, kind) -> launche
 
 @dataclass(frozen=True)
 class LayerKernels:
-    """The three kernels of one layer type."""
+    """The kernels of one layer type: its three kinds, and with speculative decoding on a GPU the
+    prefill kernel fitted to draft-verification requests (`drafts`, kgen.families.attention.prefill.
+    fitted_to_short_rows)."""
 
     layer: LayerAttention
     cache_write: object
     decode: object
     prefill: object
+    drafts: object | None = None
 
     @property
     def name(self) -> str:
@@ -86,12 +92,12 @@ def _source(spec) -> Path | None:
     return found[0] if found else None
 
 
-def _build(spec, backend: str):
-    """The verified kernel of `spec` (kgen's, or a hand-written source's), audited at
-    KGEN_VLLM_AUDIT_RATE for the attention kinds."""
+def _build(spec, backend: str, config: dict | None = None):
+    """The verified kernel of `spec` (kgen's, or a hand-written source's; `config`: kgen's, in place of
+    the spec's tuning defaults), audited at KGEN_VLLM_AUDIT_RATE for the attention kinds."""
     rate = KGEN_VLLM_AUDIT_RATE.value()
-    source = _source(spec)
-    key = f"{spec.name} {source} {rate}"
+    source = _source(spec) if config is None else None
+    key = f"{spec.name} {source} {rate} {sorted((config or {}).items())}"
     with _LOCK:
         kern = _BUILT.get(key)
         if kern is None:
@@ -100,7 +106,8 @@ def _build(spec, backend: str):
                 log.info("kgen: %s from the hand-written %s (verifying)", spec.name, source)
                 kern = load_source(served, source, backend=backend, archs=_archs(backend))  # VerificationError
             else:
-                kern = build(spec, backend=backend, archs=_archs(backend), device_budget=SERVING_VERIFY_BUDGET)
+                kern = build(spec, backend=backend, archs=_archs(backend), device_budget=SERVING_VERIFY_BUDGET,
+                             config=config)
                 if not kern.report.passed:
                     raise KgenUserError(f"kgen: {spec.name} failed verification, so it will not serve: "
                                         f"{kern.report.summary()}")
@@ -138,12 +145,20 @@ def serving_backend(platform=None) -> str:
     return "cuda"
 
 
-def kernels_for(layer: LayerAttention, backend: str = "auto") -> LayerKernels:
-    """The verified kernels of a layer type (built on first use in this process)."""
+def kernels_for(layer: LayerAttention, backend: str = "auto", draft_q_len: int = 1) -> LayerKernels:
+    """The verified kernels of a layer type (built on first use in this process). `draft_q_len` > 1:
+    speculative decoding's verification requests have up to that many query tokens; a prefill
+    kernel fitted to them is built too (from the prefill spec in use, a hand-written one's included:
+    a source implements one launch, so kgen's kernel of that spec serves the drafts)."""
     chosen = select_backend(backend)
     specs = {kind: _override(spec) for kind, spec in layer_specs(layer, prefix="vllm").items()}
     built = {kind: _build(specs[kind], chosen) for kind in KINDS}
-    return LayerKernels(layer, built["cache_write"], built["decode"], built["prefill"])
+    drafts = None
+    if draft_q_len > 1:  # under its own name: torch.ops.kgen.<prefill name> stays the prefill kernel
+        prefill = specs["prefill"].with_overrides(name=f"{specs['prefill'].name}_drafts")
+        config = fitted_to_short_rows(prefill, resolve_config(family_for(prefill), prefill, None), draft_q_len)
+        drafts = _build(prefill, chosen, config=config)
+    return LayerKernels(layer, built["cache_write"], built["decode"], built["prefill"], drafts)
 
 
 def count_launch(layer_name: str, kind: str) -> None:
@@ -151,7 +166,7 @@ def count_launch(layer_name: str, kind: str) -> None:
 
 
 def launch_counts() -> dict[str, dict[str, int]]:
-    """{layer name: {"cache_write" | "decode" | "prefill": launches}} in this process: the proof that
+    """{layer name: {"cache_write" | "decode" | "drafts" | "prefill": launches}} in this process: the proof that
     kgen's kernels, not vLLM's, served each layer."""
     result: dict[str, dict[str, int]] = {}
     for (layer, kind), n in sorted(_LAUNCHES.items()):

@@ -1,10 +1,13 @@
 """vLLM's per-batch attention metadata as kgen calls (docs/vllm.md, "How a batch is served").
 
-vLLM reorders each batch so that requests with one new token come first (the builder's reorder
-threshold is 1). Those rows are decode rows: one `paged_decode` launch over their sequences.
-The rest are prefill chunks: one `paged_prefill` launch whose `q_indptr` is vLLM's
-`query_start_loc` shifted to start at 0. A batch with both is split there; with
-`split=False` every row goes through `paged_prefill` (decode is its q_len = 1 case).
+vLLM reorders each batch so that requests with few new tokens come first (the builder's reorder
+threshold: 1, or with speculative decoding 1 + the draft tokens), in no order of length within
+that front region. When every front request has one new token they are decode rows: one
+`paged_decode` launch over their sequences; when some have more (draft verification), the whole
+front region is one launch of the prefill kernel fitted to requests of at most the threshold's
+tokens (`drafts`; a one-token request is its q_len = 1 case). The rest are prefill chunks: one `paged_prefill` launch whose `q_indptr` is
+vLLM's `query_start_loc` shifted to start at 0. With `split=False` every row goes through
+`paged_prefill` (decode is its q_len = 1 case).
 Lengths and tables are vLLM's own tensors, sliced, never copied. Plans are made from the host's
 lengths (`seq_lens_cpu_upper_bound`, else `max_seq_len` for every row): an upper bound is enough
 for a kgen plan (a partition past a sequence's end exits at once), and reading the device's
@@ -42,14 +45,19 @@ class KgenAttentionMetadata:
     slot_mapping: torch.Tensor  # int32 [num_actual_tokens] (the builder's persistent copy of vLLM's int64)
     decode: RowGroup | None
     prefill: RowGroup | None
+    drafts: RowGroup | None = None  # draft-verification requests (speculative decoding)
     # kgen plans made in build(), by the name of the layer type they serve: {name: (decode plan, prefill plan)}
     plans: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    draft_plans: dict[str, Any] = field(default_factory=dict)  # {name: the drafts kernel's plan}
 
 
-def translate(common, split: bool = True, slot_mapping: torch.Tensor | None = None) -> KgenAttentionMetadata:
+def translate(common, split: bool = True, slot_mapping: torch.Tensor | None = None,
+              draft_q_len: int = 1) -> KgenAttentionMetadata:
     """The kgen row groups of one batch (`common`: vLLM's CommonAttentionMetadata, reordered with
     decode requests first). `slot_mapping`: the slots as the kernels take them (vLLM's when None).
-    Reads only host tensors' values: nothing here waits for the device."""
+    `draft_q_len` > 1 (with `split`): the front requests of at most draft_q_len tokens form the
+    `drafts` group when any of them has more than one. Reads only host tensors' values: nothing here waits for
+    the device."""
     if common.causal is not True:
         what = "a per-request causal tensor" if isinstance(common.causal, torch.Tensor) else f"causal={common.causal!r}"
         raise ValueError(f"kgen's vLLM backend serves causal attention only, got {what} for this batch "
@@ -61,26 +69,33 @@ def translate(common, split: bool = True, slot_mapping: torch.Tensor | None = No
     lens_cpu = (bound[:num_reqs] if bound is not None
                 else torch.full((num_reqs,), int(common.max_seq_len), dtype=torch.int32))
     tables = common.block_table_tensor[:num_reqs]
-    num_decodes = _leading_single_token_requests(qsl_cpu) if split else 0
-    decode = prefill = None
+    # vLLM's front region: every request of at most the threshold's tokens, in no order of length.
+    front = _leading_requests(qsl_cpu, max(1, draft_q_len)) if split else 0
+    one_token = front and int(qsl_cpu[front]) == front  # all of them decode rows
+    num_decodes = front if one_token else 0
+    decode = None
     if num_decodes:
         decode = RowGroup(0, num_decodes, seq_lens[:num_decodes], tables[:num_decodes], lens_cpu[:num_decodes])
-    if num_decodes < num_reqs:
-        start = int(qsl_cpu[num_decodes])
-        q_indptr_cpu = (qsl_cpu[num_decodes:] - start).to(torch.int32)
-        q_indptr = (common.query_start_loc[num_decodes: num_reqs + 1] - start).to(torch.int32)
-        prefill = RowGroup(start, int(qsl_cpu[num_reqs]), seq_lens[num_decodes:], tables[num_decodes:],
-                           lens_cpu[num_decodes:], q_indptr, q_indptr_cpu)
+
+    def packed(first: int, end: int) -> RowGroup | None:
+        """Requests [first, end) as one prefill-style group (q_indptr from 0)."""
+        if first == end:
+            return None
+        start = int(qsl_cpu[first])
+        q_indptr_cpu = (qsl_cpu[first:end + 1] - start).to(torch.int32)
+        q_indptr = (common.query_start_loc[first:end + 1] - start).to(torch.int32)
+        return RowGroup(start, int(qsl_cpu[end]), seq_lens[first:end], tables[first:end], lens_cpu[first:end],
+                        q_indptr, q_indptr_cpu)
+
     slots = common.slot_mapping[:n_tokens] if slot_mapping is None else slot_mapping[:n_tokens]
-    return KgenAttentionMetadata(n_tokens, slots, decode, prefill)
+    return KgenAttentionMetadata(n_tokens, slots, decode, packed(front, num_reqs),
+                                 drafts=packed(num_decodes, front))
 
 
-def _leading_single_token_requests(qsl_cpu: torch.Tensor) -> int:
-    """How many requests at the front have exactly one query row (vLLM's reorder puts them there)."""
+def _leading_requests(qsl_cpu: torch.Tensor, most: int) -> int:
+    """How many requests at the front have 1 .. `most` query rows (vLLM's reorder puts them there)."""
     lens = (qsl_cpu[1:] - qsl_cpu[:-1]).tolist()
     count = 0
-    for n in lens:
-        if n != 1:
-            break
+    while count < len(lens) and 1 <= lens[count] <= most:
         count += 1
     return count

@@ -4,6 +4,8 @@ get_layers_from_vllm_config finds it, vLLM's own CommonAttentionMetadata and for
 
 from __future__ import annotations
 
+import types
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from vllm.config import VllmConfig, set_current_vllm_config
@@ -31,10 +33,14 @@ class Plugin:
     """`layers` kgen layers of one KV-cache group, their builder and their pages on `device`."""
 
     def __init__(self, device: str = "cpu", layers: int = 2, num_blocks: int = 16, alibi: bool = False,
-                 sinks: bool = False, max_tokens: int = 256, kv_cache_dtype: str = "auto"):
+                 sinks: bool = False, max_tokens: int = 256, kv_cache_dtype: str = "auto",
+                 draft_tokens: int = 0):
         self.device = torch.device(device)
         self.config = VllmConfig()
         self.config.scheduler_config.max_num_batched_tokens = max_tokens
+        if draft_tokens:  # what vLLM's builders read of a SpeculativeConfig
+            self.config.speculative_config = types.SimpleNamespace(num_speculative_tokens=draft_tokens,
+                                                                   parallel_drafting=False)
         self.names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
         slopes = [2.0 ** (-(i + 1)) for i in range(HQ)] if alibi else None
         self.layers = {}

@@ -140,6 +140,39 @@ def test_steps_on_the_cpu_backend_match_float64_with_upper_bound_plans():
             assert (out[i].double() - expected).abs().max() < 1e-5, (step, i)
 
 
+def test_draft_verification_requests_are_served_by_the_prefill_kernel_fitted_to_them():
+    """Speculative decoding with 3 draft tokens: vLLM's front region holds one-token requests and
+    verification requests of 4 tokens; kgen serves it with the prefill kernel fitted to 4-token
+    requests (4 tokens x a GQA group of 2 = 8 packed rows: one warp, one m tile), the prompt chunk
+    after it with the prefill kernel; every row against float64."""
+    from kgen.vllm.kernels import launch_counts, reset_launch_counts
+
+    plugin = Plugin(layers=1, draft_tokens=3)
+    name, builder = plugin.names[0], plugin.builder
+    assert builder.reorder_batch_threshold == 4 and builder.draft_q_len == 4
+    kernels = plugin.layers[name].impl.kernels
+    assert (kernels.drafts.config["warps"], kernels.drafts.config["m_tiles"]) == (1, 1)
+    assert kernels.drafts.report.passed and kernels.prefill.config != kernels.drafts.config
+    tables = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    prompt = [19, 32, 47]
+    slots = [t[j // B] * B + j % B for t, n in zip(tables[:3], prompt, strict=True) for j in range(n)]
+    plugin.step(common_metadata(prompt, prompt, tables[:3], slots), *qkv(sum(prompt), "cpu", seed=1))
+
+    query_lens, seq_lens = [1, 4, 1, 20], [20, 36, 48, 20]  # the last: a new prompt's first chunk
+    positions = [list(range(n - q, n)) for q, n in zip(query_lens, seq_lens, strict=True)]
+    slots = [tables[i][p // B] * B + p % B for i, ps in enumerate(positions) for p in ps]
+    reset_launch_counts()
+    q, k, v = qkv(sum(query_lens), "cpu", seed=5)
+    out = plugin.step(common_metadata(query_lens, seq_lens, tables, slots), q, k, v)[name]
+    assert launch_counts()[name] == {"cache_write": 1, "drafts": 1, "prefill": 1}
+    row = 0
+    for i, ps in enumerate(positions):
+        for p in ps:
+            expected = reference(q[row], plugin.pages[name], tables[i], p + 1)
+            assert (out[row].double() - expected).abs().max() < 1e-5, (i, p)
+            row += 1
+
+
 def test_a_captured_decode_graph_serves_other_lengths_and_padded_rows():
     """Full CUDA graphs, replayed eagerly on the CPU backend: vLLM captures with dummy lengths (1 per
     row), then at each replay rewrites its persistent seq_lens, block tables and slot mapping in place

@@ -40,6 +40,24 @@ def test_decode_only_batch_has_no_prefill_launch():
     assert meta.decode.num_seqs == 3 and (meta.decode.row_start, meta.decode.row_end) == (0, 3)
 
 
+def test_draft_verification_requests_take_the_whole_front_region():
+    """With 3 draft tokens vLLM's front region is every request of at most 4 tokens, in no order of
+    length: one drafts group (prefill-style, q_indptr from 0), then the chunks."""
+    meta = translate(common([1, 4, 1, 4, 9], [9, 40, 12, 30, 9]), draft_q_len=4)
+    assert meta.decode is None
+    d = meta.drafts
+    assert (d.row_start, d.row_end) == (0, 10) and d.q_indptr.tolist() == [0, 1, 5, 6, 10]
+    assert d.seq_lens.tolist() == [9, 40, 12, 30] and d.block_tables[:, 0].tolist() == [0, 4, 8, 12]
+    assert (meta.prefill.row_start, meta.prefill.row_end) == (10, 19) and meta.prefill.q_indptr.tolist() == [0, 9]
+
+
+def test_a_front_region_of_one_token_requests_stays_decode_under_speculative_decoding():
+    meta = translate(common([1, 1, 9], [9, 40, 9]), draft_q_len=4)
+    assert meta.drafts is None and meta.decode.num_seqs == 2 and meta.prefill.num_seqs == 1
+    assert translate(common([1, 4, 9], [9, 40, 9]), draft_q_len=1).decode.num_seqs == 1  # no drafts: as before
+    assert translate(common([1, 4], [9, 40]), split=False, draft_q_len=4).drafts is None
+
+
 def test_prefill_only_batch_and_the_unsplit_mode():
     meta = translate(common([4, 7], [4, 30]))
     assert meta.decode is None and meta.prefill.q_indptr.tolist() == [0, 4, 11]

@@ -175,6 +175,16 @@ def block_rows(spec, config: Config) -> int:
     return 16 * tiles(spec, config)[0] * m_tiles_of(spec, config)
 
 
+def fitted_to_short_rows(spec, config: Config, max_q_len: int) -> Config:
+    """`config` with the smallest row tile that holds a request of `max_q_len` query tokens (its
+    packed rows: max_q_len x the GQA group): speculative decoding's verification requests, a few
+    tokens each, would fill a fraction of a tile sized for prompt chunks (4 warps x 2 m tiles = 128
+    rows). One m tile a warp, the mma.sync body (the Hopper body's tile is 64 rows or more)."""
+    rows = max(1, int(max_q_len)) * spec.group_size
+    warps = next((w for w in WARPS if 16 * w >= rows), WARPS[-1])
+    return {**config, "warps": warps, "m_tiles": 1, "path": 1}
+
+
 def tiles(spec, config: Config) -> tuple[int, int]:
     """(warps, kv_tile) of a config; 0 means automatic: 4 warps and 64-key tiles (32 past head_dim
     128, or with 2 m tiles a warp: their scores' registers), halved while the shared memory exceeds
