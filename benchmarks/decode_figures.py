@@ -18,18 +18,11 @@ from pathlib import Path
 import numpy as np
 
 import kgen
+from kgen.bench.decode import kv_bytes_per_token
 from kgen.families.attention.decode_cases import make_decode_case
 from kgen.families.attention.decode_geometry import decode_geometry
-from kgen.formats.dtypes import dtype
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def kv_bytes_per_token(spec) -> int:
-    a, kv = spec.attention, spec.kv_cache
-    row = 2 * a.head_dim * dtype(kv.dtype).itemsize
-    scale = 2 * 4 if kv.scale == "per_token_head" else 0
-    return a.num_kv_heads * (row + scale)
 
 
 def kv_bytes_from_arrays(spec) -> int:

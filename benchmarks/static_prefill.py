@@ -59,6 +59,7 @@ from kgen.families.registry import family_for  # noqa: E402
 from kgen.formats.dtypes import dtype  # noqa: E402
 from kgen.perf import model as pm  # noqa: E402
 from kgen.perf import prefill_model as pf  # noqa: E402
+from kgen.perf.prefill_model import MIXED, SHAPES, mixed_parts, mixed_shape  # noqa: E402,F401
 from kgen.perf.report import planning_kernel  # noqa: E402
 from kgen.perf.sass import find_cuobjdump, sass_text  # noqa: E402
 from kgen.render import render  # noqa: E402
@@ -72,16 +73,6 @@ PIPES = pf.PIPES[ARCH]
 PEAK = pf.DENSE_PEAK[ARCH]
 DOC_BEGIN, DOC_END = "<!-- static_prefill:begin -->", "<!-- static_prefill:end -->"
 
-# The issue's shapes: (label, [(q_len, kv_len) per sequence]); kv_len counts the chunk's own tokens.
-MIXED = [(256, 4096)] * 8 + [(1, 4096)] * 56
-SHAPES = [
-    ("prompt 512", [(512, 512)]),
-    ("prompt 4K", [(4096, 4096)]),
-    ("prompt 16K", [(16384, 16384)]),
-    ("prompt 64K", [(65536, 65536)]),
-    ("chunk 256 @ 32K", [(256, 32768 + 256)]),
-    ("mixed 8x256 + 56x1 @ 4K", MIXED),
-]
 MIXED_NOTE = ("mixed: 8 chunks of 256 query tokens whose sequences reach 4096 tokens (a 3840-token prefix "
               "each) + 56 decode rows (q_len 1) over 4096-token contexts, one launch of 64 sequences")
 # FlashAttention-3 paper's forward benchmark (arXiv 2407.08608, Sec. 4.1): batch x seqlen = 16K tokens,
@@ -623,18 +614,6 @@ def mma_path(k: Kernel) -> str:
 
 def group_name(model: str, kv: str) -> str:
     return f"{model.split(' (')[0]}, {kv}"
-
-
-def mixed_shape() -> tuple[str, list[tuple[int, int]]]:
-    """The tables' mixed batch: (label, sequences)."""
-    return next((label, seqs) for label, seqs in SHAPES if seqs is MIXED)
-
-
-def mixed_parts(seqs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
-    """A mixed batch's parts as they would run alone: its prefill chunks as one launch, its decode rows
-    (q_len 1) as another."""
-    parts = [[s for s in seqs if s[0] > 1], [s for s in seqs if s[0] == 1]]
-    return [p for p in parts if p]
 
 
 def shape_estimates(k: Kernel, spec, pipes: pf.PrefillPipes = PIPES) -> dict[str, pf.PrefillEstimate | None]:

@@ -57,6 +57,31 @@ DENSE_PEAK = {"sm_90": 989.4e12, "sm_80": 312e12}
 # The clock that peak is quoted at: 989.4e12 / (132 SMs x 4096 FLOP/SM/clk) = 1.83 GHz on sm_90.
 TENSOR_CLOCK = {"sm_90": 1.83e9, "sm_80": 1.41e9}
 
+# The prefill benchmark shapes (benchmarks/static_prefill.py estimates them, benchmarks/gpu_prefill.py and
+# `kgen selftest` measure them): (label, [(q_len, kv_len) per sequence]); kv_len counts the chunk's own tokens.
+MIXED = [(256, 4096)] * 8 + [(1, 4096)] * 56
+SHAPES = [
+    ("prompt 512", [(512, 512)]),
+    ("prompt 4K", [(4096, 4096)]),
+    ("prompt 16K", [(16384, 16384)]),
+    ("prompt 64K", [(65536, 65536)]),
+    ("chunk 256 @ 32K", [(256, 32768 + 256)]),
+    ("mixed 8x256 + 56x1 @ 4K", MIXED),
+]
+
+
+def mixed_shape() -> tuple[str, list[tuple[int, int]]]:
+    """The tables' mixed batch: (label, sequences)."""
+    return next((label, seqs) for label, seqs in SHAPES if seqs is MIXED)
+
+
+def mixed_parts(seqs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """A mixed batch's parts as they would run alone: its prefill chunks as one launch, its decode rows
+    (q_len 1) as another."""
+    parts = [[s for s in seqs if s[0] > 1], [s for s in seqs if s[0] == 1]]
+    return [p for p in parts if p]
+
+
 # ---- SASS ---------------------------------------------------------------------------------------
 FP32_OPS = ("FFMA", "FMUL", "FADD", "FMNMX")
 _HGMMA = re.compile(r"^HGMMA\.(\d+)x(\d+)x(\d+)")

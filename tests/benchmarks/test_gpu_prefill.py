@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import kgen.bench.prefill
 from kgen.perf import prefill_model as pf
 from kgen.runtime.cuda import gpu_available
 from kgen.spec.models import load_spec
@@ -80,7 +81,7 @@ def test_kgen_paths_are_probed_from_the_family(monkeypatch):
         def default_space(self, spec):
             return {"warps": [2, 4], "mma_path": [1, 0, 2]}
 
-    monkeypatch.setattr(gp, "family_for", lambda s: Family())
+    monkeypatch.setattr(kgen.bench.prefill, "family_for", lambda s: Family())  # where the probing lives
     assert gp.prefill_paths(spec) == [("mma_path=0", {"mma_path": 0}), ("mma_path=1", {"mma_path": 1}),
                                       ("mma_path=2", {"mma_path": 2})]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import kgen.bench.decode
 from kgen.compile.nvrtc import compile_cubin
 from kgen.perf import model as pm
 from kgen.render import render
@@ -261,7 +262,7 @@ def test_gpu_script_times_both_decode_paths_when_the_family_has_them(monkeypatch
     class Family:
         params = {"threads": None, "mma_min_group": None}
 
-    monkeypatch.setattr(gpu_decode, "family_for", lambda s: Family)
+    monkeypatch.setattr(kgen.bench.decode, "family_for", lambda s: Family)  # where the probing lives
     assert [c for _, c in gpu_decode.decode_paths(spec)] == [{"mma_min_group": 0}, {"mma_min_group": 1}]
     assert [n.split(" (")[0] for n, _ in gpu_decode.decode_paths(spec)] == ["CUDA cores", "tensor cores"]
 
