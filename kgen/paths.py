@@ -17,3 +17,18 @@ def templates_dir() -> Path:
 
 def simt_dir() -> Path:
     return templates_dir() / "simt"
+
+
+def specs_dir() -> Path:
+    """specs/ of the checkout (the bundled specs), or kgen/_specs inside an installed wheel."""
+    for candidate in (_PKG / "_specs", _PKG.parent / "specs"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"kgen's bundled specs not found next to {_PKG}")
+
+
+def source_checkout() -> Path | None:
+    """The source checkout kgen runs from (the folder holding tests/ beside kgen/), or None for an
+    installed kgen, which carries no tests."""
+    root = _PKG.parent
+    return root if (root / "tests" / "conftest.py").is_file() and (root / "pyproject.toml").is_file() else None

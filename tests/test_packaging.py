@@ -1,4 +1,5 @@
-"""The wheel carries the templates (kgen/_templates) and the console script."""
+"""The wheel carries the templates (kgen/_templates), the bundled specs (kgen/_specs: `kgen selftest`
+builds them) and the console script."""
 
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ def test_wheel_contains_every_template(wheel):
     assert missing == []
     assert "kgen/_templates/simt/kgen_simt.h" in names
     assert "kgen/_templates/paged_decode.cu.j2" in names
+
+
+def test_wheel_contains_every_bundled_spec(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    specs = sorted(p.name for p in (ROOT / "specs").glob("*.yaml"))
+    assert specs and [s for s in specs if f"kgen/_specs/{s}" not in names] == []
 
 
 def test_wheel_declares_console_script_and_deps(wheel):
