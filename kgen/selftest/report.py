@@ -37,7 +37,8 @@ def _specs(f: dict) -> list[str]:
              r.get("summary") or r.get("reason", ""), f"{r.get('seconds', 0):.1f}",
              "; ".join(f"{a}: {v['registers']} regs, {v['spills']} spills" for a, v in r.get("resources", {}).items()),
              "; ".join(r.get("notes", []))] for r in f.get("bodies", [])]
-    return [f"Bodies for {f.get('arch', '?')} (seed {f.get('seed', '?')}), {f.get('specs', 0)} spec files:", "",
+    return [f"Bodies for {f.get('arch', '?')} on the {f.get('backend', '?')} backend (seed {f.get('seed', '?')}), "
+            f"{f.get('specs', 0)} spec files:", "",
             md_table(["spec", "body", "result", "cases", "verification", "s", "ptxas", "kgen's notes"], rows)]
 
 
@@ -91,7 +92,10 @@ RENDER = {"environment": _environment, "specs": _specs, "vllm": _vllm, "decode":
 def markdown(doc: dict) -> str:
     env = doc["environment"]
     device = env.get("device", {})
-    device = f"{device.get('name')} ({device.get('arch')})" if isinstance(device, dict) else str(device)[:100]
+    if isinstance(device, dict):
+        device = f"{device.get('name')} ({device.get('arch')})"
+    else:  # no GPU, or facts that could not be read: the environment section has the whole text
+        device = "none (no GPU visible)" if str(device).startswith("none") else str(device)[:100]
     verdict = {0: "every step that ran passed", 1: "a step failed"}[doc["exit_status"]]
     out = [f"# kgen selftest: {verdict}", "",
            f"kgen {doc['kgen']}, backend {doc['backend']}{' --quick' if doc['quick'] else ''}, device {device}, "

@@ -119,7 +119,7 @@ def build_and_verify(ctx: Context) -> Outcome:
     arch = device_arch() if ctx.backend == "cuda" else CPU_ARCH
     jobs = [{"spec": str(p), "backend": ctx.backend, "body": label, "targets": targets}
             for p in paths for label, targets in bodies(load_spec(p), arch, ctx.quick)]
-    outcome = Outcome(figures={"arch": arch, "specs": len(paths), "bodies": [], "seed": SEED})
+    outcome = Outcome(figures={"arch": arch, "backend": ctx.backend, "specs": len(paths), "bodies": [], "seed": SEED})
     rows: list[dict] = outcome.figures["bodies"]
     with ThreadPoolExecutor(workers(ctx.backend)) as pool:
         for row in pool.map(lambda job: _run_worker(job, ctx.seconds_left()), jobs):
