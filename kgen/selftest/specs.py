@@ -89,7 +89,7 @@ def verify_one(job: dict) -> dict:
 
 def _run_worker(job: dict, timeout: float) -> dict:
     """verify_one in a fresh process (`python -m kgen.selftest.child --verify-one JOB`)."""
-    row = {"spec": Path(job["spec"]).stem, "body": job["body"]}
+    row = {"spec": job["name"], "body": job["body"]}
     if timeout <= 1:
         return row | {"status": "skipped", "reason": "the step's time budget was spent before it started",
                       "seconds": 0.0}
@@ -117,8 +117,9 @@ def workers(backend: str) -> int:
 def build_and_verify(ctx: Context) -> Outcome:
     paths = choose([Path(p) for p in ctx.specs], ctx.quick)
     arch = device_arch() if ctx.backend == "cuda" else CPU_ARCH
-    jobs = [{"spec": str(p), "backend": ctx.backend, "body": label, "targets": targets}
-            for p in paths for label, targets in bodies(load_spec(p), arch, ctx.quick)]
+    loaded = {p: load_spec(p) for p in paths}
+    jobs = [{"spec": str(p), "name": spec.name, "backend": ctx.backend, "body": label, "targets": targets}
+            for p, spec in loaded.items() for label, targets in bodies(spec, arch, ctx.quick)]
     outcome = Outcome(figures={"arch": arch, "backend": ctx.backend, "specs": len(paths), "bodies": [], "seed": SEED})
     rows: list[dict] = outcome.figures["bodies"]
     with ThreadPoolExecutor(workers(ctx.backend)) as pool:
