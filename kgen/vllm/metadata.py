@@ -68,7 +68,7 @@ def translate(common, split: bool = True, slot_mapping: torch.Tensor | None = No
     bound = common.seq_lens_cpu_upper_bound
     lens_cpu = (bound[:num_reqs] if bound is not None
                 else torch.full((num_reqs,), int(common.max_seq_len), dtype=torch.int32))
-    tables = common.block_table_tensor[:num_reqs]
+    tables = _whole_rows(common.block_table_tensor[:num_reqs])
     # vLLM's front region: every request of at most the threshold's tokens, in no order of length.
     front = _leading_requests(qsl_cpu, max(1, draft_q_len)) if split else 0
     one_token = front and int(qsl_cpu[front]) == front  # all of them decode rows
@@ -90,6 +90,21 @@ def translate(common, split: bool = True, slot_mapping: torch.Tensor | None = No
     slots = common.slot_mapping[:n_tokens] if slot_mapping is None else slot_mapping[:n_tokens]
     return KgenAttentionMetadata(n_tokens, slots, decode, packed(front, num_reqs),
                                  drafts=packed(num_decodes, front))
+
+
+def _whole_rows(table: torch.Tensor) -> torch.Tensor:
+    """The block table as kgen takes it, C-contiguous, without a copy where it can be: vLLM's tables
+    are rows of a persistent buffer, and with kernel-block splitting (a cache block larger than
+    kgen's largest, split by vLLM's AttentionGroup) it passes the first columns of each row only;
+    the whole rows are the same entries followed by ones past every sequence's end, which kgen
+    never reads (it reads a sequence's first ceil(seq_len / block_size) entries)."""
+    if table.is_contiguous() or table.dim() != 2 or table.stride(1) != 1:
+        return table.contiguous()
+    rows, width = table.shape[0], table.stride(0)
+    needed = table.storage_offset() + (rows - 1) * width + width
+    if rows == 0 or table.untyped_storage().nbytes() < needed * table.element_size():
+        return table.contiguous()
+    return table.as_strided((rows, width), (width, 1))
 
 
 def _leading_requests(qsl_cpu: torch.Tensor, most: int) -> int:

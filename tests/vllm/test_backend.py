@@ -235,3 +235,68 @@ def test_vllms_own_runner_code_reads_the_backend_as_declared(monkeypatch):
     monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", "NHD")
     with pytest.raises(ValueError, match="VLLM_KV_CACHE_LAYOUT=NHD does not satisfy"):
         resolve_kv_cache_layout(plugin.config, [names])
+
+
+@pytest.mark.full  # builds and verifies the layer's kernels anew for 256-token blocks (~45 s); the default
+# tier's test_metadata.py checks the kernel block table's translation
+def test_vllms_allocation_and_metadata_with_cache_blocks_split_into_kgens():
+    """A cache block of 512 tokens, past kgen's largest (256): vLLM's own prepare_kernel_block_sizes,
+    AttentionGroup, allocate_kv_cache and build_attn_metadata split it into kernel blocks, hand the
+    builder the kernel block size and a kernel block table (the first columns of rows of a persistent
+    buffer); a prompt step through the plugin matches float64 causal attention of q, k and v."""
+    import types
+
+    from vllm.forward_context import set_forward_context
+    from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+    from vllm.v1.worker.gpu.attn_utils import build_attn_metadata
+    from vllm.v1.worker.utils import (
+        AttentionGroup,
+        allocate_kv_cache,
+        map_kv_caches_to_kernel_blocks,
+        prepare_kernel_block_sizes,
+    )
+
+    from kgen.vllm.backend import KgenAttentionBackend
+
+    block, kv_heads = 512, 2
+    plugin = Plugin(layers=1)
+    name = plugin.names[0]
+    plugin.config.model_config = types.SimpleNamespace(max_model_len=2048, dtype=torch.float32)  # what is read
+    spec = FullAttentionSpec(block_size=block, num_kv_heads=kv_heads, head_size=D, dtype=torch.float32)
+    page, num_blocks = spec.page_size_bytes, 4
+    config = KVCacheConfig(num_blocks=num_blocks, kv_cache_groups=[KVCacheGroupSpec([name], spec)],
+                           kv_cache_tensors=[KVCacheTensor(size=page * num_blocks, layers=[name],
+                                                           layer_stride=page * num_blocks, block_stride=page)])
+    group = AttentionGroup(KgenAttentionBackend, [name], spec, 0)
+    kernel_block_sizes = prepare_kernel_block_sizes(config, [[group]])
+    assert kernel_block_sizes == [256]
+    group.create_metadata_builders(plugin.config, torch.device("cpu"), kernel_block_size=kernel_block_sizes[0])
+    layer = plugin.layers[name]
+    assert layer.impl.kernels.decode.spec.kv_cache.block_size == 256
+    layout = resolve_kv_cache_layout(plugin.config, [[x.name for x in KgenAttentionBackend.supported_kv_cache_layouts()]])
+    caches = map_kv_caches_to_kernel_blocks(allocate_kv_cache(config, torch.device("cpu"), layout, kernel_block_sizes),
+                                            [group])
+    assert tuple(caches[name].shape) == (2 * num_blocks, kv_heads, 256, 2 * D)
+
+    prompts, tables = [300, 700], [[0, 3], [1, 2]]
+    slots = [tables[i][j // block] * block + j % block for i, n in enumerate(prompts) for j in range(n)]
+    common = common_metadata(prompts, prompts, tables, slots)
+    meta = build_attn_metadata([[group]], 2, sum(prompts), common.query_start_loc, common.query_start_loc_cpu,
+                               max(prompts), common.seq_lens, max(prompts), [common.block_table_tensor],
+                               [common.slot_mapping], config, seq_lens_cpu_upper_bound=common.seq_lens_cpu_upper_bound)
+    assert meta[name].prefill.block_tables[:, :4].tolist() == [[0, 1, 6, 7], [2, 3, 4, 5]]
+    q, k, v = qkv(sum(prompts), "cpu", seed=3)
+    out = torch.empty_like(q)
+    with set_forward_context(meta, plugin.config):
+        layer.impl.do_kv_cache_update(layer, k, v, caches[name], common.slot_mapping)
+        layer.impl.forward(layer, q, k, v, caches[name], meta[name], out)
+    start = 0
+    for n in prompts:
+        qq, kk, vv = (x[start:start + n].double() for x in (q, k, v))
+        kk, vv = kk.repeat_interleave(HQ // kv_heads, 1), vv.repeat_interleave(HQ // kv_heads, 1)
+        scores = torch.einsum("thd,shd->hts", qq, kk) * D ** -0.5
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        expected = torch.einsum("hts,shd->thd", torch.softmax(scores, -1), vv)
+        assert (out[start:start + n].double() - expected).abs().max() < 1e-5
+        start += n

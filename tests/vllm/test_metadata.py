@@ -58,6 +58,20 @@ def test_a_front_region_of_one_token_requests_stays_decode_under_speculative_dec
     assert translate(common([1, 4], [9, 40]), split=False, draft_q_len=4).drafts is None
 
 
+def test_a_kernel_block_table_of_a_wider_buffer_is_taken_whole_without_a_copy():
+    """vLLM's kernel-block splitting passes the first columns of rows of a persistent buffer; kgen
+    takes the whole rows (entries past every sequence's end are never read), C-contiguous, in place."""
+    meta = common([1, 1, 5], [9, 40, 5])
+    persistent = torch.arange(6 * 8, dtype=torch.int32).reshape(6, 8)
+    meta.block_table_tensor = persistent[:3, :4]
+    got = translate(meta)
+    for group in (got.decode, got.prefill):
+        assert group.block_tables.is_contiguous() and group.block_tables.shape[1] == 8
+        assert group.block_tables.untyped_storage().data_ptr() == persistent.untyped_storage().data_ptr()
+    assert got.decode.block_tables[:, :4].tolist() == persistent[:2, :4].tolist()
+    assert got.prefill.block_tables[:, :4].tolist() == persistent[2:3, :4].tolist()
+
+
 def test_prefill_only_batch_and_the_unsplit_mode():
     meta = translate(common([4, 7], [4, 30]))
     assert meta.decode is None and meta.prefill.q_indptr.tolist() == [0, 4, 11]
