@@ -8,6 +8,7 @@ import numpy as np
 
 from kgen.arrays import as_array_arg, checks_values
 from kgen.audit import AuditedKernel
+from kgen.compile.advisories import advisories_of
 from kgen.errors import ArgumentError
 from kgen.families.base import Config
 from kgen.families.binding import host_values
@@ -54,6 +55,13 @@ class Kernel:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def advisories(self) -> list[dict]:
+        """ptxas's performance advisories and local-memory use for every cubin built, each
+        {"arch", "code", "message", "kernel"} (kgen/compile/advisories.py); also under
+        resources[arch][kernel]["advisories"]. Empty when ptxas had nothing to say."""
+        return advisories_of(self.resources)
 
     def __call__(self, plan: Plan | None = None, **arguments: Any):
         """Run the kernel; with `plan` (from self.plan) the launches and split-KV scratch are the

@@ -66,8 +66,12 @@ def build(specs, output, archs, backend, tune, seed, force, source_file):
             line = kernel.report.summary()
             for note in getattr(kernel, "notes", []):
                 out.print(f"note {escape(note)}")
+            for adv in kernel.advisories:  # ptxas gave up performance somewhere: say where
+                out.print(f"[yellow]ptxas[/yellow] {escape(adv['arch'])} {escape(adv['kernel'])}: "
+                          f"{escape(adv['code'])} {escape(adv['message'])}")
             regs = ", ".join(f"{arch}: {max(r['registers'] for r in res.values())} regs "
                              f"{max(r['spill_stores'] for r in res.values())} spills"
+                             f"{_advisory_count(arch, kernel.advisories)}"
                              for arch, res in kernel.resources.items())
             if kernel.report.passed:
                 path = write_generated(kernel, output, spec_file=str(spec.source_path), tuning=tuning, force=force)
@@ -89,6 +93,14 @@ def _build_source(spec, source_file: str, output: str, archs, backend: str, seed
         except VerificationError as e:
             out.print(f"[red]FAIL[/red] {escape(str(e))} (nothing written)")
             raise Failed(f"1 kernel failed: {spec.name}") from None
+    for adv in kernel.advisories:
+        out.print(f"[yellow]ptxas[/yellow] {escape(adv['arch'])} {escape(adv['kernel'])}: "
+                  f"{escape(adv['code'])} {escape(adv['message'])}")
     path = write_generated(kernel, output, spec_file=str(spec.source_path), force=force)
     out.print(f"[green]ok[/green]   {escape(kernel.report.summary())} from {escape(source_file)} "
               f"-> {escape(str(path))}")
+
+
+def _advisory_count(arch: str, advisories: list[dict]) -> str:
+    n = sum(a["arch"] == arch for a in advisories)
+    return f" {n} ptxas advisor{'y' if n == 1 else 'ies'}" if n else ""

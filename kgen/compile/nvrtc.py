@@ -4,7 +4,8 @@ NVRTC is the library cuda-pathfinder finds (NVIDIA's pip wheel first), called th
 ctypes: CuPy's `nvrtc.getCUBIN` treats the cubin as a C string and drops its last byte,
 which leaves an ELF that cuobjdump cannot read and a driver may refuse to load.
 The arch is always named (`-arch=sm_XX`), so compiling needs no GPU. ptxas runs
-inside NVRTC with `-v`; its report is parsed into per-kernel resources.
+inside NVRTC with `-v` (`--ptxas-options=-v`: its output is the program log); its report is parsed
+into per-kernel resources, its performance advisories included (kgen/compile/advisories.py).
 Cubins are cached by content (see kgen/cache.py).
 """
 
@@ -13,13 +14,14 @@ from __future__ import annotations
 import ctypes
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 from cuda.pathfinder import load_nvidia_dynamic_lib
 
 from kgen.cache import ArtifactCache, content_key
+from kgen.compile.advisories import Advisory, numbered_advisories, resource_advisories
 from kgen.compile.cuda_headers import cuda_include_dir, headers_fingerprint
 from kgen.compile.line_map import display_name, source_line
 from kgen.compile.provided import kgen_headers, kgen_headers_digest
@@ -37,6 +39,8 @@ class KernelResources:
     spill_loads: int = 0
     stack_frame: int = 0
     static_smem: int = 0
+    local_bytes: int = 0
+    advisories: list[Advisory] = field(default_factory=list)  # ptxas's, and local-memory use
 
 
 @dataclass
@@ -53,6 +57,7 @@ _Program = ctypes.c_void_p
 # The cache namespace of cubins: "cubin" entries were written one byte short (CuPy's getCUBIN), so
 # they are never looked up again.
 CACHE_NAMESPACE = "cubin-v2"
+PTX_NAMESPACE = "ptx"
 
 
 @lru_cache(maxsize=1)
@@ -75,6 +80,8 @@ def _library() -> ctypes.CDLL:
         "nvrtcGetProgramLog": [_Program, ctypes.c_char_p],
         "nvrtcGetCUBINSize": [_Program, size_p],
         "nvrtcGetCUBIN": [_Program, ctypes.c_char_p],
+        "nvrtcGetPTXSize": [_Program, size_p],
+        "nvrtcGetPTX": [_Program, ctypes.c_char_p],
         "nvrtcDestroyProgram": [prog_p],
     }.items():
         fn = getattr(lib, name)
@@ -105,8 +112,9 @@ def _program_log(prog: ctypes.c_void_p) -> str:
         errors="replace")
 
 
-def _compile(source: str, name: str, options: list[str]) -> tuple[bytes | None, str]:
-    """(cubin, program log) of one NVRTC program; the cubin is None when compiling failed."""
+def _compile(source: str, name: str, options: list[str], ptx: bool = False) -> tuple[bytes | None, str]:
+    """(cubin, program log) of one NVRTC program; the cubin is None when compiling failed. With `ptx`,
+    the PTX NVRTC generated on the way (text) instead of the cubin."""
     lib = _library()
     prog = _Program()
     provided = kgen_headers()  # "kgen/platform.cuh": NVRTC resolves kgen's headers from this list
@@ -120,6 +128,8 @@ def _compile(source: str, name: str, options: list[str]) -> tuple[bytes | None, 
         log = _program_log(prog)
         if status != _NVRTC_SUCCESS:
             return None, log or (lib.nvrtcGetErrorString(status) or b"").decode()
+        if ptx:
+            return _read(prog, lib.nvrtcGetPTXSize, lib.nvrtcGetPTX, "getPTX").rstrip(b"\0"), log
         return _read(prog, lib.nvrtcGetCUBINSize, lib.nvrtcGetCUBIN, "getCUBIN"), log
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
@@ -135,20 +145,34 @@ def nvrtc_version() -> str:
 _ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+_LMEM = re.compile(r"(\d+) bytes lmem")
 
 
 def parse_ptxas_report(log: str) -> dict[str, KernelResources]:
-    """Per-kernel resources from ptxas -v output."""
+    """Per-kernel resources from ptxas -v output, each with its advisories: the numbered ones ptxas
+    printed about it, then the local memory its resource report shows."""
     out: dict[str, KernelResources] = {}
     current: KernelResources | None = None
-    for line in log.splitlines():
-        if m := _ENTRY.search(line):
-            current = out.setdefault(m.group(1), KernelResources())
+    name: str | None = None
+    numbered = dict(numbered_advisories(log))
+    for i, line in enumerate(log.splitlines()):
+        if i in numbered:
+            adv = numbered[i]
+            kernel = adv.kernel or name or ""
+            out.setdefault(kernel, KernelResources()).advisories.append(Advisory(adv.code, adv.message, kernel))
+        elif m := _ENTRY.search(line):
+            name = m.group(1)
+            current = out.setdefault(name, KernelResources())
         elif current is not None and (m := _FRAME.search(line)):
             current.stack_frame, current.spill_stores, current.spill_loads = map(int, m.groups())
         elif current is not None and (m := _USED.search(line)):
             current.registers = int(m.group(1))
             current.static_smem = int(m.group(2) or 0)
+            if lm := _LMEM.search(line):
+                current.local_bytes = int(lm.group(1))
+    for kernel, res in out.items():
+        res.advisories += resource_advisories(kernel, res.stack_frame, res.spill_stores, res.spill_loads,
+                                              res.local_bytes)
     return out
 
 
@@ -202,6 +226,26 @@ def compile_cubin(source: str, arch: str, *, origin: str = "<source>", name: str
     entry, hit = cache.get_or_build(CACHE_NAMESPACE, key, build)
     log = (entry / "ptxas.log").read_text()
     return CubinArtifact(arch, (entry / "kernel.cubin").read_bytes(), parse_ptxas_report(log), log, hit)
+
+
+def compile_ptx(source: str, arch: str, *, origin: str = "<source>", name: str = "kernel.cu",
+                cache: ArtifactCache | None = None) -> str:
+    """The PTX NVRTC generates for `source` on the way to compile_cubin's cubin (same options, sm_90a
+    where the source asks for it): what the wgmma ordering check reads (kgen/compile/wgmma_order.py)."""
+    arch = compile_arch(source, arch)
+    include = cuda_include_dir()
+    options = (f"-arch={arch}", *BASE_OPTIONS)
+    key = content_key("nvrtc-ptx", source, json.dumps(options), nvrtc_version(), headers_fingerprint(include),
+                      kgen_headers_digest())
+
+    def build(tmp: Path) -> None:
+        text, log = _compile(source, name, [*options, f"-I{include}"], ptx=True)
+        if text is None:
+            raise CompileError(format_compile_error(source, log, origin, name=name))
+        (tmp / "kernel.ptx").write_bytes(text)
+
+    entry, _ = (cache or ArtifactCache()).get_or_build(PTX_NAMESPACE, key, build)
+    return (entry / "kernel.ptx").read_text()
 
 
 def resources_as_dict(resources: dict[str, KernelResources]) -> dict[str, dict[str, int]]:

@@ -72,6 +72,8 @@ __device__ __forceinline__ unsigned long long wgmma_desc(const void* smem, unsig
   return ::kgen_simt::wgmma_desc(smem, lbo, sbo, swizzle);
 }
 __device__ __forceinline__ void wgmma_fence() {}
+template <class R, int N> __device__ __forceinline__ void wgmma_fence_operand(R (&)[N]) {}
+template <class R, int M, int N> __device__ __forceinline__ void wgmma_fence_operand(R (&)[M][N]) {}
 __device__ __forceinline__ void wgmma_commit() { ::kgen_simt::wgmma_commit(); }
 template <int G>
 __device__ __forceinline__ void wgmma_wait() {
@@ -172,6 +174,21 @@ __device__ __forceinline__ unsigned long long wgmma_desc(const void* smem, unsig
          ((unsigned long long)((sbo & 0x3ffff) >> 4) << 32) | (mode << 62);
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+// A register fence: the compiler must treat every element of x as read and written here, so no
+// access to wgmma's accumulators or A registers moves across it into (or out of) the window
+// between wgmma.fence and the wgmma.wait_group that completes the wgmma using them.
+__device__ __forceinline__ void wgmma_fence_register(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+__device__ __forceinline__ void wgmma_fence_register(unsigned& x) { asm volatile("" : "+r"(x)::"memory"); }
+template <class R, int N>
+__device__ __forceinline__ void wgmma_fence_operand(R (&x)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) wgmma_fence_register(x[i]);
+}
+template <class R, int M, int N>
+__device__ __forceinline__ void wgmma_fence_operand(R (&x)[M][N]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i) wgmma_fence_operand(x[i]);
+}
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int G>
 __device__ __forceinline__ void wgmma_wait() {
