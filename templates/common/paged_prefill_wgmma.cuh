@@ -135,7 +135,10 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(
   constexpr int STAGES = S::STAGES, ONT = DV / 8;
   constexpr bool CAUSAL = Cfg::CAUSAL;
   const bool split = Cfg::SPLIT && max_partitions > 1;
-  const int tid = threadIdx.x, wg = tid / 128, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  // The warpgroup index broadcast from lane 0: ptxas then knows it is warp-uniform, and so is every
+  // branch and loop bound derived from it, which keeps the consumers' wgmma in uniform control flow
+  // (a wgmma ptxas must assume divergent is serialised: advisory C7520).
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int kv_head = blockIdx.y, part = blockIdx.z;  // DV <= 256: one output slice
 
   int seq, tile;
@@ -277,6 +280,7 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(
     const bool sees = !MASKED || (wg_rows > 0 && !(CAUSAL && kv0 > wg_pos_last) &&
                                   !(W > 0 && kv0 + KT - 1 <= wg_pos_first - W));
     if (sees) {  // warpgroup-uniform
+      wgmma_fence_operand(sacc);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
@@ -285,16 +289,22 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(
       }
       wgmma_commit();
       wgmma_wait<0>();
+      wgmma_fence_operand(sacc);
       wg_softmax_tile<Cfg, MASKED>(sacc, o, st, kv0, hi, t, row_ok, row_pos, slope);
-      wgmma_fence();  // o and the P registers were written since the last wgmma
+      unsigned pa[KT / 16][4];  // P in wgmma's A fragments, all written before the fence
 #pragma unroll
-      for (int kk = 0; kk < KT / 16; ++kk) {
-        const unsigned a[4] = {pack2<T>(sacc[8 * kk], sacc[8 * kk + 1]), pack2<T>(sacc[8 * kk + 2], sacc[8 * kk + 3]),
-                               pack2<T>(sacc[8 * kk + 4], sacc[8 * kk + 5]), pack2<T>(sacc[8 * kk + 6], sacc[8 * kk + 7])};
-        wgmma_rs<T, DV, 1>(o, a, desc_plus(dv, kk * 16 * 128), 1);
-      }
+      for (int kk = 0; kk < KT / 16; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) pa[kk][j] = pack2<T>(sacc[8 * kk + 2 * j], sacc[8 * kk + 2 * j + 1]);
+      wgmma_fence_operand(pa);
+      wgmma_fence_operand(o);
+      wgmma_fence();  // o and P were written since the last wgmma
+#pragma unroll
+      for (int kk = 0; kk < KT / 16; ++kk) wgmma_rs<T, DV, 1>(o, pa[kk], desc_plus(dv, kk * 16 * 128), 1);
       wgmma_commit();
       wgmma_wait<0>();  // the tile's P V has read V: the stage may be refilled
+      wgmma_fence_operand(o);
+      wgmma_fence_operand(pa);
     }
     mbar_arrive(&empty[s]);
   };
