@@ -147,6 +147,7 @@ def kgen_kernel(spec, cuobjdump: str, cache: ArtifactCache, label: str, config: 
     a = spec.attention
     hopper = path_of(spec, rendered.config) == "wgmma"
     work = pf.tile_work(fn, DEV)
+    work.wgmma_serialized = pf.serialized_wgmma(res.advisories)  # ptxas C7520: no wgmma overlap
     if hopper:  # the producer warpgroup's cp.async loop shares the issue slots: charged per tile
         copies = kv_tile * (a.head_dim + spec.v_head_dim_value) // 8 // 128
         work.producer_instrs = pf.producer_instrs(fn, work.loop, copies)
@@ -350,6 +351,7 @@ def flashinfer_sm90_kernel(nvcc: str, cuobjdump: str, cache: ArtifactCache) -> K
     res = parse_ptxas_report(log)[name]
     threads = ((FI90_CTA_Q // 64) + 1) * 128  # kernel_traits.cuh NUM_WARPS = (CTA_Q / 64 + 1) x 4
     work = pf.tile_work(funcs[name], DEV)
+    work.wgmma_serialized = pf.serialized_wgmma(res.advisories)
 
     def ctas(seqs, num_q_heads, num_kv_heads):
         return pf.flashinfer_sm90_items(seqs, num_q_heads, FI90_CTA_Q, FI90_CTA_KV), 0, 0.0

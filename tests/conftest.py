@@ -115,6 +115,18 @@ TINY_DECODE = {
 }
 
 
+# A small prefill on sm_80 whose default tiles (8 warps x 2 m-tiles x 128 keys) spill hundreds of bytes
+# (ptxas's resource report: spill stores and a stack frame); its smallest (2 warps, 16 keys) are clean.
+SPILLY_PREFILL = {
+    "kgen": 1, "name": "spilly_prefill", "kind": "paged_prefill",
+    "attention": {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 128, "causal": True},
+    "kv_cache": {"block_size": 16, "layout": "separate", "order": "NHD", "dtype": "fp16"},
+    "dtype": {"q": "fp16"}, "tail_masking": True, "targets": ["sm_80"],
+    "tuning": {"params": {"warps": [8], "kv_tile": [128], "m_tiles": [2]},
+               "defaults": {"warps": 8, "kv_tile": 128, "m_tiles": 2}},
+}
+
+
 def tiny_decode(name: str = "tiny_decode", tuning: dict | None = None, **overrides):
     """A small fp16 decode spec (group size 2, head_dim 32): quick to build on the CPU backend.
     overrides are Spec.with_overrides keys ("attention.softmax_scale", ...)."""

@@ -132,8 +132,11 @@ def print_table(results: dict) -> None:
         table.add_row(key, *(row.get(b, "-") for b in buckets))
     out.print(table)
     pruned = results["space"]["pruned"]
-    failed = {(_ckey(m["config"]), m["status"], m["reason"]) for m in results["measurements"] if m["status"] != "ok"}
-    out.print(f"{len(results['space']['configs']) + len(pruned)} configs: {len(pruned)} pruned before compiling, "
+    failed = {(_ckey(m["config"]), m["status"], m["reason"]) for m in results["measurements"]
+              if m["status"] not in ("ok", "pruned")}
+    by_ptxas = sum(p["reason"].startswith("ptxas advisory") for p in pruned)
+    out.print(f"{len(results['space']['configs']) + len(pruned)} configs: {len(pruned) - by_ptxas} pruned before "
+              f"compiling, {by_ptxas} pruned by a ptxas advisory, "
               f"{len({f[0] for f in failed})} failed (compile/resources/launch/wrong output); * = bucket winner; "
               f"single-config choice: {_ckey(results['default_winner'])}", markup=False)
     for p in pruned:

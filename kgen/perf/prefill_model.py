@@ -13,7 +13,9 @@ and kgen.plan.occupancy, and adds what a tensor-core kernel needs:
 - `launch_estimate`: every CTA of a launch, in launch order, placed on the first free of SMs x k slots
   (list scheduling: a long causal CTA does not hold a whole wave back); the launch takes the latest
   finish, at least its DRAM bytes over the copy bandwidth; the binding term is the one charged the
-  most CTA-time.
+  most CTA-time. Where ptxas serialised the kernel's wgmma (advisory C7520, TileWork.wgmma_serialized),
+  no wgmma batch overlaps anything: the tensor term adds to the slowest other term instead of hiding
+  under it.
 - `kgen_ctas` / `flashinfer_ctas`: the tile iterations of each CTA of kgen's paged-prefill launch and
   of FlashInfer's BatchPrefillWithPagedKVCacheKernel (sm80 path), re-stated from their sources.
 - `causal_flop`: the FLOP the tables divide by (4 x head_dim x visible (query, key) pairs x q heads).
@@ -26,6 +28,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from kgen.compile.advisories import WGMMA_SERIALIZED
 from kgen.perf import model as pm
 from kgen.plan.arch import limits_for
 
@@ -142,6 +145,13 @@ class TileWork:
     latencies_per_iter: float = 0.0   # model.loop_mlp: round trips per iteration the loop waits for
     disjoint_mma_loops: int = 0       # other loops with MMAs outside the main loop (counted once)
     producer_instrs: int = 0  # warp-instructions per iteration of a producer that shares the SM's issue slots
+    wgmma_serialized: bool = False  # ptxas advisory C7520: each wgmma waits for the one before (serialized_wgmma)
+
+
+def serialized_wgmma(advisories) -> bool:
+    """Whether ptxas's advisories for a kernel (Advisory objects or their dicts) say it serialised its
+    wgmma (C7520): the model then charges every wgmma batch on its own (cta_seconds)."""
+    return any((a["code"] if isinstance(a, dict) else a.code) == WGMMA_SERIALIZED for a in advisories)
 
 
 def tile_work(fn: pm.SassFunction, dev: pm.Device = pm.H200) -> TileWork:
@@ -217,6 +227,18 @@ def cta_terms(work: TileWork, tiles: float, warps: int, k: int, dev: pm.Device, 
     }
 
 
+def cta_seconds(terms: dict[str, float], serialized: bool = False) -> tuple[float, str]:
+    """One CTA's time from its terms and the term that binds: the slowest pipe, the others overlapping
+    it; with serialised wgmma (ptxas C7520) the tensor pipe overlaps nothing, so its time adds to the
+    slowest of the others."""
+    if serialized and terms.get("tensor", 0.0) > 0.0:
+        rest = {k: v for k, v in terms.items() if k != "tensor"}
+        other = max(rest, key=rest.get)
+        return terms["tensor"] + rest[other], "tensor" if terms["tensor"] >= rest[other] else other
+    bound = max(terms, key=terms.get)
+    return terms[bound], bound
+
+
 @dataclass
 class PrefillEstimate:
     seconds: float
@@ -244,9 +266,8 @@ def launch_estimate(ctas: list[float], work: TileWork, warps: int, k: int, flop:
     cache: dict[float, tuple[float, str]] = {}
     for tiles in ctas:
         if tiles not in cache:
-            terms = cta_terms(work, tiles, warps, k, dev, pipes, unroll)
-            bound = max(terms, key=terms.get)
-            cache[tiles] = (terms[bound] + 2 * pipes.tile_latency_s, bound)
+            t, bound = cta_seconds(cta_terms(work, tiles, warps, k, dev, pipes, unroll), work.wgmma_serialized)
+            cache[tiles] = (t + 2 * pipes.tile_latency_s, bound)
         t, bound = cache[tiles]
         busy[bound] += t
         start = heapq.heappop(slots)

@@ -3,7 +3,8 @@
 `run_task(task)` takes and returns JSON-able dicts, so the same function runs in
 this process or as a task on a cluster engine (kgen/tune/ray_executor.py). It builds the
 config (cached like any build), refuses it when it exceeds the target archs'
-resources, times it on fresh random inputs, and re-verifies the output of the timed
+resources, prunes it when ptxas drew a performance advisory for one of its cubins
+(serialised wgmma, spills, local memory: status "pruned", the advisory as the reason), times it on fresh random inputs, and re-verifies the output of the timed
 launches as its family's verification does: a fast but wrong config scores inf. The
 family supplies the benchmark inputs of each (batch, context) bucket (docs/tuning.md).
 
@@ -26,14 +27,18 @@ from typing import Any
 import numpy as np
 
 from kgen.arrays import args_to_backend, to_numpy
-from kgen.build import build
+from kgen.build import build, compile_cubins
+from kgen.compile.advisories import advisories_of, describe
+from kgen.compile.nvrtc import resources_as_dict
 from kgen.errors import CompileError, KgenError, KgenUserError
 from kgen.families.registry import family_for
 from kgen.plan.arch import launch_problems
+from kgen.render import render
 from kgen.runtime.cuda import is_device_error
 from kgen.spec.models import spec_from_dict
 
 BUDGET = "not_run"  # the status of a task the tuning budget did not reach (not a measurement)
+PRUNED = "pruned"  # the status of a config whose cubin drew a ptxas advisory (kgen/compile/advisories.py)
 ROTATE = 2  # input sets cycled between launches (defeats caches holding the last launch's data)
 WARMUP = 2
 MIN_REPS, MAX_REPS = 3, 10_000
@@ -86,6 +91,18 @@ def _kernel(spec, config: dict, backend: str):
     while len(_KERNELS) > _KERNEL_SLOTS:
         _KERNELS.popitem(last=False)
     return kernel
+
+
+def _advisories(spec, config: dict) -> list[dict] | Exception:
+    """ptxas's advisories for the config's cubins (every target arch), before anything else is built for
+    it: the build that follows finds the cubins in the cache. A compile error comes back as the exception
+    (the build reports it)."""
+    try:
+        rendered = render(spec, config)
+        cubins = compile_cubins(spec, rendered)
+    except (CompileError, KgenUserError) as e:
+        return e
+    return advisories_of({arch: resources_as_dict(a.resources) for arch, a in cubins.items()})
 
 
 class _WallTimer:
@@ -174,6 +191,9 @@ def run_task(task: dict) -> dict:
     spec = spec_from_dict(task["spec"], filename="<tuning task>")
     backend = task["backend"]
     compile_started = time.perf_counter()
+    advisories = _advisories(spec, task["config"])
+    if isinstance(advisories, list) and advisories:  # ptxas serialised, spilled or used local memory
+        return failed(task, PRUNED, "ptxas advisory: " + describe(advisories), time.perf_counter() - compile_started)
     kernel = _kernel(spec, task["config"], backend)
     compile_s = time.perf_counter() - compile_started
     if isinstance(kernel, Exception):

@@ -16,7 +16,7 @@ from kgen.build import select_backend
 from kgen.errors import KernelRuntimeError, KgenUserError
 from kgen.seeds import fresh_seed
 from kgen.tune.fresh import run_in_fresh_process
-from kgen.tune.measure import BUDGET, make_task, run_bounded
+from kgen.tune.measure import BUDGET, PRUNED, make_task, run_bounded
 from kgen.tune.ray_executor import ray_map
 from kgen.tune.results import (
     FORMAT,
@@ -124,6 +124,7 @@ def tune_spec(spec, backend: str = "auto", buckets: dict | None = None, budget_s
         raise KernelRuntimeError(f"{spec.name}: every config failed on every bucket; nothing to choose:\n  "
                                  + "\n  ".join(reasons[:8]))
     win = {bucket_name(b): (by_key[k] if k is not None else None) for b, k in best.items()}
+    configs, pruned = _prune_by_ptxas(space.configs, space.pruned, records)
     results = {
         "format": FORMAT, "kgen_version": __version__, "spec_name": spec.name, "spec_hash": spec.spec_hash(),
         "device": info, "clock": "cuda-events" if backend == "cuda" else "cpu-wall",
@@ -134,8 +135,8 @@ def tune_spec(spec, backend: str = "auto", buckets: dict | None = None, budget_s
         "complete": not skipped, "not_run": len(skipped),
         "buckets": {"batch": sorted({b for b, _ in bucket_list}), "context": sorted({c for _, c in bucket_list})},
         "space": {"params": {k: list(v) for k, v in spec.tuning.params.items()},
-                  "constraints": list(spec.tuning.constraints), "configs": space.configs,
-                  "pruned": space.pruned, "defaults": space.defaults},
+                  "constraints": list(spec.tuning.constraints), "configs": configs,
+                  "pruned": pruned, "defaults": space.defaults},
         "measurements": records,
         "winners": win,
         "default_winner": _overall_winner(measured, best, by_key, space.defaults),
@@ -143,6 +144,16 @@ def tune_spec(spec, backend: str = "auto", buckets: dict | None = None, budget_s
     if save:
         save_results(results, results_path(spec, info, root))
     return results
+
+
+def _prune_by_ptxas(configs: list[dict], pruned: list[dict], records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The space's configs and pruned entries once compiling has spoken: a config whose cubin drew a
+    ptxas advisory (a measurement of status PRUNED) moves to the pruned list with the advisory as its
+    reason, once, like the configs the constraints and the template's checks pruned before compiling."""
+    reasons = {config_key(r["config"]): r["reason"] for r in records if r["status"] == PRUNED}
+    kept = [c for c in configs if config_key(c) not in reasons]
+    return kept, pruned + [{"config": c, "reason": reasons[config_key(c)]} for c in configs
+                           if config_key(c) in reasons]
 
 
 def _overall_winner(measured: dict, best: dict, by_key: dict, defaults: dict) -> dict:

@@ -201,3 +201,23 @@ def test_the_hopper_kernel_through_the_model():
     assert k.threads == 384 and k.warps == 8 and k.rows == 128 and k.work.producer_instrs > 0
     big = k.estimate([(4096, 4096)], 32, 8)
     assert pf.finite(big) and 0 < big.fraction < 1
+
+
+def test_serialised_wgmma_overlaps_nothing():
+    """ptxas's C7520 (serialised wgmma) on a kernel's advisories: the tensor term is charged on top of the
+    slowest other term instead of hiding under it (an HGMMA tile with a MUFU-heavy softmax: overlapped,
+    the larger of the two; serialised, their sum)."""
+    fn = _loop(["HGMMA.64x128x16.F32 R0, gdesc[UR4], R0"] * 4 + ["MUFU.EX2 R1, R1"] * 24)
+    w = pf.tile_work(fn, DEV)
+    terms = pf.cta_terms(w, 100, 4, 1, DEV, PIPES)
+    overlapped, bound = pf.cta_seconds(terms)
+    assert overlapped == max(terms.values()) and bound == max(terms, key=terms.get)
+    rest = max(v for k, v in terms.items() if k != "tensor")
+    assert pf.cta_seconds(terms, serialized=True)[0] == pytest.approx(terms["tensor"] + rest)
+    assert not pf.serialized_wgmma([]) and not pf.serialized_wgmma([{"code": "C7519"}, {"code": "spill"}])
+    assert pf.serialized_wgmma([{"code": "C7520", "message": "...", "kernel": "k"}])
+    w.wgmma_serialized = True
+    slow = pf.launch_estimate([100] * 132, w, 4, 1, 1e12, 0.0, DEV, PIPES, 989.4e12)
+    w.wgmma_serialized = False
+    fast = pf.launch_estimate([100] * 132, w, 4, 1, 1e12, 0.0, DEV, PIPES, 989.4e12)
+    assert slow.seconds == pytest.approx(fast.seconds + min(terms["tensor"], rest))

@@ -13,7 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, full_tier_except, reference_check, run_kgen, run_python
+import yaml
+from conftest import (
+    ROOT,
+    SPILLY_PREFILL,
+    full_tier_except,
+    reference_check,
+    run_kgen,
+    run_python,
+)
 from conftest import write_spec as write
 
 import kgen
@@ -358,3 +366,19 @@ def test_negative_seed_is_bad_input(tmp_path, command):
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and "--seed" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.full  # verifies a d128 prefill on the CPU backend (about 30 s); tests/compile/test_advisories.py
+# proves the same advisories reach Kernel.resources in the default tier
+def test_build_reports_ptxas_advisories_and_writes_them_to_the_manifest(tmp_path):
+    spec = tmp_path / "spilly.yaml"
+    spec.write_text(yaml.safe_dump(SPILLY_PREFILL))
+    r = run_kgen("build", str(spec), "-o", str(tmp_path / "out"), "--backend", "cpu", "--seed", "1")
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ptxas ")]
+    assert [ln.split(":", 1)[0] for ln in lines] == ["ptxas sm_80 spilly_prefill"] * 2, r.stdout
+    assert "spill " in lines[0] and "bytes spill stores" in lines[0] and "stack " in lines[1]
+    assert "2 ptxas advisories" in r.stdout
+    manifest = json.loads((tmp_path / "out" / "spilly_prefill" / "manifest.json").read_text())
+    assert [a["code"] for a in manifest["cubins"]["sm_80"]["resources"]["spilly_prefill"]["advisories"]] == [
+        "spill", "stack"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import tiny_decode
+from conftest import SPILLY_PREFILL, tiny_decode
 
 import kgen
 from kgen.cache import ArtifactCache
@@ -128,3 +128,12 @@ def test_a_built_kernel_carries_them_into_its_resources_and_manifest(tmp_path, a
     path = write_generated(kern, tmp_path)
     manifest = json.loads((path / "manifest.json").read_text())
     assert all(r["advisories"] == [] for r in manifest["cubins"][arch]["resources"].values())
+
+
+def test_a_spilling_build_reports_its_local_memory():
+    kern = kgen.build(kgen.spec_from_dict(SPILLY_PREFILL), backend="cpu", verify=False)
+    res = kern.resources["sm_80"]["spilly_prefill"]
+    assert res["spill_stores"] > 0 and res["stack_frame"] > 0
+    assert [(a["code"], a["kernel"]) for a in res["advisories"]] == [(SPILL, "spilly_prefill"), (STACK, "spilly_prefill")]
+    assert [(a["arch"], a["code"]) for a in kern.advisories] == [("sm_80", SPILL), ("sm_80", STACK)]
+    assert f"{res['spill_stores']} bytes spill stores" in res["advisories"][0]["message"]

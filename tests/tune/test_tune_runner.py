@@ -12,12 +12,13 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import reference_check, tiny_decode
+from conftest import SPILLY_PREFILL, reference_check, tiny_decode
 
 from kgen.build import build
 from kgen.errors import KernelRuntimeError, KgenUserError
 from kgen.families.attention.decode import PAGED_DECODE
 from kgen.families.attention.decode_cases import make_decode_case
+from kgen.families.attention.prefill import PAGED_PREFILL
 from kgen.families.base import resolve_config
 from kgen.plan import arch as arch_table
 from kgen.spec.models import load_spec, spec_from_dict
@@ -370,3 +371,36 @@ def test_a_measurement_running_past_the_budget_is_stopped(spec, tmp_path, monkey
     assert time.perf_counter() - started < 6.0 + tune_measure.GRACE_S + 5
     assert {m["config"]["partition_size"] for m in results["measurements"]} <= {0}
     assert results["not_run"] >= 1 and not results["complete"]
+
+
+# ---- ptxas advisories prune ----------------------------------------------------------------------------
+SPILLY = {k: v for k, v in SPILLY_PREFILL.items() if k != "tuning"}
+SPILLING = {"warps": 8, "kv_tile": 128, "m_tiles": 2}
+CLEAN = {"warps": 2, "kv_tile": 16, "m_tiles": 1}
+
+
+def test_a_config_that_draws_an_advisory_is_pruned_with_it():
+    spec = spec_from_dict(SPILLY)
+    config = resolve_config(PAGED_PREFILL, spec, SPILLING)
+    result = run_task(make_task(spec, config, (1, 64), "cpu", 0.001, seed=1))
+    assert result["status"] == "pruned" and math.isinf(result["median_s"]) and result["reps"] == 0, result
+    assert result["reason"].startswith("ptxas advisory: sm_80 spilly_prefill: spill ") and "stack frame" in result["reason"]
+
+
+def test_a_space_pruned_whole_by_ptxas_is_an_error_naming_the_advisory(tmp_path):
+    spec = spec_from_dict({**SPILLY, "tuning": {"params": {k: [v] for k, v in SPILLING.items()}}})
+    with pytest.raises(KernelRuntimeError, match=r"(?s)every config failed.*pruned: ptxas advisory: sm_80 spilly_prefill: "
+                                                 r"spill"):
+        tune_spec(spec, backend="cpu", buckets={"batch": [1], "context": [32]}, budget_s=60, root=tmp_path)
+
+
+def test_ptxas_pruned_configs_are_recorded_as_pruned_not_dropped(tmp_path):
+    spec = spec_from_dict({**SPILLY, "tuning": {"params": {k: [CLEAN[k], SPILLING[k]] for k in CLEAN},
+                                                "constraints": ["kv_tile == 8 * warps * m_tiles"]}})
+    results = tune_spec(spec, backend="cpu", buckets={"batch": [1], "context": [32]}, budget_s=300, root=tmp_path)
+    pruned = {tuple(sorted((k, p["config"][k]) for k in CLEAN)): p["reason"] for p in results["space"]["pruned"]}
+    spilling = tuple(sorted(SPILLING.items()))
+    assert pruned[spilling].startswith("ptxas advisory: sm_80 spilly_prefill: spill")
+    assert all(tuple(sorted((k, c[k]) for k in CLEAN)) != spilling for c in results["space"]["configs"])
+    assert {k: results["default_winner"][k] for k in CLEAN} == CLEAN
+    assert any(m["status"] == "pruned" for m in results["measurements"])
