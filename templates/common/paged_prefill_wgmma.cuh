@@ -24,6 +24,13 @@
 // on the accumulators (the m16n8 C-fragment layout per warp: S viewed as [KT/8][4]), P rounded to
 // q's type into A registers, O += P V by KT/16 wgmma_rs (m64 nDV k16, V MN-major), each followed by
 // wgmma.wait_group 0 (no overlap of the softmax with the next tile's products).
+// Ordering (PTX ISA, wgmma.fence): a register a wgmma reads or writes (accumulators, A fragments) is
+// accessed only before the wgmma.fence that precedes it or after the wait_group that completes it.
+// So all of P's A fragments are written before the fence, and register fences
+// (wgmma_fence_operand) on the accumulators and A registers at both ends of each batch keep the
+// compiler from moving their accesses into the window. Writing A inside the window made ptxas fence
+// each wgmma itself and serialise them (advisory C7520); kgen/compile/wgmma_order.py checks the
+// PTX and SASS for it (tests/compile/test_wgmma_order.py).
 // Registers (Cfg::SETMAXNREG, two consumer warpgroups whose tiles need more than 168 a thread):
 // setmaxnreg moves registers from the producer (40) to the consumers (232).
 #pragma once
