@@ -117,3 +117,38 @@ def test_a_non_causal_batch_is_refused_not_computed_causal(causal):
     c.causal = causal
     with pytest.raises(ValueError, match="serves causal attention only"):
         translate(c)
+
+
+def test_vllms_reorder_with_drafts_gives_the_regions_translate_expects():
+    """vLLM's own reorder (threshold 1 + 3 draft tokens) on a batch of a first prompt chunk, a decode,
+    a verification request, a short chunk of a prompt still prefilling and a long one: the front
+    region (decode, verification, short extend) is one drafts group; the chunks follow."""
+    import types
+
+    import numpy as np
+    from vllm.v1.attention.backends.utils import reorder_batch_to_split_decodes_and_prefills
+
+    requests = {  # id: (scheduled tokens, computed tokens, prompt tokens)
+        "first_chunk": (30, 0, 100), "decode": (1, 50, 40), "verify": (4, 60, 40),
+        "short_extend": (3, 20, 90), "long_extend": (20, 20, 90)}
+    ids = list(requests)
+
+    class Batch:  # what vLLM's reorder reads and swaps of an InputBatch
+        req_ids = ids
+        num_computed_tokens_cpu = np.array([requests[r][1] for r in ids])
+        num_prompt_tokens = np.array([requests[r][2] for r in ids])
+
+        def swap_states(self, i, j):
+            for a in (self.req_ids, self.num_computed_tokens_cpu, self.num_prompt_tokens):
+                a[i], a[j] = a[j], a[i]
+
+    batch = Batch()
+    scheduled = types.SimpleNamespace(num_scheduled_tokens={r: requests[r][0] for r in ids})
+    assert reorder_batch_to_split_decodes_and_prefills(batch, scheduled, decode_threshold=4)
+    assert set(batch.req_ids[:2]) == {"decode", "verify"}  # the decode region, in no order of length
+    assert batch.req_ids[2:] == ["short_extend", "long_extend", "first_chunk"]
+    query_lens = [requests[r][0] for r in batch.req_ids]
+    seq_lens = [requests[r][0] + requests[r][1] for r in batch.req_ids]
+    meta = translate(common(query_lens, seq_lens), draft_q_len=4)
+    assert meta.decode is None and meta.drafts.q_indptr.tolist() == [0, *np.cumsum(query_lens[:3]).tolist()]
+    assert meta.prefill.q_indptr.tolist() == [0, 20, 50] and meta.prefill.seq_lens.tolist() == [40, 30]
