@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from kgen.cache import ArtifactCache
+from kgen.compile import cuda_line
 from kgen.compile.host import compile_host
 from kgen.compile.nvrtc import compile_cubin, resources_as_dict
 from kgen.errors import CompileError, KgenUserError
@@ -37,7 +39,11 @@ def select_backend(backend: str) -> str:
         forced = KGEN_BACKEND.value()
         if forced != "auto":
             return forced
-        return "cuda" if gpu_available() else "cpu"
+        if gpu_available():
+            return "cuda"
+        if problem := cuda_line.driver_mismatch():  # a GPU kgen's line cannot use: say so, not silently
+            warnings.warn(f"backend 'auto' runs on the CPU: {problem}", cuda_line.LineWarning, stacklevel=2)
+        return "cpu"
     return backend
 
 

@@ -44,5 +44,11 @@ def test_wheel_declares_console_script_and_deps(wheel):
     entry = next(n for n in z.namelist() if n.endswith("entry_points.txt"))
     assert "kgen = kgen.cli.main:main" in z.read(entry).decode()
     meta = z.read(next(n for n in z.namelist() if n.endswith("METADATA"))).decode()
-    for dep in ("cupy-cuda13x", "nvidia-cuda-nvrtc", "cuda-pathfinder", "jinja2", "pydantic"):
-        assert dep in meta, dep
+    for dep in ("cuda-pathfinder", "jinja2", "pydantic"):
+        assert f"Requires-Dist: {dep}" in meta, dep
+    # the CUDA lines are extras (kgen/compile/cuda_line.py), one CuPy and NVRTC each
+    for extra, deps in {"cu13": ("cupy-cuda13x", "nvidia-cuda-nvrtc=="), "cu12": ("cupy-cuda12x", "nvidia-cuda-nvrtc-cu12")}.items():
+        assert f"Provides-Extra: {extra}" in meta, extra
+        for dep in deps:
+            assert any(dep in line and f"extra == '{extra}'" in line.replace('"', "'")
+                       for line in meta.splitlines() if line.startswith("Requires-Dist:")), (extra, dep)

@@ -33,7 +33,8 @@ def test_first_block_installs_and_builds_then_tests():
     commands = [line for line in block if line.strip()]
     assert len(commands) == 2, commands
     install, tests = commands
-    assert install.startswith("python3 -m venv .venv && ") and "pip install -e ." in install
+    # the default CUDA line (kgen/compile/cuda_line.py): the base install names none, the lines exclude each other
+    assert install.startswith("python3 -m venv .venv && ") and "pip install -e '.[cu13]'" in install
     build = re.search(r"\bkgen build (\S+)$", install)
     assert build and (ROOT / build.group(1)).is_file(), install
     assert "pip install -e '.[test" in tests and "-m pytest" in tests

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kgen.cache import ArtifactCache, content_key
-from kgen.compile.cuda_headers import cuda_include_dir, headers_fingerprint
+from kgen.compile.cuda_headers import cuda_include_dirs, headers_fingerprint
 from kgen.compile.line_map import display_name, find_word, source_line
 from kgen.compile.object_check import ObjectPolicyError, binutil, check_object, locate
 from kgen.compile.provided import kgen_headers_digest, write_kgen_headers
@@ -254,7 +254,7 @@ def _shim_object(cxx: str, shim_cmd: list[str], key_parts: Sequence[str],
     return entry / SHIM_OBJECT, None
 
 
-def _build_library(cxx: str, flags: list[str], tmp: Path, source: str, sdir: Path, inc: Path,
+def _build_library(cxx: str, flags: list[str], tmp: Path, source: str, sdir: Path, incs: Sequence[Path],
                    sanitize: bool, race_check: bool, object_policy: bool, cache: ArtifactCache,
                    key_parts: Sequence[str]) -> None:
     """kernel.cu -> kernel.o (checked), linked with the shim's object (cached apart: it depends on
@@ -264,14 +264,15 @@ def _build_library(cxx: str, flags: list[str], tmp: Path, source: str, sdir: Pat
     scratch = tmp / _SCRATCH
     include = write_kgen_headers(scratch / "include")
     obj_flags = [f for f in flags if f != "-shared"]
-    common = ["-include", str(sdir / "kgen_simt.h"), "-I", str(sdir), "-I", str(inc), "-I", str(include)]
+    cuda = [arg for d in incs for arg in ("-I", str(d))]
+    common = ["-include", str(sdir / "kgen_simt.h"), "-I", str(sdir), *cuda, "-I", str(include)]
     kernel_o = scratch / "kernel.o"
     race_kernel = list(RACE_KERNEL_FLAGS) if race_check else []
     race_shim = ["-DKGEN_SIMT_RUNTIME_TU"] if race_check else []
     kernel_cmd = [cxx, *obj_flags, *race_kernel, *_OBJECT_FLAGS, *common, "-x", "c++", SOURCE_NAME, "-o", str(kernel_o)]
     # The shim's command without tmp's paths (kgen's headers are in key_parts), so that its key is stable.
     shim_cmd = [cxx, *obj_flags, *race_shim, *_OBJECT_FLAGS, "-include", str(sdir / "kgen_simt.h"), "-I", str(sdir),
-                "-I", str(inc), "-x", "c++", SHIM_NAME, "-o", SHIM_OBJECT]
+                *cuda, "-x", "c++", SHIM_NAME, "-o", SHIM_OBJECT]
     dispatch_o = scratch / "dispatch.o"
     dispatch_cmd = [cxx, *obj_flags, *_OBJECT_FLAGS, "-x", "c++", DISPATCH_NAME, "-o", str(dispatch_o)]
     kernel_res, dispatch_res = _run_compilers([kernel_cmd, dispatch_cmd], tmp)
@@ -333,7 +334,7 @@ def compile_host(
     cxx = compiler()
     version = compiler_version(cxx)
     binutil("readelf")  # the object check needs it: say so before compiling
-    inc = cuda_include_dir()
+    incs = cuda_include_dirs()  # the first holds cuda_fp16.h
     sdir = simt_dir()
     flags = [*BASE_FLAGS, *(SANITIZE_FLAGS if sanitize else ()), *(RACE_FLAGS if race_check else ()), *extra_flags]
     headers = simt_headers()
@@ -345,21 +346,21 @@ def compile_host(
         kgen_headers_digest(),
         "\0".join(flags),
         version,
-        headers_fingerprint(inc),
+        headers_fingerprint(incs[0]),
         f"sanitize={int(sanitize)}",
         f"race_check={int(race_check)}",
         *(() if object_policy else ("object_policy=0",)),
     )
     build_time = [0.0]
     cache = cache or ArtifactCache()
-    shim_key_parts = (*(p.name + "\0" + p.read_text() for p in headers), version, headers_fingerprint(inc))
+    shim_key_parts = (*(p.name + "\0" + p.read_text() for p in headers), version, headers_fingerprint(incs[0]))
 
     def build(tmp: Path) -> None:
         (tmp / SOURCE_NAME).write_text(source + _glue(names))
         (tmp / DISPATCH_NAME).write_text(_dispatch(names))
         t0 = time.perf_counter()
         try:
-            _build_library(cxx, flags, tmp, source, sdir, inc, sanitize, race_check, object_policy, cache,
+            _build_library(cxx, flags, tmp, source, sdir, incs, sanitize, race_check, object_policy, cache,
                            shim_key_parts)
         finally:
             build_time[0] = time.perf_counter() - t0

@@ -1,6 +1,7 @@
 """Compile generated CUDA source to a cubin per arch with NVRTC.
 
-NVRTC is the library cuda-pathfinder finds (NVIDIA's pip wheel first), called through
+NVRTC is the installed CUDA line's wheel (kgen/compile/cuda_line.py; else what cuda-pathfinder
+finds), called through
 ctypes: CuPy's `nvrtc.getCUBIN` treats the cubin as a C string and drops its last byte,
 which leaves an ELF that cuobjdump cannot read and a driver may refuse to load.
 The arch is always named (`-arch=sm_XX`), so compiling needs no GPU. ptxas runs
@@ -21,8 +22,13 @@ from pathlib import Path
 from cuda.pathfinder import load_nvidia_dynamic_lib
 
 from kgen.cache import ArtifactCache, content_key
+from kgen.compile import cuda_line
 from kgen.compile.advisories import Advisory, numbered_advisories, resource_advisories
-from kgen.compile.cuda_headers import cuda_include_dir, headers_fingerprint
+from kgen.compile.cuda_headers import (
+    cuda_include_dir,
+    cuda_include_dirs,
+    headers_fingerprint,
+)
 from kgen.compile.line_map import display_name, source_line
 from kgen.compile.provided import kgen_headers, kgen_headers_digest
 from kgen.errors import CompileError, ToolchainError
@@ -60,16 +66,28 @@ CACHE_NAMESPACE = "cubin-v2"
 PTX_NAMESPACE = "ptx"
 
 
+def _preload_builtins(lib: Path) -> None:
+    """Load libnvrtc-builtins from beside `lib` first: the 13.0 wheel's libnvrtc does not find its
+    sibling by itself ("failed to open libnvrtc-builtins.so.13.0" at the first compile)."""
+    for builtins in sorted(lib.parent.glob("libnvrtc-builtins.so.*")):
+        ctypes.CDLL(str(builtins), mode=ctypes.RTLD_GLOBAL)
+
+
 @lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL:
     """libnvrtc with the signatures kgen calls."""
     try:
-        path = load_nvidia_dynamic_lib("nvrtc").abs_path
+        # The installed CUDA line's own NVRTC (torch may bring another major's, which cuda-pathfinder
+        # could find first); without a line's wheel, wherever cuda-pathfinder finds one.
+        line_lib = cuda_line.nvrtc_library()
+        if line_lib:
+            _preload_builtins(line_lib)
+        path = str(line_lib) if line_lib else load_nvidia_dynamic_lib("nvrtc").abs_path
         if not path:
             raise OSError("cuda-pathfinder found no file for it")
         lib = ctypes.CDLL(path)
     except Exception as e:  # cuda.pathfinder's not-found errors, or the loader's OSError
-        raise ToolchainError(f"could not load NVRTC ({e}); install kgen's dependencies (nvidia-cuda-nvrtc)") from e
+        raise ToolchainError(f"could not load NVRTC ({e}); install a CUDA line: {cuda_line.install_hint()}") from e
     size_p, prog_p = ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(_Program)
     strings = ctypes.POINTER(ctypes.c_char_p)
     for name, args in {
@@ -216,7 +234,7 @@ def compile_cubin(source: str, arch: str, *, origin: str = "<source>", name: str
     cache = cache or ArtifactCache()
 
     def build(tmp: Path) -> None:
-        cubin, log = _compile(source, name, [*options, f"-I{include}"])
+        cubin, log = _compile(source, name, [*options, *(f"-I{d}" for d in cuda_include_dirs())])
         if cubin is None:
             raise CompileError(format_compile_error(source, log, origin, name=name))
         (tmp / "kernel.cubin").write_bytes(cubin)

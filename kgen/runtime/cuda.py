@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from kgen.cache import ArtifactCache
+from kgen.compile import cuda_line
 from kgen.errors import (
     ArgumentError,
     KernelRuntimeError,
@@ -36,7 +37,7 @@ def cupy_module():
     try:
         import cupy
     except Exception as e:  # ImportError, or CuPy failing to load its CUDA libraries
-        raise ToolchainError(f"CuPy is not usable ({e}); install kgen's dependencies (cupy-cuda13x)") from e
+        raise ToolchainError(f"CuPy is not usable ({e}); install a CUDA line: {cuda_line.install_hint()}") from e
     return cupy
 
 
@@ -64,12 +65,18 @@ def gpu_diagnosis() -> str:
     except ToolchainError as e:
         return f"CuPy cannot be imported ({e})"
     facts = [f"CuPy reports: {problem}", f"CuPy {cupy.__version__}"]
+    driver = None
     for what, call in (("its CUDA runtime", "runtimeGetVersion"), ("the driver supports CUDA", "driverGetVersion")):
         try:
             version = int(getattr(cupy.cuda.runtime, call)())
             facts.append(f"{what} {version // 1000}.{version % 1000 // 10}" if version else f"{what}: none (no driver)")
+            driver = cuda_line.parse_driver_version(version) if call == "driverGetVersion" else driver
         except Exception as e:  # a runtime that cannot load at all
             facts.append(f"{what}: unknown ({e})")
+    line = cuda_line.current()
+    if line.line is not None:
+        facts.append(f"kgen's CUDA line: {line.line.name} (NVRTC {cuda_line.show(line.nvrtc)})")
+    facts += [*line.problems, *filter(None, [line.nvrtc and cuda_line.mismatch(line.nvrtc, driver)])]
     return "; ".join(facts)
 
 
@@ -127,6 +134,9 @@ class CudaModule:
 
     def __init__(self, cubin_path: Path, kernel_names: list[str]):
         require_gpu()
+        # A cubin from a newer CUDA major than the driver's is refused here, naming both versions and
+        # the line to install, rather than by the load (CUDA_ERROR_UNSUPPORTED_PTX_VERSION).
+        cuda_line.require_loadable()
         cupy = cupy_module()
         self.device = int(cupy.cuda.runtime.getDevice())  # the module's functions run on this device
         self._module = cupy.RawModule(path=str(cubin_path))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kgen.audit import auditable
 from kgen.build import build, select_backend
+from kgen.compile.cuda_line import install_hint
 from kgen.errors import KgenUserError
 from kgen.families.attention.prefill import fitted_to_short_rows
 from kgen.families.base import resolve_config
@@ -141,7 +142,7 @@ def serving_backend(platform=None) -> str:
                             "KV cache (unset KGEN_BACKEND, or set it to cuda or auto)")
     if not gpu_available():
         raise KgenUserError(f"vLLM runs on CUDA, but kgen cannot use the GPU ({gpu_diagnosis()}); kgen needs "
-                            "CuPy for CUDA 13 (cupy-cuda13x) and a driver that supports CUDA 13")
+                            f"one CUDA line whose major the driver supports: {install_hint()}")
     return "cuda"
 
 
