@@ -23,7 +23,8 @@ def _find(cuda_home: Path | None) -> tuple[Path, ...]:
     if cuda_home:
         inc = cuda_home / "include"
         if (inc / "cuda_fp16.h").is_file():
-            return (inc,)
+            # CUDA 13 toolkits keep CCCL (<nv/target>, which g++ needs) in include/cccl
+            return (inc, *((inc / "cccl",) if (inc / "cccl" / "nv" / "target").is_file() else ()))
         raise ToolchainError(
             f"KGEN_CUDA_HOME={str(cuda_home)!r}: {inc}/cuda_fp16.h not found; point it at a CUDA toolkit root "
             "(the directory holding include/), or unset it to use NVIDIA's pip wheels"

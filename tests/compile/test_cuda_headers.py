@@ -11,6 +11,7 @@ from kgen.cache import ArtifactCache
 from kgen.compile.cuda_headers import (
     FORMAT_HEADERS,
     cuda_include_dir,
+    cuda_include_dirs,
     headers_fingerprint,
 )
 from kgen.compile.host import compile_host
@@ -56,3 +57,19 @@ def test_both_compilers_rebuild_when_a_format_header_changes(tmp_path, monkeypat
     monkeypatch.setenv("KGEN_CUDA_HOME", str(_cuda_home_with_edited(tmp_path, header)))
     assert compile_host(SRC, ["half_copy"], cache=cache).key != host.key
     assert not compile_cubin(SRC, "sm_90", cache=cache).cache_hit
+
+
+def test_a_cuda13_toolkit_root_adds_its_cccl_directory(monkeypatch, tmp_path):
+    """KGEN_CUDA_HOME: include/ alone (a CUDA 12 toolkit keeps <nv/target> there), plus include/cccl where a
+    CUDA 13 toolkit keeps it (g++, the CPU backend, needs it; NVRTC provides its own)."""
+    inc = tmp_path / "include"
+    inc.mkdir()
+    (inc / "cuda_fp16.h").write_text("")
+    monkeypatch.setenv("KGEN_CUDA_HOME", str(tmp_path))
+    assert cuda_include_dirs() == (inc,)
+    other = tmp_path / "cuda13"
+    (other / "include" / "cccl" / "nv").mkdir(parents=True)
+    (other / "include" / "cuda_fp16.h").write_text("")
+    (other / "include" / "cccl" / "nv" / "target").write_text("")
+    monkeypatch.setenv("KGEN_CUDA_HOME", str(other))
+    assert cuda_include_dirs() == (other / "include", other / "include" / "cccl")
