@@ -257,7 +257,7 @@ def compile_ptx(source: str, arch: str, *, origin: str = "<source>", name: str =
                       kgen_headers_digest())
 
     def build(tmp: Path) -> None:
-        text, log = _compile(source, name, [*options, f"-I{include}"], ptx=True)
+        text, log = _compile(source, name, [*options, *(f"-I{d}" for d in cuda_include_dirs())], ptx=True)
         if text is None:
             raise CompileError(format_compile_error(source, log, origin, name=name))
         (tmp / "kernel.ptx").write_bytes(text)
