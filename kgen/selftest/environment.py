@@ -9,6 +9,7 @@ import platform
 import shutil
 import subprocess
 
+from kgen.compile.cuda_line import describe as describe_cuda_line
 from kgen.compile.host import compiler, compiler_version
 from kgen.compile.nvrtc import nvrtc_version
 from kgen.runtime.cuda import cupy_module, gpu_available, gpu_diagnosis
@@ -77,6 +78,14 @@ def torch_facts() -> str:
     return f"torch {torch.__version__} (CUDA {cuda}; {'sees the GPU' if seen else 'sees no GPU'})"
 
 
+def cuda_line_facts() -> str:
+    """The CUDA line in use and what the driver loads (kgen.compile.cuda_line.describe), as one line."""
+    line = describe_cuda_line()
+    text = (f"{line['line'] or 'none'} (extra {line['extra'] or '-'}, NVRTC {line['nvrtc'] or '-'}; driver "
+            f"supports CUDA {line['driver'] or 'none'}: {line['driver_source']}; loads {', '.join(line['loadable']) or 'nothing'})")
+    return text + "".join(f"; problem: {p}" for p in line["problems"])
+
+
 def collect(backend: str) -> dict:
     """Every fact above, as text; a fact that cannot be read holds the reason."""
     facts: dict = {"kgen": __version__, "python": platform.python_version(), "platform": platform.platform(),
@@ -86,6 +95,7 @@ def collect(backend: str) -> dict:
     _try(lambda: cuda_version(int(cupy_module().cuda.runtime.runtimeGetVersion())), facts, "cuda_runtime")
     _try(lambda: cuda_version(int(cupy_module().cuda.runtime.driverGetVersion())), facts, "cuda_driver_supports")
     _try(nvrtc_version, facts, "nvrtc")
+    _try(cuda_line_facts, facts, "cuda_line")
     _try(lambda: compiler_version(compiler()).splitlines()[0], facts, "cxx")
     if gpu_available():
         _try(device_facts, facts, "device")

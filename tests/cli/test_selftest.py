@@ -53,8 +53,8 @@ def test_a_failing_step_is_reported_and_the_others_go_on(tmp_path):
     assert all(STEP_FIELDS <= set(s) and s["seconds"] >= 0 for s in doc["steps"])
     env, vllm, built = doc["steps"]
     assert env["status"] == "passed" and doc["environment"] == env["figures"]
-    for fact in ("kgen", "cupy", "cuda_runtime", "cuda_driver_supports", "nvrtc", "device", "driver", "torch", "vllm",
-                 "flashinfer"):
+    for fact in ("kgen", "cupy", "cuda_runtime", "cuda_driver_supports", "nvrtc", "cuda_line", "device", "driver",
+                 "torch", "vllm", "flashinfer"):
         assert doc["environment"][fact], fact
     assert vllm["status"] == "failed" and "config.json" in vllm["reason"]
     assert built["status"] == "passed", built["reason"]
