@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -92,3 +93,7 @@ def check_entry(entry: str, cache_dir: Path, tmp_path: Path) -> None:
     assert token not in output, f"the verifier's output shows the content of {SECRET}"
     assert status in EXIT[info["expect"]], (
         f"{entry} ({info['expect']}: {info.get('bug')}) exited {status}, expected {sorted(EXIT[info['expect']])}:\n{tail}")
+    if "rule" in info:  # refused by the source policy: exit 2, naming the file, a line and the rule
+        named = re.search(rf"{re.escape(Path(entry).name)}:\d+: [^\n]*{re.escape(info['rule'])}", output)
+        assert status == 2 and named, (
+            f"{entry}: expected the source policy's refusal naming '{info['rule']}' (exit 2), got {status}:\n{tail}")

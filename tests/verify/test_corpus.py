@@ -2,7 +2,8 @@
 through the real `kgen verify SPEC --source FILE`, one subprocess per file (tests/verify/corpus_runner.py).
 
 Correct originals must pass (exit 0); every kernel that cheats only while watched (cheat_*, ISSUE 21)
-must be rejected (exit 1); every hostile kernel must be refused (exit 2) or rejected (exit 1) by a
+must be rejected (exit 1), or, where it keeps state across launches or reads the time, refused by the
+source policy naming the rule and the line (exit 2; the manifest's `rule:`); every hostile kernel must be refused (exit 2) or rejected (exit 1) by a
 verifier that returns on its own (no signal, no timeout) and creates nothing outside its scratch
 directory: no /tmp/kgen_corpus_pwned_* marker, nothing in the working directory it was started in,
 and no echo of a file the kernel tried to #include. The mutants (one planted bug each) are

@@ -222,7 +222,7 @@ def test_branching_on_the_compiler_exits_2_from_the_cli(tmp_path):
 @pytest.mark.parametrize("snippet", [
     'static int run(const char*) __attribute__((weakref("system")));\n'
     '__device__ int f(const char* c) { return run(c); }\n',
-    '__device__ int (*volatile g_fn)(const char*) = &system;\n',
+    '__constant__ int (*volatile g_fn)(const char*) = &system;\n',
 ])
 def test_object_check_refuses_a_call_the_text_does_not_show(snippet):
     spec = kgen.load_spec(LLAMA)

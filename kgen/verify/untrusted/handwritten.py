@@ -30,8 +30,9 @@ from kgen.torch_ops import register_if_imported
 from kgen.verify.judge.report import describe_failure
 from kgen.verify.runner import verify as run_verify
 from kgen.verify.untrusted.cxx_text import tokenize
+from kgen.verify.untrusted.launch_state import check_cubins
 from kgen.verify.untrusted.signature import check_signature
-from kgen.verify.untrusted.source_policy import prepare_source
+from kgen.verify.untrusted.source_policy import SourcePolicyError, prepare_source
 
 
 def read_source(path: Path | str) -> str:
@@ -101,6 +102,10 @@ def kernel_from_source(spec, source: str, backend: str = "auto", config: Config 
     rendered = Rendered(prepared.text, names, config)
     chosen = select_backend(backend)  # a bad backend is refused before any compile
     cubins = compile_cubins(spec, rendered, archs)
+    # What the text rules may have missed, as compiled: writable device globals, device-heap calls.
+    if problems := check_cubins(cubins, prepared.text, prepared.name):
+        raise SourcePolicyError("\n".join(f"{prepared.name}:{line}: {msg}" if line else f"{prepared.name}: {msg}"
+                                          for line, msg in dict.fromkeys(problems)))
     # Untrusted: its own process; on the CPU also race detection and varied thread schedules.
     module = load_module(chosen, rendered, cubins, isolated=True, race_check=chosen == "cpu")
     check_signature(spec, config, module, origin)

@@ -13,7 +13,9 @@ g++ compile one and the same text.
    through a macro, and the output has no conditional left for either compiler to read;
 4. the preprocessed tokens are checked: no inline asm, no host function or host lambda, no
    host-only call (process, file, environment), no constructor/destructor attributes, no
-   names of kgen's CPU runtime.
+   names of kgen's CPU runtime, and nothing that lets a kernel remember past launches or read
+   the time (kgen/verify/untrusted/launch_state.py: writable globals, static locals, the
+   clocks, the device heap).
 
 A violation is a KgenUserError (exit 2) naming the rule, the file and the line. The CPU
 build then checks the compiled object itself (kgen/compile/object_check.py): the check the
@@ -32,6 +34,7 @@ from kgen.compile.provided import ALLOWED_INCLUDES, kgen_headers
 from kgen.errors import CompileError, KgenUserError
 from kgen.verify.untrusted.cxx_text import Token, logical_lines, tokenize
 from kgen.verify.untrusted.definitions import host_code
+from kgen.verify.untrusted.launch_state import launch_state_problems
 from kgen.verify.untrusted.preprocess import compiler_predefined_macros, preprocess
 
 PLATFORM_INCLUDE = '#include "kgen/platform.cuh"'
@@ -253,6 +256,7 @@ def _check_tokens(lines: list[tuple[int, str]]) -> list[_Violation]:
             problems.append(_Violation(t.line, f"'{t.text}' tells which compiler is reading: not allowed in a "
                                                "kernel source"))
     problems += _attribute_problems(tokens)
+    problems += [_Violation(line, message) for line, message in launch_state_problems(tokens)]
     return problems
 
 
