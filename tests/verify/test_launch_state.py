@@ -50,6 +50,11 @@ STATE = [
     ("template <class T> __device__ T per_type;\n", 2, "'per_type'"),
     ("extern __device__ int elsewhere;\n", 2, "'elsewhere'"),
     ("struct S { static int shared_by_all; };\n", 2, "'shared_by_all'"),
+    ("__constant__ float not_const[2] = {1.0f, 2.0f};  // the CPU build compiles __constant__ away\n", 2,
+     "'not_const'"),
+    ("__constant__ const float* moving = nullptr;  // pointer to const: the pointer is writable\n", 2, "'moving'"),
+    ("struct C { mutable int n; };\n__constant__ const C c{};\n", 2, "'n'"),
+    ("__device__ unsigned (*hidden_ptr)(unsigned);\n", 2, "'hidden_ptr'"),
     ("#define COUNTER(n) __device__ unsigned n\nCOUNTER(hidden);\n", 3, "'hidden'"),
     ("__device__ int f() {\n  static int n = 0;\n  return ++n;\n}\n", 3, "'n'"),
     ("__device__ void f(unsigned* o) {\n  static unsigned n;\n  *o = atomicAdd(&n, 1u);\n}\n", 3, "'n'"),
@@ -95,8 +100,9 @@ def test_the_device_heap_is_refused(snippet, what):
 def test_read_only_and_per_block_storage_passes():
     text = HEAD + """constexpr int kN = 4;
 constexpr float kTable[2] = {1.0f, 2.0f};
-__constant__ float kScales[2] = {0.5f, 2.0f};
-__device__ __constant__ float kMore[2] = {1.0f, 3.0f};
+__constant__ const float kScales[2] = {0.5f, 2.0f};
+__device__ __constant__ const float kMore[2] = {1.0f, 3.0f};
+__constant__ const float* const kPtr = nullptr;
 enum class Mode : int { A = 1 };
 using F = float;
 struct Tile {

@@ -107,7 +107,7 @@ template <class T, int N = 2> struct Vec { T x[N]; };
 template <> struct Vec<float, 1> { float x; };
 enum class Mode : int { A = 1, B = 2 };
 constexpr int kWarps = 4;
-__device__ __constant__ float kTable[2] = {1.0f, 2.0f};
+__device__ __constant__ const float kTable[2] = {1.0f, 2.0f};
 }  // namespace
 template <class T> __device__ __forceinline__ T twice(T x) { return x + x; }
 __host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
@@ -222,7 +222,7 @@ def test_branching_on_the_compiler_exits_2_from_the_cli(tmp_path):
 @pytest.mark.parametrize("snippet", [
     'static int run(const char*) __attribute__((weakref("system")));\n'
     '__device__ int f(const char* c) { return run(c); }\n',
-    '__constant__ int (*volatile g_fn)(const char*) = &system;\n',
+    '__constant__ int (*const volatile g_fn)(const char*) = &system;\n',
 ])
 def test_object_check_refuses_a_call_the_text_does_not_show(snippet):
     spec = kgen.load_spec(LLAMA)
@@ -236,8 +236,8 @@ def test_object_check_refuses_a_call_the_text_does_not_show(snippet):
 
 def test_dynamic_initialization_of_a_global_is_refused_at_its_line():
     spec = kgen.load_spec(LLAMA)
-    text = ("#include <cuda_fp16.h>\n__device__ int g(volatile int* x) { return *x * 3; }\n"
-            "__constant__ volatile int seed = 3;\n__constant__ int value = g(&seed);\n" + KERNEL)
+    text = ("#include <cuda_fp16.h>\n__device__ int g(const volatile int* x) { return *x * 3; }\n"
+            "__constant__ const volatile int seed = 3;\n__constant__ const int value = g(&seed);\n" + KERNEL)
     # (__constant__: the text rules allow it, plain globals they refuse; g++ sees an ordinary global)
     with pytest.raises(ObjectPolicyError) as ei:
         kernel_from_source(spec, text, backend="cpu", archs=[], origin="mykernel.cu")

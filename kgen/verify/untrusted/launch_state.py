@@ -9,8 +9,10 @@ macros and token pasting are already expanded):
 - storage with static duration that device code can write: a namespace-scope variable (NVRTC makes
   a plain `int n;` a device global too), `__device__`/`__managed__` variables, `static` data
   members and `static` locals, `thread_local` (and the `extern` declarations of any of these).
-  Allowed: `constexpr` (a compile-time value), `__constant__` (read-only on the device: PTX has
-  no store to the .const space) and `__shared__` (one block's scratch, gone with the block);
+  Allowed: `constexpr` (a compile-time value), `const __constant__` (read-only on the device: PTX
+  has no store to the .const space; `const`, so that the CPU build, which compiles `__constant__`
+  away, puts it in read-only memory too) and `__shared__` (one block's scratch, gone with the
+  block). `mutable` data members are refused (writable inside a const object);
 - the clocks: `clock()`, `clock64()` (the SM cycle counter), `__nanosleep` (waits on the clock),
   and inline asm naming %globaltimer, %clock, %smid & co. (inline asm is refused anyway: this
   rule names what it read);
@@ -46,6 +48,9 @@ HEAP_CALLS = frozenset({"malloc", "free", "calloc", "realloc", "aligned_alloc", 
 # PTX special registers that give the time, or where and among whom the kernel runs
 _SPECIAL_REGISTER = re.compile(r"%%?(globaltimer(?:_lo|_hi)?|clock64|clock(?:_hi)?|smid|nsmid|warpid|nwarpid|gridid"
                                r"|envreg\d+|pm\d+(?:_64)?|total_smem_size|dynamic_smem_size)\b")
+
+_TYPE_WORDS = frozenset("""int unsigned signed float double char long short void bool auto const volatile struct
+class union __device__ __managed__ __constant__ static extern thread_local mutable""".split())
 
 Problem = tuple[int, str]
 
@@ -152,6 +157,12 @@ def _declaration_problem(decl: list[Token], scope: str, after_class: bool) -> li
     if not decl:
         return []
     texts = {d.text for d in decl}
+    if scope == "class" and "mutable" in texts and not _is_function(decl):
+        return [_state_problem(decl, "a mutable member is writable inside a const object (one with static "
+                                     "storage outlives a launch)")]
+    if "__constant__" in texts and not _is_function(decl) and not _read_only(decl):
+        return [_state_problem(decl, "a __constant__ variable must be declared const (the CPU build compiles "
+                                     "__constant__ away: a non-const one is an ordinary writable global there)")]
     if texts & _NOT_VARIABLES or texts & _ALLOWED_STORAGE or _first_key(decl) in _CLASS_KEYS and not after_class:
         return []
     if scope == "class" and "static" not in texts:
@@ -168,7 +179,8 @@ def _is_function(decl: list[Token]) -> bool:
         return False
     k = next((k for k, d in enumerate(decl) if d is name), -1)
     first = decl[k + 2] if 0 <= k and k + 2 < len(decl) and decl[k + 1].text == "(" else None
-    return first is None or first.kind not in ("num", "str")
+    # `T (*p)(...)`, `T (&r)[4]`: a declarator in parentheses (a pointer variable), not parameters
+    return first is None or (first.kind not in ("num", "str") and first.text not in ("*", "&", "&&"))
 
 
 def _body_problems(body: list[Token]) -> list[Problem]:
@@ -189,13 +201,24 @@ def _body_problems(body: list[Token]) -> list[Problem]:
     return problems
 
 
-def _state_problem(decl: list[Token]) -> Problem:
-    names = [d.text for k, d in enumerate(decl) if d.kind == "id" and (k + 1 == len(decl)
-                                                                      or decl[k + 1].text in ("[", ",", "(", "{"))]
+def _read_only(decl: list[Token]) -> bool:
+    """The declared object itself is const: `const T x`, `T const x`, `constexpr`; for a pointer,
+    a `const` after its last `*`."""
+    texts = [d.text for d in decl]
+    if "constexpr" in texts:
+        return True
+    stars = [k for k, t in enumerate(texts) if t == "*"]
+    return "const" in texts[stars[-1]:] if stars else "const" in texts
+
+
+def _state_problem(decl: list[Token], why: str = "") -> Problem:
+    names = [d.text for k, d in enumerate(decl) if d.kind == "id" and d.text not in _TYPE_WORDS and (
+        k + 1 == len(decl) or decl[k + 1].text in ("[", ",", "(", "{", ")"))]
     what = f"'{names[0]}'" if names else "this declaration"
-    return (decl[0].line, f"global {what} {STATE_RULE}: a writable variable with static storage is not allowed in "
-                          "a kernel source (it lets a kernel count launches); constants are constexpr or "
-                          "__constant__, per-launch state lives in registers or __shared__ memory")
+    why = why or ("a writable variable with static storage is not allowed in a kernel source (it lets a kernel "
+                  "count launches); constants are constexpr or const __constant__, per-launch state lives in "
+                  "registers or __shared__ memory")
+    return (decl[0].line, f"global {what} {STATE_RULE}: {why}")
 
 
 def check_cubins(cubins: dict, text: str, name: str) -> list[Problem]:
