@@ -202,19 +202,34 @@ def _body_problems(body: list[Token]) -> list[Problem]:
 
 
 def _read_only(decl: list[Token]) -> bool:
-    """The declared object itself is const: `const T x`, `T const x`, `constexpr`; for a pointer,
-    a `const` after its last `*`."""
+    """The declared object itself is const: `const T x`, `T const x`, `constexpr`, `T* const p`,
+    `T (*const p)(...)`; not `const T* p` (the pointer is writable)."""
     texts = [d.text for d in decl]
     if "constexpr" in texts:
         return True
-    stars = [k for k, t in enumerate(texts) if t == "*"]
-    return "const" in texts[stars[-1]:] if stars else "const" in texts
+    k = _name_index(decl)
+    if k is None:
+        return "const" in texts
+    j = k - 1
+    while j >= 0 and texts[j] in ("const", "volatile", "__restrict__"):
+        if texts[j] == "const":
+            return True
+        j -= 1
+    return j >= 0 and texts[j] not in ("*", "&", "&&", "(") and "const" in texts[:k]
+
+
+def _name_index(decl: list[Token]) -> int | None:
+    """Index of the declared name: the first identifier that is not a type word and ends a declarator."""
+    for k, d in enumerate(decl):
+        if d.kind == "id" and d.text not in _TYPE_WORDS and (
+                k + 1 == len(decl) or decl[k + 1].text in ("[", ",", "(", "{", ")")):
+            return k
+    return None
 
 
 def _state_problem(decl: list[Token], why: str = "") -> Problem:
-    names = [d.text for k, d in enumerate(decl) if d.kind == "id" and d.text not in _TYPE_WORDS and (
-        k + 1 == len(decl) or decl[k + 1].text in ("[", ",", "(", "{", ")"))]
-    what = f"'{names[0]}'" if names else "this declaration"
+    k = _name_index(decl)
+    what = f"'{decl[k].text}'" if k is not None else "this declaration"
     why = why or ("a writable variable with static storage is not allowed in a kernel source (it lets a kernel "
                   "count launches); constants are constexpr or const __constant__, per-launch state lives in "
                   "registers or __shared__ memory")
