@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from kgen.cache import ArtifactCache, content_key  # noqa: E402
 from kgen.compile.nvrtc import parse_ptxas_report  # noqa: E402
-from kgen.families.attention.decode import PAGED_DECODE  # noqa: E402
+from kgen.families.base import PerfModel  # noqa: E402
 from kgen.families.registry import family_for  # noqa: E402
 from kgen.perf import model as pm  # noqa: E402
 from kgen.perf.report import (  # noqa: E402, F401  (re-exported: the tests and gpu_decode.py use them from here)
@@ -542,7 +542,7 @@ def build_subjects(args, cache: ArtifactCache) -> tuple[list[Subject], list[str]
     subjects = []
     for path in sorted(Path(args.specs).glob("*.yaml")):
         spec = load_spec(path)
-        if family_for(spec) is PAGED_DECODE:  # this benchmark is about the decode family
+        if family_for(spec).perf_model is PerfModel.STREAMING:  # this benchmark is about decode's streaming model
             subjects.append(kgen_subject(path, cuobjdump, cache))
             subjects += mma_paths(path, spec, cuobjdump, cache, skipped)
     args.fp8_label = fp8_llama(subjects, Path(args.specs), cuobjdump, cache)

@@ -49,12 +49,12 @@ from static_perf import (  # noqa: E402
 from kgen.cache import ArtifactCache, content_key  # noqa: E402
 from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report  # noqa: E402
 from kgen.families.attention.prefill import (  # noqa: E402
-    PAGED_PREFILL,
     m_tiles_of,
     path_of,
     stages_of,
     tiles,
 )
+from kgen.families.base import PerfModel  # noqa: E402
 from kgen.families.registry import family_for  # noqa: E402
 from kgen.formats.dtypes import dtype  # noqa: E402
 from kgen.perf import model as pm  # noqa: E402
@@ -500,7 +500,7 @@ def register_table(cuobjdump: str, cache: ArtifactCache) -> str:
     rows = []
     for path in sorted((ROOT / "specs").glob("*prefill*.yaml")):
         spec = load_spec(path)
-        if family_for(spec) is not PAGED_PREFILL:
+        if family_for(spec).perf_model is not PerfModel.TILES:  # the tensor-core prefill kernels
             continue
         rendered, cells = render(spec), []
         for arch in ("sm_80", "sm_90"):

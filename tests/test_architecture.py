@@ -1,17 +1,23 @@
 """The layout rules of docs/architecture.md, checked over the source: no import cycles (imports
 inside functions count), imports inside functions only for heavy optional dependencies, no
-branching on a kernel kind outside kgen/families/ and kgen/spec/, and no pointer at a document
-that is not in the repository."""
+branching on a kernel kind outside kgen/families/ and kgen/spec/, no comparing families by identity
+or reading the cache layout to tell them apart outside kgen/families/ (ask the family's capabilities:
+rows, perf_model, fib_kind), and no pointer at a document that is not in the repository."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import pkgutil
 import re
 from pathlib import Path
 
 import pytest
 
+import kgen.families
+from kgen.families.base import FamilyBase
 from kgen.families.registry import FAMILIES
+from kgen.spec.models import LAYOUTS
 
 ROOT = Path(__file__).resolve().parents[1]
 KGEN = ROOT / "kgen"
@@ -154,6 +160,97 @@ def test_no_kind_branches_outside_families_and_spec():
             continue
         bad += [f"{path.relative_to(ROOT)}:{n}" for n in kind_comparisons(path.read_text())]
     assert not bad, "kind comparisons outside kgen/families and kgen/spec: " + ", ".join(bad)
+
+
+def family_names() -> tuple[set[str], set[str]]:
+    """The names family singletons (PAGED_DECODE, ...) and family classes go by in kgen/families/."""
+    singletons, classes = set(), set()
+    for info in pkgutil.walk_packages(kgen.families.__path__, "kgen.families."):
+        for name, value in vars(importlib.import_module(info.name)).items():
+            if isinstance(value, FamilyBase):
+                singletons.add(name)
+            elif isinstance(value, type) and issubclass(value, FamilyBase):
+                classes.add(name)
+    return singletons, classes
+
+
+SINGLETONS, FAMILY_CLASSES = family_names()
+
+
+def _named(node: ast.AST, names: set[str]) -> bool:
+    return (isinstance(node, ast.Name) and node.id in names) or (isinstance(node, ast.Attribute) and node.attr in names)
+
+
+def _layout_constant(node: ast.AST) -> bool:
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(map(_layout_constant, node.elts))
+    return isinstance(node, ast.Constant) and node.value in LAYOUTS
+
+
+def identity_comparisons(source: str) -> list[int]:
+    """Lines that tell families apart by who they are instead of asking them: a comparison (is, ==, in, ...)
+    with a family singleton, isinstance/issubclass against a family class, or a cache layout read as a
+    string (`kv_cache.layout == "mla"`; kgen.formats.cache.CacheFormat answers format questions)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            singleton = any(_named(o, SINGLETONS) or (isinstance(o, (ast.Tuple, ast.List, ast.Set))
+                                                      and any(_named(e, SINGLETONS) for e in o.elts))
+                            for o in operands)
+            layout = (any(_named(o, {"layout"}) for o in operands) and any(map(_layout_constant, operands)))
+            if singleton or layout:
+                lines.append(node.lineno)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("isinstance", "issubclass") and len(node.args) == 2):
+            cls = node.args[1]
+            classes = cls.elts if isinstance(cls, ast.Tuple) else [cls]
+            if any(_named(c, FAMILY_CLASSES) for c in classes):
+                lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_family_names_are_found():
+    assert {"PAGED_DECODE", "PAGED_PREFILL", "CACHE_WRITE", "COPY_BLOCKS"} <= SINGLETONS
+    assert {"FamilyBase", "AttentionFamily"} <= FAMILY_CLASSES
+
+
+def test_identity_detector_flags_planted_comparisons():
+    planted = ("from kgen.families.attention.decode import PAGED_DECODE, PagedDecodeFamily\n"
+               "a = family_for(spec) is PAGED_DECODE\n"
+               "b = family is not registry.MLA_DECODE\n"
+               "c = family == PAGED_PREFILL\n"
+               "d = family in (PAGED_DECODE, COPY_BLOCKS)\n"
+               "e = isinstance(family, PagedDecodeFamily)\n"
+               "f = isinstance(family, (int, prefill.PagedPrefillFamily))\n"
+               "g = spec.kv_cache.layout == 'mla'\n"
+               "h = kv.layout != 'separate'\n"
+               "i = layout in ('fused', 'vllm')\n")
+    assert identity_comparisons(planted) == list(range(2, 11))
+
+
+def test_identity_detector_passes_capability_questions():
+    fine = ("a = family.perf_model is PerfModel.STREAMING\n"
+            "b = family.rows is not None and family.rows.packed\n"
+            "c = family.fib_kind == 'gqa_paged_decode'\n"
+            "d = isinstance(x, dict)\n"
+            "e = CacheFormat.of(spec).mla\n"
+            "f = PAGED_DECODE.kernels(spec, config)\n"
+            "g = plot.layout == 'tight'\n")
+    assert identity_comparisons(fine) == []
+
+
+# kgen.model_specs writes specs from model configs: the layout is what it chooses, not a family it tells apart
+LAYOUT_VOCABULARY = ("kgen.families", "kgen.spec", "kgen.formats", "kgen.model_specs")
+
+
+def test_no_identity_comparisons_outside_families():
+    bad = []
+    files = [p for n, p in MODULES.items() if not n.startswith(LAYOUT_VOCABULARY)]
+    for path in files + sorted((ROOT / "benchmarks").rglob("*.py")):
+        bad += [f"{path.relative_to(ROOT)}:{n}" for n in identity_comparisons(path.read_text())]
+    assert not bad, ("families compared by identity or told apart by kv_cache.layout (ask the family: rows, "
+                     "perf_model, fib_kind): " + ", ".join(bad))
 
 
 DOC_REF = re.compile(r"\b((?:docs/)?[\w.-]+\.md)\b")

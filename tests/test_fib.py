@@ -302,6 +302,13 @@ def test_a_spec_with_sinks_has_no_definition_rather_than_one_without_them():
     assert problems == ["attention.sinks: FlashInfer-Bench's gqa_paged definitions have no attention sinks"]
 
 
+@pytest.mark.parametrize("name", ["deepseek_v3_mla_decode", "cache_write_fp8_e4m3"])
+def test_a_kernel_without_a_fib_kind_has_no_definition(name):
+    """The family says it has no FlashInfer-Bench kind (MLA's latent rows, a cache writer): refused on that."""
+    problems = export_problems(load_spec(ROOT / "specs" / f"{name}.yaml"))
+    assert len(problems) == 1 and "has no FlashInfer-Bench definition kind" in problems[0], problems
+
+
 def test_cli_verify_appends_one_trace_per_case(tmp_path):
     spec = write_spec(tmp_path, yaml.safe_dump(TINY_DECODE))
     traces = tmp_path / "t.jsonl"

@@ -13,7 +13,7 @@ import numpy as np
 from kgen.bench.timing import random_tensor, time_per_call, torch_dtype
 from kgen.build import build
 from kgen.families.registry import family_for
-from kgen.formats.cache import cache_shapes, scale_shape
+from kgen.formats.cache import CacheFormat, cache_shapes, scale_shape
 from kgen.formats.dtypes import dtype
 
 ROTATE_BYTES = 4  # rotate inputs until the working set is this many times the L2
@@ -64,7 +64,7 @@ def decode_inputs(torch, spec, batch: int, context: int, sets: int, gen) -> dict
 def plain_float_cache(spec) -> bool:
     """SDPA and FlashInfer see the same cache: separate K/V in a float dtype, no ALiBi or soft-cap."""
     a, kv = spec.attention, spec.kv_cache
-    return (kv.layout == "separate" and kv.dtype in FLOAT_CACHES and kv.dtype == spec.dtype.q
+    return (CacheFormat.of(spec).separate and kv.dtype in FLOAT_CACHES and kv.dtype == spec.dtype.q
             and not a.alibi and not a.logits_soft_cap)
 
 

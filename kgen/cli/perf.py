@@ -16,15 +16,15 @@ import click
 from kgen.cli.common import guard, load_specs, out
 from kgen.compile.nvrtc import compile_cubin
 from kgen.errors import KgenUserError
-from kgen.families.attention.mla import MLA_DECODE
+from kgen.families.base import PerfModel
 from kgen.families.registry import family_for
 from kgen.perf import model as pm
 from kgen.perf.mla_model import decode_table
 from kgen.perf.report import (
     Subject,
-    is_decode,
-    is_prefill,
     kgen_subject,
+    packed_rows,
+    perf_model,
     source_subject,
 )
 from kgen.perf.sass import require_cuobjdump, usable_cuobjdump
@@ -37,9 +37,8 @@ PREFILL_NOTE = ("the speed model covers decode only: prefill's tensor-core model
 
 def subjects_for(spec, source_file: str | None, arch: str) -> list[Subject]:
     """kgen's kernel for the spec, then the hand-written one when there is a source."""
-    if not (is_decode(spec) or is_prefill(spec)):
-        raise KgenUserError(f"{spec.source_path or spec.name}: kgen perf covers paged_decode and paged_prefill "
-                            f"specs (got kind {spec.kind})")
+    if perf_model(spec) not in (PerfModel.STREAMING, PerfModel.TILES):
+        raise no_model(spec)
     cuobjdump = require_cuobjdump()
     if source_file is None:
         return [kgen_subject(spec.source_path, cuobjdump, None, spec=spec, arch=arch)]
@@ -56,6 +55,12 @@ def subjects_for(spec, source_file: str | None, arch: str) -> list[Subject]:
             source_subject(spec, text, cuobjdump, arch, origin=str(source_file)),
             kgen_subject(spec.source_path, cuobjdump, None, spec=spec, arch=arch,
                          label=f"kgen {spec.name} (its default config)")]
+
+
+def no_model(spec) -> KgenUserError:
+    return KgenUserError(f"{spec.source_path or spec.name}: kgen perf has no static model of this kernel (kind "
+                         f"{spec.kind}, kv_cache.layout {spec.kv_cache.layout}); modeled are paged_decode and "
+                         "paged_prefill on the paged layouts and kgen's own paged_decode on the mla layout")
 
 
 def resources(s: Subject, batch: int = 64, context: int = 4096) -> list[dict]:
@@ -104,9 +109,9 @@ def slower_cells(kgen: list[dict], mine: list[dict], margin: float) -> list[str]
 
 def perf_report(spec, source_file: str | None, arch: str) -> dict:
     dev = pm.DEVICES[arch]
-    decode = is_decode(spec)
+    decode = perf_model(spec) is PerfModel.STREAMING  # the speed grid: the streaming model's
     subjects = subjects_for(spec, source_file, arch)
-    return {"spec": spec.name, "kind": spec.kind, "prefill": is_prefill(spec), "arch": arch,
+    return {"spec": spec.name, "kind": spec.kind, "prefill": packed_rows(spec), "arch": arch,
             "device": {"name": dev.name, "sms": dev.sms, "copy_bw": dev.copy_bw, "peak_bw": dev.peak_bw,
                        "clock_hz": dev.clock_hz, "latency_s": dev.latency_s},
             "estimate": "static ESTIMATE from ptxas, SASS and launch geometry (docs/performance.md), not a measurement",
@@ -188,7 +193,7 @@ def perf(spec, source_file, arch, as_json):
     """Static figures and estimated speed of SPEC's kernel (no GPU; needs cuobjdump and nvdisasm)."""
     check_arch(arch)
     (loaded,) = load_specs((spec,))
-    if loaded.kv_cache.layout == "mla":  # its own model (kgen/perf/mla_model.py)
+    if perf_model(loaded) is PerfModel.LATENT:  # its own model (kgen/perf/mla_model.py)
         rep = mla_report(loaded, source_file, arch)
         click.echo(json.dumps(rep, indent=2) if as_json else mla_text(rep))
         return
@@ -201,10 +206,9 @@ def perf(spec, source_file, arch, as_json):
 
 def mla_report(spec, source_file: str | None, arch: str) -> dict:
     """kgen's MLA decode kernel: its sm registers (NVRTC) and the static estimate over batches and contexts."""
-    if source_file or family_for(spec) is not MLA_DECODE:
+    if source_file:
         raise KgenUserError(f"{spec.source_path or spec.name}: kgen perf's model of the mla layout covers kgen's "
-                            f"own paged_decode kernel only (got kind {spec.kind}"
-                            + (", and a --source" if source_file else "") + ")")
+                            "own paged_decode kernel only (got a --source)")
     rendered = render(spec)
     res = compile_cubin(rendered.source, arch).resources
     regs = res[spec.name].registers
@@ -249,7 +253,7 @@ def speed_beside_kgen(spec, source_file: str, margin: float | None, arch: str = 
     why = None
     if usable_cuobjdump() is None:
         why = "no speed comparison: cuobjdump/nvdisasm not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)"
-    elif not is_decode(spec):
+    elif perf_model(spec) is not PerfModel.STREAMING:
         why = f"no speed comparison: {PREFILL_NOTE.split(';')[0]}"
     if why is not None:
         if margin is not None:
@@ -264,5 +268,5 @@ def speed_beside_kgen(spec, source_file: str, margin: float | None, arch: str = 
 def require_speed_model(spec) -> None:
     """--require-speed's preconditions without printing: SASS tools and a decode spec (else exit 2)."""
     require_cuobjdump()
-    if not is_decode(spec):
+    if perf_model(spec) is not PerfModel.STREAMING:
         raise KgenUserError(f"--require-speed: {PREFILL_NOTE.split(';')[0]}")

@@ -8,6 +8,7 @@ inputs of the tuner. Nothing outside kgen/families/ branches on the kind.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -49,10 +50,24 @@ class Bench:
     check: Callable[[dict[str, np.ndarray]], CaseResult]
 
 
+class PerfModel(enum.Enum):
+    """Which static model of kgen/perf reads a family's main kernel (`kgen perf`, docs/performance.md)."""
+
+    NONE = "none"            # none: `kgen perf` refuses the kernel
+    STREAMING = "streaming"  # kgen/perf/model.py: a KV-streaming kernel read from its SASS; the family's
+    #                          template context carries `geo` (its DecodeGeometry) and `tensor_cores`
+    TILES = "tiles"          # kgen/perf/prefill_model.py: tensor-core tiles (`kgen perf`: resources only)
+    LATENT = "latent"        # kgen/perf/mla_model.py: MLA decode over latent rows
+
+
 class Family(Protocol):
     kind: str
     template: str  # file under templates/
     params: dict[str, TunableParam]
+    # Capabilities the code outside kgen/families/ asks instead of comparing families (FamilyBase's defaults):
+    rows: Any  # attention kinds: their query-row axis (kgen.families.attention.common.Rows); else None
+    perf_model: PerfModel
+    fib_kind: str | None  # the FlashInfer-Bench definition kind its kernel is exported as (kgen/fib), or None
 
     def unsupported(self, spec) -> list[str]:
         """Why kgen cannot generate this spec (empty: it can)."""
@@ -116,6 +131,9 @@ class Family(Protocol):
 class FamilyBase:
     """What most families share: names from the kernels, the ABI config, a threads-only space."""
 
+    rows = None
+    perf_model = PerfModel.NONE
+    fib_kind: str | None = None
     # Whether `kern.audit(rate)` can shadow-check this kind's calls (kgen/audit.py: a returned output
     # judged against the float64 reference with the verifier's bound); in-place kinds cannot yet.
     auditable = False

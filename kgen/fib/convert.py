@@ -15,10 +15,9 @@ import re
 from typing import Any
 
 from kgen.errors import KgenUserError, SpecError
-from kgen.families.attention.decode import PAGED_DECODE
-from kgen.families.attention.prefill import PAGED_PREFILL
 from kgen.families.registry import family_for
 from kgen.fib.schema import Definition, Solution, parse
+from kgen.formats.cache import CacheFormat
 from kgen.spec.models import spec_from_dict
 from kgen.version import __version__
 
@@ -140,19 +139,23 @@ def definition_to_spec(d: Definition, origin: str) -> dict[str, Any]:
 
 
 # ---- export ------------------------------------------------------------------------------------------
-def is_decode(spec) -> bool:
-    return family_for(spec) is PAGED_DECODE
+def fib_kind(spec) -> str | None:
+    """The FlashInfer-Bench definition kind the spec's kernel is exported as (its family's answer), or None."""
+    return family_for(spec).fib_kind
 
 
 def is_prefill(spec) -> bool:
-    return family_for(spec) is PAGED_PREFILL
+    """Query rows packed by sequence (FlashInfer-Bench's qo_indptr and total_q): the family's Rows say."""
+    rows = family_for(spec).rows
+    return rows is not None and rows.packed
 
 
 def export_problems(spec) -> list[str]:
     """Why a spec has no FlashInfer-Bench gqa_paged Definition (empty: it has one)."""
     a, kv = spec.attention, spec.kv_cache
-    if not (is_decode(spec) or is_prefill(spec)):
-        return [f"kind {spec.kind}: only paged_decode and paged_prefill have FlashInfer-Bench definitions"]
+    if fib_kind(spec) is None:
+        return [f"kind {spec.kind} (kv_cache.layout {kv.layout}): this kernel has no FlashInfer-Bench definition "
+                f"kind (exported are the {OP_TYPE} decode and prefill kernels)"]
     problems = []
     if a.sliding_window is not None:
         problems.append("attention.sliding_window: FlashInfer-Bench's gqa_paged definitions have no window")
@@ -165,7 +168,7 @@ def export_problems(spec) -> list[str]:
     if spec.v_head_dim_value != a.head_dim:
         problems.append(f"attention.v_head_dim {spec.v_head_dim_value}: FlashInfer-Bench's gqa_paged definitions "
                         f"have one head_dim for q, K, V and the output (got head_dim {a.head_dim})")
-    if kv.layout != "separate":
+    if not CacheFormat.of(spec).separate:
         problems.append(f"kv_cache.layout {kv.layout}: FlashInfer-Bench's definitions keep separate k_cache and "
                         "v_cache arrays (layout: separate)")
     if kv.dtype not in FIB_DTYPES:
@@ -179,9 +182,8 @@ def export_problems(spec) -> list[str]:
 
 def definition_name(spec) -> str:
     a, kv = spec.attention, spec.kv_cache
-    what = "prefill_causal" if is_prefill(spec) and a.causal else (
-        "prefill" if is_prefill(spec) else "decode")
-    name = f"{OP_TYPE}_{what}_h{a.num_q_heads}_kv{a.num_kv_heads}_d{a.head_dim}_ps{kv.block_size}"
+    what = fib_kind(spec) + ("_causal" if is_prefill(spec) and a.causal else "")
+    name = f"{what}_h{a.num_q_heads}_kv{a.num_kv_heads}_d{a.head_dim}_ps{kv.block_size}"
     dtypes = {spec.dtype.q, spec.dtype.resolved_out, kv.dtype}
     return name if dtypes == {"bf16"} else f"{name}_{'_'.join(sorted(dtypes))}"  # their datasets are bf16
 

@@ -54,6 +54,11 @@ class CacheFormat:
                    a.head_dim, spec.v_head_dim_value)
 
     @property
+    def separate(self) -> bool:
+        """K and V in two arrays of their own."""
+        return self.layout == "separate"
+
+    @property
     def fused(self) -> bool:
         return self.layout == "fused"
 

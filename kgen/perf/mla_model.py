@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kgen.families.attention.mla import MLA_DECODE, row_blocks
+from kgen.families.attention.mla import row_blocks
 from kgen.families.attention.mla_geometry import mla_geometry
+from kgen.families.registry import family_for
 from kgen.formats.dtypes import dtype
 from kgen.perf import model as pm
 from kgen.plan import target_blocks
@@ -45,7 +46,7 @@ def decode_estimate(spec, config: dict, registers: int, batch: int, context: int
     occ = pm.occupancy(geo.threads, registers, geo.smem_bytes, dev)
     blocks_per_sm = max(1, occ.blocks)
     lens = np.full(batch, context)
-    sizes, kernels = MLA_DECODE.schedule(spec, config, {"seq_lens": lens},
+    sizes, kernels = family_for(spec).schedule(spec, config, {"seq_lens": lens},
                                          target_blocks(dev.sms, blocks_per_sm * dev.sms))
     parts = sizes["max_partitions"]
     rb = row_blocks(spec, config)

@@ -16,9 +16,7 @@ import numpy as np
 
 from kgen.build import build
 from kgen.compile.nvrtc import compile_cubin, resources_as_dict
-from kgen.families.attention.decode import PAGED_DECODE
-from kgen.families.attention.prefill import PAGED_PREFILL
-from kgen.families.base import resolve_config
+from kgen.families.base import PerfModel, resolve_config
 from kgen.families.registry import family_for
 from kgen.formats.cache import BLOCK_GROUP, CacheFormat
 from kgen.formats.dtypes import dtype
@@ -30,12 +28,15 @@ from kgen.spec.models import load_spec
 from kgen.verify.untrusted.source_policy import prepare_source
 
 
-def is_decode(spec) -> bool:
-    return family_for(spec) is PAGED_DECODE
+def perf_model(spec) -> PerfModel:
+    """Which static model reads the spec's kernel: its family's answer (kgen/families/base.py)."""
+    return family_for(spec).perf_model
 
 
-def is_prefill(spec) -> bool:
-    return family_for(spec) is PAGED_PREFILL
+def packed_rows(spec) -> bool:
+    """Query rows packed by sequence (q_indptr, prefill's): a plan then takes each sequence's chunk."""
+    rows = family_for(spec).rows
+    return rows is not None and rows.packed
 
 
 def kv_bytes_per_token(spec) -> int:
@@ -116,7 +117,7 @@ def planning_kernel(spec, rendered, arch: str = "sm_90", dev: pm.Device = pm.H20
     try:  # with the arch's ptxas figures, so the plan fills the SMs by the kernel's own occupancy
         figs = resources_as_dict(compile_cubin(rendered.source, arch).resources)
         kern = Kernel(spec, rendered.source, rendered.config, None, rendered.kernel_names, resources={arch: figs})
-        first = {"q_indptr": np.array([0, 1], dtype=np.int32)} if is_prefill(spec) else {}
+        first = {"q_indptr": np.array([0, 1], dtype=np.int32)} if packed_rows(spec) else {}
         kern.plan(np.full(1, spec.kv_cache.block_size, dtype=np.int32), num_sms=dev.sms, **first)
         return kern
     except Exception:  # a genuine planner error surfaces again from the built kernel's plan
@@ -132,7 +133,7 @@ def kgen_planner(spec, rendered, arch: str = "sm_90",
 
         def planned(batch: int, context: int) -> list[pm.Launch]:
             lengths = {}
-            if is_prefill(spec):  # each sequence prefilled whole: q_len = context
+            if packed_rows(spec):  # each sequence prefilled whole: q_len = context
                 lengths["q_indptr"] = np.arange(batch + 1, dtype=np.int32) * context
             plan = kern.plan(np.full(batch, context, dtype=np.int32), num_sms=dev.sms, **lengths)
             return [pm.Launch(ln.kernel, _prod(ln.grid), _prod(ln.block), int(ln.smem_bytes)) for ln in plan.launches]
@@ -153,10 +154,12 @@ def kgen_planner(spec, rendered, arch: str = "sm_90",
 def tile_hint(spec, config) -> pm.TileHint | None:
     """What kgen's decode geometry says about its kernel's nested loops (kgen/perf/model.py, TileHint):
     the K/V bytes a thread copies per tile, and the CUDA-core body's batch loop trips per tile. None for
-    other kinds (and for hand-written sources, whose loops kgen's geometry does not describe)."""
-    if not is_decode(spec):
+    kernels the streaming model does not read (and for hand-written sources, whose loops kgen's geometry
+    does not describe)."""
+    family = family_for(spec)
+    if family.perf_model is not PerfModel.STREAMING:
         return None
-    ctx = PAGED_DECODE.template_context(spec, config)
+    ctx = family.template_context(spec, config)  # a streaming family's context carries geo and tensor_cores
     geo = ctx["geo"]
     tile_bytes = geo.tile_tokens * kv_bytes_per_token(spec) / spec.attention.num_kv_heads / geo.threads
     return pm.TileHint(tile_bytes, 1 if ctx["tensor_cores"] else geo.tokens_per_thread // geo.batch_tokens)

@@ -16,6 +16,7 @@ from kgen.cli import perf as perf_cli
 from kgen.cli.main import main
 from kgen.errors import KgenUserError
 from kgen.perf import model as pm
+from kgen.perf.mla_model import BATCHES, CONTEXTS
 from kgen.perf.sass import usable_cuobjdump
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -74,6 +75,18 @@ def test_perf_refuses_bad_input_with_exit_2():
     assert r.returncode == 2 and "no device preset" in r.stderr and "Traceback" not in r.stderr
     r = run_kgen("perf", str(ROOT / "specs" / "copy_blocks_fp16.yaml"))
     assert r.returncode == 2 and "paged_decode and paged_prefill" in r.stderr
+
+
+def test_perf_asks_the_family_for_its_model():
+    """The family names the static model (kgen/families/base.py PerfModel): MLA decode's latent-row model
+    (kgen/perf/mla_model.py, NVRTC registers only: no SASS tools needed); MLA prefill has none (exit 2)."""
+    r = CliRunner().invoke(main, ["perf", str(ROOT / "specs" / "deepseek_v3_mla_prefill.yaml")])
+    assert r.exit_code == 2 and "no static model of this kernel" in r.output, r.output
+    r = CliRunner().invoke(main, ["perf", str(ROOT / "specs" / "deepseek_v3_mla_decode.yaml"), "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert len(rep["estimates"]) == len(BATCHES) * len(CONTEXTS) and "partitions" in rep["estimates"][0]
+    assert all(res["registers"] > 0 for res in rep["resources"].values())
 
 
 def test_perf_without_sass_tools_names_the_install(monkeypatch):

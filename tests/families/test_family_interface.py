@@ -11,8 +11,10 @@ import pytest
 import kgen
 from kgen.errors import KgenUserError
 from kgen.families.argtable import ROLES
-from kgen.families.base import Family, resolve_config
+from kgen.families.attention.common import Rows
+from kgen.families.base import Family, PerfModel, resolve_config
 from kgen.families.registry import FAMILIES, family_for
+from kgen.fib.convert import OP_TYPE
 from kgen.render import render
 from kgen.tune.search import expand_space
 
@@ -62,3 +64,21 @@ def test_nothing_to_tune_suggests_the_family_space(kind):
     with pytest.raises(KgenUserError, match="nothing to tune") as e:
         expand_space(spec)
     assert str(family_for(spec).default_space(spec)) in str(e.value)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "specs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_capabilities_answer_what_perf_and_fib_ask(path):
+    """What code outside kgen/families/ asks instead of comparing families (kgen/families/base.py):
+    the query-row axis, the static model and the FlashInfer-Bench kind agree with each other and with
+    what the family builds, for the family of every bundled spec."""
+    spec = kgen.load_spec(path)
+    family = family_for(spec)
+    assert family.rows is None or isinstance(family.rows, Rows)
+    assert isinstance(family.perf_model, PerfModel)
+    if family.perf_model in (PerfModel.STREAMING, PerfModel.TILES, PerfModel.LATENT):
+        assert family.rows is not None  # the models read attention kernels
+    if family.perf_model is PerfModel.STREAMING:  # the contract kgen/perf/report.py's tile_hint reads
+        ctx = family.template_context(spec, resolve_config(family, spec, None))
+        assert {"geo", "tensor_cores"} <= set(ctx) and ctx["geo"].tile_tokens > 0
+    if family.fib_kind is not None:  # gqa_paged_decode or gqa_paged_prefill, matching the rows it packs
+        assert family.fib_kind == f"{OP_TYPE}_{'prefill' if family.rows.packed else 'decode'}"

@@ -31,7 +31,7 @@ from kgen.families.attention.decode_mma_geometry import (
     mma_unsupported,
     uses_tensor_cores,
 )
-from kgen.families.base import Config, TunableParam, resolve_config, threads_problems
+from kgen.families.base import Config, PerfModel, TunableParam, resolve_config, threads_problems
 from kgen.families.binding import host_values
 from kgen.formats.cache import CacheFormat, describe, head_dims_text
 from kgen.formats.dtypes import dtype
@@ -42,6 +42,7 @@ from kgen.plan.split import check_forced_partition, choose_split
 class PagedDecodeFamily(AttentionFamily):
     # the kind's identity: its name, template, query rows and cases (the rest is AttentionFamily's)
     kind, template, rows, cases_module = "paged_decode", "paged_decode.cu.j2", DECODE_ROWS, decode_cases
+    perf_model, fib_kind = PerfModel.STREAMING, "gqa_paged_decode"  # capabilities (kgen/families/base.py)
     params = {"threads": TunableParam("threads", 128), "partition_size": TunableParam("partition_size", 64),
               "stages": TunableParam("stages", 0), "heads_per_thread": TunableParam("heads_per_thread", 0),
               # the tensor-core body (paged_decode_mma.cuh) for GQA groups of at least this many heads; 0: never

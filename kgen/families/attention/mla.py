@@ -22,7 +22,7 @@ from kgen.families.attention.common import (
 )
 from kgen.families.attention.mla_geometry import mla_geometry
 from kgen.families.attention.prefill import _checked_q_lens
-from kgen.families.base import Config, FamilyBase, TunableParam, resolve_config
+from kgen.families.base import Config, FamilyBase, PerfModel, TunableParam, resolve_config
 from kgen.families.binding import host_values
 from kgen.families.cache.mla_write import _take_kv_scale, kv_scale_arg
 from kgen.formats.cache import SCALE_MODES, CacheFormat, cache_rows, describe
@@ -175,6 +175,7 @@ def pool_values(spec, cache, scale) -> dict[str, int]:
 
 class MlaDecodeFamily(MlaAttentionFamily):
     kind, rows, body = "paged_decode", DECODE_ROWS, "paged_mla_decode_body"
+    perf_model = PerfModel.LATENT  # kgen/perf/mla_model.py (no FlashInfer-Bench kind: kgen/fib exports gqa_paged)
     params = {**GEOMETRY_PARAMS, "partition_size": TunableParam("partition_size", 0)}
 
     def default_space(self, spec) -> dict[str, list[int]]:

@@ -23,7 +23,7 @@ from kgen.families.attention.common import (
     template_context,
 )
 from kgen.families.attention.decode_geometry import vector_width
-from kgen.families.base import Config, TunableParam, resolve_config
+from kgen.families.base import Config, PerfModel, TunableParam, resolve_config
 from kgen.families.binding import host_values
 from kgen.formats.cache import (
     BLOCK_GROUP,
@@ -286,6 +286,7 @@ def slices(spec) -> int:
 class PagedPrefillFamily(AttentionFamily):
     # the kind's identity: its name, template, query rows and cases (the rest is AttentionFamily's)
     kind, template, rows, cases_module = "paged_prefill", "paged_prefill.cu.j2", PREFILL_ROWS, prefill_cases
+    perf_model, fib_kind = PerfModel.TILES, "gqa_paged_prefill"  # capabilities (kgen/families/base.py)
     params = {"warps": TunableParam("warps", 0), "kv_tile": TunableParam("kv_tile", 0),
               "stages": TunableParam("stages", 0), "m_tiles": TunableParam("m_tiles", 0),
               "partition_size": TunableParam("partition_size", 256),
