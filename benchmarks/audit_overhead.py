@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import kgen
+from kgen.families.attention.decode_cases import make_decode_case
 
-import kgen  # noqa: E402
-from kgen.families.attention.decode_cases import make_decode_case  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> None:

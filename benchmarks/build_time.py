@@ -7,7 +7,7 @@
   first call  : import + the first call on the CPU backend (g++ artifact cached)
 and ptxas registers / spills on sm_90 for every spec shipped in specs/.
 
-Run: .venv/bin/python benchmarks/build_time.py [--reps 5]
+Run: PYTHONPATH=. .venv/bin/python benchmarks/build_time.py [--reps 5]
 """
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from kgen.build import compile_cubins
+from kgen.cache import ArtifactCache
+from kgen.compile.cuda_headers import cuda_include_dir
+from kgen.render import render
+from kgen.spec.models import load_spec
 
-from kgen.build import compile_cubins  # noqa: E402
-from kgen.cache import ArtifactCache  # noqa: E402
-from kgen.compile.cuda_headers import cuda_include_dir  # noqa: E402
-from kgen.render import render  # noqa: E402
-from kgen.spec.models import load_spec  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SPEC = ROOT / "specs" / "llama3_8b_decode.yaml"
 

@@ -30,16 +30,14 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import kgen
+from kgen.compile.nvrtc import compile_cubin
+from kgen.families.attention.decode_geometry import decode_geometry
+from kgen.perf import model as pm
+from kgen.perf.sass import find_cuobjdump, sass_text
+from kgen.render import render
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from static_perf import find_cuobjdump, sass_text  # noqa: E402
-
-import kgen  # noqa: E402
-from kgen.compile.nvrtc import compile_cubin  # noqa: E402
-from kgen.families.attention.decode_geometry import decode_geometry  # noqa: E402
-from kgen.perf import model as pm  # noqa: E402
-from kgen.render import render  # noqa: E402
 
 ARCH = "sm_90"
 CLASSES = ("cvt", "fma", "addr", "shfl", "lds", "ldgsts", "other")

@@ -36,11 +36,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.gpu import NO_GPU_EXIT, cuda_torch
 
 # the measuring code lives in kgen (kgen/bench/), shared with `kgen selftest`; re-exported for the tests
-from kgen.bench.decode import (  # noqa: E402,F401
+from kgen.bench.decode import (  # noqa: F401
     DRY_RUN_SHAPES,
     decode_paths,
     family_for,
@@ -48,13 +47,12 @@ from kgen.bench.decode import (  # noqa: E402,F401
     run_spec,
     table,
 )
-from kgen.bench.timing import copy_bandwidth, random_tensor, time_per_call, torch_dtype  # noqa: E402,F401
-from kgen.perf import model as pm  # noqa: E402
-from kgen.runtime.cuda import gpu_available  # noqa: E402
-from kgen.spec.models import load_spec  # noqa: E402
+from kgen.bench.timing import copy_bandwidth, random_tensor, time_per_call, torch_dtype  # noqa: F401
+from kgen.perf import model as pm
+from kgen.spec.models import load_spec
 
+ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SPEC = ROOT / "specs" / "llama3_8b_decode.yaml"
-NO_GPU_EXIT = 2
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -82,25 +80,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--cpu-dry-run", action="store_true",
                     help="run the pipeline on the CPU at small shapes (tests the script; measures nothing)")
     return ap
-
-
-# ---- timing -----------------------------------------------------------------------------------------
-# ---- inputs -----------------------------------------------------------------------------------------
-# ---- one spec -------------------------------------------------------------------------------------------
-def cuda_torch(script: str, static: str, needs: str):
-    """torch with a CUDA device, or None after saying on stderr why nothing was measured (no GPU for
-    CuPy, or a torch without CUDA); the caller then exits NO_GPU_EXIT."""
-    if not gpu_available():
-        print(f"{script}: no CUDA GPU visible (CuPy sees none); these figures need one, so nothing was "
-              f"measured. {static} gives the static estimates without a GPU.", file=sys.stderr)
-        return None
-    import torch
-
-    if not torch.cuda.is_available():
-        print(f"{script}: CuPy sees a GPU but torch does not (a CPU-only torch?); {needs} need torch with "
-              "CUDA. Nothing was measured.", file=sys.stderr)
-        return None
-    return torch
 
 
 def main(argv: list[str] | None = None) -> int:

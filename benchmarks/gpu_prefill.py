@@ -43,14 +43,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from gpu_decode import NO_GPU_EXIT, cuda_torch  # noqa: E402
+from benchmarks.gpu import NO_GPU_EXIT, cuda_torch
 
 # the measuring code lives in kgen (kgen/bench/), shared with `kgen selftest`; re-exported for the tests
-from kgen.bench.prefill import (  # noqa: E402,F401
+from kgen.bench.prefill import (  # noqa: F401
     DRY_RUN_SHAPES,
     PEAK,
     default_shapes,
@@ -65,9 +61,10 @@ from kgen.bench.prefill import (  # noqa: E402,F401
     table,
     with_gqa,
 )
-from kgen.perf import model as pm  # noqa: E402
-from kgen.runtime.cuda import device_arch  # noqa: E402
+from kgen.perf import model as pm
+from kgen.runtime.cuda import device_arch
 
+ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SPECS = [ROOT / "specs" / "llama3_8b_prefill.yaml", ROOT / "specs" / "prefill_fp8_e4m3.yaml"]
 
 

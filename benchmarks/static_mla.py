@@ -34,29 +34,22 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.flashinfer_geometry import flashinfer_data
+from benchmarks.nvcc import find_nvcc, nvcc_cubin
+from benchmarks.tables import md_table, replace_between
+from kgen.cache import ArtifactCache, content_key
+from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report
+from kgen.families.attention.mla import row_blocks
+from kgen.families.attention.mla_geometry import mla_geometry
+from kgen.families.registry import family_for
+from kgen.perf import model as pm
+from kgen.perf import prefill_model as pf
+from kgen.perf.sass import find_cuobjdump, sass_text
+from kgen.plan import target_blocks
+from kgen.render import render
+from kgen.spec.models import load_spec
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from static_perf import (  # noqa: E402
-    find_nvcc,
-    flashinfer_data,
-    md_table,
-    nvcc_cubin,
-    replace_between,
-)
-
-from kgen.cache import ArtifactCache, content_key  # noqa: E402
-from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report  # noqa: E402
-from kgen.families.attention.mla import MLA_DECODE, row_blocks  # noqa: E402
-from kgen.families.attention.mla_geometry import mla_geometry  # noqa: E402
-from kgen.perf import model as pm  # noqa: E402
-from kgen.perf import prefill_model as pf  # noqa: E402
-from kgen.perf.sass import find_cuobjdump, sass_text  # noqa: E402
-from kgen.plan import target_blocks  # noqa: E402
-from kgen.render import render  # noqa: E402
-from kgen.spec.models import load_spec  # noqa: E402
-
 ARCH = "sm_90"
 DEV = dataclasses.replace(pm.H200, clock_hz=pf.TENSOR_CLOCK[ARCH])  # tensor-bound: the peak's clock
 PIPES = pf.PIPES[ARCH]
@@ -148,8 +141,8 @@ def kgen_mla(cuobjdump: str, cache: ArtifactCache) -> MlaKernel:
     rb = row_blocks(spec, config)
 
     def ctas(batch: int, context: int) -> list[float]:
-        sizes, _ = MLA_DECODE.schedule(spec, config, {"seq_lens": np.full(batch, context)},
-                                       target_blocks(DEV.sms, max(1, occ.blocks) * DEV.sms))
+        sizes, _ = family_for(spec).schedule(spec, config, {"seq_lens": np.full(batch, context)},
+                                             target_blocks(DEV.sms, max(1, occ.blocks) * DEV.sms))
         parts = sizes["max_partitions"]
         keys = -(-context // parts)
         return [float(-(-keys // geo.tile_tokens))] * (rb * batch * parts)

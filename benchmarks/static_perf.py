@@ -23,26 +23,24 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import importlib.util
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from kgen.cache import ArtifactCache, content_key  # noqa: E402
-from kgen.compile.nvrtc import parse_ptxas_report  # noqa: E402
-from kgen.families.base import PerfModel  # noqa: E402
-from kgen.families.registry import family_for  # noqa: E402
-from kgen.perf import model as pm  # noqa: E402
-from kgen.perf.report import (  # noqa: E402, F401  (re-exported: the tests and gpu_decode.py use them from here)
+from benchmarks import flashinfer_geometry as fi
+from benchmarks import vllm_geometry as vg
+from benchmarks.flashinfer_geometry import flashinfer_data
+from benchmarks.nvcc import find_nvcc, nvcc_cubin
+from benchmarks.tables import fmt_cell, fmt_pct, md_table, replace_between
+from kgen.cache import ArtifactCache, content_key
+from kgen.compile.nvrtc import parse_ptxas_report
+from kgen.families.base import PerfModel
+from kgen.families.registry import family_for
+from kgen.perf import model as pm
+from kgen.perf.report import (  # noqa: F401  (re-exported: the tests and gpu_decode.py use them from here)
     Figures,
     Plan,
     Subject,
@@ -50,44 +48,20 @@ from kgen.perf.report import (  # noqa: E402, F401  (re-exported: the tests and 
     kv_bytes_per_token,
     planning_kernel,
 )
-from kgen.perf.report import figures as _figures  # noqa: E402
-from kgen.perf.report import kgen_subject as _kgen_subject  # noqa: E402
-from kgen.perf.sass import cuobjdump_env, find_cuobjdump, sass_text, wheel_binary  # noqa: E402, F401
-from kgen.spec.models import load_spec  # noqa: E402
+from kgen.perf.report import figures as _figures
+from kgen.perf.report import kgen_subject as _kgen_subject
+from kgen.perf.sass import cuobjdump_env, find_cuobjdump, sass_text, wheel_binary  # noqa: F401
+from kgen.spec.models import load_spec
 
+ROOT = Path(__file__).resolve().parents[1]
 ARCH = "sm_90"
 SHAPES = pm.SHAPES
 DEV = pm.H200
-CACHE_NS = "static-perf"
 DOC_BEGIN, DOC_END = "<!-- static_perf:begin -->", "<!-- static_perf:end -->"
 # The issue's register targets by KV dtype (fp16 Llama, fp8 per-head, bf16 GQA 8, int8 GQA 7).
 REGISTER_TARGETS = {"fp16": 64, "fp8_e4m3": 96, "fp8_e5m2": 96, "bf16": 96, "int8": 128}  # (none set for nvfp4)
 # Llama-3-8B decode: what FlashInfer and vLLM are built for (and kgen's llama3_8b_decode spec).
 LLAMA = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "page": 16, "itemsize": 2}
-
-
-# ---- tools ----------------------------------------------------------------------------------------
-def find_nvcc() -> str | None:
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    cand = Path(home, "bin", "nvcc") if home else None
-    return str(cand) if cand and cand.exists() else shutil.which("nvcc")
-
-
-def nvcc_cubin(source: str, flags: list[str], nvcc: str, cache: ArtifactCache) -> tuple[bytes, str]:
-    """(cubin, ptxas -v log) of `source` built with nvcc for sm_90, cached by content."""
-    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
-    key = content_key("static-perf-nvcc", source, "\0".join(flags), version)
-
-    def build(tmp: Path) -> None:
-        (tmp / "k.cu").write_text(source)
-        run = subprocess.run([nvcc, "-cubin", f"-arch={ARCH}", "-Xptxas", "-v", *flags, "-o",
-                              str(tmp / "k.cubin"), str(tmp / "k.cu")], capture_output=True, text=True)
-        if run.returncode != 0:
-            raise RuntimeError(f"nvcc failed:\n{run.stderr[-3000:]}")
-        (tmp / "ptxas.log").write_text(run.stderr + run.stdout)
-
-    entry, _ = cache.get_or_build(CACHE_NS, key, build)
-    return (entry / "k.cubin").read_bytes(), (entry / "ptxas.log").read_text()
 
 
 # ---- what the tables show of each kernel (kgen/perf/report.py) ------------------------------------
@@ -128,15 +102,6 @@ template __global__ void flashinfer::BatchDecodeWithPagedKVCacheKernel<PosEncodi
 """
 
 
-def flashinfer_data() -> Path | None:
-    """The flashinfer-python wheel's data/ folder (include/, cccl/), found without importing flashinfer."""
-    found = importlib.util.find_spec("flashinfer")
-    for loc in (found.submodule_search_locations or []) if found else []:
-        if Path(loc, "data", "include", "flashinfer", "attention", "decode.cuh").exists():
-            return Path(loc, "data")
-    return None
-
-
 FLASHINFER_KV = {"fp16": ("half", 2), "fp8_e4m3": ("__nv_fp8_e4m3", 1)}
 
 
@@ -149,7 +114,7 @@ def flashinfer_subject(nvcc: str, cuobjdump: str, cache: ArtifactCache, kv_dtype
     version = importlib.metadata.version("flashinfer-python")
     L = LLAMA
     group = L["num_q_heads"] // L["num_kv_heads"]
-    geo = pm.flashinfer_geometry(L["head_dim"], group, itemsize)
+    geo = fi.flashinfer_geometry(L["head_dim"], group, itemsize)
     source = FLASHINFER_CU.replace("{dtype_kv}", dtype_kv)
     for k in ("stages", "tile", "vec", "bdx", "bdy", "bdz"):
         source = source.replace("{" + k + "}", str(geo[k]))
@@ -168,7 +133,7 @@ def flashinfer_subject(nvcc: str, cuobjdump: str, cache: ArtifactCache, kv_dtype
 
     def plan(batch: int, context: int) -> Plan:
         pages = [-(-context // L["page"])] * batch
-        split, _, new_batch = pm.flashinfer_split(pages, L["num_kv_heads"], L["page"], occ.blocks, DEV)
+        split, _, new_batch = fi.flashinfer_split(pages, L["num_kv_heads"], L["page"], occ.blocks, DEV)
         main = pm.Launch("decode", new_batch * L["num_kv_heads"], geo["threads"], geo["smem"])
         if not split:
             return Plan([main])
@@ -232,13 +197,13 @@ def vllm_subjects(src: Path, nvcc: str, cuobjdump: str, cache: ArtifactCache) ->
     v2 = {"v2": pick("paged_attention_v2_kernelI"), "reduce": pick("paged_attention_v2_reduce_kernel")}
 
     def plan_v1(batch: int, context: int) -> Plan:
-        return Plan([pm.Launch("v1", Hq * batch, pm.VLLM_THREADS, pm.vllm_v1_smem(context, D, page))])
+        return Plan([pm.Launch("v1", Hq * batch, vg.VLLM_THREADS, vg.vllm_v1_smem(context, D, page))])
 
     def plan_v2(batch: int, context: int) -> Plan:
-        parts = -(-context // pm.VLLM_PARTITION)
+        parts = -(-context // vg.VLLM_PARTITION)
         partial = 2 * batch * Hq * parts * (D * 2 + 8)  # fp16 tmp_out, fp32 exp_sums and max_logits
-        return Plan([pm.Launch("v2", Hq * batch * parts, pm.VLLM_THREADS, pm.vllm_v2_smem(D)),
-                     pm.Launch("reduce", Hq * batch, pm.VLLM_THREADS, 2 * parts * 4)], 0, partial)
+        return Plan([pm.Launch("v2", Hq * batch * parts, vg.VLLM_THREADS, vg.vllm_v2_smem(D)),
+                     pm.Launch("reduce", Hq * batch, vg.VLLM_THREADS, 2 * parts * 4)], 0, partial)
 
     def kv(b: int, c: int) -> float:
         return float(b * c * per_token)
@@ -250,12 +215,6 @@ def vllm_subjects(src: Path, nvcc: str, cuobjdump: str, cache: ArtifactCache) ->
 
 
 # ---- tables ---------------------------------------------------------------------------------------
-def md_table(head: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
-    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
-    return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
-
-
 def resource_rows(subjects: list[Subject]) -> list[list[str]]:
     rows = []
     for s in subjects:
@@ -275,7 +234,7 @@ def resource_rows(subjects: list[Subject]) -> list[list[str]]:
                 f"{f.static_smem}+{ln.smem}", ln.threads, f"{occ.blocks} ({occ.limiter})", occ.warps,
                 occ.blocks * DEV.sms,
                 f"{f.in_flight:.0f}" if main else "-", f"{per_sm / 1024:.0f}" if main else "-",
-                pm.fmt_pct(ceiling) if main else "-",
+                fmt_pct(ceiling) if main else "-",
             ])
     return rows
 
@@ -293,7 +252,7 @@ def flashinfer_fp16(subjects: list[Subject]) -> Subject | None:
     return next((s for s in subjects if s.label.startswith("FlashInfer") and " KV" not in s.label), None)
 
 
-def estimate_rows(subjects: list[Subject], cell: Callable[[pm.Estimate], str] = pm.fmt_cell) -> list[list[str]]:
+def estimate_rows(subjects: list[Subject], cell: Callable[[pm.Estimate], str] = fmt_cell) -> list[list[str]]:
     rows = []
     for s in subjects:
         rows.append([s.label, *(("n/a" if e is None else cell(e)) for e in (s.estimate(b, c)[0] for b, c in SHAPES))])
@@ -319,7 +278,7 @@ def work_rows(subjects: list[Subject]) -> list[list[str]]:
         ceiling = pm.issue_bound_fraction(pm.Work(instrs_per_byte=per_byte), DEV)
         rows.append([s.label, w.loop_instrs, w.loop_bytes, f"{per_byte:.3f}", f"{w.wavefronts_per_byte * s.dedupe:.3f}",
                      f"{w.flop_per_byte * s.dedupe:.1f}", w.fixed_instrs,
-                     "-" if ceiling == float("inf") else pm.fmt_pct(ceiling), pm.fmt_cell(e)])
+                     "-" if ceiling == float("inf") else fmt_pct(ceiling), fmt_cell(e)])
     return rows
 
 
@@ -347,7 +306,7 @@ def target_rows(subjects: list[Subject], fp8_label: str | None) -> list[list[str
     def fraction(label: str, floor: float, what: str) -> None:
         e = _at(find(subjects, label))
         rows.append([f"{what} at 64x4096 >= {floor:.0%} of copy bandwidth", label,
-                     "n/a" if e is None else f"{pm.fmt_pct(e.fraction)} ({e.bound})",
+                     "n/a" if e is None else f"{fmt_pct(e.fraction)} ({e.bound})",
                      verdict(None if e is None else e.fraction >= floor)])
 
     fi = flashinfer_fp16(subjects)
@@ -386,7 +345,7 @@ def nvfp4_rows(nv: Subject, fp8: Subject, verdict: Callable[[bool | None], str])
     ratio = kv_bytes_per_token(nv.spec) / kv_bytes_per_token(fp8.spec)
     e_nv, e_8 = _at(nv), _at(fp8)
     ok = None if e_nv is None or e_8 is None else e_nv.fraction >= e_8.fraction
-    shown = "n/a" if ok is None else f"{pm.fmt_pct(e_nv.fraction)} ({e_nv.bound}) vs {pm.fmt_pct(e_8.fraction)}"
+    shown = "n/a" if ok is None else f"{fmt_pct(e_nv.fraction)} ({e_nv.bound}) vs {fmt_pct(e_8.fraction)}"
     return [["nvfp4 cache bytes per token <= 0.5625x fp8's (with its block scales)", f"{nv.label} / {fp8.label}",
              f"{ratio:.4f}x", verdict(ratio <= 0.5625)],
             ["nvfp4 fraction of copy bandwidth >= fp8's at 64x4096", f"{nv.label} / {fp8.label}", shown,
@@ -595,15 +554,6 @@ def report(subjects: list[Subject], skipped: list[str], fp8_label: str | None = 
 def write_doc(path: Path, text: str) -> None:
     """Replace what lies between this benchmark's markers (the rest of the page is hand-written)."""
     replace_between(path, text, DOC_BEGIN, DOC_END)
-
-
-def replace_between(path: Path, text: str, begin: str, end: str) -> None:
-    """Write `text` between the markers `begin` and `end` of the page at `path` (each benchmark its own)."""
-    old = path.read_text() if path.exists() else f"# Performance\n\n{begin}\n{end}\n"
-    if begin not in old or end not in old:
-        raise SystemExit(f"{path}: no {begin} ... {end} markers to replace")
-    head, rest = old.split(begin, 1)
-    path.write_text(head + f"{begin}\n{text}{end}" + rest.split(end, 1)[1])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,37 +34,30 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from static_perf import (  # noqa: E402
-    find_nvcc,
-    flashinfer_data,
-    md_table,
-    nvcc_cubin,
-    replace_between,
-)
-
-from kgen.cache import ArtifactCache, content_key  # noqa: E402
-from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report  # noqa: E402
-from kgen.families.attention.prefill import (  # noqa: E402
+from benchmarks import flashinfer_geometry as fi
+from benchmarks.flashinfer_geometry import flashinfer_data
+from benchmarks.nvcc import find_nvcc, nvcc_cubin
+from benchmarks.tables import fmt_tflops, md_table, replace_between
+from kgen.cache import ArtifactCache, content_key
+from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report
+from kgen.families.attention.prefill import (
     m_tiles_of,
     path_of,
     stages_of,
     tiles,
 )
-from kgen.families.base import PerfModel  # noqa: E402
-from kgen.families.registry import family_for  # noqa: E402
-from kgen.formats.dtypes import dtype  # noqa: E402
-from kgen.perf import model as pm  # noqa: E402
-from kgen.perf import prefill_model as pf  # noqa: E402
-from kgen.perf.prefill_model import MIXED, SHAPES, mixed_parts, mixed_shape  # noqa: E402,F401
-from kgen.perf.report import planning_kernel  # noqa: E402
-from kgen.perf.sass import find_cuobjdump, sass_text  # noqa: E402
-from kgen.render import render  # noqa: E402
-from kgen.spec.models import load_spec  # noqa: E402
+from kgen.families.base import PerfModel
+from kgen.families.registry import family_for
+from kgen.formats.dtypes import dtype
+from kgen.perf import model as pm
+from kgen.perf import prefill_model as pf
+from kgen.perf.prefill_model import MIXED, SHAPES, mixed_parts, mixed_shape  # noqa: F401
+from kgen.perf.report import planning_kernel
+from kgen.perf.sass import find_cuobjdump, sass_text
+from kgen.render import render
+from kgen.spec.models import load_spec
 
+ROOT = Path(__file__).resolve().parents[1]
 ARCH = "sm_90"
 # The H200 preset at the clock the 989.4 TFLOP/s dense figure is quoted at (1.83 GHz): tensor-bound
 # kernels do not hold the 1.98 GHz maximum boost the decode model uses.
@@ -232,7 +225,7 @@ def flashinfer_kernel(nvcc: str, cuobjdump: str, cache: ArtifactCache, kv_dtype:
     version = importlib.metadata.version("flashinfer-python")
     dtype_kv, itemsize = FI_KV[kv_dtype]
     # long prompts: avg packed rows > 64, so CTA_TILE_Q 128 (every shape here but none is smaller)
-    traits = pf.flashinfer_traits(128, 128, itemsize)
+    traits = fi.flashinfer_traits(128, 128, itemsize)
     flags = ["-O3", "-DNDEBUG", "-std=c++17", "-use_fast_math", "--expt-relaxed-constexpr",
              "-DFLASHINFER_ENABLE_F16", "-DFLASHINFER_ENABLE_BF16", "-DFLASHINFER_ENABLE_FP8_E4M3",
              "-DFLASHINFER_ENABLE_FP8_E5M2", f"-I{data / 'include'}", f"-I{data / 'cccl' / 'cub'}",
@@ -246,13 +239,13 @@ def flashinfer_kernel(nvcc: str, cuobjdump: str, cache: ArtifactCache, kv_dtype:
     def ctas(seqs, num_q_heads, num_kv_heads):
         group = num_q_heads // num_kv_heads
         avg = sum(q * group for q, _ in seqs) // len(seqs)
-        tq = pf.flashinfer_cta_tile_q(avg, 128)
+        tq = fi.flashinfer_cta_tile_q(avg, 128)
         if tq != traits["CTA_TILE_Q"]:
             raise ValueError(f"FlashInfer picks CTA_TILE_Q {tq} here; only 128 is compiled")
-        out, chunks = pf.flashinfer_ctas(seqs, group, num_kv_heads, FI_PAGE, traits, DEV.sms)
+        out, chunks = fi.flashinfer_ctas(seqs, group, num_kv_heads, FI_PAGE, traits, DEV.sms)
         if not chunks:
             return out, 0, 0.0
-        _, chunk_pages = pf.flashinfer_chunk([q * group for q, _ in seqs], [-(-kv // FI_PAGE) for _, kv in seqs],
+        _, chunk_pages = fi.flashinfer_chunk([q * group for q, _ in seqs], [-(-kv // FI_PAGE) for _, kv in seqs],
                                              128, 2 * DEV.sms // num_kv_heads, max(128 // FI_PAGE, 1))
         pages = [-(-kv // FI_PAGE) for _, kv in seqs]
         rows = sum(q * -(-p // chunk_pages) for (q, _), p in zip(seqs, pages, strict=True))  # (query row, chunk) pairs
@@ -354,7 +347,7 @@ def flashinfer_sm90_kernel(nvcc: str, cuobjdump: str, cache: ArtifactCache) -> K
     work.wgmma_serialized = pf.serialized_wgmma(res.advisories)
 
     def ctas(seqs, num_q_heads, num_kv_heads):
-        return pf.flashinfer_sm90_items(seqs, num_q_heads, FI90_CTA_Q, FI90_CTA_KV), 0, 0.0
+        return fi.flashinfer_sm90_items(seqs, num_q_heads, FI90_CTA_Q, FI90_CTA_KV), 0, 0.0
 
     label = f"FlashInfer {version} BatchPrefill sm90 path"
     return Kernel(label, res.registers, f"{res.spill_stores}/{res.spill_loads}", res.static_smem, threads, work,
@@ -422,7 +415,7 @@ def estimate_table(groups, pipes: pf.PrefillPipes = PIPES) -> str:
             cells = []
             for _, seqs in SHAPES:
                 try:
-                    cells.append(pf.fmt_tflops(k.estimate(seqs, spec.attention.num_q_heads, spec.attention.num_kv_heads,
+                    cells.append(fmt_tflops(k.estimate(seqs, spec.attention.num_q_heads, spec.attention.num_kv_heads,
                                                           pipes)))
                 except ValueError as e:
                     cells.append(f"n/a ({e})")
@@ -486,9 +479,9 @@ def fa2_table(groups, cuobjdump: str, cache: ArtifactCache) -> tuple[str, list[f
             err = e.tflops / 1e12 / pub[s] - 1 if e else None
             if err is not None:
                 errs.append(err)
-            cells += [pf.fmt_tflops(e), "n/a" if err is None else f"{100 * err:+.0f}%"]
+            cells += [fmt_tflops(e), "n/a" if err is None else f"{100 * err:+.0f}%"]
         rows.append([f"{16384 // s} x {s}", cells[0], cells[2], FA2_PUBLISHED[s], cells[1], cells[3],
-                     cells[4], FA3_PUBLISHED[s], cells[5], pf.fmt_tflops(e_kg)])
+                     cells[4], FA3_PUBLISHED[s], cells[5], fmt_tflops(e_kg)])
     head = ["batch x seqlen (16 heads, d128, causal, MHA)", "FlashInfer sm80 path (ESTIMATE)",
             "same, mma.sync at 0.5 (ESTIMATE)", "FA2 published", "error vs FA2", "error vs FA2 at 0.5",
             "FlashInfer sm90 path (ESTIMATE)", "FA3 published", "error vs FA3",

@@ -1,22 +1,20 @@
 """Time of the full verification case matrix on the CPU backend (issue 3 figure).
 
-Run: .venv/bin/python benchmarks/verify_time.py [--reps 3] [SPEC ...]
+Run: PYTHONPATH=. .venv/bin/python benchmarks/verify_time.py [--reps 3] [SPEC ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from kgen.build import build
+from kgen.spec.models import load_spec
+from kgen.verify.runner import verify
 
-from kgen.build import build  # noqa: E402
-from kgen.spec.models import load_spec  # noqa: E402
-from kgen.verify.runner import verify  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """kgen inside vLLM on this machine: start-up cost and tokens/s, vLLM's CPU attention vs kgen's.
 
-    python benchmarks/vllm_cpu.py [--model-dir DIR] [--max-tokens 32] [--doc docs/vllm.md]
+    PYTHONPATH=. python benchmarks/vllm_cpu.py [--model-dir DIR] [--max-tokens 32] [--doc docs/vllm.md]
 
 Every run serves the same tiny Llama (kgen/vllm/tiny_models.py: 2 layers, GQA 4/2, head_dim 32,
 fp32, random weights) in a fresh process through kgen.vllm.compare.run_side: six prompts
@@ -19,10 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from kgen.vllm.tiny_models import write_model
 
-from kgen.vllm.tiny_models import write_model  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def measure(model: str, max_tokens: int, cache_dir: Path, repeats: int) -> list[tuple[str, dict]]:

@@ -1,3 +1,5 @@
-"""The static performance models: model.py (decode: SASS, occupancy and bytes in flight) and
-prefill_model.py (tensor-core prefill tiles), no GPU needed. Used by benchmarks/static_perf.py,
-benchmarks/static_prefill.py, benchmarks/gpu_decode.py and their tests."""
+"""kgen's static performance models, no GPU needed: sass.py (cuobjdump), model.py (the SASS reader, the
+device table, the decode model: occupancy and bytes in flight), prefill_model.py (tensor-core prefill
+tiles), mla_model.py (MLA decode) and report.py (a kernel's figures, estimated with kgen's launch plan).
+Used by `kgen perf`, `kgen verify --source` and the benchmark scripts; what those compare against
+(FlashInfer's and vLLM's restated geometry) lives in the benchmarks package, outside the wheel."""

@@ -18,8 +18,10 @@ the assumptions. The pieces:
 - `estimate_seconds`: per wave of thread blocks, the slowest of five terms: bytes in flight by Little's
   law ("latency"), instruction issue ("issue"), shared-memory wavefronts ("smem"), tensor-core FLOP
   ("tensor"), copy bandwidth ("bandwidth"); the Estimate names the term that binds.
-- `flashinfer_geometry` / `flashinfer_split`, `vllm_*`: the launch geometry those libraries
-  choose, re-stated from their source (the file each rule comes from is named).
+
+FlashInfer's and vLLM's launch geometry, restated from their sources, and the table helpers live with
+the benchmark scripts that compare against them (benchmarks/flashinfer_geometry.py,
+benchmarks/vllm_geometry.py, benchmarks/tables.py), outside the wheel.
 """
 
 from __future__ import annotations
@@ -431,10 +433,6 @@ def issue_bound_fraction(work: Work, dev: Device = H200) -> float:
     return dev.sms * dev.issue_per_sm_clock * dev.clock_hz / (dev.copy_bw * work.instrs_per_byte)
 
 
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
 # ---- occupancy ----------------------------------------------------------------------------------
 def occupancy(threads: int, registers: int, smem_bytes: int, dev: Device = H200) -> Occupancy:
     """Resident blocks per SM (kgen.plan.occupancy: the CUDA occupancy calculator's rules) on `dev`.
@@ -522,68 +520,3 @@ def estimate_seconds(kv_bytes: float, blocks: int, threads: int, in_flight: floa
     charged["bandwidth"] += partial_bytes / dev.copy_bw
     return Estimate(t, kv_bytes / t / dev.copy_bw, blocks, resident, full + (1 if rest else 0),
                     max(charged, key=charged.get), summed)
-
-
-# ---- FlashInfer's batch decode (flashinfer/data/include/flashinfer/attention/decode.cuh, scheduler.cuh)
-def flashinfer_geometry(head_dim: int, group: int, kv_itemsize: int, sm_major: int = 9) -> dict:
-    """BatchDecodeWithPagedKVCacheDispatched's template parameters and dynamic shared memory."""
-    vec = max(16 // kv_itemsize, head_dim // 32)
-    bdx = head_dim // vec
-    bdy = group
-    threads = max(128, bdx * bdy)
-    bdz = threads // (bdx * bdy)
-    tile = (2 if kv_itemsize == 1 else 4) if group == 1 else 1
-    stages = 2 if sm_major >= 8 else 1
-    smem = (max(2 * stages * tile * bdy * bdz * head_dim * kv_itemsize, bdz * bdy * head_dim * 4)
-            + max(tile * threads * 8, 2 * bdy * bdz * 4))
-    return {"vec": vec, "bdx": bdx, "bdy": bdy, "bdz": bdz, "tile": tile, "stages": stages,
-            "threads": threads, "smem": smem}
-
-
-def flashinfer_split(pages: list[int], num_kv_heads: int, page_size: int, blocks_per_sm: int,
-                     dev: Device = H200) -> tuple[bool, int, int]:
-    """BatchDecodeWithPagedKVCacheWorkEstimationDispatched without CUDA graphs: (split, pages per
-    chunk, grid x). No split when batch x kv_heads already fills max_grid = blocks/SM x SMs; else the
-    smallest chunk (>= 128 / page_size pages) whose chunk count x kv_heads fits max_grid."""
-    max_grid = blocks_per_sm * dev.sms
-    if len(pages) * num_kv_heads >= max_grid:
-        return False, max(pages), len(pages)
-    low, high = max(128 // page_size, 1), max(pages)
-    while low < high:
-        mid = (low + high) // 2
-        if sum(-(-p // mid) for p in pages) * num_kv_heads > max_grid:
-            low = mid + 1
-        else:
-            high = mid
-    new_batch = sum(-(-max(p, 1) // low) for p in pages)
-    return new_batch != len(pages), low, new_batch
-
-
-# ---- vLLM's paged attention v1/v2 (vllm 0.10.x csrc/attention/paged_attention_v{1,2}.cu) ----------
-VLLM_THREADS = 128
-VLLM_PARTITION = 512
-
-
-def vllm_v1_smem(context: int, head_dim: int, block_size: int) -> int:
-    """Dynamic smem of v1: fp32 logits of the whole padded context, or the output reduction buffer."""
-    return max(_round_up(context, block_size) * 4, (VLLM_THREADS // 32 // 2) * head_dim * 4)
-
-
-def vllm_v2_smem(head_dim: int) -> int:
-    return max(VLLM_PARTITION * 4, (VLLM_THREADS // 32 // 2) * head_dim * 4)
-
-
-def vllm_uses_v1(batch: int, context: int, num_heads: int) -> bool:
-    """vLLM's own choice (vllm/attention/ops/paged_attn.py): v1 when the context is at most 8192 and
-    either one partition suffices or the grid is already large."""
-    parts = -(-context // VLLM_PARTITION)
-    return context <= 8192 and (parts == 1 or batch * num_heads > 512)
-
-
-def fmt_pct(x: float) -> str:
-    return "n/a" if x is None or math.isnan(x) else f"{100 * x:.0f}%"
-
-
-def fmt_cell(e: Estimate | None) -> str:
-    """A table cell: fraction of the copy bandwidth and the binding term, e.g. `77% (issue)`."""
-    return "n/a" if e is None else f"{fmt_pct(e.fraction)} ({e.bound})"

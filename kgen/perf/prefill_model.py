@@ -16,8 +16,8 @@ and kgen.plan.occupancy, and adds what a tensor-core kernel needs:
   most CTA-time. Where ptxas serialised the kernel's wgmma (advisory C7520, TileWork.wgmma_serialized),
   no wgmma batch overlaps anything: the tensor term adds to the slowest other term instead of hiding
   under it.
-- `kgen_ctas` / `flashinfer_ctas`: the tile iterations of each CTA of kgen's paged-prefill launch and
-  of FlashInfer's BatchPrefillWithPagedKVCacheKernel (sm80 path), re-stated from their sources.
+- `kgen_ctas`: the tile iterations of each CTA of kgen's paged-prefill launch (FlashInfer's, restated
+  from its source, are benchmarks/flashinfer_geometry.py's, outside the wheel).
 - `causal_flop`: the FLOP the tables divide by (4 x head_dim x visible (query, key) pairs x q heads).
 """
 
@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 from kgen.compile.advisories import WGMMA_SERIALIZED
 from kgen.perf import model as pm
-from kgen.plan.arch import limits_for
 
 
 # ---- rates the decode model does not carry ------------------------------------------------------
@@ -333,105 +332,6 @@ def kgen_ctas(seqs: list[tuple[int, int]], group: int, num_kv_heads: int, warps:
                 xs[z].append(max(0, -(-(hi - lo) // kv_tile)))
         xs[z] += [0] * len(seqs)  # the spare blocks of grid x
     return [t for z in range(max(1, partitions)) for _ in range(num_kv_heads) for t in xs[z]]
-
-
-# ---- FlashInfer's batch prefill, sm80 path (flashinfer/data/include/flashinfer: utils.cuh,
-# attention/scheduler.cuh, attention/prefill.cuh of the flashinfer-python wheel) ---------------------
-def flashinfer_cta_tile_q(avg_packed_qo_len: int, head_dim: int) -> int:
-    """utils.cuh FA2DetermineCtaTileQ for head_dim < 256 on sm_80+: 128 past 64 packed rows, 64 past 16,
-    else 16."""
-    if avg_packed_qo_len > 64 and head_dim < 256:
-        return 128
-    return 64 if avg_packed_qo_len > 16 else 16
-
-
-def flashinfer_traits(cta_tile_q: int, head_dim: int, kv_itemsize: int, q_itemsize: int = 2,
-                      smem_per_sm: int | None = None, smem_optin: int | None = None) -> dict:
-    """prefill.cuh BatchPrefillWithPagedKVCacheDispatched for head_dim <= 256 (no VO split, no RoPE,
-    fp32 QK accumulation): NUM_MMA_Q (2 for a 128-row tile, else 1), NUM_WARPS_Q (4 past 16 rows, else
-    1), NUM_WARPS_KV = 4 / NUM_WARPS_Q; K/V smem per NUM_MMA_KV = (D_QK + D_VO) x 16 x NUM_WARPS_KV x
-    sizeof(KV), plus a D x 16 x NUM_WARPS_KV q-type repack tile for a one-byte KV (use_kv_repack); the
-    Q tile CTA_TILE_Q x D x sizeof(Q) fixed; 2 CTAs per SM when two minimum tiles fit the SM; NUM_MMA_KV
-    = the DISPATCH_NUM_MMA_KV step (8, 4, 2, 1) at or below min(smem bound, 8 / NUM_MMA_Q)."""
-    limits = limits_for("sm_90")  # the device FlashInfer queries (sharedMemPerMultiprocessor, ...Optin)
-    smem_per_sm = limits.smem_per_sm if smem_per_sm is None else smem_per_sm
-    smem_optin = limits.smem_per_block if smem_optin is None else smem_optin
-    num_mma_q = 2 if cta_tile_q > 64 else 1
-    warps_q = 4 if cta_tile_q > 16 else 1
-    warps_kv = 4 // warps_q
-    per_kv = 2 * head_dim * 16 * warps_kv * kv_itemsize
-    if kv_itemsize == 1 and cta_tile_q > 16 and head_dim != 64:
-        per_kv += head_dim * 16 * warps_kv * q_itemsize
-    fixed = cta_tile_q * head_dim * q_itemsize
-    min_kv = warps_q // 2 if kv_itemsize == 1 and warps_q > 2 else 1
-    ctas_per_sm = 2 if smem_per_sm >= 2 * (fixed + min_kv * per_kv) else 1
-    per_block = min(smem_per_sm // ctas_per_sm, smem_optin)
-    limit = min((per_block - fixed) // per_kv, 8 // num_mma_q)
-    num_mma_kv = next(s for s in (8, 4, 2, 1) if limit >= s)
-    return {"CTA_TILE_Q": cta_tile_q, "NUM_MMA_Q": num_mma_q, "NUM_WARPS_Q": warps_q, "NUM_WARPS_KV": warps_kv,
-            "NUM_MMA_KV": num_mma_kv, "NUM_MMA_D": head_dim // 16, "CTA_TILE_KV": num_mma_kv * 16 * warps_kv,
-            "threads": 32 * warps_q * warps_kv, "smem": fixed + num_mma_kv * per_kv}
-
-
-def flashinfer_chunk(packed: list[int], kv_pages: list[int], cta_tile_q: int, max_batch_if_split: int,
-                     min_chunk_pages: int) -> tuple[bool, int]:
-    """scheduler.cuh PrefillBinarySearchKVChunkSize (CUDA graphs off): the smallest chunk (pages, at
-    least 128 / page_size) whose work items sum(ceil(packed / CTA_TILE_Q) x ceil(pages / chunk)) fit
-    max_batch_size_if_split = 2 x SMs / kv_heads; split when that chunk is under the longest KV."""
-    low, high = min_chunk_pages, max(max(kv_pages), 1)
-    while low < high:
-        mid = (low + high) // 2
-        n = sum(-(-p // cta_tile_q) * -(-max(kv, 1) // mid) for p, kv in zip(packed, kv_pages, strict=True))
-        if n > max_batch_if_split:
-            low = mid + 1
-        else:
-            high = mid
-    return low < max(max(kv_pages), 1), low
-
-
-def flashinfer_ctas(seqs: list[tuple[int, int]], group: int, num_kv_heads: int, page: int, traits: dict,
-                    sms: int) -> tuple[list[int], int]:
-    """(tile iterations of every CTA in launch order, KV chunks in all): scheduler.cuh PrefillSplitQOKVIndptr
-    work items (request, q tile, KV chunk) on grid x, KV heads on grid z; prefill.cuh's causal
-    num_iterations = ceil(min(chunk_size, max(0, kv_len - qo_len + ceil((q_tile + 1) x CTA_TILE_Q /
-    group) - chunk_start)) / CTA_TILE_KV)."""
-    tq, tkv = traits["CTA_TILE_Q"], traits["CTA_TILE_KV"]
-    packed = [q * group for q, _ in seqs]
-    pages = [-(-kv // page) for _, kv in seqs]
-    split, chunk_pages = flashinfer_chunk(packed, pages, tq, 2 * sms // num_kv_heads, max(128 // page, 1))
-    items = []
-    chunks = 0
-    for (q_len, kv_len), p, np_ in zip(seqs, packed, pages, strict=True):
-        n_chunks = -(-max(np_, 1) // chunk_pages) if split else 1
-        size = chunk_pages * page if split else kv_len
-        chunks += n_chunks
-        for qt in range(-(-p // tq)):
-            limit = kv_len - q_len + -(-((qt + 1) * tq) // group)
-            for c in range(n_chunks):
-                start = min(c * size, kv_len)
-                csize = min((c + 1) * size, kv_len) - start
-                items.append(-(-min(csize, max(0, limit - start)) // tkv))
-    return [t for _ in range(num_kv_heads) for t in items], (chunks if split else 0)
-
-
-def flashinfer_sm90_items(seqs: list[tuple[int, int]], num_q_heads: int, cta_q: int = 128, cta_kv: int = 96) -> list[int]:
-    """Main-loop iterations of every work item of FlashInfer's sm90 batch prefill (scheduler.cuh
-    PrefillSM90Plan): per query head, the requests by KV length (longest first), each one's query
-    tiles of cta_q tokens (one head: GQA heads are not packed) from the last; a causal tile sees
-    kv_len - qo_len + min((tile + 1) x cta_q, qo_len) keys, in iterations of cta_kv. The plan hands
-    the items in this order to the least-loaded of the SMs' persistent CTAs (by its cost estimate);
-    list scheduling them on SMs x 1 slots is that greedy by modeled time."""
-    order = sorted(seqs, key=lambda s: -s[1])
-    items = []
-    for q_len, kv_len in order:
-        tiles = -(-q_len // cta_q)
-        for t in range(tiles - 1, -1, -1):
-            items.append(-(-(kv_len - q_len + min((t + 1) * cta_q, q_len)) // cta_kv))
-    return items * num_q_heads
-
-
-def fmt_tflops(e: PrefillEstimate | None) -> str:
-    return "n/a" if e is None else f"{e.tflops / 1e12:.0f} ({100 * e.fraction:.0f}%, {e.bound})"
 
 
 def finite(e: PrefillEstimate) -> bool:

@@ -12,22 +12,18 @@ from pathlib import Path
 import pytest
 
 import kgen.bench.prefill
+from benchmarks import gpu_prefill as gp
+from benchmarks import static_prefill as sp
 from kgen.perf import prefill_model as pf
 from kgen.runtime.cuda import gpu_available
 from kgen.spec.models import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import gpu_prefill as gp  # noqa: E402
-import static_prefill as sp  # noqa: E402
-
-SCRIPT = ROOT / "benchmarks" / "gpu_prefill.py"
 LLAMA = ROOT / "specs" / "llama3_8b_prefill.yaml"
 
 
 def _script(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "benchmarks.gpu_prefill", *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=timeout)
 
 

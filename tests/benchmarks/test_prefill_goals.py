@@ -3,18 +3,15 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from sass_tools import CUOBJDUMP, needs_sass
+
+from benchmarks import static_prefill as sp
 from kgen.perf import prefill_model as pf
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import static_prefill as sp  # noqa: E402
-from test_static_perf import CUOBJDUMP, needs_sass  # noqa: E402
 
 
 def _est(seconds: float, fraction: float = 0.5) -> pf.PrefillEstimate:

@@ -4,19 +4,11 @@ model: a one-CTA-per-SM kernel whose estimate cannot beat the copy bandwidth or 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+from sass_tools import needs_sass
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import static_mla as sm  # noqa: E402
-from test_static_perf import needs_sass  # noqa: E402
-
-from kgen.cache import ArtifactCache  # noqa: E402
+from benchmarks import static_mla as sm
+from kgen.cache import ArtifactCache
 
 
 def test_flop_and_bytes_by_hand():

@@ -9,8 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from sass_tools import CUOBJDUMP, listing, needs_sass
 
 import kgen.bench.decode
+from benchmarks import gpu_decode
+from benchmarks import static_perf as sp
+from benchmarks.flashinfer_geometry import flashinfer_split
+from benchmarks.tables import fmt_cell
 from kgen.compile.nvrtc import compile_cubin
 from kgen.perf import model as pm
 from kgen.render import render
@@ -18,43 +23,13 @@ from kgen.runtime.cuda import gpu_available
 from kgen.spec.models import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import gpu_decode  # noqa: E402
-import static_perf as sp  # noqa: E402
 
 LLAMA = ROOT / "specs" / "llama3_8b_decode.yaml"
-GPU_SCRIPT = ROOT / "benchmarks" / "gpu_decode.py"
-
-
-def _sass_tools() -> str | None:
-    """cuobjdump, when it can disassemble here (it needs nvdisasm beside it or on PATH)."""
-    tool = sp.find_cuobjdump()
-    if tool is None:
-        return None
-    probe = subprocess.run([tool, "-sass", str(ROOT / "pyproject.toml")], capture_output=True, text=True,
-                           env=sp.cuobjdump_env(tool))
-    return None if "nvdisasm" in probe.stderr else tool
-
-
-CUOBJDUMP = _sass_tools()
-needs_sass = pytest.mark.skipif(CUOBJDUMP is None, reason="cuobjdump with nvdisasm is not installed "
-                                "(the test extra's nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm)")
-
-
-def _listing(name: str, rows: list[tuple[str, int, int]]) -> str:
-    """A cuobjdump-style listing: (instruction, scoreboard set, wait mask) per row, 16 bytes apart."""
-    lines = ["\tcode for sm_90", f"\t\tFunction : {name}"]
-    for i, (text, wbar, wait) in enumerate(rows):
-        hi = ((wait << 11) | (wbar << 5)) << 41
-        lines.append(f"        /*{16 * i:04x}*/                   {text} ;    /* 0x0000000000000000 */")
-        lines.append(f"                                                      /* 0x{hi:016x} */")
-    return "\n".join(lines) + "\n"
 
 
 def test_serial_loop_keeps_one_load_in_flight():
     """K, wait, V, wait: two DRAM trips per iteration for 32 bytes = 16 bytes in flight."""
-    fn = pm.parse_sass(_listing("k", [
+    fn = pm.parse_sass(listing("k", [
         ("MOV R1, R1", 7, 0),
         ("LDG.E.128.CONSTANT R4, desc[UR4][R2.64]", 0, 0),
         ("FFMA R8, R4, R4, R8", 7, 0b01),
@@ -71,7 +46,7 @@ def test_serial_loop_keeps_one_load_in_flight():
 
 def test_cp_async_pipeline_keeps_its_stages_in_flight():
     """One 16-byte group per iteration, waiting until 3 remain: 4 groups = 64 bytes in flight."""
-    fn = pm.parse_sass(_listing("k", [
+    fn = pm.parse_sass(listing("k", [
         ("DEPBAR.LE SB0, 0x3", 7, 0),
         ("LDS R4, [R0]", 2, 0),
         ("FFMA R8, R4, R4, R8", 7, 0b100),
@@ -93,8 +68,8 @@ def test_occupancy_follows_the_sm90_rules():
 
 def test_flashinfer_split_heuristic():
     # 1 x 32768 tokens in 16-token pages, 8 KV heads, 9 blocks/SM: fill 1188 blocks with 147 chunks of 14 pages
-    assert pm.flashinfer_split([2048], 8, 16, 9) == (True, 14, 147)
-    assert pm.flashinfer_split([256] * 256, 8, 16, 9) == (False, 256, 256)  # 2048 blocks fill the GPU already
+    assert flashinfer_split([2048], 8, 16, 9) == (True, 14, 147)
+    assert flashinfer_split([256] * 256, 8, 16, 9) == (False, 256, 256)  # 2048 blocks fill the GPU already
 
 
 def test_estimate_counts_grid_fill_and_caps_at_copy_bandwidth():
@@ -111,7 +86,7 @@ def _pipelined(body: list[str]) -> pm.SassFunction:
     rows = [("DEPBAR.LE SB0, 0x3", 7, 0), ("LDGSTS.E.BYPASS.LTC128B.128 [R1], desc[UR4][R2.64]", 7, 0),
             ("LDGDEPBAR", 7, 0), *((text, 7, 0) for text in body), ("@P0 BRA 0x0", 7, 0),
             ("STG.E desc[UR4][R6.64], R8", 7, 0), ("EXIT", 7, 0)]
-    return pm.parse_sass(_listing("k", rows))["k"]
+    return pm.parse_sass(listing("k", rows))["k"]
 
 
 def _estimate(fn: pm.SassFunction, blocks: int = 4096, threads: int = 128, per_sm: int = 8) -> pm.Estimate:
@@ -167,13 +142,13 @@ def test_tensor_binds_a_loop_of_mmas():
 
 
 def test_latency_binds_a_serial_loop():
-    fn = pm.parse_sass(_listing("k", [
+    fn = pm.parse_sass(listing("k", [
         ("LDG.E.128.CONSTANT R4, desc[UR4][R2.64]", 0, 0),
         ("FFMA R8, R4, R4, R8", 7, 0b01),
         ("@P0 BRA 0x0", 7, 0),
     ]))["k"]
     assert _estimate(fn).bound == "latency"
-    assert pm.fmt_cell(_estimate(fn)).endswith("(latency)")
+    assert fmt_cell(_estimate(fn)).endswith("(latency)")
 
 
 @needs_sass
@@ -233,7 +208,7 @@ def test_doc_markers_keep_the_hand_written_text(tmp_path):
 
 
 def _gpu_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(GPU_SCRIPT), *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "benchmarks.gpu_decode", *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=600)
 
 
@@ -298,7 +273,7 @@ def _tile_loop() -> pm.SassFunction:
             ("LDGSTS.E.BYPASS.LTC128B.128 [R1+0x10], desc[UR4][R2.64+0x10]", 7, 0), ("@P1 BRA 0x10", 7, 0),
             ("LDGDEPBAR", 7, 0), ("HMMA.16816.F32 R12, R4, R6, R12", 7, 0), ("FFMA R8, R4, R4, R8", 7, 0),
             ("@P2 BRA 0x50", 7, 0), ("@P0 BRA 0x0", 7, 0), ("EXIT", 7, 0)]
-    return pm.parse_sass(_listing("k", rows))["k"]
+    return pm.parse_sass(listing("k", rows))["k"]
 
 
 def test_a_copy_loop_that_never_waits_is_counted_with_its_tile_loop():

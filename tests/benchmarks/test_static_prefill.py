@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from pathlib import Path
 
 import pytest
+from sass_tools import CUOBJDUMP, listing, needs_sass
 
+from benchmarks import flashinfer_geometry as fi
+from benchmarks import static_prefill as sp
 from kgen.perf import model as pm
 from kgen.perf import prefill_model as pf
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from test_static_perf import CUOBJDUMP, _listing, needs_sass  # noqa: E402
 
 DEV = dataclasses.replace(pm.H200, clock_hz=1.83e9)
 PIPES = pf.PIPES["sm_90"]
@@ -27,7 +25,7 @@ LOOP_END = ("@P0 BRA 0x0", 7, 0)
 
 def _loop(body: list[str]) -> pm.SassFunction:
     """A function whose whole body is one loop (the branch back to 0x0), then EXIT."""
-    return pm.parse_sass(_listing("k", [(b, 7, 0) for b in body] + [LOOP_END, ("EXIT", 7, 0)]))["k"]
+    return pm.parse_sass(listing("k", [(b, 7, 0) for b in body] + [LOOP_END, ("EXIT", 7, 0)]))["k"]
 
 
 def _bound(fn: pm.SassFunction, warps: int = 4, k: int = 1) -> tuple[str, dict]:
@@ -79,7 +77,7 @@ def test_hgmma_flop_and_main_loop_choice():
     the MMAs, not the one with more instructions."""
     rows = [("IADD3 R1, R1, 0x1, RZ", 7, 0)] * 6 + [("@P0 BRA 0x0", 7, 0)]
     rows += [("HGMMA.64x128x16.F32 gdesc[UR4], R0, UR8", 7, 0), ("@P1 BRA 0x70", 7, 0), ("EXIT", 7, 0)]
-    fn = pm.parse_sass(_listing("k", rows))["k"]
+    fn = pm.parse_sass(listing("k", rows))["k"]
     lp = pf.main_loop(fn)
     assert (lp.start, lp.end) == (7, 8)
     w = pf.tile_work(fn, DEV)
@@ -104,15 +102,15 @@ def test_kgen_ctas_by_hand():
 def test_flashinfer_rules():
     """fp16 d128, 128-row tiles: 4 Q warps x 2 MMA rows, NUM_MMA_KV 4 (8 / NUM_MMA_Q caps the smem bound 10):
     64-key tiles, 32 KB Q + 4 x 8 KB K/V; one 2048-token prompt of GQA 4 fills 64 q tiles x 8 heads, no split."""
-    t = pf.flashinfer_traits(128, 128, 2)
+    t = fi.flashinfer_traits(128, 128, 2)
     assert (t["NUM_MMA_Q"], t["NUM_WARPS_Q"], t["NUM_WARPS_KV"], t["NUM_MMA_KV"], t["CTA_TILE_KV"]) == (2, 4, 1, 4, 64)
     assert t["smem"] == 128 * 128 * 2 + 4 * 8192 and t["threads"] == 128
-    assert pf.flashinfer_cta_tile_q(65, 128) == 128 and pf.flashinfer_cta_tile_q(64, 128) == 64
-    ctas, chunks = pf.flashinfer_ctas([(2048, 2048)], 4, 8, 16, t, 132)
+    assert fi.flashinfer_cta_tile_q(65, 128) == 128 and fi.flashinfer_cta_tile_q(64, 128) == 64
+    ctas, chunks = fi.flashinfer_ctas([(2048, 2048)], 4, 8, 16, t, 132)
     assert len(ctas) == 64 * 8 and chunks == 0
     assert ctas[:2] == [-(-(0 + 128 // 4) // 64), -(-(256 // 4) // 64)]  # q tile 0 sees 32 keys, tile 1: 64
     # a short prompt is split: 512 tokens x 4 = 16 q tiles <= 264 / 8 = 33: chunks of 16 pages (256 tokens)
-    ctas, chunks = pf.flashinfer_ctas([(512, 512)], 4, 8, 16, t, 132)
+    ctas, chunks = fi.flashinfer_ctas([(512, 512)], 4, 8, 16, t, 132)
     assert chunks == 2 and len(ctas) == 16 * 2 * 8
 
 
@@ -131,8 +129,6 @@ def test_list_scheduling_and_bandwidth_floor():
 def test_real_kgen_prefill_cubin_through_the_model():
     """llama3_8b_prefill (fp16, 4 warps of 2 m tiles, 32-key tiles) on sm_90: 128 HMMA.16816 per warp per
     iteration = 32 rows x 32 keys x 128 x 4 FLOP; a 64-token causal prompt: FLOP by hand, numbers finite, a bound named."""
-    import static_prefill as sp
-
     from kgen.cache import ArtifactCache
     from kgen.spec.models import load_spec
 
@@ -153,7 +149,7 @@ def test_main_loop_skips_regions_overlapping_a_shorter_mma_loop():
     rows = [("HMMA.16816.F32 R0, R4, R8, R0", 7, 0)] * 3                      # 0..2: peeled iteration
     rows += [("HMMA.16816.F32 R0, R4, R8, R0", 7, 0)] * 2 + [("@P0 BRA 0x30", 7, 0)]  # 3..5: steady loop
     rows += [("IADD3 R1, R1, 0x1, RZ", 7, 0), ("@P1 BRA 0x10", 7, 0), ("EXIT", 7, 0)]  # 1..7: overlaps it
-    fn = pm.parse_sass(_listing("k", rows))["k"]
+    fn = pm.parse_sass(listing("k", rows))["k"]
     lp = pf.main_loop(fn)
     assert (lp.start, lp.end) == (3, 5) and pf.tile_work(fn, DEV).mma == {"HMMA.16816": 2}
 
@@ -162,7 +158,7 @@ def test_flashinfer_sm90_items_by_hand():
     """Two requests, the longer first; 128-token tiles from the last, one per query head (no GQA packing):
     a 200-token prompt's tiles see 200 and 128 keys = 3 and 2 iterations of 96; a 100-token chunk at the
     end of 300 keys: 300 keys = 4 iterations."""
-    assert pf.flashinfer_sm90_items([(200, 200), (100, 300)], 2) == [4, 3, 2] * 2
+    assert fi.flashinfer_sm90_items([(200, 200), (100, 300)], 2) == [4, 3, 2] * 2
 
 
 def test_producer_instrs_charges_the_gather_loop_per_tile():
@@ -174,7 +170,7 @@ def test_producer_instrs_charges_the_gather_loop_per_tile():
     rows += [("LDGSTS.E.BYPASS.128 [R2], desc[UR6][R4.64]", 7, 0), ("IADD3 R2, R2, 0x10, RZ", 7, 0),
              ("@P1 BRA 0x30", 7, 0)]                                                           # 3..5 inner loop
     rows += [("@P2 BRA 0x20", 7, 0), ("EXIT", 7, 0)]                                           # 6: back to 2
-    fn = pm.parse_sass(_listing("k", rows))["k"]
+    fn = pm.parse_sass(listing("k", rows))["k"]
     lp = pf.main_loop(fn)
     assert (lp.start, lp.end) == (0, 1)
     assert pf.producer_instrs(fn, lp, 8) == 4 * (3 * 8 + 2)
@@ -190,8 +186,6 @@ def test_the_hopper_kernel_through_the_model():
     """llama3_8b_prefill targeting sm_90 alone (the wgmma path, its automatic tiles: 2 consumer warpgroups x
     128 keys): 8 HGMMA.64x128x16 (S) + 8 (P V) per warp per tile = 16 rows x 128 keys x 128 x 4 FLOP; the
     producer's gather loop charged; 384 threads, one CTA per SM."""
-    import static_prefill as sp
-
     from kgen.cache import ArtifactCache
     from kgen.spec.models import load_spec
 

@@ -5,13 +5,15 @@ while kgen's own source passes it."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 import yaml
 from click.testing import CliRunner
 from conftest import ROOT, TINY_DECODE, run_kgen, write_spec
+from sass_tools import needs_sass
 
+from benchmarks import static_perf as sp
+from benchmarks.tables import fmt_cell
 from kgen.cli import perf as perf_cli
 from kgen.cli.main import main
 from kgen.errors import KgenUserError
@@ -19,13 +21,8 @@ from kgen.perf import model as pm
 from kgen.perf.mla_model import BATCHES, CONTEXTS
 from kgen.perf.sass import usable_cuobjdump
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import static_perf as sp  # noqa: E402
-
 LLAMA = ROOT / "specs" / "llama3_8b_decode.yaml"
 PREFILL = ROOT / "specs" / "llama3_8b_prefill.yaml"
-needs_sass = pytest.mark.skipif(usable_cuobjdump() is None, reason="cuobjdump with nvdisasm is not installed "
-                                "(the test extra's nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm)")
 WAIT = "      cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();  // this thread's copies of `tile` have landed\n"
 SERIAL = ("      cp_async_wait<0>();  // serialised: every copy in flight lands before the tile is used\n"
           "      __syncthreads();\n"
@@ -41,7 +38,7 @@ def test_perf_table_matches_static_perf():
     for b, c in pm.SHAPES:
         est, _ = subject.estimate(b, c)
         row = next(line for line in r.stdout.splitlines() if line.startswith(f"| {b}x{c} "))
-        assert pm.fmt_cell(est) in row  # the same cell static_perf prints, e.g. "76% (issue)"
+        assert fmt_cell(est) in row  # the same cell static_perf prints, e.g. "76% (issue)"
 
 
 @needs_sass
