@@ -31,7 +31,13 @@ from kgen.families.attention.decode_mma_geometry import (
     mma_unsupported,
     uses_tensor_cores,
 )
-from kgen.families.base import Config, PerfModel, TunableParam, resolve_config, threads_problems
+from kgen.families.base import (
+    Config,
+    PerfModel,
+    TunableParam,
+    resolve_config,
+    threads_problems,
+)
 from kgen.families.binding import host_values
 from kgen.formats.cache import CacheFormat, describe, head_dims_text
 from kgen.formats.dtypes import dtype

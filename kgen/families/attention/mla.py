@@ -22,7 +22,13 @@ from kgen.families.attention.common import (
 )
 from kgen.families.attention.mla_geometry import mla_geometry
 from kgen.families.attention.prefill import _checked_q_lens
-from kgen.families.base import Config, FamilyBase, PerfModel, TunableParam, resolve_config
+from kgen.families.base import (
+    Config,
+    FamilyBase,
+    PerfModel,
+    TunableParam,
+    resolve_config,
+)
 from kgen.families.binding import host_values
 from kgen.families.cache.mla_write import _take_kv_scale, kv_scale_arg
 from kgen.formats.cache import SCALE_MODES, CacheFormat, cache_rows, describe
