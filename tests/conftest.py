@@ -23,10 +23,12 @@ import pytest
 from kgen.compile.provided import kgen_headers
 from kgen.families.attention.reference import attention_outputs
 from kgen.paging import KVCacheManager
+from kgen.render import render
 from kgen.runtime.cuda import gpu_available
 from kgen.spec.models import spec_from_dict
 from kgen.verify.judge.bounds import EPS_FP32, check_output
 from kgen.verify.judge.report import CaseResult
+from kgen.verify.untrusted.handwritten import kernel_from_source
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE_DIR_NAME = "kgen-cache"
@@ -156,6 +158,18 @@ def inline_prefill_body(source: str) -> str:
     include = '#include "kgen/paged_prefill.cuh"\n'
     assert source.count(include) == 1
     return source.replace(include, body)
+
+
+def inlined_prefill_kernel(spec, config, mutations=()):
+    """The rendered kernel with templates/common/paged_prefill.cuh copied in (as kernel code: the MMA
+    switch is 1 for sm_80+ and the CPU backend alike) and `mutations` (old, new) applied to the copy,
+    built for the CPU backend."""
+    rendered = render(spec, config)
+    source = inline_prefill_body(rendered.source)
+    for old, new in mutations:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    return kernel_from_source(spec, source, backend="cpu", config=rendered.config, archs=[])
 
 
 # ---- outputs against the reference ----------------------------------------------------

@@ -253,6 +253,48 @@ def test_no_identity_comparisons_outside_families():
                      "perf_model, fib_kind): " + ", ".join(bad))
 
 
+def path_edits(source: str) -> list[int]:
+    """Lines that change sys.path (sys.path.insert/append/extend, or an assignment to sys.path)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                ast.unparse(node.func.value) == "sys.path":
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Assign) and any(ast.unparse(t) == "sys.path" for t in node.targets):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_module_import_detectors_see_planted_examples():
+    assert path_edits("import sys\nsys.path.insert(0, 'benchmarks')\nsys.path = []\nx = 'sys.path.append(1)'\n") == [2, 3]
+    assert imported_test_modules("from test_static_perf import needs_sass\nimport test_x as t\nfrom sass_tools import "
+                               "listing\nfrom benchmarks import static_perf\n") == [1, 2]
+
+
+def imported_test_modules(source: str) -> list[int]:
+    """Lines importing another test module (test_*.py): shared helpers belong in conftest.py or a helper
+    module of tests/."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        if any(n.split(".")[-1].startswith("test_") or n.startswith("tests.") for n in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_scripts_and_tests_import_normally():
+    """Benchmark scripts share code through the benchmarks package and tests through tests/ helper modules
+    (pytest's pythonpath puts tests/ and the root on the path): no sys.path edits, no test module imported."""
+    bad = []
+    for path in sorted((ROOT / "benchmarks").rglob("*.py")) + sorted((ROOT / "tests").rglob("*.py")):
+        source = path.read_text()
+        bad += [f"{path.relative_to(ROOT)}:{n}: sys.path" for n in path_edits(source)]
+        if path.is_relative_to(ROOT / "tests"):
+            bad += [f"{path.relative_to(ROOT)}:{n}: imports a test module" for n in imported_test_modules(source)]
+    assert not bad, "\n".join(bad)
+
+
 DOC_REF = re.compile(r"\b((?:docs/)?[\w.-]+\.md)\b")
 WRITTEN = {"REPORT.md"}  # files kgen writes (`kgen selftest`'s report), not documents it points at
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpu_module import GpuModule
 
 from kgen.errors import KernelRuntimeError
 from kgen.paths import templates_dir
@@ -336,8 +337,6 @@ extern "C" __global__ void all_arrive(int* out) {
 # ---- the same kernels on a GPU: phases, the ring and the bulk copy as the hardware runs them ---------
 @pytest.fixture(scope="module")
 def gpu_module(tmp_path_factory):
-    from test_simt_wgmma import GpuModule
-
     return GpuModule(_source(gpu=True), ["phases", "ring", "bulk"], tmp_path_factory.mktemp("gpu"))
 
 

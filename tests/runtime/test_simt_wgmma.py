@@ -12,6 +12,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from gpu_module import GpuModule
 from ptx_layouts import (
     canonical_layout,
     cute_swizzle,
@@ -403,39 +404,6 @@ def test_bulk_copy_and_wgmma_run_clean_under_race_detection():
 
 
 # ---- the same kernels on a GPU (sm_90a): the emulation's layouts against the hardware's -----------
-class GpuModule:
-    """Runs the CPU tests' launches on the GPU: numpy arrays go to the device and come back after the
-    launch, Python ints become the kernels' 32-bit ints."""
-
-    def __init__(self, source: str, names: list[str], tmp_path):
-        from kgen.cache import ArtifactCache
-        from kgen.compile.nvrtc import compile_cubin
-        from kgen.runtime.cuda import CudaModule, device_arch
-
-        if device_arch() != "sm_90":
-            pytest.skip("needs an sm_90 GPU (H100/H200) for sm_90a code")
-        art = compile_cubin(source, "sm_90a", cache=ArtifactCache(tmp_path / "cache"))
-        path = tmp_path / "hopper.cubin"
-        path.write_bytes(art.cubin)
-        self.mod = CudaModule(path, names)
-
-    def launch(self, launch: Launch) -> None:
-        import cupy as cp
-
-        pairs, args = [], []
-        for a in launch.args:
-            if isinstance(a, np.ndarray):
-                d = cp.asarray(a)
-                pairs.append((a, d))
-                args.append(d)
-            else:
-                args.append(np.int32(a) if isinstance(a, int) else a)
-        self.mod.launch(Launch(launch.kernel, launch.grid, launch.block, launch.smem, args))
-        cp.cuda.runtime.deviceSynchronize()
-        for host, dev in pairs:
-            np.copyto(host, cp.asnumpy(dev))
-
-
 @pytest.fixture(scope="module")
 def gpu_module(tmp_path_factory):
     head = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cuda_fp8.h>\n"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import full_tier_except
+from conftest import full_tier_except, inlined_prefill_kernel
 
 import kgen
 from kgen.errors import ArgumentError, UnsupportedError
@@ -325,9 +325,8 @@ PREFILL_MUTANTS = [
                               "nibble_order"])
 def test_prefill_mutants_fail_verification(mutation):
     # the prefill body is a provided header: the mutants edit a copy inlined into the source
-    from test_prefill_quantized_exact import _inlined
     spec = prefill_variant()
-    report = verify(_inlined(spec, {"partition_size": 64}, [mutation] if mutation else []), seed=5)
+    report = verify(inlined_prefill_kernel(spec, {"partition_size": 64}, [mutation] if mutation else []), seed=5)
     assert report.passed == (mutation is None), report.summary()
 
 

@@ -23,14 +23,12 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import full_tier_except, inline_prefill_body
+from conftest import full_tier_except, inlined_prefill_kernel
 
 import kgen
 from kgen.families.attention.decode_cases import make_decode_case
 from kgen.formats.dtypes import dtype
-from kgen.render import render
 from kgen.verify.runner import verify
-from kgen.verify.untrusted.handwritten import kernel_from_source
 
 Q_GAIN = 4.0  # queries 4x the unit normal: logits ~N(0, 16), sharp rows
 LENS = [150, 37, 1, 65]
@@ -182,22 +180,11 @@ ROUND_DEQUANTIZED = [
 ]
 
 
-def _inlined(spec, config, mutations=()):
-    """The rendered kernel with templates/common/paged_prefill.cuh copied in (as kernel code: the MMA
-    switch is 1 for sm_80+ and the CPU backend alike) and `mutations` applied to the copy."""
-    rendered = render(spec, config)
-    source = inline_prefill_body(rendered.source)
-    for old, new in mutations:
-        assert source.count(old) == 1, old
-        source = source.replace(old, new)
-    return kernel_from_source(spec, source, backend="cpu", config=rendered.config, archs=[])
-
-
 @pytest.mark.full  # ~30 s, two whole verifications; the exactness itself is checked by default above
 @pytest.mark.parametrize("mutations", [(), ROUND_DEQUANTIZED], ids=["control", "rounds_dequantized"])
 def test_kgen_verify_fails_a_prefill_that_rounds_dequantized_values(mutations):
     spec = _spec(order="HND")
-    report = verify(_inlined(spec, {"partition_size": 0}, mutations), seed=8)
+    report = verify(inlined_prefill_kernel(spec, {"partition_size": 0}, mutations), seed=8)
     if not mutations:
         assert report.passed, report.summary()
         return
