@@ -21,6 +21,8 @@ import kgen
 from kgen.bench.decode import kv_bytes_per_token
 from kgen.families.attention.decode_cases import make_decode_case
 from kgen.families.attention.decode_geometry import decode_geometry
+from kgen.families.base import PerfModel
+from kgen.families.registry import family_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +46,7 @@ def main(paths: list[str]) -> int:
     rows = []
     for p in paths:
         spec = kgen.load_spec(p)
-        if spec.kind != "paged_decode":
+        if family_for(spec).perf_model is not PerfModel.STREAMING:  # the paged decode kernels (DecodeGeometry)
             continue
         archs = sorted({"sm_90", *(a for a in spec.targets if a == "sm_80")})
         kernel = kgen.build(spec, backend="cpu", archs=archs, verify=False)

@@ -33,6 +33,8 @@ from pathlib import Path
 import kgen
 from kgen.compile.nvrtc import compile_cubin
 from kgen.families.attention.decode_geometry import decode_geometry
+from kgen.families.base import PerfModel
+from kgen.families.registry import family_for
 from kgen.perf import model as pm
 from kgen.perf.sass import find_cuobjdump, sass_text
 from kgen.render import render
@@ -112,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         print("cuobjdump not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)", file=sys.stderr)
         return 2
     paths = [Path(p) for p in args.specs] or sorted((ROOT / "specs").glob("*.yaml"))
-    rows = [measure(p, cuobjdump) for p in paths if kgen.load_spec(p).kind == "paged_decode"]
+    # the paged decode kernels (their DecodeGeometry): the family says so, not the kind
+    rows = [measure(p, cuobjdump) for p in paths
+            if family_for(kgen.load_spec(p)).perf_model is PerfModel.STREAMING]
     print(json.dumps(rows, indent=1) if args.json else markdown(rows))
     return 0
 

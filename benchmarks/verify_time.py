@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from kgen.build import build
+from kgen.families.registry import family_for
 from kgen.spec.models import load_spec
 from kgen.verify.runner import verify
 
@@ -25,9 +26,10 @@ def main() -> None:
     print(f"{'spec':28s} {'config':40s} {'cases':>5s} {'matrix time (median, min..max)':>34s}")
     for path in args.specs:
         spec = load_spec(path)
-        if spec.kind != "paged_decode":
+        family = family_for(spec)
+        if family.rows is None or family.rows.packed:  # decode kernels only: one query row per sequence
             continue
-        configs = [None] + ([{"partition_size": 4 * spec.kv_cache.block_size}] if spec.kind == "paged_decode" else [])
+        configs = [None] + ([{"partition_size": 4 * spec.kv_cache.block_size}] if "partition_size" in family.params else [])
         for config in configs:
             kernel = build(spec, backend="cpu", verify=False, config=config)
             times, n = [], 0
