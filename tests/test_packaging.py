@@ -39,6 +39,17 @@ def test_wheel_contains_every_bundled_spec(wheel):
     assert specs and [s for s in specs if f"kgen/_specs/{s}" not in names] == []
 
 
+def test_wheel_ships_kgen_and_not_the_benchmarks(wheel):
+    """benchmarks/ (the scripts and what only they use: FlashInfer's and vLLM's restated geometry, nvcc,
+    the tables) stays in the repository; kgen/perf (the SASS reader, the device table, kgen's models) ships."""
+    names = zipfile.ZipFile(wheel).namelist()
+    assert (ROOT / "benchmarks" / "__init__.py").is_file() and (ROOT / "benchmarks" / "flashinfer_geometry.py").is_file()
+    assert not [n for n in names if n.startswith("benchmarks/") or "/benchmarks/" in n]
+    assert {"kgen/perf/sass.py", "kgen/perf/model.py", "kgen/perf/report.py"} <= set(names)
+    shipped = "".join(zipfile.ZipFile(wheel).read(n).decode() for n in names if n.startswith("kgen/perf/"))
+    assert "def flashinfer_" not in shipped and "def vllm_" not in shipped
+
+
 def test_wheel_declares_console_script_and_deps(wheel):
     z = zipfile.ZipFile(wheel)
     entry = next(n for n in z.namelist() if n.endswith("entry_points.txt"))
@@ -52,14 +63,3 @@ def test_wheel_declares_console_script_and_deps(wheel):
         for dep in deps:
             assert any(dep in line and f"extra == '{extra}'" in line.replace('"', "'")
                        for line in meta.splitlines() if line.startswith("Requires-Dist:")), (extra, dep)
-
-
-def test_wheel_ships_kgen_and_not_the_benchmarks(wheel):
-    """benchmarks/ (the scripts and what only they use: FlashInfer's and vLLM's restated geometry, nvcc,
-    the tables) stays in the repository; kgen/perf (the SASS reader, the device table, kgen's models) ships."""
-    names = zipfile.ZipFile(wheel).namelist()
-    assert (ROOT / "benchmarks" / "__init__.py").is_file() and (ROOT / "benchmarks" / "flashinfer_geometry.py").is_file()
-    assert not [n for n in names if n.startswith("benchmarks/") or "/benchmarks/" in n]
-    assert {"kgen/perf/sass.py", "kgen/perf/model.py", "kgen/perf/report.py"} <= set(names)
-    shipped = "".join(zipfile.ZipFile(wheel).read(n).decode() for n in names if n.startswith("kgen/perf/"))
-    assert "def flashinfer_" not in shipped and "def vllm_" not in shipped
