@@ -30,7 +30,7 @@ from kgen.families.attention.adversarial_cases import (
     huge_pool_bytes,
     poison,
 )
-from kgen.families.attention.reference import Reference, attention_reference
+from kgen.families.attention.reference import Reference, attention_reference, value_hull
 from kgen.families.attention.serving import (
     Serving,
     draw_q,
@@ -40,25 +40,29 @@ from kgen.families.attention.serving import (
     serving_decode_cases,
     share_map,
 )
+from kgen.families.attention.strata import decode_joint_cases
 from kgen.families.base import Bench, Case, Config
 from kgen.formats.cache import CacheFormat, block_scale_copy, scale_to_layout, to_layout
 from kgen.formats.dtypes import dtype
 from kgen.verify.judge.bounds import check_lse, check_output, head_dims
 from kgen.verify.judge.guards import Guarded, guarded, seal, tripwires
 from kgen.verify.judge.report import CaseResult
+from kgen.verify.judge.sample import check_every_row, draw_units, per_query_head
 from kgen.verify.judge.sparse import byte_ranges, sparse_to_backend
 
 POOL_FACTOR = 3  # pool blocks per block in use
 
 
 def fill_unread(store: np.ndarray, vstore: np.ndarray, unread: list[tuple[int, int]], used: list[int], B: int,
-                spread: float, fill: str, rng: np.random.Generator) -> list[tuple[int, int]]:
+                spread: float, fill: str | list[str], rng: np.random.Generator) -> list[tuple[int, int]]:
     """Fill the unread regions (block, first unread slot) of the canonical K and V stores: NaN poison
     stays; 'stale' copies slots of blocks in use (what a freed sequence leaves), 'plausible' draws
-    fresh values; 'mixed' picks one of the three per region. Returns the regions given values."""
+    fresh values; 'mixed' picks one of the three per region (`fill`: one for every region, or one
+    per region). Returns the regions given values."""
     filled = []
-    for blk, first in unread:
-        how = str(rng.choice(("nan", "stale", "plausible"))) if fill == "mixed" else fill
+    for r, (blk, first) in enumerate(unread):
+        how = fill if isinstance(fill, str) else fill[r]
+        how = str(rng.choice(("nan", "stale", "plausible"))) if how == "mixed" else how
         if how == "nan" or first >= B:
             continue
         n = B - first
@@ -165,7 +169,7 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
     for (i, j), (src, col) in shared.items():  # then the shared ones: the group's first sequence's blocks
         tables[i, j] = tables[src, col]
     used, unused = [int(b) for b in perm[:nxt]], [int(b) for b in perm[nxt:]]
-    pad_table(tables, nblocks, used, unused, N, serving.padding, rng)  # never-read entries
+    pad_table(tables, nblocks, used, unused, N, serving.paddings or serving.padding, rng)  # never-read entries
 
     # canonical storage [N, B, H, D] (V: [N, B, H, DV]) of stored values, poison everywhere first
     store = np.full((N, B, H, D), poison(kv.dtype), dtype=np.float64)
@@ -181,9 +185,12 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
             store[blk, :count] = (rng.standard_normal((H, count, D)) * spread).transpose(1, 0, 2)
             vstore[blk, :count] = (rng.standard_normal((H, count, DV)) * spread).transpose(1, 0, 2)
     # unread slots: the tails of last blocks and the blocks no sequence uses, filled as the case says
-    unread = [(int(tables[i, nb - 1]), seq_lens[i] - (nb - 1) * B) for i, nb in enumerate(nblocks)
-              if nb and seq_lens[i] % B] + [(b, 0) for b in unused]
-    filled = fill_unread(store, vstore, unread, used, B, spread, serving.fill, rng)
+    tails = [i for i, nb in enumerate(nblocks) if nb and seq_lens[i] % B]
+    unread = [(int(tables[i, nblocks[i] - 1]), seq_lens[i] - (nblocks[i] - 1) * B) for i in tails]
+    unread += [(b, 0) for b in unused]
+    fills = serving.fill if serving.fills is None else \
+        [serving.fills[i] for i in tails] + [serving.fill] * len(unused)  # a stratum's: per sequence's tail
+    filled = fill_unread(store, vstore, unread, used, B, spread, fills, rng)
     fp4 = CacheFormat.of(spec).block_scaled
     if fp4:  # stored through the reference quantizer; NaN rows become garbage bytes and NaN scales
         tensor = nvfp4_pools.tensor_scales((4.5 * spread, 4.5 * spread), rng)
@@ -217,7 +224,7 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
                     args[name] = _strided(args[name], (0, 1, 1), np.nan)
     if a.alibi:
         args["alibi_slopes"] = alibi_slopes(Hq)
-    args["q"] = _cast(draw_q(rng, (S, Hq, D), serving.q_dist), spec.dtype.q)
+    args["q"] = _cast(draw_q(rng, (S, Hq, D), serving.q_dist, serving.q_dists), spec.dtype.q)
     if a.sinks:  # drawn after q: the random stream of a spec without sinks is unchanged
         args["sinks"] = sink_logits(Hq, rng)
     args["block_tables"] = tables
@@ -277,14 +284,16 @@ def matrix_cases(spec, config: Config, rng: np.random.Generator) -> list[Case]:
         if "profile" not in params:
             params["serving"] = draw_serving(rng)
         cases.append(Case(name, params, list(lens)))
-    return cases + [Case(name, params, list(params["seq_lens"])) for name, params in serving_decode_cases(spec, rng)]
+    serving = serving_decode_cases(spec, rng) + decode_joint_cases(spec, rng)
+    return cases + [Case(name, params, list(params["seq_lens"])) for name, params in serving]
 
 
-def _references(spec, args: dict) -> tuple[Reference, Reference]:
-    """The float64 reference of one call and the same attention in the kernel's input precision."""
+def _references(spec, args: dict, units: np.ndarray | None = None) -> tuple[Reference, Reference]:
+    """The float64 reference of one call and the same attention in the kernel's input precision
+    (of the sampled (row, KV head) `units` only, when given)."""
     round_to = None if spec.dtype.q == "fp32" else dtype(spec.dtype.q).numpy
-    return attention_reference(spec, args["q"], args), attention_reference(spec, args["q"], args, dtype=np.float32,
-                                                                     round_to=round_to, magnitudes=False)
+    return attention_reference(spec, args["q"], args, units=units), attention_reference(
+        spec, args["q"], args, dtype=np.float32, round_to=round_to, magnitudes=False, units=units)
 
 
 def _case_inputs(spec, case: Case, rng: np.random.Generator) -> tuple[dict, dict]:
@@ -351,7 +360,8 @@ def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
     results: list[CaseResult] = []
     for k in range(steps):
         step = dict(args, seq_lens=np.asarray([n + k * inc for n in lens], dtype=np.int32))
-        step["q"] = _cast(draw_q(rng, (S, Hq, D), case.params["serving"].q_dist), spec.dtype.q)
+        look = case.params["serving"]
+        step["q"] = _cast(draw_q(rng, (S, Hq, D), look.q_dist, look.q_dists), spec.dtype.q)
         results = _launch(kernel, Case(name, case.params, list(step["seq_lens"].tolist())), step, sparse, rng)
         for r in results:
             r.note = f"step {k + 1} of {steps}" + (f"; {r.note}" if r.note else "")
@@ -363,7 +373,9 @@ def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
 def _launch(kernel, case: Case, args: dict, sparse: dict, rng: np.random.Generator) -> list[CaseResult]:
     spec, name = kernel.spec, case.name
     lens = [int(n) for n in args["seq_lens"]]
-    ref, lowp = _references(spec, args)
+    sampled = case.params.get("sample", False)  # the reference of a sample, drawn after the call
+    if not sampled:
+        ref, lowp = _references(spec, args)
     # Split configs run with partitions of exactly partition_size, so the len_P cases sit on
     # partition boundaries (a call without a plan may choose a larger multiple).
     P = kernel.config.get("partition_size", 0)
@@ -374,20 +386,40 @@ def _launch(kernel, case: Case, args: dict, sparse: dict, rng: np.random.Generat
     given = {n: sparse_to_backend(x, sparse[n], kernel.backend) if n in sparse else to_backend(x, kernel.backend)
              for n, x in args.items()}
     outputs = {g.name: to_backend(g.view, kernel.backend) for g in buffers}
+    before = {g.name: g.view.copy() for g in buffers}  # the pre-fill (on the CPU backend the kernel writes g.view)
     kernel(**given, **outputs, plan=plan)
+    if not sampled:
+        return judge_outputs(spec, name, lens, outputs, ref, lowp, buffers, seals, given)
+    units = draw_units(rng, np.arange(len(lens)), lens, spec.attention.num_kv_heads, spec.group_size)
+    ref, lowp = _references(spec, args, units)
+    results = judge_outputs(spec, name, lens, outputs, ref, lowp, buffers, seals, given,
+                            per_query_head(units, spec.group_size))
+    every_row(spec, results, outputs, before, args, np.arange(len(lens)))
+    return results
 
-    return judge_outputs(spec, name, lens, outputs, ref, lowp, buffers, seals, given)
+
+def every_row(spec, results: list[CaseResult], outputs: dict, before: dict, args: dict, row_seq: np.ndarray) -> None:
+    """A sampled case's checks of every row (kgen/verify/judge/sample.py): finite, written, and out
+    within the V values it averages; charged to the out row (the LSE's to the lse row)."""
+    lo, hi = value_hull(spec, args)
+    types = (spec.dtype.q, spec.dtype.resolved_out)
+    check_every_row(results[0], "out", to_numpy(outputs["out"]), before["out"], row_seq, lo, hi, spec.group_size,
+                    types)
+    if "lse" in outputs and len(results) > 1:
+        check_every_row(results[1], "lse", to_numpy(outputs["lse"]), before["lse"], row_seq)
 
 
-def judge_outputs(spec, name: str, lens: list[int], outputs: dict, ref, lowp, buffers, seals, given) -> list[CaseResult]:
-    """One row per sequence's out (and lse when the call wrote it) against the reference, with the
-    tripwires of the guarded buffers and sealed inputs charged to the out row."""
+def judge_outputs(spec, name: str, lens: list[int], outputs: dict, ref, lowp, buffers, seals, given,
+                  judged: np.ndarray | None = None) -> list[CaseResult]:
+    """One row per sequence's out (and lse when the call wrote it) against the reference (the
+    `judged` rows only, when given), with the tripwires of the guarded buffers and sealed inputs
+    charged to the out row."""
     result = check_output(name, lens, to_numpy(outputs["out"]), ref.out, lowp.out, spec.dtype.resolved_out,
-                          ref.magnitude, ref.logit_magnitude, **head_dims(spec))
+                          ref.magnitude, ref.logit_magnitude, **head_dims(spec), judged=judged)
     results = [result]
     if "lse" in outputs:
         results.append(check_lse(f"{name}_lse", lens, to_numpy(outputs["lse"]), ref.lse, lowp.lse,
-                                 ref.logit_magnitude, spec.attention.head_dim))
+                                 ref.logit_magnitude, spec.attention.head_dim, judged=judged))
     tripwires(result, {g.name: g for g in buffers}, seals, {**given, **outputs})
     return results
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kgen.arrays import args_to_backend, to_numpy
-from kgen.families.attention.decode_cases import make_decode_case
-from kgen.families.attention.reference import Reference, attention_reference
+from kgen.arrays import args_to_backend, to_backend, to_numpy
+from kgen.families.attention.decode_cases import every_row, make_decode_case
+from kgen.families.attention.reference import Reference, attention_reference, query_rows
 from kgen.families.attention.serving import (
     Serving,
     draw_q,
@@ -26,10 +26,13 @@ from kgen.families.attention.serving import (
     prefill_output,
     serving_prefill_cases,
 )
+from kgen.families.attention.strata import prefill_joint_cases
 from kgen.families.base import Bench, Case, Config
 from kgen.formats.dtypes import dtype
 from kgen.verify.judge.bounds import check_lse, check_output, head_dims
+from kgen.verify.judge.guards import guarded, seal, tripwires
 from kgen.verify.judge.report import CaseResult
+from kgen.verify.judge.sample import draw_units, per_query_head
 
 
 def make_prefill_case(spec, seq_lens: list[int], q_lens: list[int], rng: np.random.Generator,
@@ -45,7 +48,8 @@ def make_prefill_case(spec, seq_lens: list[int], q_lens: list[int], rng: np.rand
     T = int(sum(q_lens))
     args["q_indptr"] = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     shape = (T, a.num_q_heads, a.head_dim)
-    q = q_gain * (rng.standard_normal(shape) if serving is None else draw_q(rng, shape, serving.q_dist))
+    q = q_gain * (rng.standard_normal(shape) if serving is None
+                  else draw_q(rng, shape, serving.q_dist, serving.q_dists, args["q_indptr"]))
     args["q"] = q.astype(dtype(spec.dtype.q).numpy)
     out_np = dtype(spec.dtype.resolved_out).numpy
     out_shape = (T, a.num_q_heads, spec.v_head_dim_value)
@@ -124,52 +128,104 @@ def matrix_cases(spec, config: Config, rng: np.random.Generator) -> list[Case]:
         if "q_gain" in c:
             look.q_dist = "normal"
         cases.append(Case(c["name"], {**c, "serving": look}, list(c["seq_lens"])))
-    return cases + [Case(name, {"name": name, **p}, list(p["seq_lens"])) for name, p in serving_prefill_cases(spec, rng)]
+    serving = serving_prefill_cases(spec, rng) + prefill_joint_cases(spec, rng)
+    return cases + [Case(name, {"name": name, **p}, list(p["seq_lens"])) for name, p in serving]
 
 
-def references(spec, args: dict) -> tuple[Reference, Reference]:
+def references(spec, args: dict, units: np.ndarray | None = None) -> tuple[Reference, Reference]:
     """The float64 reference of one call (with its error magnitudes) and the same attention in
-    the kernel's input precision: attention's one reference (kgen/families/attention/reference.py)."""
+    the kernel's input precision: attention's one reference (kgen/families/attention/reference.py),
+    of the sampled (row, KV head) `units` only, when given."""
     round_to = None if spec.dtype.q == "fp32" else dtype(spec.dtype.q).numpy
-    return attention_reference(spec, args["q"], args), attention_reference(
-        spec, args["q"], args, dtype=np.float32, round_to=round_to, magnitudes=False)
+    return attention_reference(spec, args["q"], args, units=units), attention_reference(
+        spec, args["q"], args, dtype=np.float32, round_to=round_to, magnitudes=False, units=units)
 
 
-def check(name: str, spec, args: dict, out, ref: Reference, lowp: Reference, lse=None) -> list[CaseResult]:
+def check(name: str, spec, args: dict, out, ref: Reference, lowp: Reference, lse=None,
+          judged: np.ndarray | None = None) -> list[CaseResult]:
     """The output (and the LSE when given) of one call, each (query row, head) within attention's
-    one derived bound (kgen/verify/judge/bounds.py)."""
+    one derived bound (kgen/verify/judge/bounds.py); only the `judged` rows, when given."""
     lens, ind = list(np.asarray(args["seq_lens"]).tolist()), args["q_indptr"]
     results = [check_output(name, lens, to_numpy(out), ref.out, lowp.out, spec.dtype.resolved_out, ref.magnitude,
-                            ref.logit_magnitude, q_indptr=ind, **head_dims(spec))]
+                            ref.logit_magnitude, q_indptr=ind, **head_dims(spec), judged=judged)]
     if lse is not None:
         results.append(check_lse(name + "_lse", lens, to_numpy(lse), ref.lse, lowp.lse, ref.logit_magnitude,
-                                 spec.attention.head_dim, q_indptr=ind))
+                                 spec.attention.head_dim, q_indptr=ind, judged=judged))
     return results
 
 
 def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
+    """One prefill case: inputs sealed, out (and the LSE and split scratch of a serving case)
+    pre-filled inside guards, every (query row, head) within its bound (a sampled case's sample,
+    and every row's cheap checks: kgen/verify/judge/sample.py). A case with `steps` is that many
+    consecutive launches (chunked-prefill steps: every sequence `q_len` tokens longer each time,
+    new queries, new outputs), each checked; the first failing one is the verdict."""
     spec, p = kernel.spec, case.params
-    serving = p.get("serving")
-    args = make_prefill_case(spec, p["seq_lens"], p["q_lens"], rng, share_prefix=p.get("share_prefix", False),
-                             padded=p.get("padded", False), q_gain=p.get("q_gain", 1.0), serving=serving)
-    ref, lowp = references(spec, args)
-    want_lse = p.get("lse", False)
+    steps = p.get("steps", 0)
+    if not steps:
+        return _launch(kernel, case, _inputs(spec, p, p["seq_lens"], rng), rng)
+    B = spec.kv_cache.block_size
+    incs = [q if spec.tail_masking else B for q in p["q_lens"]]  # tokens a step adds (the contract's multiples)
+    last = [n + (steps - 1) * d for n, d in zip(p["seq_lens"], incs, strict=True)]
+    args = _inputs(spec, p, last, rng)  # the pool of the last step; earlier steps read less of it
+    results: list[CaseResult] = []
+    for k in range(steps):
+        lens = [n + k * d for n, d in zip(p["seq_lens"], incs, strict=True)]
+        step = dict(args, seq_lens=np.asarray(lens, dtype=np.int32))
+        step["q"] = draw_q(rng, args["q"].shape, p["serving"].q_dist, p["serving"].q_dists,
+                           args["q_indptr"]).astype(args["q"].dtype)
+        step["out"] = prefill_output(args["out"].shape, args["out"].dtype, rng)
+        results = _launch(kernel, Case(case.name, p, lens), step, rng)
+        for r in results:
+            r.note = f"step {k + 1} of {steps}" + (f"; {r.note}" if r.note else "")
+        if not all(r.passed for r in results):
+            break
+    return results
+
+
+def _inputs(spec, p: dict, seq_lens: list[int], rng: np.random.Generator) -> dict:
+    return make_prefill_case(spec, seq_lens, p["q_lens"], rng, share_prefix=p.get("share_prefix", False),
+                             padded=p.get("padded", False), q_gain=p.get("q_gain", 1.0), serving=p.get("serving"))
+
+
+def _launch(kernel, case: Case, args: dict, rng: np.random.Generator) -> list[CaseResult]:
+    spec, p = kernel.spec, case.params
+    serving, want_lse, sampled = p.get("serving"), p.get("lse", False), p.get("sample", False)
+    if not sampled:  # a sampled case's reference is drawn after the call
+        ref, lowp = references(spec, args)
     # Split configs run with partitions of exactly partition_size, so the partition cases sit on
     # partition boundaries (a call without a plan may choose a larger multiple).
     P = kernel.config.get("partition_size", 0)
     plan = kernel.plan(args["seq_lens"], q_indptr=args["q_indptr"], partition_tokens=P) if P else None
     T, Hq = args["q"].shape[:2]
-    if serving is not None:  # the LSE and the split scratch pre-filled like out: NaN, zeros or stale values
-        if want_lse:
-            args["lse"] = prefill_output((T, Hq), np.float32, rng, stale_mean=4.0)
-        parts = plan.sizes["max_partitions"] if plan is not None else 1
-        if parts > 1 and T:
-            args["part_o"] = prefill_output((T, Hq, parts, spec.v_head_dim_value), np.float32, rng)
-            args["part_ml"] = prefill_output((T, Hq, parts, 2), np.float32, rng, stale_mean=2.0)
-    dev_args = args_to_backend(args, kernel.backend)
-    result = kernel(**dev_args, return_lse=True, plan=plan) if want_lse else kernel(**dev_args, plan=plan)
-    out, lse = result if want_lse else (result, None)
-    return check(case.name, spec, args, out, ref, lowp, lse)
+    out = args.pop("out")
+    buffers = [guarded("out", out.shape, out.dtype, rng, content=out)]
+    if want_lse:  # a serving case's LSE and split scratch pre-filled like out: NaN, zeros or stale values
+        buffers.append(guarded("lse", (T, Hq), np.float32, rng, content=None if serving is None
+                               else prefill_output((T, Hq), np.float32, rng, stale_mean=4.0)))
+    parts = plan.sizes["max_partitions"] if plan is not None else 1
+    if serving is not None and parts > 1 and T:
+        for name, width, mean in (("part_o", spec.v_head_dim_value, 0.0), ("part_ml", 2, 2.0)):
+            shape = (T, Hq, parts, width)
+            buffers.append(guarded(name, shape, np.float32, rng, content=prefill_output(shape, np.float32, rng, mean)))
+    seals = [seal(n, x) for n, x in args.items() if isinstance(x, np.ndarray)]
+    given = args_to_backend(args, kernel.backend)
+    outputs = {g.name: to_backend(g.view, kernel.backend) for g in buffers}
+    before = {g.name: g.view.copy() for g in buffers}  # the pre-fill (on the CPU backend the kernel writes g.view)
+    kernel(**given, **outputs, plan=plan)
+    lse = outputs.get("lse")
+    if not sampled:
+        results = check(case.name, spec, args, outputs["out"], ref, lowp, lse)
+    else:
+        ind = np.asarray(args["q_indptr"], dtype=np.int64)
+        row_seq = np.repeat(np.arange(ind.size - 1), np.diff(ind))
+        _, pos = query_rows(args)
+        units = draw_units(rng, row_seq, pos + 1, spec.attention.num_kv_heads, spec.group_size)
+        ref, lowp = references(spec, args, units)
+        results = check(case.name, spec, args, outputs["out"], ref, lowp, lse, per_query_head(units, spec.group_size))
+        every_row(spec, results, outputs, before, args, row_seq)
+    tripwires(results[0], {g.name: g for g in buffers}, seals, {**given, **outputs})
+    return results
 
 
 # ---- the tuner's benchmark inputs -----------------------------------------------------------

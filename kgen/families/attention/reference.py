@@ -138,10 +138,13 @@ def _widen(stored: np.ndarray, scale: np.ndarray, dtype, rnd) -> np.ndarray:
     return x * np.asarray(scale, dtype=np.float64).astype(dtype)[:, None]
 
 
-def attention_reference(spec, q, args: dict, dtype=np.float64, round_to=None, magnitudes: bool = True) -> Reference:
+def attention_reference(spec, q, args: dict, dtype=np.float64, round_to=None, magnitudes: bool = True,
+                        units: np.ndarray | None = None) -> Reference:
     """Attention of every query row of a call (decode or prefill: `args` with or without
     q_indptr), with the error magnitudes of each (row, head) (upper bounds that cost one pass over
-    K and V; zeros without `magnitudes`).
+    K and V; zeros without `magnitudes`). With `units` ([rows, num_kv_heads] bool: a sample,
+    kgen/verify/judge/sample.py) only those (row, KV head)'s query heads are computed; the others
+    keep out 0 and lse -inf.
 
     dtype is the working precision; round_to (a numpy dtype, e.g. float16) additionally rounds
     q and the *stored* K/V values to it (_widen: the scales are applied in the working precision),
@@ -165,23 +168,27 @@ def attention_reference(spec, q, args: dict, dtype=np.float64, round_to=None, ma
     with np.errstate(over="ignore", divide="ignore"):  # an overflowing rounding (e.g. to fp16) is part of the model
         for s, L in enumerate(np.asarray(args["seq_lens"])):
             L, first, last = int(L), int(ind[s]), int(ind[s + 1])
-            if last == first:
-                continue  # no query rows: nothing to compute, nothing read
+            if last == first or (units is not None and not units[first:last].any()):
+                continue  # no query rows (or none sampled): nothing to compute, nothing read
             k_st, v_st, ks, vs = gather_stored(spec, args, tables[s], L)
             for h in range(a.num_kv_heads):
                 heads = slice(h * G, (h + 1) * G)  # query head r reads KV head r // G
+                chosen = None if units is None else np.nonzero(units[first:last, h])[0] + first
+                if chosen is not None and not chosen.size:
+                    continue
                 k = _widen(k_st[:, h], ks[:, h], dtype, round_to)  # [L, D]
                 v = _widen(v_st[:, h], vs[:, h], dtype, round_to)  # [L, Dv]
                 knorm = np.sqrt(np.sum(np.square(k, dtype=np.float64), axis=1)) if magnitudes else None
                 vmax = np.abs(v).max(axis=1, initial=0.0).astype(np.float64) if magnitudes else None
-                for r0 in range(first, last, ROW_CHUNK):
-                    rows = slice(r0, min(r0 + ROW_CHUNK, last))
+                steps = [slice(r0, min(r0 + ROW_CHUNK, last)) for r0 in range(first, last, ROW_CHUNK)] \
+                    if chosen is None else [chosen[c0:c0 + ROW_CHUNK] for c0 in range(0, chosen.size, ROW_CHUNK)]
+                for rows in steps:
                     _rows(spec, ref, rows, heads, qf[rows, heads], k, v, positions[rows], slopes, scale, rnd,
                           knorm, vmax, None if sinks is None else sinks[heads])
     return ref
 
 
-def _rows(spec, ref: Reference, rows: slice, heads: slice, q, k, v, pos, slopes, scale, rnd, knorm, vmax,
+def _rows(spec, ref: Reference, rows: slice | np.ndarray, heads: slice, q, k, v, pos, slopes, scale, rnd, knorm, vmax,
           sinks=None) -> None:
     """Fill ref for query rows `rows` (positions `pos`) and the query heads `heads` of one KV head
     (`sinks`: those heads' sink logits, or None)."""
@@ -222,3 +229,24 @@ def attention_outputs(spec, q, args: dict, dtype=np.float64, round_to=None) -> t
     ref = attention_reference(spec, q, args, dtype=dtype, round_to=round_to, magnitudes=False)
     return ref.out, ref.lse
 
+
+
+def value_hull(spec, args: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) [num_seqs, num_kv_heads, v_head_dim] float64: the least and greatest real V value of
+    each sequence's keys per head and channel (0 included with attention sinks, whose value is 0).
+    Every output row of attention is a convex combination of its visible keys' V rows, so it lies
+    between them: a check that costs one pass over V, for rows whose reference is not computed."""
+    a, DV = spec.attention, spec.v_head_dim_value
+    lens = np.asarray(args["seq_lens"]).reshape(-1)
+    tables = np.asarray(args["block_tables"])
+    lo = np.zeros((lens.size, a.num_kv_heads, DV))
+    hi = np.zeros((lens.size, a.num_kv_heads, DV))
+    for s, L in enumerate(lens):
+        if L < 1:
+            continue
+        _, v, _, vs = gather_stored(spec, args, tables[s], int(L))
+        real = v.astype(np.float64) * np.asarray(vs, dtype=np.float64)[:, :, None]
+        lo[s], hi[s] = real.min(axis=0), real.max(axis=0)
+    if a.sinks:
+        lo, hi = np.minimum(lo, 0.0), np.maximum(hi, 0.0)
+    return lo, hi

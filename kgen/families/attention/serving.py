@@ -45,6 +45,10 @@ class Serving:
     pool_spare: float | None = None  # free blocks in the pool per block in use (None: 2 per block, plus 2)
     q_dist: str = "normal"  # one of Q_DISTS
     groups: list[tuple[list[int], int]] = field(default_factory=list)  # (sequences, shared full blocks)
+    # per sequence, where a stratum assigns them (kgen/families/attention/strata.py); None: the case's own
+    q_dists: list[str] | None = None  # each sequence's query distribution (its rows in prefill)
+    fills: list[str] | None = None  # the filler of each sequence's tail slots (unused blocks: `fill`)
+    paddings: list[str] | None = None  # the padding of each table row
 
 
 def draw_serving(rng: np.random.Generator, groups: list[tuple[list[int], int]] | None = None,
@@ -58,8 +62,14 @@ def draw_serving(rng: np.random.Generator, groups: list[tuple[list[int], int]] |
 
 
 # ---- queries ----------------------------------------------------------------------------------
-def draw_q(rng: np.random.Generator, shape: tuple[int, ...], dist: str) -> np.ndarray:
-    """Queries [rows, Hq, D] like real activations."""
+def draw_q(rng: np.random.Generator, shape: tuple[int, ...], dist: str, per_seq: list[str] | None = None,
+           indptr=None) -> np.ndarray:
+    """Queries [rows, Hq, D] like real activations: all rows from `dist`, or with `per_seq` the rows
+    of sequence i (row i, or rows indptr[i] .. indptr[i+1] - 1) from per_seq[i]."""
+    if per_seq is not None:
+        bounds = indptr if indptr is not None else np.arange(len(per_seq) + 1)
+        parts = [draw_q(rng, (int(bounds[i + 1] - bounds[i]), *shape[1:]), d) for i, d in enumerate(per_seq)]
+        return np.concatenate(parts) if parts else np.zeros(shape)
     if dist == "heavy":  # Student t with 3 degrees of freedom, scaled to unit spread
         return np.clip(rng.standard_t(3, size=shape) / math.sqrt(3.0), -40.0, 40.0)
     if dist == "outliers":  # a few channels, the same in every row and head, of magnitude 8..20
@@ -76,15 +86,17 @@ def draw_q(rng: np.random.Generator, shape: tuple[int, ...], dist: str) -> np.nd
 # ---- outputs and scratch ------------------------------------------------------------------------
 def prefill_output(shape: tuple[int, ...], np_dtype, rng: np.random.Generator, stale_mean: float = 0.0) -> np.ndarray:
     """An output or scratch buffer's contents before the call: per (row, head) NaN, zeros or stale values."""
-    out = np.empty(shape, dtype=np.float64)
+    out = np.empty(shape, dtype=np_dtype)
     if not out.size:
-        return out.astype(np_dtype)
+        return out
     lead = shape[:2] if len(shape) >= 2 else shape
     choice = rng.integers(0, 3, size=lead)
-    stale = stale_mean + rng.standard_normal(shape)
-    expand = choice.reshape(lead + (1,) * (len(shape) - len(lead)))
-    out[...] = np.where(expand == 0, np.nan, np.where(expand == 1, 0.0, stale))
-    return out.astype(np_dtype)
+    out[choice == 0] = np.nan
+    out[choice == 1] = 0
+    stale = choice == 2  # values drawn only where they are kept (split scratch of a long batch is large)
+    out[stale] = (stale_mean + rng.standard_normal((int(stale.sum()), *shape[len(lead):]), dtype=np.float32)
+                  ).astype(np_dtype)
+    return out
 
 
 # ---- block tables -------------------------------------------------------------------------------
@@ -101,17 +113,20 @@ def share_map(seq_lens: list[int], B: int, groups: list[tuple[list[int], int]]) 
 
 
 def pad_table(tables: np.ndarray, nblocks: list[int], used: list[int], unused: list[int], N: int,
-              padding: str, rng: np.random.Generator) -> None:
-    """Fill the entries past each sequence's blocks (never read) as `padding` says."""
+              padding: str | list[str], rng: np.random.Generator) -> None:
+    """Fill the entries past each sequence's blocks (never read) as `padding` says (one for the
+    table, or one per row)."""
     M = tables.shape[1]
+    rows = [padding] * len(nblocks) if isinstance(padding, str) else padding
     for i, nb in enumerate(nblocks):
         if nb >= M:
             continue
-        if padding == "zero":
+        how = rows[i]
+        if how == "zero":
             tables[i, nb:] = 0
-        elif padding == "repeat":
+        elif how == "repeat":
             tables[i, nb:] = tables[i, nb - 1] if nb else 0
-        elif padding == "any":
+        elif how == "any":
             tables[i, nb:] = rng.integers(0, N, size=M - nb)
         else:
             tables[i, nb:] = rng.choice(unused or used or [0], size=M - nb)
@@ -150,7 +165,7 @@ def prefix_groups(rng: np.random.Generator, seq_lens: list[int], B: int, min_way
     return groups
 
 
-def _round(spec, lens: list[int]) -> list[int]:
+def round_lengths(spec, lens: list[int]) -> list[int]:
     """Lengths as the spec's contract allows them (tail_masking: false: multiples of block_size)."""
     B = spec.kv_cache.block_size
     return lens if spec.tail_masking else [max(B, -(-n // B) * B) if n else 0 for n in lens]
@@ -192,26 +207,31 @@ def serving_decode_cases(spec, rng: np.random.Generator) -> list[tuple[str, dict
     for name, lens, look, ways in (("serving_batch", big, looks[0], 3), ("serving_small", small, looks[1], 3),
                                    ("serving_prefix_tree", tree, looks[2], 4)):
         groups = prefix_groups(rng, lens, B, ways)
-        cases.append((name, {"seq_lens": _round(spec, lens), "serving": _serving(rng, look, groups)}))
+        cases.append((name, {"seq_lens": round_lengths(spec, lens), "serving": _serving(rng, look, groups),
+                             **({"sample": True} if name == "serving_batch" else {})}))
     steps = int(rng.integers(24, 41))
     groups = prefix_groups(rng, steps_lens, B, 3)
-    cases.append(("serving_steps", {"seq_lens": _round(spec, steps_lens), "steps": steps,
+    cases.append(("serving_steps", {"seq_lens": round_lengths(spec, steps_lens), "steps": steps,
                                     "serving": _serving(rng, looks[3], groups)}))
     return cases
 
 
+PREFILL_BATCH = (128, 160)  # sequences of prefill's serving_batch: a chunked-prefill step's batch
+
+
 def serving_prefill_cases(spec, rng: np.random.Generator) -> list[tuple[str, dict]]:
     """(name, params) of prefill's serving cases: a large batch of decode rows and small chunks
-    (11 .. 48 sequences), and one launch where a chunk of 256+ rows meets decode rows."""
+    (PREFILL_BATCH sequences, judged on a sample), one launch where a chunk of 256+ rows meets
+    decode rows, and a run of consecutive launches (chunked-prefill steps)."""
     B = spec.kv_cache.block_size
-    looks = _looks(rng, 2)
+    looks = _looks(rng, 3)
     cases = []
-    S = int(rng.integers(11, 49))
-    ctx = context_lengths(rng, S, budget=3000, median=60)
-    q_lens = [1 if rng.random() < 0.7 else int(rng.integers(0, 65)) for _ in range(S)]
+    S = int(rng.integers(PREFILL_BATCH[0], PREFILL_BATCH[1] + 1))
+    ctx = context_lengths(rng, S, budget=24 * S, median=16, cap=64)
+    q_lens = [1 if rng.random() < 0.8 else int(rng.integers(0, 17)) for _ in range(S)]
     lens = [max(c, q) for c, q in zip(ctx, q_lens, strict=True)]
     groups = prefix_groups(rng, lens, B, 3)
-    cases.append(("serving_batch", {"seq_lens": lens, "q_lens": q_lens}, looks[0], groups))
+    cases.append(("serving_batch", {"seq_lens": lens, "q_lens": q_lens, "sample": True}, looks[0], groups))
     # Many decode rows with short contexts beside one chunk of 256+ rows (the CPU backend runs such a
     # chunk of the single-pass ABI launch for tens of seconds; the decode rows cost little)
     S = int(rng.integers(8, 25))
@@ -227,10 +247,19 @@ def serving_prefill_cases(spec, rng: np.random.Generator) -> list[tuple[str, dic
     groups = [([where[m] for m in members], blocks) for members, blocks in groups]
     lens, q_lens = [lens[i] for i in order], [q_lens[i] for i in order]
     cases.append(("serving_long_chunk", {"seq_lens": lens, "q_lens": q_lens}, looks[1], groups))
+    # consecutive launches in one process: a prompt prefilled chunk by chunk beside decode rows, every
+    # sequence longer each step (kgen/families/attention/prefill_cases.py run_case)
+    S = int(rng.integers(1, 3))  # small: the CPU backend runs a prefill launch for a tenth of a second or more
+    ctx = context_lengths(rng, S, budget=80, median=20, cap=40)
+    q_lens = [int(rng.integers(2, 7))] + [1] * (S - 1)
+    lens = [int(rng.integers(0, B + 1)) + q_lens[0]] + ctx[1:]
+    groups = prefix_groups(rng, lens, B, 3)
+    cases.append(("serving_steps", {"seq_lens": lens, "q_lens": q_lens, "steps": int(rng.integers(24, 41))},
+                  looks[2], groups))
     out = []
     for name, params, look, groups in cases:
         lens = params["seq_lens"]
         if not spec.tail_masking:
-            lens = _round(spec, lens)
+            lens = round_lengths(spec, lens)
         out.append((name, {**params, "seq_lens": lens, "lse": True, "serving": _serving(rng, look, groups)}))
     return out

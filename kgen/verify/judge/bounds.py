@@ -155,26 +155,39 @@ class Rows:
         return {"sequence": s, **({"token": row} if self.packed else {}), "length": int(self.seq_lens[s])}
 
 
+def _only_judged(got: np.ndarray, ref: np.ndarray, lowp: np.ndarray, judged) -> tuple:
+    """With a sample (`judged` [rows, H] bool: kgen/verify/judge/sample.py), the rows outside it
+    compare 0 with 0 unless the kernel wrote a non-finite value there (which still fails)."""
+    if judged is None:
+        return got, ref, lowp
+    j = np.asarray(judged, dtype=bool).reshape(judged.shape + (1,) * (got.ndim - judged.ndim))
+    with np.errstate(invalid="ignore"):
+        return (np.where(j | ~np.isfinite(got), got, 0.0), np.where(j, ref, 0.0),
+                np.where(j, np.asarray(lowp, dtype=np.float64), 0.0))
+
+
 def check_output(name: str, seq_lens: list[int], out: np.ndarray, ref: np.ndarray, lowp: np.ndarray,
                  out_dtype: str, magnitude: np.ndarray | None = None,
                  logit_magnitude: np.ndarray | None = None, q_indptr=None, head_dim: int | None = None,
-                 v_head_dim: int | None = None) -> CaseResult:
+                 v_head_dim: int | None = None, judged: np.ndarray | None = None) -> CaseResult:
     """An output [rows, H, v_head_dim] against the reference, each (row, head) with its own bound;
     rows are the sequences, or with q_indptr the query rows it packs by sequence. head_dim (q . k's
-    length) is required with logit_magnitude."""
+    length) is required with logit_magnitude. `judged` ([rows, H] bool): only those rows have a
+    reference (a sample); the others must be finite here (sample.py checks the rest of them)."""
     rows = Rows(seq_lens, q_indptr)
-    got = np.asarray(out).astype(np.float64)
+    got, ref, lowp = _only_judged(np.asarray(out).astype(np.float64), ref, lowp, judged)
     floor = row_floor(ref, out_dtype, rows.lengths, magnitude, logit_magnitude, head_dim, v_head_dim)
     tiny = float(ml_dtypes.finfo(dtype(out_dtype).numpy).tiny)
     return _judge(name, seq_lens, got, ref, np.asarray(lowp, dtype=np.float64), floor, "out", rows, tiny)
 
 
 def check_lse(name: str, seq_lens: list[int], lse: np.ndarray, ref_lse: np.ndarray, lowp_lse: np.ndarray,
-              logit_magnitude: np.ndarray | None = None, head_dim: int | None = None, q_indptr=None) -> CaseResult:
+              logit_magnitude: np.ndarray | None = None, head_dim: int | None = None, q_indptr=None,
+              judged: np.ndarray | None = None) -> CaseResult:
     """The LSE [rows, H] against the reference, each (row, head) with its own bound; exactly -inf
-    where a row sees no key."""
+    where a row sees no key. `judged`: as check_output's."""
     rows = Rows(seq_lens, q_indptr)
-    got = np.asarray(lse).astype(np.float64)
-    ref = np.asarray(ref_lse, dtype=np.float64)
+    got, ref, lowp_lse = _only_judged(np.asarray(lse).astype(np.float64), np.asarray(ref_lse, dtype=np.float64),
+                                      lowp_lse, judged)
     floor = lse_floor(np.where(np.isneginf(ref), 0.0, ref), rows.lengths, logit_magnitude, head_dim)
     return _judge(name, seq_lens, got, ref, np.asarray(lowp_lse, dtype=np.float64), floor, "lse", rows)
