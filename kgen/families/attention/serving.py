@@ -17,7 +17,8 @@ draws from its run's seed what a serving engine's calls vary in:
   it can tell a test from a call;
 - serving-shaped batches: up to the largest batch the tuner plans for, length mixes drawn from
   a long-tailed distribution, prefill chunks of 256+ rows in one launch with decode rows, and a
-  run of many consecutive launches (decode steps) in one process.
+  run of many consecutive launches (decode and chunked-prefill steps) in one process. The joint
+  shapes of (batch size, length mix) are a fixed design of their own (kgen/families/attention/strata.py).
 
 Nothing here is fixed from run to run except through the seed, which the report prints.
 """
