@@ -66,7 +66,7 @@ SHAPES = [
     ("prompt 512", [(512, 512)]),
     ("prompt 4K", [(4096, 4096)]),
     ("prompt 16K", [(16384, 16384)]),
-    ("prompt 64K", [(65536, 65536)]),
+    ("prompt 64K", [(64 * 1024, 64 * 1024)]),  # tokens (65,536 is also a register count: kgen/plan/arch.py)
     ("chunk 256 @ 32K", [(256, 32768 + 256)]),
     ("mixed 8x256 + 56x1 @ 4K", MIXED),
 ]
