@@ -38,6 +38,7 @@ from benchmarks import flashinfer_geometry as fi
 from benchmarks.flashinfer_geometry import flashinfer_data
 from benchmarks.nvcc import find_nvcc, nvcc_cubin
 from benchmarks.tables import fmt_tflops, md_table, replace_between
+from kgen.bodies import spec_for_arch
 from kgen.cache import ArtifactCache, content_key
 from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report
 from kgen.families.attention.prefill import (
@@ -129,7 +130,10 @@ class Kernel:
 
 # ---- kgen ----------------------------------------------------------------------------------------------
 def kgen_kernel(spec, cuobjdump: str, cache: ArtifactCache, label: str, config: dict | None = None) -> Kernel:
-    rendered = render(spec, config)
+    """The model's row of kgen's kernel for `spec` on ARCH: the mma.sync body (path 1) unless `config`
+    says otherwise (the Hopper row's HOPPER_CONFIG: path 0, which on sm_90 is the wgmma body)."""
+    spec = spec_for_arch(spec, ARCH)  # the body ARCH gets, with that body's geometry
+    rendered = render(spec, {"path": 1, **(config or {})}, ARCH)
     art = compile_cubin(rendered.source, ARCH, origin=spec.name, cache=cache)
     fn = pm.parse_sass(sass_text(art.cubin, cuobjdump))[spec.name]
     res = art.resources[spec.name]
@@ -395,7 +399,7 @@ def build(cache: ArtifactCache) -> tuple[dict, list[str]]:
         for kv, spec in base.items():
             spec = spec.with_overrides(**over) if over else spec
             rows = [kgen_kernel(spec, cuobjdump, cache, f"kgen {spec.name}" + (" (64 q heads)" if over else ""))]
-            if kv == "fp16":  # the Hopper path: the same spec targeting sm_90 alone, its automatic tiles
+            if kv == "fp16":  # the Hopper path (what the spec's sm_90 build gets by default), its automatic tiles
                 hopper = spec.with_overrides(targets=["sm_90"])
                 rows.append(kgen_kernel(hopper, cuobjdump, cache, f"kgen {spec.name}" + (" (64 q heads)" if over else "")
                                         + " Hopper wgmma path (targets: [sm_90])", HOPPER_CONFIG))
@@ -495,16 +499,18 @@ def register_table(cuobjdump: str, cache: ArtifactCache) -> str:
         spec = load_spec(path)
         if family_for(spec).perf_model is not PerfModel.TILES:  # the tensor-core prefill kernels
             continue
-        rendered, cells = render(spec), []
-        for arch in ("sm_80", "sm_90"):
+        cells = []
+        for arch in ("sm_80", "sm_90"):  # each arch's own body (kgen/bodies.py)
             if arch not in spec.targets and not (arch == "sm_90" and "sm_89" in spec.targets):
                 cells.append(f"n/a (targets {', '.join(spec.targets)})")
                 continue
+            rendered = render(spec, None, arch)
             r = compile_cubin(rendered.source, arch, origin=spec.name, cache=cache).resources[spec.name]
-            cells.append(f"{r.registers} regs, spills {r.spill_stores}/{r.spill_loads} B, stack {r.stack_frame} B")
-        body = {"wgmma": "Hopper wgmma (sm_90a)", "mma": "mma.sync"}[path_of(spec, rendered.config)]
-        rows.append([spec.name, spec.kv_cache.dtype, spec.group_size, spec.attention.head_dim, body, *cells])
-    return md_table(["spec", "kv dtype", "group", "head_dim", "body (default config)", "sm_80", "sm_90"], rows)
+            cells.append((f"{rendered.body}: " if rendered.body else "") + f"{r.registers} regs, spills "
+                         f"{r.spill_stores}/{r.spill_loads} B, stack {r.stack_frame} B")
+        rows.append([spec.name, spec.kv_cache.dtype, spec.group_size, spec.attention.head_dim, *cells])
+    return md_table(["spec", "kv dtype", "group", "head_dim", "sm_80 (default config)", "sm_90 (default config)"],
+                    rows)
 
 
 def assumptions(groups, skipped) -> str:

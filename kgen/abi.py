@@ -6,10 +6,12 @@ declarations: what to hand an engineer or an AI assistant writing a kernel by ha
 
 from __future__ import annotations
 
+from kgen.errors import KgenUserError
 from kgen.families.argtable import abi_rows
 from kgen.families.base import resolve_config
 from kgen.families.registry import family_for
 from kgen.formats.dtypes import dtype
+from kgen.render import render
 
 ABI_VERSION = 1
 # What the declarations' types need: CUDA's number formats, and kgen's int8 element type.
@@ -37,6 +39,25 @@ def abi_text(spec) -> str:
         "",
         f"Launch (as kgen does it; config {config}):",
         *(f"  {k.name}: {k.geometry()}" for k in kernels),
+        *body_notes(spec),
     ]
     header = "/*\n" + "\n".join((" * " + line).rstrip() for line in lines) + "\n */\n"
     return header + PRELUDE + (FP4_PRELUDE if packed else "") + "\n".join(k.declaration() + ";" for k in kernels) + "\n"
+
+
+def body_notes(spec) -> list[str]:
+    """Which body kgen's own kernel (its default config) gives each target arch, and why; nothing
+    for a family with one body. The hand-written launch above is the same on every arch."""
+    lines = []
+    for arch in spec.targets:
+        try:
+            rendered = render(spec, None, arch)
+        except KgenUserError as e:
+            lines.append(f"  {arch}: no body ({e})")
+            continue
+        if rendered.body:
+            lines.append(f"  {arch}: {rendered.body} ({rendered.why})")
+    if not lines:
+        return []
+    return ["", "kgen's own kernel, per target arch (its default config; the launch above is the hand-written "
+                "one, the same on every arch):", *lines]

@@ -242,11 +242,12 @@ def _trusted_cuda_kernel(kernel):
     does for the CUDA backend (kgen.build is not imported: it imports kgen.kernel, which imports this
     module), built as the audited kernel's own class."""
     spec = kernel.spec
-    rendered = render(spec)
+    rendered = render(spec, arch=device_arch())  # this GPU's body
     art = compile_cubin(rendered.source, device_arch(), origin=f"spec {spec.name} (audit)")
     cubin = loaded_cubin(ArtifactCache(), art.cubin, rendered.source)
     trusted = type(kernel)(spec, rendered.source, rendered.config, CudaModule(cubin, rendered.kernel_names),
-                           rendered.kernel_names, resources={device_arch(): resources_as_dict(art.resources)})
+                           rendered.kernel_names, resources={device_arch(): resources_as_dict(art.resources)},
+                           arch=device_arch())
     trusted.report = run_verify(trusted)
     return trusted
 

@@ -1,8 +1,10 @@
 """`generated/<name>/`: what `kgen build` writes, and how its `__init__.py` loads it.
 
-Layout: kernel.cu, kernel.<arch>.cubin per target, manifest.json (spec, hashes,
-compiler versions, ptxas resources, verification report, tuning results) and an
-__init__.py exposing `kernel`. The directory is written next to the destination
+Layout: kernel.cu (the body the CPU backend runs), kernel.<arch>.cu for each arch whose
+body differs (kgen/bodies.py: a spec renders once per arch), kernel.<arch>.cubin per target,
+manifest.json (spec, hashes, each arch's body and why, compiler versions, ptxas resources,
+verification report, tuning results) and an __init__.py exposing `kernel`, which loads the
+body and cubin of the device's arch. The directory is written next to the destination
 and swapped into place, so a failed build leaves the previous output intact.
 
 kgen replaces only its own output: a directory whose manifest.json carries the
@@ -23,9 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kgen.bodies import dispatch
 from kgen.build import load_module, select_backend
 from kgen.cache import ArtifactCache
-from kgen.compile.nvrtc import nvrtc_version
+from kgen.compile.nvrtc import compile_arch, nvrtc_version
 from kgen.errors import KgenError, KgenUserError
 from kgen.fileio import make_temp_dir, remove_path
 from kgen.kernel import Kernel
@@ -71,9 +74,23 @@ def _cubin_file(arch: str) -> str:
     return f"kernel.{arch}.cubin"
 
 
+def _source_file(arch: str) -> str:
+    return f"kernel.{arch}.cu"
+
+
+def body_sources(kernel) -> dict[str, tuple[str, str]]:
+    """{arch: (file, source)} of each arch's body: kernel.cu for the kernel's own, kernel.<arch>.cu
+    for a body that differs from it."""
+    bodies = kernel.artifacts.get("bodies", {})
+    return {arch: (SOURCE, r.source) if r.source == kernel.source else (_source_file(arch), r.source)
+            for arch, r in bodies.items()}
+
+
 def manifest_for(kernel, spec_file: str | None = None, tuning: dict | None = None,
                  files: dict[str, str] | None = None) -> dict[str, Any]:
     cubins = kernel.artifacts.get("cubins", {})
+    rendered = kernel.artifacts.get("bodies", {})
+    sources = body_sources(kernel)
     return {
         "generator": GENERATOR,
         "files": files,
@@ -91,6 +108,11 @@ def manifest_for(kernel, spec_file: str | None = None, tuning: dict | None = Non
         "compilers": {"nvrtc": nvrtc_version()},
         "cubins": {arch: {"file": _cubin_file(arch), "sha256": _sha256(a.cubin),
                           "resources": kernel.resources.get(arch, {})} for arch, a in cubins.items()},
+        # the arch whose body kernel.cu holds (the CPU backend's), and each arch's body
+        "arch": kernel.arch,
+        "bodies": {arch: {"body": rendered[arch].body, "why": rendered[arch].why, "source": file,
+                          "source_sha256": _sha256(text), "arch_specific": compile_arch(text, arch) != arch}
+                   for arch, (file, text) in sources.items()},
         "verification": kernel.report.to_dict() if kernel.report is not None else None,
         "tuning": tuning,
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -177,7 +199,8 @@ def write_generated(kernel, out_root: Path | str, spec_file: str | None = None,
         tmp = make_temp_dir(out_root, f".{name}-")  # the user's umask, not mkdtemp's 0700
         files = {SOURCE: kernel.source.encode(),
                  INIT: _INIT.format(name=name, spec_hash=kernel.spec.spec_hash()).encode(),
-                 **{_cubin_file(arch): a.cubin for arch, a in kernel.artifacts.get("cubins", {}).items()}}
+                 **{_cubin_file(arch): a.cubin for arch, a in kernel.artifacts.get("cubins", {}).items()},
+                 **{file: text.encode() for file, text in body_sources(kernel).values() if file != SOURCE}}
         for file, data in files.items():
             (tmp / file).write_bytes(data)
         manifest = manifest_for(kernel, spec_file, tuning, {file: _sha256(data) for file, data in files.items()})
@@ -254,23 +277,47 @@ class GeneratedKernel:
         return spec_from_dict(self.manifest["spec"], filename=str(self.directory / MANIFEST))
 
     def load(self, backend: str = "auto"):
-        """Build the runnable kernel (no re-verification: the manifest holds the build's report)."""
+        """Build the runnable kernel (no re-verification: the manifest holds the build's report). CUDA:
+        the body and cubin of this GPU's arch; a GPU the build did not target compiles the body of the
+        newest older arch with a portable body (kgen.bodies.dispatch). CPU: kernel.cu's body."""
         chosen = select_backend(backend)
         spec = self.spec
-        rendered = Rendered(self.source, self.manifest["kernel_names"], self.manifest["config"])
-        entry = self.manifest["cubins"].get(device_arch()) if chosen == "cuda" else None
+        arch, source = self.manifest.get("arch"), self.source
+        entry = None
+        if chosen == "cuda":
+            device = device_arch()
+            bodies = self.manifest.get("bodies") or {}
+            if bodies:  # a manifest of per-arch bodies (older ones have one source for every arch)
+                arch = dispatch({a: b["arch_specific"] for a, b in bodies.items()}, device)
+                if arch is None:
+                    raise KgenError(f"{self.directory}: no body of this build runs on {device} (built: "
+                                    + ", ".join(f"{a} {b['body']}".rstrip() for a, b in bodies.items())
+                                    + f"); rebuild with `kgen build --arch {device}`")
+                source = self._body_source(bodies[arch])
+            entry = self.manifest["cubins"].get(device)
+        rendered = Rendered(source, self.manifest["kernel_names"], self.manifest["config"])
         if entry is not None:
             cubin = (self.directory / entry["file"]).read_bytes()
             if _sha256(cubin) != entry["sha256"]:
                 raise KgenError(f"{self.directory / entry['file']}: cubin does not match its manifest; re-run kgen build")
             # Loaded by its hash: a module rebuilt into the same directory is not CuPy's cached old one.
-            module = CudaModule(loaded_cubin(ArtifactCache(), cubin, self.source), rendered.kernel_names)
+            module = CudaModule(loaded_cubin(ArtifactCache(), cubin, source), rendered.kernel_names)
         else:  # the CPU backend, or a GPU the build did not target: compile the shipped source
             module = load_module(chosen, rendered)
-        self._kernel = Kernel(spec, self.source, rendered.config, module, rendered.kernel_names, self.resources)
+        self._kernel = Kernel(spec, source, rendered.config, module, rendered.kernel_names, self.resources,
+                              arch=arch)
         # Per-bucket tuned configs when the manifest's tuning results fit this device.
         self._kernel = tuned_from_manifest(self._kernel, self.manifest.get("tuning"), chosen)
         return self._kernel
+
+    def _body_source(self, body: dict) -> str:
+        if body["source"] == SOURCE:
+            return self.source
+        text = (self.directory / body["source"]).read_text(encoding="utf-8")
+        if _sha256(text) != body["source_sha256"]:
+            raise KgenError(f"{self.directory / body['source']}: source does not match its manifest; "
+                            "re-run kgen build")
+        return text
 
     def __call__(self, **arguments: Any):
         if self._kernel is None:

@@ -8,6 +8,7 @@ import numpy as np
 
 from kgen.arrays import as_array_arg, checks_values
 from kgen.audit import AuditedKernel
+from kgen.bodies import spec_for_arch
 from kgen.compile.advisories import advisories_of
 from kgen.errors import ArgumentError
 from kgen.families.base import Config
@@ -32,8 +33,13 @@ class Kernel:
     """
 
     def __init__(self, spec, source: str, config: Config, module: Module, kernel_names: list[str],
-                 resources: dict[str, Any] | None = None, report=None, artifacts: dict[str, Any] | None = None):
+                 resources: dict[str, Any] | None = None, report=None, artifacts: dict[str, Any] | None = None,
+                 arch: str | None = None):
         self.spec = spec
+        # The arch whose body this kernel runs (kgen/bodies.py): its launch geometry is that body's.
+        # None: one source for every arch (a hand-written kernel), its geometry the spec's as a whole.
+        self.arch = arch
+        self.body_spec = spec_for_arch(spec, arch)
         self.source = source
         self.config = dict(config)
         self.module = module
@@ -82,7 +88,7 @@ class Kernel:
             self._default_target = target_blocks(sms, self.resident_blocks(sms))
         device = getattr(self.module, "device", None)
         with on_callers_stream(arguments, device):
-            launches, result = self._family.bind(self.spec, self.config, arguments, checked=checked, plan=plan,
+            launches, result = self._family.bind(self.body_spec, self.config, arguments, checked=checked, plan=plan,
                                                  target_blocks=self._default_target)
         # An empty batch has launches of zero blocks: nothing to run (CuPy would launch one block).
         return BoundCall(self.module, [ln for ln in launches if has_blocks(ln)], result, arguments, device)
@@ -106,7 +112,7 @@ class Kernel:
         resident = self.resident_blocks(num_sms)
         target = target_blocks(num_sms, resident)
         given = {"seq_lens": lens, **{n: _host_ints(n, v) for n, v in lengths.items() if v is not None}}
-        sizes, kernels = self._family.schedule(self.spec, self.config, given, target, partition_tokens)
+        sizes, kernels = self._family.schedule(self.body_spec, self.config, given, target, partition_tokens)
         launches = [PlannedLaunch(k.name, k.grid_for(sizes), (k.block, 1, 1), k.smem) for k in kernels]
         plan = Plan(self.name, int(lens.size), dict(sizes), launches, num_sms, resident, target)
         if workspace is not None:
@@ -115,10 +121,10 @@ class Kernel:
 
     def resident_blocks(self, num_sms: int) -> int:
         """Blocks of the main (first) kernel a GPU with `num_sms` SMs holds at once: the occupancy of
-        its ptxas figures for this GPU's arch (without a GPU: sm_90 when built, else the newest
-        target), BLOCKS_PER_SM per SM when none were recorded."""
-        main = self._family.kernels(self.spec, self.config)[0]
-        arch = device_arch() if getattr(self.module, "backend", "cpu") == "cuda" else None
+        its ptxas figures for this GPU's arch (without a GPU: the arch whose body runs, else sm_90
+        when built, else the newest target), BLOCKS_PER_SM per SM when none were recorded."""
+        main = self._family.kernels(self.body_spec, self.config)[0]
+        arch = device_arch() if getattr(self.module, "backend", "cpu") == "cuda" else self.arch
         by_arch = self.resources or {}
         if arch not in by_arch:
             arch = DEFAULT_ARCH if DEFAULT_ARCH in by_arch else max(by_arch, default=None, key=_arch_number)

@@ -10,6 +10,10 @@ compile caches with the source text. A family's own body that needs no compiler 
 Jinja), so `kgen show` prints it as editable kernel code. Only values validated by the spec
 models reach the template; StrictUndefined turns a missing template variable into an error
 instead of an empty string.
+
+A spec renders once per arch (kgen/bodies.py): the family sees the arch alone as the spec's
+targets, so each arch gets the best body it can run; the spec's hash in the source stays the whole
+spec's, so archs that get the same body get the same source.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from functools import lru_cache
 
 import jinja2
 
+from kgen.bodies import newest, spec_for_arch
 from kgen.errors import KgenUserError
 from kgen.families.base import Config, resolve_config
 from kgen.families.registry import family_for
@@ -32,7 +37,10 @@ class Rendered:
     source: str
     kernel_names: list[str]
     config: Config
-    notes: list[str] = field(default_factory=list)  # the build report's lines about the body chosen
+    notes: list[str] = field(default_factory=list)  # lines for the build report
+    arch: str | None = None  # the arch this body was rendered for (None: a hand-written source)
+    body: str = ""  # the family's name for the body (paged_prefill: "wgmma", "mma.sync", "fma"); "" where one
+    why: str = ""  # why this arch got that body
 
 
 @lru_cache(maxsize=1)
@@ -48,13 +56,16 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def render(spec, config: Config | None = None) -> Rendered:
+def render(spec, config: Config | None = None, arch: str | None = None) -> Rendered:
+    """The source of `arch`'s body (None: the newest of the spec's targets, the default body)."""
     family = family_for(spec)
+    arch = arch or newest(spec.targets)
+    seen = spec_for_arch(spec, arch)  # the family decides this arch's body from this arch alone
     resolved = resolve_config(family, spec, config)
-    problems = family.check_config(spec, resolved)
+    problems = family.check_config(seen, resolved)
     if problems:
-        raise KgenUserError("\n".join(f"{spec.name}: config {resolved}: {p}" for p in problems))
-    context = family.template_context(spec, resolved)
+        raise KgenUserError("\n".join(f"{spec.name}: config {resolved} for target {arch}: {p}" for p in problems))
+    context = family.template_context(seen, resolved)
     source = _environment().get_template(family.template).render(
         spec=spec,
         spec_hash=spec.spec_hash(),
@@ -62,5 +73,6 @@ def render(spec, config: Config | None = None) -> Rendered:
         config_text=json.dumps(resolved, sort_keys=True),
         **context,
     )
-    notes = family.build_notes(spec, resolved) if hasattr(family, "build_notes") else []
-    return Rendered(source, family.kernel_names(spec, resolved), resolved, notes)
+    choice = family.body_choice(seen, resolved) if hasattr(family, "body_choice") else None
+    body, why = choice or ("", "")
+    return Rendered(source, family.kernel_names(seen, resolved), resolved, [], arch, body, why)

@@ -129,3 +129,56 @@ def test_replace_leaves_only_the_new_output(tmp_path, replace, old):
     assert sorted(os.listdir(tmp_path)) == ["pkg", "target"]
     assert not final.is_symlink() and os.listdir(final) == ["new.txt"]
     assert (tmp_path / "target" / "keep").read_text() == "kept"
+
+
+# ---- each arch's body ------------------------------------------------------------------------------
+PREFILL = """\
+kgen: 1
+name: tiny_gen_prefill
+kind: paged_prefill
+attention: {num_q_heads: 4, num_kv_heads: 2, head_dim: 64}
+kv_cache: {block_size: 16, layout: separate, order: NHD, dtype: fp16}
+dtype: {q: fp16}
+tail_masking: true
+targets: [sm_80, sm_90]
+"""
+SMALL = {"kv_tile": 16, "warps": 4, "partition_size": 0}
+
+
+def test_each_arch_s_body_is_written_and_the_manifest_says_which(tmp_path):
+    kernel = build(parse_spec(PREFILL), backend="cpu", verify=False, config=SMALL)
+    out = write_generated(kernel, tmp_path / "out")
+    manifest = json.loads((out / MANIFEST).read_text())
+    bodies = manifest["bodies"]
+    assert manifest["arch"] == "sm_90" and bodies["sm_90"]["source"] == "kernel.cu"
+    for arch, body in bodies.items():  # each file is its arch's own body, hashed
+        text = (out / body["source"]).read_text()
+        assert text == kernel.artifacts["bodies"][arch].source
+        assert hashlib.sha256(text.encode()).hexdigest() == body["source_sha256"] == manifest["files"].get(
+            body["source"], body["source_sha256"])
+    assert bodies["sm_80"]["source"] == "kernel.sm_80.cu" and "kernel.sm_80.cu" in manifest["files"]
+    # an edited body blocks replacing the output without --force
+    (out / "kernel.sm_80.cu").write_text("// edited\n")
+    with pytest.raises(KgenUserError, match="kernel.sm_80.cu changed"):
+        check_output(tmp_path / "out", ["tiny_gen_prefill"])
+
+
+@pytest.mark.gpu
+def test_a_generated_module_loads_the_body_and_cubin_of_the_device_s_arch(tmp_path):
+    from kgen.bodies import dispatch
+    from kgen.generated import GeneratedKernel
+    from kgen.runtime.cuda import device_arch
+
+    kernel = build(parse_spec(PREFILL), backend="cuda", config=SMALL, seed=5)
+    assert kernel.report.passed, kernel.report.summary()
+    assert kernel.arch == device_arch()  # the build verified this GPU's body; the other is named as not run
+    if device_arch() == "sm_90":
+        assert kernel.source == kernel.artifacts["bodies"]["sm_90"].source
+        assert any(n.startswith("sm_80 mma.sync: not run on this sm_90 GPU") for n in kernel.notes), kernel.notes
+    out = write_generated(kernel, tmp_path / "out")
+    manifest = json.loads((out / MANIFEST).read_text())
+    loaded = GeneratedKernel(out).load("cuda")
+    expected = dispatch({a: b["arch_specific"] for a, b in manifest["bodies"].items()}, device_arch())
+    assert loaded.arch == expected
+    if expected is not None:
+        assert loaded.source == kernel.artifacts["bodies"][expected].source

@@ -8,6 +8,7 @@ import click
 from rich.markup import escape
 from rich.progress import Progress
 
+from kgen.build import body_lines
 from kgen.build import build as build_kernel
 from kgen.cli.common import SEED, Failed, check_archs, err, guard, load_specs, out
 from kgen.errors import CompileError, KgenUserError, VerificationError
@@ -19,7 +20,8 @@ from kgen.verify.untrusted.handwritten import load_source
 @click.command()
 @click.argument("specs", nargs=-1, required=True)
 @click.option("-o", "--output", default="generated", show_default=True, help="directory for generated/<name>/")
-@click.option("--arch", "archs", multiple=True, help="CUDA arch(s) to compile for (default: the spec's targets)")
+@click.option("--arch", "archs", multiple=True,
+              help="CUDA arch(s) to build, each with its best body (default: the spec's targets)")
 @click.option("--backend", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--tune", is_flag=True, help="autotune the spec's tuning space before writing")
 @click.option("--seed", type=SEED, default=None, help="verification seed (default: fresh)")
@@ -64,6 +66,8 @@ def build(specs, output, archs, backend, tune, seed, force, source_file):
                 progress.advance(task)
                 continue
             line = kernel.report.summary()
+            for body in body_lines(kernel):  # which body each arch got, and why
+                out.print(f"body {escape(body)}")
             for note in getattr(kernel, "notes", []):
                 out.print(f"note {escape(note)}")
             for adv in kernel.advisories:  # ptxas gave up performance somewhere: say where

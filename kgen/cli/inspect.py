@@ -7,7 +7,7 @@ import json
 import click
 
 from kgen.abi import abi_text
-from kgen.cli.common import guard, load_specs, out, parse_config
+from kgen.cli.common import check_archs, guard, load_specs, out, parse_config
 from kgen.render import render
 from kgen.spec.models import json_schema
 
@@ -24,11 +24,13 @@ def validate(specs):
 @click.command()
 @click.argument("spec")
 @click.option("--config", "config_items", multiple=True, metavar="NAME=VALUE", help="tuning parameter value")
+@click.option("--arch", default=None, help="the body this arch gets (default: the newest of the spec's targets)")
 @guard
-def show(spec, config_items):
-    """Print the rendered CUDA source."""
+def show(spec, config_items, arch):
+    """Print the rendered CUDA source (one arch's body)."""
     (loaded,) = load_specs((spec,))
-    click.echo(render(loaded, parse_config(config_items)).source, nl=False)
+    check_archs([arch] if arch else [])
+    click.echo(render(loaded, parse_config(config_items), arch).source, nl=False)
 
 
 @click.command()

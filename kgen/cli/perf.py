@@ -209,7 +209,7 @@ def mla_report(spec, source_file: str | None, arch: str) -> dict:
     if source_file:
         raise KgenUserError(f"{spec.source_path or spec.name}: kgen perf's model of the mla layout covers kgen's "
                             "own paged_decode kernel only (got a --source)")
-    rendered = render(spec)
+    rendered = render(spec, None, arch)  # the body `arch` gets
     res = compile_cubin(rendered.source, arch).resources
     regs = res[spec.name].registers
     rows = [{"batch": e.batch, "context": e.context, "us": e.estimate.seconds * 1e6,

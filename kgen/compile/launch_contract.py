@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kgen.abi import ABI_VERSION
+from kgen.bodies import spec_for_arch
 from kgen.build import compile_cubins
 from kgen.errors import KgenUserError, ToolchainError
 from kgen.families.argtable import KernelDecl, pack
@@ -173,14 +174,16 @@ def param_problems(kernel: str, arch: str, ours: tuple[Param, ...], theirs: Cubi
     return problems
 
 
-def contract_problems(spec, config: Config, cubins: dict, tool: str | None = None) -> list[str]:
+def contract_problems(spec, config: Config, cubins: dict, tool: str | None = None, bodies: bool = False) -> list[str]:
     """Every way the launches of `spec` with `config` break their cubins' contract: for each arch
     of `cubins` ({arch: CubinArtifact}) and each kernel the family declares, the packed argument
     list against the cubin's parameter table, and the launch's threads, registers and shared
-    memory (ptxas' static + the declared dynamic) against the arch's limits. [] when it holds."""
-    decls = family_for(spec).kernels(spec, config)
+    memory (ptxas' static + the declared dynamic) against the arch's limits. [] when it holds.
+    `bodies`: each cubin holds its arch's own body (kgen's kernels, kgen/bodies.py), whose launch
+    is that body's; else one source for every arch (a hand-written kernel)."""
     problems = []
     for arch, art in cubins.items():
+        decls = family_for(spec).kernels(spec_for_arch(spec, arch) if bodies else spec, config)
         table = cubin_kernels(art.cubin, tool)
         for decl in decls:
             if decl.name not in table:
@@ -221,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         configs += [abi] if abi != configs[0] else []
         for config in configs:
             rendered = render(spec, config)
-            problems = contract_problems(spec, config, compile_cubins(spec, rendered))
+            problems = contract_problems(spec, config, compile_cubins(spec, rendered), bodies=True)
             kernels = ", ".join(f"{d.name} ({len(d.params)} params, {d.smem} B dynamic smem)"
                                 for d in family.kernels(spec, config))
             verdict = "ok" if not problems else "BROKEN"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kgen.bodies import spec_for_arch
 from kgen.build import build
 from kgen.compile.nvrtc import compile_cubin, resources_as_dict
 from kgen.families.base import PerfModel, resolve_config
@@ -201,8 +202,8 @@ def kgen_subject(path: Path, cuobjdump: str, cache, spec=None, config: dict | No
     """kgen's kernel for the spec at `path` (or `spec`, a variant of it) with `config` over the defaults.
     `hinted`: read its nested loops with kgen's geometry (tile_hint); False reads the SASS alone, as a
     hand-written source is read, for a like-for-like comparison."""
-    spec = spec or load_spec(path)
-    rendered = render(spec, config)
+    spec = spec_for_arch(spec or load_spec(path), arch)  # the body `arch` gets, with its geometry
+    rendered = render(spec, config, arch)
     path_name = ""
     if config and "mma_min_group" in config:
         path_name = "tensor cores" if config["mma_min_group"] else "CUDA cores"

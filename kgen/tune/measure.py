@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from kgen.arrays import args_to_backend, to_numpy
+from kgen.bodies import spec_for_arch
 from kgen.build import build, compile_cubins
 from kgen.compile.advisories import advisories_of, describe
 from kgen.compile.nvrtc import resources_as_dict
@@ -70,8 +71,9 @@ def resource_problems(kernel) -> list[str]:
     CUDA launcher launches it (kgen.plan.arch.launch_problems: it opts in to dynamic shared memory
     past 48 KiB, up to the arch's limit)."""
     out = []
-    for decl in family_for(kernel.spec).kernels(kernel.spec, kernel.config):
-        for arch, kernels in kernel.resources.items():
+    family = family_for(kernel.spec)
+    for arch, kernels in kernel.resources.items():  # each arch's cubin holds its own body (kgen/bodies.py)
+        for decl in family.kernels(spec_for_arch(kernel.spec, arch), kernel.config):
             res = kernels.get(decl.name, {})
             out += launch_problems(arch, decl.name, decl.block, res.get("registers", 0), res.get("static_smem", 0),
                                    decl.smem, decl.launch_registers)

@@ -33,7 +33,8 @@ def verify(kernel, seed: int | None = None, cases: list[str] | None = None, devi
     start = time.perf_counter()
     twin = None
     try:
-        for case in family.cases(spec, kernel.config, rng):
+        # the cases of the body that runs (its tiles: kgen/bodies.py), on the whole spec's data
+        for case in family.cases(getattr(kernel, "body_spec", spec), kernel.config, rng):
             if cases is not None and case.name not in cases:
                 continue
             if case.params.get("kgen_only") and getattr(kernel, "handwritten", False):

@@ -382,3 +382,57 @@ def test_build_reports_ptxas_advisories_and_writes_them_to_the_manifest(tmp_path
     manifest = json.loads((tmp_path / "out" / "spilly_prefill" / "manifest.json").read_text())
     assert [a["code"] for a in manifest["cubins"]["sm_80"]["resources"]["spilly_prefill"]["advisories"]] == [
         "spill", "stack"]
+
+
+# ---- each arch's body (kgen/bodies.py) -------------------------------------------------------------
+PREFILL = textwrap.dedent("""\
+    kgen: 1
+    name: tiny_prefill
+    kind: paged_prefill
+    attention: {num_q_heads: 4, num_kv_heads: 2, head_dim: 64}
+    kv_cache: {block_size: 16, layout: separate, order: NHD, dtype: fp16}
+    dtype: {q: fp16}
+    tail_masking: true
+    targets: [sm_90]
+    tuning:
+      params: {warps: [4], kv_tile: [16], partition_size: [0]}
+      defaults: {warps: 4, kv_tile: 16, partition_size: 0}
+""")
+
+
+def test_build_arch_beyond_an_sm_90_only_prefill_spec_gives_each_arch_its_body(tmp_path):
+    """`--arch sm_80 --arch sm_90` on a spec targeting sm_90 alone once failed (the wgmma body compiled for
+    sm_80: a static assertion); each arch now gets its body, both verified, named, written and loadable."""
+    spec = write(tmp_path, PREFILL)
+    r = run_kgen("build", str(spec), "--arch", "sm_80", "--arch", "sm_90", "--backend", "cpu", "--seed", "5",
+                 "-o", str(tmp_path / "generated"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "body sm_80: mma.sync (not the Hopper body: no wgmma before sm_90)" in r.stdout
+    assert "body sm_90: wgmma (Hopper body: head_dim 64, fp16 q" in r.stdout and "compiled for sm_90a)" in r.stdout
+    out = tmp_path / "generated" / "tiny_prefill"
+    assert {p.name for p in out.iterdir()} >= {"kernel.cu", "kernel.sm_80.cu", "kernel.sm_80.cubin", "kernel.sm_90.cubin"}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["arch"] == "sm_90"
+    assert {a: (b["body"], b["source"], b["arch_specific"]) for a, b in manifest["bodies"].items()} == {
+        "sm_80": ("mma.sync", "kernel.sm_80.cu", False), "sm_90": ("wgmma", "kernel.cu", True)}
+    labels = {c["name"].split("]")[0] + "]" for c in manifest["verification"]["cases"]}
+    assert labels == {"[sm_90 wgmma]", "[sm_80 mma.sync]"} and manifest["verification"]["passed"]
+    assert "paged_prefill_body<Cfg>" in (out / "kernel.sm_80.cu").read_text()
+    # the generated module's CPU load runs kernel.cu's body, with its geometry
+    from kgen.generated import GeneratedKernel
+    loaded = GeneratedKernel(out).load("cpu")
+    assert loaded.arch == "sm_90" and "paged_prefill_wgmma_body<Cfg>" in loaded.source
+
+
+def test_abi_and_show_name_each_arch_s_body(tmp_path):
+    spec = write(tmp_path, PREFILL.replace("targets: [sm_90]", "targets: [sm_80, sm_90]"))
+    abi = run_kgen("abi", str(spec))
+    assert abi.returncode == 0, abi.stderr
+    assert " *   sm_80: mma.sync (not the Hopper body: no wgmma before sm_90)\n" in abi.stdout
+    assert " *   sm_90: wgmma (Hopper body: head_dim 64" in abi.stdout
+    assert "per target arch" in abi.stdout and "block (128)" in abi.stdout  # the hand-written launch: mma.sync's
+    shown = {arch: run_kgen("show", str(spec), "--arch", arch).stdout for arch in ("sm_80", "sm_90")}
+    assert "paged_prefill_body<Cfg>" in shown["sm_80"] and "paged_prefill_wgmma_body<Cfg>" in shown["sm_90"]
+    assert run_kgen("show", str(spec)).stdout == shown["sm_90"]  # the newest target's by default
+    bad = run_kgen("show", str(spec), "--arch", "sm_91")
+    assert bad.returncode == 2 and "sm_91 not supported" in bad.stderr

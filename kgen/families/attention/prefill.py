@@ -69,13 +69,14 @@ def path_of(spec, config: Config) -> str:
 
 
 def wgmma_refusal(spec, config: Config) -> str | None:
-    """Why the Hopper path cannot build this spec and config (None: it can). One launch geometry
-    and one verified body serve all of a spec's targets, so every target must be sm_90 (wgmma is
-    an sm_90a instruction)."""
+    """Why the Hopper path cannot build this spec and config (None: it can). A spec renders once per
+    target arch (kgen/bodies.py), so `spec.targets` is the one arch being rendered: it must be sm_90
+    (wgmma is an sm_90a instruction)."""
     a = spec.attention
-    others = [t for t in spec.targets if t != "sm_90"]
-    if others:
-        return f"it needs every target to be sm_90 (the spec also targets {', '.join(others)})"
+    for target in spec.targets:
+        if target != "sm_90":
+            return ("no wgmma before sm_90" if int(target.removeprefix("sm_")) < 90 else
+                    f"{target} has no wgmma (an sm_90a instruction)")
     if spec.dtype.q not in ("fp16", "bf16"):
         return f"wgmma takes fp16 or bf16 operands (q is {spec.dtype.q})"
     if kv_path(spec) != "copy" or CacheFormat.of(spec).vllm:
@@ -268,9 +269,9 @@ def smem_bytes(spec, warps: int, kv_tile: int, stages: int = 2, m_tiles: int = 1
 
 
 def fma_scratch(spec) -> bool:
-    """Whether some build of the spec computes the products as fp32 FMAs through a P tile in shared
-    memory (fp32 q, or a target older than sm_80). One launch geometry serves every target, so the
-    tile is reserved in all of them: an sm_90 cubin of a spec that also targets sm_75 carries it unused."""
+    """Whether the body computes the products as fp32 FMAs through a P tile in shared memory (fp32
+    q, or a target older than sm_80). Rendered per arch (kgen/bodies.py), `spec.targets` is that
+    arch; the hand-written ABI launch, one for every target, reserves the tile if any target needs it."""
     return dtype(spec.dtype.q).itemsize == 4 or any(int(arch.removeprefix("sm_")) < 80 for arch in spec.targets)
 
 
@@ -312,7 +313,8 @@ class PagedPrefillFamily(AttentionFamily):
         elif config["path"] == 2 and not problems:
             refusal = wgmma_refusal(spec, config)
             if refusal:
-                problems.append(f"path 2 (wgmma): {refusal}")
+                problems.append(f"path 2 (wgmma) cannot build for {', '.join(spec.targets)}: {refusal} "
+                                "(accepted there: path 0, auto, or 1, mma.sync)")
             return problems
         if not problems and path_of(spec, config) == "wgmma":
             return problems
@@ -363,17 +365,20 @@ class PagedPrefillFamily(AttentionFamily):
             "setmaxnreg": path_of(spec, config) == "wgmma" and wgmma_setmaxnreg(spec, warps, kv_tile),
         }
 
-    def build_notes(self, spec, config: Config) -> list[str]:
-        """What the build report says about the body chosen (the Hopper path, or why not)."""
+    def body_choice(self, spec, config: Config) -> tuple[str, str]:
+        """(body, why) of the arch being rendered (`spec.targets`, one arch: kgen/bodies.py): "wgmma"
+        (the Hopper body), "mma.sync", or "fma" (fp32 products: fp32 q, or no mma.sync m16n8k16)."""
         if path_of(spec, config) == "wgmma":
             warps, kv_tile = wgmma_tiles(spec, config)
             split = ", setmaxnreg 40/232" if wgmma_setmaxnreg(spec, warps, kv_tile) else ""
-            return [f"paged_prefill: the Hopper wgmma path ({warps // 4} consumer warpgroup(s) + a producer, "
-                    f"{kv_tile}-key tiles, {stages_of(spec, config)} stages{split}; the sm_90 cubin is built for sm_90a)"]
-        if config.get("path", 0) == 0:
-            return [f"paged_prefill: the mma.sync path; the Hopper wgmma path is not used: "
-                    f"{wgmma_refusal(spec, config)}"]
-        return []
+            return "wgmma", (f"Hopper body: {head_dims_text(spec)}, {spec.dtype.q} q, cache {describe(spec)}, "
+                             f"block_size {spec.kv_cache.block_size} fit the TMA-free wgmma tiling: "
+                             f"{warps // 4} consumer warpgroup(s) + a producer, {kv_tile}-key tiles, "
+                             f"{stages_of(spec, config)} stages{split}; compiled for sm_90a")
+        body = "fma" if fma_scratch(spec) else "mma.sync"
+        if config.get("path", 0) == 1:
+            return body, "path 1 (mma) in the config"
+        return body, f"not the Hopper body: {wgmma_refusal(spec, config)}"
 
     def abi_notes(self, spec) -> list[str]:
         a, kv = spec.attention, spec.kv_cache

@@ -204,7 +204,7 @@ def _sass(spec, arch: str = "sm_90") -> str:
     tools = _sass_tools()
     if tools is None:
         pytest.skip("cuobjdump -sass needs the nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels")
-    cubin = compile_cubin(render(spec).source, arch).cubin
+    cubin = compile_cubin(render(spec, None, arch).source, arch).cubin  # the body `arch` gets
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"kgen-prefill-{os.getpid()}-{spec.name}.cubin"
     path.write_bytes(cubin)
     try:
@@ -218,7 +218,8 @@ def _sass(spec, arch: str = "sm_90") -> str:
 
 
 def test_the_fp16_spec_runs_on_tensor_cores():
-    sass = _sass(kgen.load_spec(SPECS / "llama3_8b_prefill.yaml"))
+    """The mma.sync body (sm_80's; sm_90 gets the Hopper body, test_prefill_wgmma.py)."""
+    sass = _sass(kgen.load_spec(SPECS / "llama3_8b_prefill.yaml"), "sm_80")
     assert len(re.findall(r"\bHMMA\.16816\.F32\b", sass)) >= 32, "no mma.sync m16n8k16 with fp32 accumulation"
     assert re.search(r"\bLDSM\.16\.M88\.4\b", sass), "no ldmatrix.x4"
     assert re.search(r"\bLDSM\.16\.MT88\.4\b", sass), "no ldmatrix.x4.trans (V)"
@@ -231,13 +232,17 @@ def test_fp32_q_stays_off_the_tensor_cores():
 
 
 def test_a_spec_targeting_turing_and_hopper_builds_for_both_and_verifies():
-    """One launch geometry serves every target: the sm_75 build's fp32 P tiles are reserved in the
-    sm_90 cubin and on the CPU backend too (their shared-memory sizes once disagreed and failed to compile)."""
+    """Each target gets its own body (kgen/bodies.py): sm_75's products are fp32 FMAs through a P tile,
+    sm_90's the Hopper wgmma body; the CPU backend verifies both."""
     kernel = kgen.build(_spec(targets=["sm_75", "sm_90"]), backend="cpu", archs=["sm_75", "sm_90"], verify=True,
                         seed=1234)
     assert kernel.report is not None and kernel.report.passed, kernel.report
-    sass = _sass(_spec(targets=["sm_75", "sm_90"]))
-    assert "HMMA" in sass  # sm_90 keeps its tensor cores; only the scratch is shared
+    bodies = {arch: r.body for arch, r in kernel.artifacts["bodies"].items()}
+    assert bodies == {"sm_75": "fma", "sm_90": "wgmma"}
+    names = {c.name.split("]")[0] + "]" for c in kernel.report.cases}
+    assert names == {"[sm_75 fma]", "[sm_90 wgmma]"}
+    assert "HGMMA" in _sass(_spec(targets=["sm_75", "sm_90"]))
+    assert "HMMA" not in _sass(_spec(targets=["sm_75", "sm_90"]), "sm_75")
 
 
 def test_kgen_abi_prints_the_prefill_contract():
@@ -249,8 +254,11 @@ def test_kgen_abi_prints_the_prefill_contract():
         assert needle in text, needle
     spec = kgen.load_spec(SPECS / "llama3_8b_prefill.yaml")
     declaration = text[text.index('extern "C"'):].split(";")[0]
-    # the generated single-pass kernel (the ABI launch) has exactly the printed signature
-    assert declaration in render(spec, {"partition_size": 0}).source
+    # the generated single-pass kernel (the ABI launch: the mma.sync geometry) has exactly the printed signature
+    assert declaration in render(spec, {"partition_size": 0}, "sm_80").source
+    # and which body kgen's own kernel gives each target
+    assert "sm_80: mma.sync (not the Hopper body: no wgmma before sm_90)" in text
+    assert "sm_90: wgmma (Hopper body: head_dim 128, fp16 q" in text
 
 
 # ---- refused arguments --------------------------------------------------------------------------

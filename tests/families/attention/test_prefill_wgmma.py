@@ -58,30 +58,34 @@ def test_auto_takes_wgmma_on_an_sm_90_only_fp16_spec():
     assert main.block == 3 * 128 and main.smem == wgmma_smem_bytes(spec, 8, 128, 2) == 1024 + 128 * 256 + 2 * 128 * 512
     rendered = render(spec, config)
     assert "paged_prefill_wgmma_body<Cfg>" in rendered.source and "arch-specific sm_90a" in rendered.source
-    assert rendered.notes and "Hopper wgmma path" in rendered.notes[0] and "setmaxnreg 40/232" in rendered.notes[0]
+    assert rendered.body == "wgmma" and "Hopper body" in rendered.why and "setmaxnreg 40/232" in rendered.why
     assert "SETMAXNREG = true" in rendered.source
 
 
 @pytest.mark.parametrize("overrides,why", [
-    ({"targets": ["sm_80", "sm_90"]}, "also targets sm_80"),
+    ({"targets": ["sm_80"]}, "no wgmma before sm_90"),
+    ({"targets": ["sm_100"]}, "sm_100 has no wgmma"),
     ({"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_head", "targets": ["sm_90"]}, "unscaled"),
     ({"dtype.q": "fp32", "kv_cache.dtype": "fp32"}, "fp16 or bf16"),
     ({"attention.head_dim": 96}, "multiples of 64"),
     ({"kv_cache.layout": "vllm", "kv_cache.order": None}, "unscaled"),
-], ids=["sm_80", "fp8", "fp32", "d96", "vllm"])
+], ids=["sm_80", "sm_100", "fp8", "fp32", "d96", "vllm"])
 def test_unsupported_specs_fall_back_to_mma_with_a_note(overrides, why):
     spec = _spec(**overrides)
     rendered = render(spec, None)
     assert "paged_prefill_body<Cfg>" in rendered.source and "wgmma" not in rendered.source.split("namespace {")[1]
-    assert len(rendered.notes) == 1 and "mma.sync path" in rendered.notes[0] and why in rendered.notes[0]
+    assert rendered.body == ("fma" if spec.dtype.q == "fp32" else "mma.sync")
+    assert rendered.why.startswith("not the Hopper body: ") and why in rendered.why
 
 
 def test_mma_path_forced_and_wgmma_forced_where_it_cannot_build():
     spec = _spec()
     assert path_of(spec, resolve_config(PAGED_PREFILL, spec, {"path": 1})) == "mma"
-    assert render(spec, {"path": 1}).notes == []
-    with pytest.raises(KgenUserError, match=r"path 2 \(wgmma\): it needs every target to be sm_90"):
-        render(_spec(targets=["sm_80", "sm_90"]), {"path": 2})
+    assert render(spec, {"path": 1}).why == "path 1 (mma) in the config"
+    # forced onto an arch that cannot take it: a config error naming the target and what it accepts
+    with pytest.raises(KgenUserError, match=r"for target sm_80: path 2 \(wgmma\) cannot build for sm_80: no wgmma "
+                                            r"before sm_90 \(accepted there: path 0, auto, or 1, mma.sync\)"):
+        render(_spec(targets=["sm_80", "sm_90"]), {"path": 2}, "sm_80")
     with pytest.raises(KgenUserError, match="consumers are 4 or 8 warps"):
         render(spec, {"path": 2, "warps": 2})
 
@@ -118,7 +122,7 @@ def test_the_hopper_body_verifies(overrides, config):
     assert path_of(spec, resolve_config(PAGED_PREFILL, spec, config)) == "wgmma"
     kernel = kgen.build(spec, backend="cpu", config=config, archs=[], seed=11, race_check=True)
     assert kernel.report.passed, kernel.report.summary()
-    assert any("Hopper wgmma path" in n for n in kernel.notes)
+    assert kernel.arch == "sm_90" and kernel.artifacts["bodies"]["sm_90"].body == "wgmma"
 
 
 # ---- synchronisation mutants ------------------------------------------------------------------------------
