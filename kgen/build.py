@@ -107,11 +107,11 @@ def render_bodies(spec, config: Config | None, archs: list[str]) -> dict[str, Re
 def build(spec, backend: str = "auto", verify: bool = True, config: Config | None = None,
           archs: list[str] | None = None, sanitize: bool = False, seed: int | None = None,
           cache: ArtifactCache | None = None, race_check: bool = False, debug: bool | None = None,
-          device_budget: int | None = None, cpu_arch: str | None = None) -> Kernel:
+          device_budget: int | None = None, body_arch: str | None = None) -> Kernel:
     """Render each arch's body (`archs`, default the spec's targets; `archs=[]` compiles no cubin
-    and renders the targets' bodies), compile a cubin per arch, load the body of the device's arch
-    (CUDA: a GPU arch not built gets its own body, compiled now; CPU: `cpu_arch`'s, default the
-    newest arch's), and verify (`race_check`: on the CPU backend, with shared-memory race
+    and renders the targets' bodies), compile a cubin per arch, load the body of `body_arch` (CUDA:
+    default the device's arch, a GPU arch not built getting its own body compiled now; an older
+    arch's portable body is compiled for the device; CPU: default the newest arch's), and verify (`race_check`: on the CPU backend, with shared-memory race
     detection): on the CPU backend every distinct body, each case named by its archs and body when
     there are several. `debug`: the kernel's value checks (Kernel.debug). `device_budget`:
     verification's largest cases run on the host (kgen.verify.runner.verify). With torch imported,
@@ -122,16 +122,18 @@ def build(spec, backend: str = "auto", verify: bool = True, config: Config | Non
     cubins = compile_cubins(spec, bodies, archs, cache)
     for arch, art in cubins.items():
         check_register_splits(spec_for_arch(spec, arch), bodies[arch].config, {arch: art})
-    run_arch = cpu_body_arch(body_archs, cpu_arch) if chosen == "cpu" else device_arch()
+    device = device_arch() if chosen == "cuda" else None
+    run_arch = body_arch or (device or cpu_body_arch(body_archs))
     rendered = bodies.get(run_arch) or render(spec, config, run_arch)
-    kernel = _kernel(spec, chosen, rendered, cubins, sanitize, cache, race_check)
+    # another arch's body on this GPU: its source compiled for the device, not that arch's cubin
+    kernel = _kernel(spec, chosen, rendered, cubins, sanitize, cache, race_check, load=device in (None, run_arch))
     kernel.artifacts["bodies"] = bodies
     kernel.debug = debug
     kernel.notes = [line for r in bodies.values() for line in r.notes]
     if verify:
         def host_twin() -> Kernel:  # where verification runs the cases past device_budget: the same body
             twin = build(spec, backend="cpu", verify=False, config=rendered.config, cache=cache, archs=[],
-                         cpu_arch=run_arch)
+                         body_arch=run_arch)
             twin.debug = debug
             return twin
 
@@ -148,7 +150,7 @@ def build(spec, backend: str = "auto", verify: bool = True, config: Config | Non
                 kernel.report.cases += report.cases
                 kernel.report.seconds += report.seconds
         elif others:
-            kernel.notes += [f"{_body_label(g, bodies[g[0]])}: not run on this {run_arch} GPU (verify it with "
+            kernel.notes += [f"{_body_label(g, bodies[g[0]])}: not run on this {device} GPU (verify it with "
                              "--backend cpu, which runs every body)" for g in others]
     if kernel.report is None or kernel.report.passed:
         register_if_imported(kernel)
@@ -162,9 +164,10 @@ def body_lines(kernel) -> list[str]:
 
 
 def _kernel(spec, backend: str, rendered: Rendered, cubins: dict[str, Any], sanitize: bool,
-            cache: ArtifactCache | None, race_check: bool) -> Kernel:
-    """A Kernel running `rendered` (one arch's body) on `backend`."""
-    module = load_module(backend, rendered, cubins, sanitize=sanitize, cache=cache, race_check=race_check)
+            cache: ArtifactCache | None, race_check: bool, load: bool = True) -> Kernel:
+    """A Kernel running `rendered` (one arch's body) on `backend` (`load`: from its cubin among `cubins`)."""
+    module = load_module(backend, rendered, cubins if load else {}, sanitize=sanitize, cache=cache,
+                         race_check=race_check)
     return Kernel(spec, rendered.source, rendered.config, module, rendered.kernel_names,
                   resources={arch: resources_as_dict(a.resources) for arch, a in cubins.items()},
                   artifacts={"cubins": cubins}, arch=rendered.arch)

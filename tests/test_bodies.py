@@ -88,7 +88,7 @@ def test_a_two_target_prefill_build_has_two_bodies_each_verified_on_the_cpu():
 
 
 def test_the_cpu_body_can_be_chosen():
-    kernel = kgen.build(_spec(), backend="cpu", config=SMALL, archs=[], verify=False, cpu_arch="sm_80")
+    kernel = kgen.build(_spec(), backend="cpu", config=SMALL, archs=[], verify=False, body_arch="sm_80")
     assert kernel.arch == "sm_80" and kernel.source == kernel.artifacts["bodies"]["sm_80"].source
     assert PAGED_PREFILL.kernels(kernel.body_spec, kernel.config)[0].block == 4 * 32  # mma.sync: no producer
 

@@ -2,10 +2,10 @@
 device, each body the device can run, several specs at once (one worker process each: a fault in
 one cannot take the others down, and the float64 references use the machine's cores).
 
-A spec's bodies (`bodies`): the spec as written (the body kgen.build chooses for its targets) and,
-when it renders differently, the spec retargeted to the device's arch alone (where an arch-specific
-body, such as the Hopper prefill path, is what the family chooses). A per-arch body loop adds its
-entries there."""
+A spec's bodies (`bodies`): the spec as written (kgen.build: on a GPU the body of the device's
+arch, on the CPU backend every body of its targets, kgen/bodies.py) and, on a GPU, each other
+target's body that the device can run too (an older arch's portable body, such as the mma.sync
+prefill body on an sm_90 GPU whose own body is the Hopper one), compiled for the device."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kgen.build import build
+from kgen.bodies import dispatch
+from kgen.build import body_lines, build
+from kgen.compile.nvrtc import compile_arch
 from kgen.errors import CompileError, KgenUserError
 from kgen.render import render
 from kgen.runtime.cuda import device_arch
@@ -43,18 +45,22 @@ def choose(paths: list[Path], quick: bool) -> list[Path]:
     return [next((p for p in group if p.stem in QUICK_PICKS), group[0]) for group in by_kind.values()]
 
 
-def bodies(spec, arch: str, quick: bool) -> list[tuple[str, list[str] | None]]:
-    """(label, targets override or None) per body to build and verify: the spec as written, then
-    (not with `quick`) the spec for `arch` alone when that renders a different source."""
-    found = [(f"as written (targets {', '.join(spec.targets)})", None)]
-    if quick or spec.targets == [arch]:
+def bodies(spec, arch: str, quick: bool, cpu: bool = False) -> list[tuple[str, str | None]]:
+    """(label, body_arch or None) per body to build and verify on a device of `arch`: the spec as
+    written (its `arch` body; on the CPU backend, `cpu`, every target's), then (not with `quick`, not
+    on the CPU) each other target whose body differs and runs on `arch` (kgen.bodies.dispatch)."""
+    found: list[tuple[str, str | None]] = [(f"as written (targets {', '.join(spec.targets)})", None)]
+    if quick or cpu:
         return found
     try:
-        alone = spec.with_overrides(targets=[arch])
-        if render(alone).source != render(spec).source:
-            found.append((f"{arch} alone", [arch]))
+        own = render(spec, None, arch).source
+        others = {t: render(spec, None, t) for t in spec.targets if t != arch}
     except KgenUserError:
-        pass  # the spec cannot target this arch alone: its own targets' body is all there is
+        return found  # a target the config cannot build: the as-written build reports it
+    for target, rendered in sorted(others.items()):
+        portable = compile_arch(rendered.source, target) == target
+        if rendered.source != own and dispatch({target: not portable}, arch) == target:
+            found.append((f"{target}'s body ({rendered.body or 'its own'}) on {arch}", target))
     return found
 
 
@@ -63,11 +69,9 @@ def verify_one(job: dict) -> dict:
     failed cases, kgen's notes on the body chosen, registers and spills per arch."""
     t0 = time.perf_counter()
     spec = load_spec(job["spec"])
-    if job.get("targets"):
-        spec = spec.with_overrides(targets=job["targets"])
     row = {"spec": spec.name, "body": job["body"]}
     try:
-        kernel = build(spec, backend=job["backend"], verify=True, seed=SEED)
+        kernel = build(spec, backend=job["backend"], verify=True, seed=SEED, body_arch=job.get("body_arch"))
     except KgenUserError as e:  # the family refuses this body here: not a failure of kgen's kernels
         return row | {"status": "skipped", "reason": f"refused: {e}"[:400], "seconds": time.perf_counter() - t0}
     except CompileError as e:
@@ -79,7 +83,7 @@ def verify_one(job: dict) -> dict:
         "summary": report.summary(),
         "cases": len(report.cases),
         "failed_cases": [c.name for c in report.failed_cases],
-        "notes": list(getattr(kernel, "notes", [])),
+        "notes": body_lines(kernel) + list(getattr(kernel, "notes", [])),  # each arch's body and why, first
         "resources": {arch: {"registers": max(r["registers"] for r in res.values()),
                              "spills": max(r["spill_stores"] for r in res.values())}
                       for arch, res in kernel.resources.items()},
@@ -118,8 +122,9 @@ def build_and_verify(ctx: Context) -> Outcome:
     paths = choose([Path(p) for p in ctx.specs], ctx.quick)
     arch = device_arch() if ctx.backend == "cuda" else CPU_ARCH
     loaded = {p: load_spec(p) for p in paths}
-    jobs = [{"spec": str(p), "name": spec.name, "backend": ctx.backend, "body": label, "targets": targets}
-            for p, spec in loaded.items() for label, targets in bodies(spec, arch, ctx.quick)]
+    jobs = [{"spec": str(p), "name": spec.name, "backend": ctx.backend, "body": label, "body_arch": body_arch}
+            for p, spec in loaded.items()
+            for label, body_arch in bodies(spec, arch, ctx.quick, cpu=ctx.backend == "cpu")]
     outcome = Outcome(figures={"arch": arch, "backend": ctx.backend, "specs": len(paths), "bodies": [], "seed": SEED})
     rows: list[dict] = outcome.figures["bodies"]
     with ThreadPoolExecutor(workers(ctx.backend)) as pool:
