@@ -25,11 +25,20 @@ def spec_for_arch(spec, arch: str | None):
 
 
 def newest(archs: Iterable[str]) -> str:
-    """The newest of `archs` (the default body: what the CPU backend runs and `kgen show` prints)."""
+    """The newest of `archs` (the default body: what the CPU backend runs)."""
     archs = list(archs)
     if not archs:
         raise ValueError("newest: no arch given")
     return max(archs, key=arch_number)
+
+
+def oldest(archs: Iterable[str]) -> str:
+    """The oldest of `archs`: its body compiles for every newer one (`kgen show`'s default, the start
+    of a hand-written source, which is one body for every target)."""
+    archs = list(archs)
+    if not archs:
+        raise ValueError("oldest: no arch given")
+    return min(archs, key=arch_number)
 
 
 def cpu_arch(archs: Iterable[str], requested: str | None = None) -> str:

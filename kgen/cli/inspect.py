@@ -7,6 +7,7 @@ import json
 import click
 
 from kgen.abi import abi_text
+from kgen.bodies import oldest
 from kgen.cli.common import check_archs, guard, load_specs, out, parse_config
 from kgen.render import render
 from kgen.spec.models import json_schema
@@ -24,13 +25,15 @@ def validate(specs):
 @click.command()
 @click.argument("spec")
 @click.option("--config", "config_items", multiple=True, metavar="NAME=VALUE", help="tuning parameter value")
-@click.option("--arch", default=None, help="the body this arch gets (default: the newest of the spec's targets)")
+@click.option("--arch", default=None, help="the body this arch gets (default: the oldest of the spec's targets, "
+              "the body every target compiles: what a hand-written source starts from)")
 @guard
 def show(spec, config_items, arch):
     """Print the rendered CUDA source (one arch's body)."""
     (loaded,) = load_specs((spec,))
     check_archs([arch] if arch else [])
-    click.echo(render(loaded, parse_config(config_items), arch).source, nl=False)
+    # A hand-written source is one body compiled for every target: start it from the one they all take.
+    click.echo(render(loaded, parse_config(config_items), arch or oldest(loaded.targets)).source, nl=False)
 
 
 @click.command()
