@@ -206,6 +206,8 @@ def perf(spec, source_file, arch, as_json):
 
 def mla_report(spec, source_file: str | None, arch: str) -> dict:
     """kgen's MLA decode kernel: its sm registers (NVRTC) and the static estimate over batches and contexts."""
+    if perf_model(spec) is not PerfModel.LATENT:  # the latent model reads kgen's own MLA decode geometry
+        raise no_model(spec)
     if source_file:
         raise KgenUserError(f"{spec.source_path or spec.name}: kgen perf's model of the mla layout covers kgen's "
                             "own paged_decode kernel only (got a --source)")

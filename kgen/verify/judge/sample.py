@@ -50,7 +50,7 @@ def check_every_row(result: CaseResult, output: str, got: np.ndarray, before: np
                     lo: np.ndarray | None = None, hi: np.ndarray | None = None, group: int = 1,
                     types: tuple[str, ...] = ()) -> CaseResult:
     """Fail `result` for a (row, head) of `got` ([rows, Hq(, D)], as the kernel wrote it) that is
-    not finite, that still holds `before` (its pre-fill) bit for bit, or (given the hull lo/hi
+    not finite, that still holds a stale `before` (its finite, non-zero pre-fill) bit for bit, or (given the hull lo/hi
     [num_seqs, num_kv_heads, D] of each sequence's V, and `types`: the dtypes the kernel rounds to)
     that lies outside its sequence's V range."""
     if not np.asarray(got).size:
@@ -66,7 +66,11 @@ def check_every_row(result: CaseResult, output: str, got: np.ndarray, before: np
     with np.errstate(invalid="ignore"):
         bad_finite = ~every(np.isfinite(wide))
         same = (got.view(np.uint8).reshape(got.shape + (-1,)) == before.view(np.uint8).reshape(got.shape + (-1,)))
-        unwritten = every(same.all(axis=-1)) & every(np.isfinite(before.astype(np.float64)))
+        # A pre-fill of zeros is an output a correct kernel can write (a sequence whose V rows quantize
+        # to zero: nvfp4), so only a stale (finite, non-zero) pre-fill left in place is "never written";
+        # a NaN pre-fill left in place is NaN above.
+        stale = every(np.isfinite(before.astype(np.float64))) & ~every(before.astype(np.float64) == 0)
+        unwritten = every(same.all(axis=-1)) & stale
         outside = np.zeros(bad_finite.shape, dtype=bool)
         if lo is not None and got.size:
             seq = np.asarray(row_seq, dtype=np.int64)

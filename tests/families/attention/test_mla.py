@@ -219,5 +219,5 @@ def test_perf_estimates_mla_decode_over_batches_and_contexts():
     assert rows[(1, 32768)]["partitions"] > 1 and rows[(128, 4096)]["partitions"] == 1
     assert rows[(1, 32768)]["us"] < rows[(128, 32768)]["us"]
     assert rep["resources"]["deepseek_v3_mla_decode"]["spill_stores"] == 0
-    with pytest.raises(KgenUserError, match=r"covers kgen's own paged_decode kernel only \(got kind paged_prefill"):
+    with pytest.raises(KgenUserError, match=r"kgen perf has no static model of this kernel \(kind paged_prefill"):
         mla_report(spec.with_overrides(kind="paged_prefill"), None, "sm_90")
