@@ -12,8 +12,7 @@ import time
 
 import numpy as np
 
-from kgen.bench.timing import random_tensor, time_per_call, torch_dtype
-from kgen.build import build
+from kgen.bench.timing import build_each, random_tensor, time_per_call, torch_dtype
 from kgen.families.attention.prefill import PATHS
 from kgen.families.registry import family_for
 from kgen.formats.cache import cache_shapes, scale_shape
@@ -104,18 +103,7 @@ def path_label(param: str, value: int) -> str:
 
 def build_paths(spec, args, device: str) -> list[tuple[str, object]]:
     """(path name, built kernel) per path; a path that does not build is reported and left out."""
-    kerns = []
-    for name, config in prefill_paths(spec):
-        try:
-            kern = build(spec, backend=device, verify=not args.no_verify, seed=1, config=config)
-        except Exception as e:  # e.g. a path the family refuses on this spec or GPU
-            print(f"{spec.name} [{name}]: not built ({type(e).__name__}: {str(e)[:160]})", flush=True)
-            continue
-        if kern.report is not None:
-            print(f"{spec.name} [{name}]: verification matrix on {device}: "
-                  f"{'pass' if kern.report.passed else 'FAIL'} ({kern.report.summary()})", flush=True)
-        kerns.append((name, kern))
-    return kerns
+    return build_each(spec, prefill_paths(spec), not args.no_verify, device)
 
 
 # ---- inputs -------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from kgen.build import build
 from kgen.formats.dtypes import dtype
 
 
@@ -89,3 +90,20 @@ def random_tensor(torch, shape, name: str, gen):
         return torch.randn(shape, dtype=torch.float32, device=device, generator=gen).to(t)
     return torch.randn(shape, dtype=torch.float32, device=device, generator=gen).to(t)
 
+
+def build_each(spec, paths, verify: bool, device: str) -> list[tuple[str, object]]:
+    """(path name, built kernel) for each (name, config) of `paths`; a path that does not build is
+    reported and left out, and each verification's verdict is printed."""
+
+    kerns = []
+    for name, config in paths:
+        try:
+            kern = build(spec, backend=device, verify=verify, seed=1, config=config)
+        except Exception as e:  # e.g. a config the family refuses for this spec or GPU
+            print(f"{spec.name} [{name}]: not built ({type(e).__name__}: {str(e)[:160]})", flush=True)
+            continue
+        if kern.report is not None:
+            print(f"{spec.name} [{name}]: verification matrix on {device}: "
+                  f"{'pass' if kern.report.passed else 'FAIL'} ({kern.report.summary()})", flush=True)
+        kerns.append((name, kern))
+    return kerns

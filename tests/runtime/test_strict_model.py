@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from strict_cuda import CUDARuntimeError
 
 from kgen.cache import ArtifactCache
 from kgen.compile.nvrtc import compile_cubin
 from kgen.runtime.cuda import loaded_cubin
-from strict_cuda import CUDARuntimeError
 
 SRC = r"""
 #include <cuda_fp16.h>

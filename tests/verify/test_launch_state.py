@@ -20,7 +20,12 @@ from kgen.families.registry import family_for
 from kgen.render import render
 from kgen.tune.search import expand_space
 from kgen.verify.untrusted.handwritten import kernel_from_source
-from kgen.verify.untrusted.launch_state import HEAP_RULE, STATE_RULE, TIME_RULE, check_cubins
+from kgen.verify.untrusted.launch_state import (
+    HEAP_RULE,
+    STATE_RULE,
+    TIME_RULE,
+    check_cubins,
+)
 from kgen.verify.untrusted.source_policy import SourcePolicyError, prepare_source
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -248,7 +248,12 @@ def test_vllms_allocation_and_metadata_with_cache_blocks_split_into_kgens():
 
     from vllm.forward_context import set_forward_context
     from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVCacheTensor,
+    )
     from vllm.v1.worker.gpu.attn_utils import build_attn_metadata
     from vllm.v1.worker.utils import (
         AttentionGroup,

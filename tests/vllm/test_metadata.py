@@ -126,7 +126,9 @@ def test_vllms_reorder_with_drafts_gives_the_regions_translate_expects():
     import types
 
     import numpy as np
-    from vllm.v1.attention.backends.utils import reorder_batch_to_split_decodes_and_prefills
+    from vllm.v1.attention.backends.utils import (
+        reorder_batch_to_split_decodes_and_prefills,
+    )
 
     requests = {  # id: (scheduled tokens, computed tokens, prompt tokens)
         "first_chunk": (30, 0, 100), "decode": (1, 50, 40), "verify": (4, 60, 40),

@@ -31,7 +31,13 @@ import re
 from kgen.compile.cubin_state import cubin_state
 from kgen.compile.provided import kgen_headers
 from kgen.verify.untrusted.cxx_text import Token, tokenize
-from kgen.verify.untrusted.definitions import _CLASS_KEYS, _declarator, _first_key, _skip_group, _skip_template_header
+from kgen.verify.untrusted.definitions import (
+    _CLASS_KEYS,
+    _declarator,
+    _first_key,
+    _skip_group,
+    _skip_template_header,
+)
 
 STATE_RULE = "outlives a launch"  # every refusal of stored state says this, naming the variable
 TIME_RULE = "reads the time"      # every refusal of a clock says this
