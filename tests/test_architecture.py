@@ -334,3 +334,16 @@ def test_decode_and_prefill_share_one_host_side_and_import_no_private_names():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kgen"):
                 assert not [a.name for a in node.names if a.name.startswith("_")], (path, node.module)
+
+
+def test_no_family_module_imports_another_modules_private_names():
+    """A family module (kgen/families/) takes from another only what that module makes public: what two
+    families share lives in a shared module (attention/common.py, pool.py, cache/write_rules.py)."""
+    wrong = []
+    for name, path in MODULES.items():
+        if not name.startswith("kgen.families"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kgen.families"):
+                wrong += [(name, node.module, a.name) for a in node.names if a.name.startswith("_")]
+    assert not wrong, wrong

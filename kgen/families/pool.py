@@ -166,3 +166,32 @@ def scale_body_ctype(spec, args: list[Arg]) -> str:
 def tensor_scale_values(binder, tensor_scales: dict[str, ArrayArg]) -> dict[str, object]:
     """The launch values of the tensor-scale parameters (none unless nvfp4)."""
     return {name: binder.pointer(s) for name, s in tensor_scales.items()}
+
+
+# The mla layout's latent pool: one scale set, kv_scale, read by its cache write, decode and prefill.
+def kv_scale_arg(spec, role: str, const: bool, use: str) -> Arg:
+    """The mla pool's one scale set (null for a float cache)."""
+    shape = scale_shape(spec)
+    what = "null (the cache is not quantized)" if shape is None else f"{spec.kv_cache.scale} scales; {use}"
+    return array("kv_scale", "fp32", role, shape or (), "latent-row scales: " + what, optional=shape is None, const=const)
+
+
+def take_kv_scale(b, spec, num_blocks: int, detail: str):
+    """kv_scale, checked against the mla pool's scale shape (None for a float cache)."""
+    f, kv = CacheFormat.of(spec), spec.kv_cache
+    for other in ("k_scale", "v_scale"):
+        if b.call.get(other) is not None:
+            raise ArgumentError(f"{other}: not an argument of the mla layout (its one scale set is kv_scale)")
+    s = _take_per_tensor(b, "kv_scale") if kv.scale == "per_tensor" else b.take("kv_scale", False)
+    if not f.quantized:
+        if s is not None:
+            raise ArgumentError(f"kv_scale: a {kv.dtype} cache takes no scales (scale: none)")
+        return None
+    shape = scale_shape(spec, num_blocks)
+    if s is None:
+        raise ArgumentError(f"kv_scale: required for a {kv.dtype} cache with scale '{kv.scale}' "
+                            f"(fp32, shape {list(shape)}; {detail})")
+    if s.shape == (1,) and shape == ():
+        s.shape, s.strides = (), ()
+    b.check(s, shape, "fp32", contiguous=not f.per_token)
+    return s

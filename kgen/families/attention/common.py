@@ -464,3 +464,21 @@ class AttentionBinder(CallBinder):
             "q_s_head": q.strides[1], f"o_s_{rows.axis}": out.strides[0], "o_s_head": out.strides[1],
             **stride_values(st, scale_strides), **tensor_scale_values(self, self.tensor_scales), **extra,
         }
+
+
+def checked_q_lens(indptr: np.ndarray, num_rows: int) -> np.ndarray:
+    """Each sequence's q_len, after checking q_indptr: starts at 0, non-decreasing, ends at the
+    number of query rows."""
+    indptr = indptr.astype(np.int64)
+    if indptr[0] != 0:
+        raise ArgumentError(f"q_indptr[0] = {int(indptr[0])}: must be 0 (sequence 0 starts at query row 0)")
+    q_lens = np.diff(indptr)
+    bad = np.nonzero(q_lens < 0)[0]
+    if bad.size:
+        s = int(bad[0])
+        raise ArgumentError(f"q_indptr[{s + 1}] = {int(indptr[s + 1])} < q_indptr[{s}] = {int(indptr[s])}: "
+                            f"q_indptr must be non-decreasing (sequence {s} would have a negative q_len)")
+    if indptr[-1] != num_rows:
+        raise ArgumentError(f"q_indptr[{len(indptr) - 1}] = {int(indptr[-1])}: must equal the number of query "
+                            f"rows, q.shape[0] = {num_rows}")
+    return q_lens

@@ -92,7 +92,7 @@ def _cast(values: np.ndarray, name: str) -> np.ndarray:
     return values.astype(d)
 
 
-def _strided(arr: np.ndarray, extra: tuple[int, ...], fill: float) -> np.ndarray:
+def padded_strided(arr: np.ndarray, extra: tuple[int, ...], fill: float) -> np.ndarray:
     """`arr` copied into a poisoned, larger array and returned as a view of it: a pool whose
     strides are not the packed ones (padding between blocks, heads, tokens or K and V)."""
     big = np.empty(tuple(n + e for n, e in zip(arr.shape, extra, strict=True)), dtype=arr.dtype)
@@ -202,7 +202,7 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
         for name, extra in _pool_padding(spec).items():
             fill = (nvfp4_pools.NAN_SCALES[0] if name.endswith("scale") else nvfp4_pools.PAD_BYTE) if fp4 \
                 else poison(kv.dtype)
-            args[name] = _strided(args[name], extra, fill)
+            args[name] = padded_strided(args[name], extra, fill)
 
     if quant and not fp4:
         for name in ("k_scale", "v_scale"):
@@ -221,7 +221,7 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
                         pool[int(tables[i, j]), :count] = (base * rng.uniform(0.5, 1.5, (H, count))).T
                 args[name] = np.ascontiguousarray(scale_to_layout(spec, pool))
                 if padded:
-                    args[name] = _strided(args[name], (0, 1, 1), np.nan)
+                    args[name] = padded_strided(args[name], (0, 1, 1), np.nan)
     if a.alibi:
         args["alibi_slopes"] = alibi_slopes(Hq)
     args["q"] = _cast(draw_q(rng, (S, Hq, D), serving.q_dist, serving.q_dists), spec.dtype.q)
@@ -288,7 +288,7 @@ def matrix_cases(spec, config: Config, rng: np.random.Generator) -> list[Case]:
     return cases + [Case(name, params, list(params["seq_lens"])) for name, params in serving]
 
 
-def _references(spec, args: dict, units: np.ndarray | None = None) -> tuple[Reference, Reference]:
+def attention_references(spec, args: dict, units: np.ndarray | None = None) -> tuple[Reference, Reference]:
     """The float64 reference of one call and the same attention in the kernel's input precision
     (of the sampled (row, KV head) `units` only, when given)."""
     round_to = None if spec.dtype.q == "fp32" else dtype(spec.dtype.q).numpy
@@ -309,7 +309,7 @@ def _case_inputs(spec, case: Case, rng: np.random.Generator) -> tuple[dict, dict
         sparse = {}
     if p.get("strided"):  # q as a view with gaps between heads and sequences (poison in them)
         v16 = max(1, 16 // args["q"].itemsize)
-        args["q"] = _strided(args["q"], (1, 1, v16), np.nan)
+        args["q"] = padded_strided(args["q"], (1, 1, v16), np.nan)
     if spec.attention.alibi:
         args.setdefault("alibi_slopes", alibi_slopes(spec.attention.num_q_heads))
     if spec.attention.sinks:  # the adversarial pools (build_pool_case) have none yet
@@ -375,7 +375,7 @@ def _launch(kernel, case: Case, args: dict, sparse: dict, rng: np.random.Generat
     lens = [int(n) for n in args["seq_lens"]]
     sampled = case.params.get("sample", False)  # the reference of a sample, drawn after the call
     if not sampled:
-        ref, lowp = _references(spec, args)
+        ref, lowp = attention_references(spec, args)
     # Split configs run with partitions of exactly partition_size, so the len_P cases sit on
     # partition boundaries (a call without a plan may choose a larger multiple).
     P = kernel.config.get("partition_size", 0)
@@ -392,7 +392,7 @@ def _launch(kernel, case: Case, args: dict, sparse: dict, rng: np.random.Generat
     if not sampled:
         return judge_outputs(spec, name, lens, outputs, ref, lowp, buffers, seals, given)
     units = draw_units(rng, np.arange(len(lens)), lens, spec.attention.num_kv_heads, spec.group_size)
-    ref, lowp = _references(spec, args, units)
+    ref, lowp = attention_references(spec, args, units)
     results = judge_outputs(spec, name, lens, outputs, ref, lowp, buffers, seals, given,
                             per_query_head(units, spec.group_size))
     every_row(spec, results, outputs, before, args, np.arange(len(lens)))
@@ -432,7 +432,7 @@ def bench(spec, bucket: tuple[int, int], rng: np.random.Generator) -> Bench:
     args = make_decode_case(spec, lens, rng)
 
     def check(got: dict) -> CaseResult:
-        ref, lowp = _references(spec, args)
+        ref, lowp = attention_references(spec, args)
         return check_output("tuning", lens, got["out"], ref.out, lowp.out, spec.dtype.resolved_out,
                             ref.magnitude, ref.logit_magnitude, **head_dims(spec))
 

@@ -18,10 +18,10 @@ from kgen.families.attention.common import (
     PREFILL_ROWS,
     AttentionBinder,
     c_float,
+    checked_q_lens,
     merge_kernel,
 )
 from kgen.families.attention.mla_geometry import mla_geometry
-from kgen.families.attention.prefill import _checked_q_lens
 from kgen.families.base import (
     Config,
     FamilyBase,
@@ -30,7 +30,7 @@ from kgen.families.base import (
     resolve_config,
 )
 from kgen.families.binding import host_values
-from kgen.families.cache.mla_write import _take_kv_scale, kv_scale_arg
+from kgen.families.pool import kv_scale_arg, take_kv_scale
 from kgen.formats.cache import SCALE_MODES, CacheFormat, cache_rows, describe
 from kgen.formats.dtypes import dtype
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
@@ -248,7 +248,7 @@ class MlaDecodeFamily(MlaAttentionFamily):
         cache, N = self.bind_pool(b, q)
         bt, sl = b.table(S)
         M = bt.shape[1]
-        scale = _take_kv_scale(b, spec, N, "given by the caller")
+        scale = take_kv_scale(b, spec, N, "given by the caller")
         out = b.out(q, S)
         b.aligned(out, 1, out.strides[:2])
         lse = b.lse(q, S)
@@ -350,13 +350,13 @@ class MlaPrefillFamily(MlaAttentionFamily):
         S, M = bt.shape
         ind = b.take("q_indptr", True)
         b.check(ind, (S + 1,), "int32", contiguous=True)
-        scale = _take_kv_scale(b, spec, N, "given by the caller")
+        scale = take_kv_scale(b, spec, N, "given by the caller")
         out = b.out(q, T)
         lse = b.lse(q, T)
         if plan is not None:
             raise ArgumentError("plan: mla prefill has no call-time plan (no split-KV); call it without one")
         if checked:
-            b.check_lengths(sl, bt, N, q_lens=_checked_q_lens(host_values(ind), T), min_len=0)
+            b.check_lengths(sl, bt, N, q_lens=checked_q_lens(host_values(ind), T), min_len=0)
         if ind.device == "cpu":
             indptr = host_values(ind)
         else:  # a device q_indptr: as many row blocks as all rows could need

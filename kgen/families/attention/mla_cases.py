@@ -12,11 +12,11 @@ import numpy as np
 
 from kgen.arrays import args_to_backend, to_backend
 from kgen.families.attention.decode_cases import (
-    _references,
-    _strided,
+    attention_references,
     judge_outputs,
     make_decode_case,
     padded_rows_lengths,
+    padded_strided,
 )
 from kgen.families.attention.prefill_cases import (
     check,
@@ -79,9 +79,9 @@ def _latent_pool(spec, args: dict, padded: bool) -> dict:
         args["kv_scale"] = args.pop("k_scale")
         args.pop("v_scale")
     if padded:
-        args["kv_cache"] = _strided(args["kv_cache"], (0, 1, 16), np.nan)
+        args["kv_cache"] = padded_strided(args["kv_cache"], (0, 1, 16), np.nan)
         if CacheFormat.of(spec).per_token:
-            args["kv_scale"] = _strided(np.ascontiguousarray(args["kv_scale"]), (0, 1), np.nan)
+            args["kv_scale"] = padded_strided(np.ascontiguousarray(args["kv_scale"]), (0, 1), np.nan)
     return args
 
 
@@ -96,7 +96,7 @@ def _launch(kernel, case: Case, args: dict, rng: np.random.Generator) -> list[Ca
     spec, name = kernel.spec, case.name
     lens = [int(n) for n in args["seq_lens"]]
     S, Hq, Dv = len(lens), spec.attention.num_q_heads, spec.v_head_dim_value
-    ref, lowp = _references(spec, args)
+    ref, lowp = attention_references(spec, args)
     P = kernel.config.get("partition_size", 0)
     plan = kernel.plan(lens, partition_tokens=P) if P else None
     out_np = dtype(spec.dtype.resolved_out).numpy
@@ -124,7 +124,7 @@ def bench(spec, bucket: tuple[int, int], rng: np.random.Generator) -> Bench:
     args = make_mla_case(spec, lens, rng)
 
     def check(got: dict) -> CaseResult:
-        ref, lowp = _references(spec, args)
+        ref, lowp = attention_references(spec, args)
         return check_output("tuning", lens, got["out"], ref.out, lowp.out, spec.dtype.resolved_out,
                             ref.magnitude, ref.logit_magnitude, **head_dims(spec))
 

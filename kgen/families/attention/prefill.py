@@ -18,6 +18,7 @@ from kgen.families.attention.common import (
     PREFILL_ROWS,
     AttentionBinder,
     AttentionFamily,
+    checked_q_lens,
     merge_kernel,
     sinks_note,
     template_context,
@@ -462,7 +463,7 @@ class PagedPrefillFamily(AttentionFamily):
         out = b.out(q, T)
         lse = b.lse(q, T)
         if checked:  # before planning: the plan trusts q_indptr and seq_lens
-            b.check_lengths(sl, bt, pool.num_blocks, q_lens=_checked_q_lens(host_values(ind), T), min_len=0)
+            b.check_lengths(sl, bt, pool.num_blocks, q_lens=checked_q_lens(host_values(ind), T), min_len=0)
         if plan is None:  # host lengths are planned for; device ones by shapes (full tables, rows spread evenly)
             if sl.device == "cpu" and ind.device == "cpu":
                 lens, indptr = host_values(sl), host_values(ind)
@@ -517,24 +518,6 @@ def whole_waves(split: Split, lens: np.ndarray, num_kv_heads: int, target: int, 
             best = (cost, size)
     size = best[1]
     return Split(0, 1) if size >= longest else Split(size, -(-longest // size))
-
-
-def _checked_q_lens(indptr: np.ndarray, num_rows: int) -> np.ndarray:
-    """Each sequence's q_len, after checking q_indptr: starts at 0, non-decreasing, ends at the
-    number of query rows."""
-    indptr = indptr.astype(np.int64)
-    if indptr[0] != 0:
-        raise ArgumentError(f"q_indptr[0] = {int(indptr[0])}: must be 0 (sequence 0 starts at query row 0)")
-    q_lens = np.diff(indptr)
-    bad = np.nonzero(q_lens < 0)[0]
-    if bad.size:
-        s = int(bad[0])
-        raise ArgumentError(f"q_indptr[{s + 1}] = {int(indptr[s + 1])} < q_indptr[{s}] = {int(indptr[s])}: "
-                            f"q_indptr must be non-decreasing (sequence {s} would have a negative q_len)")
-    if indptr[-1] != num_rows:
-        raise ArgumentError(f"q_indptr[{len(indptr) - 1}] = {int(indptr[-1])}: must equal the number of query "
-                            f"rows, q.shape[0] = {num_rows}")
-    return q_lens
 
 
 PAGED_PREFILL = PagedPrefillFamily()

@@ -14,25 +14,17 @@ from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
 from kgen.families.base import Config, FamilyBase
 from kgen.families.binding import CallBinder, refuse_plan
 from kgen.families.cache import mla_write_cases
-from kgen.families.cache.write import _check_values, _rule
-from kgen.families.pool import _take_per_tensor
+from kgen.families.cache.write_rules import check_slots_and_scales, conversion_rule
+from kgen.families.pool import kv_scale_arg, take_kv_scale
 from kgen.formats.cache import (
     SCALE_MODES,
     CacheFormat,
     cache_rows,
     describe,
-    scale_shape,
 )
 from kgen.formats.dtypes import dtype
 
 THREADS = 32  # one warp per token: lanes stride over head_dim, lane 0 writes a per-token scale
-
-
-def kv_scale_arg(spec, role: str, const: bool, use: str) -> Arg:
-    """The mla pool's one scale set (null for a float cache)."""
-    shape = scale_shape(spec)
-    what = "null (the cache is not quantized)" if shape is None else f"{spec.kv_cache.scale} scales; {use}"
-    return array("kv_scale", "fp32", role, shape or (), "latent-row scales: " + what, optional=shape is None, const=const)
 
 
 class MlaCacheWriteFamily(FamilyBase):
@@ -88,7 +80,7 @@ class MlaCacheWriteFamily(FamilyBase):
                 f"{a.head_dim - spec.v_head_dim_value}), block_size {kv.block_size}, cache {describe(spec)}, "
                 f"inputs {spec.dtype.q}", "",
                 f"Call: kern({', '.join(names)}) -> None (the cache is written in place); the cache array:",
-                *cache_rows(spec), "", "Conversion: " + _rule(kv.dtype), "One warp per token."]
+                *cache_rows(spec), "", "Conversion: " + conversion_rule(kv.dtype), "One warp per token."]
 
     def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan=None,
              target_blocks: int | None = None):
@@ -129,11 +121,11 @@ def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
     cache = b.take("kv_cache", True)
     N = cache.shape[0] if cache.shape else 0
     b.check(cache, (N, B, D), spec.kv_cache.dtype)
-    scale = _take_kv_scale(b, spec, N, "the scale pool this kernel writes" if f.per_token else "given by the caller")
+    scale = take_kv_scale(b, spec, N, "the scale pool this kernel writes" if f.per_token else "given by the caller")
     b.refuse_unknown()
     b.refuse_aliasing([cache, *([scale] if f.per_token else [])], [kv, sm, *([] if f.per_token else [scale])])
     if checked:
-        _check_values(spec, sm, [scale], N)
+        check_slots_and_scales(spec, sm, [scale], N)
     if T == 0:
         return [], None
     p = b.pointer
@@ -142,27 +134,6 @@ def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
               "num_slots": N * B, "kv_s_tok": kv.strides[0], "c_s_block": cache.strides[0],
               "c_s_token": cache.strides[1], "cs_s_block": per_token[0], "cs_s_token": per_token[1]}
     return [kernel.launch({"num_tokens": T}, values, reached=[cache.native])], None
-
-
-def _take_kv_scale(b: CallBinder, spec, num_blocks: int, detail: str):
-    """kv_scale, checked against the mla pool's scale shape (None for a float cache)."""
-    f, kv = CacheFormat.of(spec), spec.kv_cache
-    for other in ("k_scale", "v_scale"):
-        if b.call.get(other) is not None:
-            raise ArgumentError(f"{other}: not an argument of the mla layout (its one scale set is kv_scale)")
-    s = _take_per_tensor(b, "kv_scale") if kv.scale == "per_tensor" else b.take("kv_scale", False)
-    if not f.quantized:
-        if s is not None:
-            raise ArgumentError(f"kv_scale: a {kv.dtype} cache takes no scales (scale: none)")
-        return None
-    shape = scale_shape(spec, num_blocks)
-    if s is None:
-        raise ArgumentError(f"kv_scale: required for a {kv.dtype} cache with scale '{kv.scale}' "
-                            f"(fp32, shape {list(shape)}; {detail})")
-    if s.shape == (1,) and shape == ():
-        s.shape, s.strides = (), ()
-    b.check(s, shape, "fp32", contiguous=not f.per_token)
-    return s
 
 
 MLA_CACHE_WRITE = MlaCacheWriteFamily()

@@ -9,7 +9,7 @@ import numpy as np
 
 from kgen.arrays import args_to_backend, to_numpy
 from kgen.families.base import Bench, Case
-from kgen.families.cache.write_cases import KINDS, _edge_values
+from kgen.families.cache.write_cases import KINDS, edge_values
 from kgen.formats.cache import CacheFormat
 from kgen.formats.dtypes import QMAX, dtype
 from kgen.quantize import per_token_head_scale, quantize
@@ -47,7 +47,7 @@ def _case(spec, rng: np.random.Generator, kind: str) -> tuple[dict, int]:
         s = np.exp2(float(rng.integers(-6, 1))) if kind == "edge_values" else 2.5 / QMAX[kvd] * rng.uniform(0.5, 1.5)
         inputs["kv_scale"] = np.asarray(s, dtype=np.float32).reshape(())
     if kind == "edge_values":
-        x = _edge_values(spec, (T, D), rng) * (inputs["kv_scale"] if "kv_scale" in inputs else 1.0)
+        x = edge_values(spec, (T, D), rng) * (inputs["kv_scale"] if "kv_scale" in inputs else 1.0)
         if f.per_token:  # an all-zero row, on a token that is written
             live = np.nonzero(inputs["slot_mapping"] >= 0)[0]
             x[live[0] if live.size else 0] = 0.0

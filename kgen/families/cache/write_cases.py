@@ -30,7 +30,7 @@ from kgen.verify.judge.report import CaseResult
 KINDS = ("scattered", "sequence", "single_token", "edge_values", "all_skipped", "strided_inputs")
 
 
-def _edge_values(spec, shape: tuple, rng: np.random.Generator) -> np.ndarray:
+def edge_values(spec, shape: tuple, rng: np.random.Generator) -> np.ndarray:
     """Values (in stored units, before the scale) at rounding ties, beyond the range, tiny, zero."""
     name = spec.kv_cache.dtype
     if name == "int8":
@@ -95,7 +95,7 @@ def _write_case(spec, rng: np.random.Generator, kind: str) -> tuple[dict, np.nda
         if kind == "edge_values" and CacheFormat.of(spec).block_scaled:
             x = nvfp4_cases.edge_rows((T, H, D), inputs[name[0] + "_tensor_scale"], rng)
         elif kind == "edge_values":
-            x = _edge_values(spec, (T, H, D), rng)
+            x = edge_values(spec, (T, H, D), rng)
             if name in inputs:
                 x = x * (inputs[name] if inputs[name].ndim == 0 else inputs[name][:, None])
             elif CacheFormat.of(spec).quantized:  # per_token_head: also an all-zero row, on a token that is written
