@@ -12,7 +12,6 @@ import yaml
 from kgen.cli.common import guard, load_specs, out
 from kgen.errors import KgenUserError
 from kgen.fib.convert import (
-    OP_TYPE,
     definition_to_spec,
     solution_name,
     spec_to_definition,
@@ -42,11 +41,13 @@ def spec_yaml(data: dict, header: str) -> str:
 @fib.command("import")
 @click.argument("definition")
 @click.option("-o", "--output", default=None, help="write the spec here (default: print it)")
+@click.option("--sm-scale", type=float, default=None,
+              help="the softmax scale to build for when the definition fixes none (MLA needs the model's)")
 @guard
-def import_(definition, output):
-    """Write the kgen spec of a FlashInfer-Bench DEFINITION (gqa_paged decode or prefill)."""
+def import_(definition, output, sm_scale):
+    """Write the kgen spec of a FlashInfer-Bench DEFINITION (gqa_paged or mla_paged, decode or prefill)."""
     d = parse(Definition, read_text(definition), definition)
-    data = definition_to_spec(d, definition)
+    data = definition_to_spec(d, definition, sm_scale)
     scale = data["attention"]["softmax_scale"]
     text = spec_yaml(data, f"# FlashInfer-Bench definition {d.name} ({definition}), imported by `kgen fib import`.\n"
                            f"# sm_scale is a call argument there; this kernel is built for softmax_scale {scale}.\n")
@@ -68,8 +69,9 @@ def export(spec, output):
     source = render(loaded).source
     solution = spec_to_solution(loaded, source, read_text(spec))
     root = Path(output)
-    def_path = root / "definitions" / OP_TYPE / f"{definition['name']}.json"
-    sol_path = root / "solutions" / OP_TYPE / definition["name"] / f"{solution_name(loaded)}.json"
+    op_type = definition["op_type"]
+    def_path = root / "definitions" / op_type / f"{definition['name']}.json"
+    sol_path = root / "solutions" / op_type / definition["name"] / f"{solution_name(loaded)}.json"
     for path, doc in ((def_path, definition), (sol_path, solution)):
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(doc, indent=2) + "\n")

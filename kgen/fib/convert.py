@@ -1,43 +1,52 @@
 """FlashInfer-Bench Definitions to kgen specs and back, and kgen's kernel as a Solution (docs/interop.md §6).
 
-FlashInfer-Bench's paged attention (`op_type: gqa_paged`) keeps the cache as `k_cache`, `v_cache`
-`[num_pages, page_size, num_kv_heads, head_dim]` (kgen: layout separate, order NHD), the page table
-as `kv_indptr`/`kv_indices` (plus `kv_last_page_len` when pages hold more than one token), the
-softmax scale as a call argument `sm_scale`, and a base-2 LSE. kgen fixes the scale in the spec, so
-an exported Definition states it as a constraint (`sm_scale == <value>`), and an import reads it
-back from there (else `auto`, 1/sqrt(head_dim)).
+The entry points here take any op type kgen converts and hand `mla_paged` to kgen/fib/mla.py; the
+rest of this module is `gqa_paged`. FlashInfer-Bench's paged attention (`op_type: gqa_paged`) keeps
+the cache as `k_cache`, `v_cache` `[num_pages, page_size, num_kv_heads, head_dim]` (kgen: layout
+separate, order NHD), the page table as `kv_indptr`/`kv_indices` (plus `kv_last_page_len` when pages
+hold more than one token), the softmax scale as a call argument `sm_scale`, and a base-2 LSE. kgen
+fixes the scale in the spec, so an exported Definition states it as a constraint (`sm_scale ==
+<value>`), and an import reads it back from there (else `auto`, 1/sqrt(head_dim)).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
-from kgen.errors import KgenUserError, SpecError
-from kgen.families.registry import family_for
+from kgen.errors import KgenUserError
+from kgen.fib import mla
+from kgen.fib.common import (
+    DTYPES,
+    FIB_DTYPES,
+    checked_spec,
+    chosen_scale,
+    dtype_suffix,
+    fib_kind,
+    is_prefill,
+    op_type,
+    refuse,
+    solution_name,
+    spec_name,
+)
 from kgen.fib.schema import Definition, Solution, parse
 from kgen.formats.cache import CacheFormat
-from kgen.spec.models import spec_from_dict
 from kgen.version import __version__
 
 OP_TYPE = "gqa_paged"
-DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-FIB_DTYPES = {v: k for k, v in DTYPES.items()}
+OP_TYPES = (OP_TYPE, mla.OP_TYPE)  # what kgen imports and exports
 CONST_AXES = ("num_qo_heads", "num_kv_heads", "head_dim", "page_size")
-_SCALE = re.compile(r"^\s*sm_scale\s*==\s*([0-9.eE+-]+)\s*$")
-MLA_REASON = ("kgen's MLA cache layout (kv_cache.layout: mla, docs/abi.md §3.5) has not landed in this tree, "
-              "so MLA definitions are not imported")
+__all__ = ["OP_TYPE", "OP_TYPES", "definition_to_spec", "spec_to_definition", "spec_to_solution", "export_problems",
+           "require_exportable", "definition_name", "input_names", "fib_kind", "is_prefill", "solution_name"]
 
 
 # ---- import ------------------------------------------------------------------------------------------
 def definition_problems(d: Definition) -> list[str]:
-    """Why kgen cannot build this Definition (empty: it can)."""
-    if d.op_type.startswith("mla") or d.name.startswith("mla_"):
-        return [f"op_type '{d.op_type}': {MLA_REASON}"]
+    """Why kgen cannot build this gqa_paged Definition (empty: it can)."""
     if d.op_type != OP_TYPE:
         return [f"op_type '{d.op_type}': kgen imports paged attention only (op_type '{OP_TYPE}': "
-                "gqa_paged_decode_* and gqa_paged_prefill_* definitions)"]
+                f"gqa_paged_decode_* and gqa_paged_prefill_* definitions; op_type '{mla.OP_TYPE}': "
+                "mla_paged_decode_* and mla_paged_prefill_* definitions)"]
     problems = []
     for axis in CONST_AXES:
         if d.const(axis) is None:
@@ -91,35 +100,24 @@ def cache_order(d: Definition) -> str:
     return order
 
 
-def softmax_scale(d: Definition) -> float | str:
-    """The spec's softmax_scale: a `sm_scale == <number>` constraint, `auto` when it is 1/sqrt(head_dim)
-    or when the definition fixes none."""
-    for c in d.constraints or []:
-        m = _SCALE.match(c)
-        if m:
-            try:
-                value = float(m.group(1))
-            except ValueError:
-                continue
-            auto = 1.0 / math.sqrt(d.const("head_dim"))
-            return "auto" if math.isclose(value, auto, rel_tol=1e-9) else value
-    return "auto"
+def softmax_scale(d: Definition, given: float | None = None) -> float | str:
+    """The spec's softmax_scale: `given`, else a `sm_scale == <number>` constraint; `auto` when that is
+    1/sqrt(head_dim) or when there is none."""
+    value = chosen_scale(d, given)
+    if value is None or math.isclose(value, 1.0 / math.sqrt(d.const("head_dim")), rel_tol=1e-9):
+        return "auto"
+    return value
 
 
-def spec_name(definition_name: str) -> str:
-    name = re.sub(r"\W", "_", definition_name)
-    return name if re.match(r"^[A-Za-z_]", name) else f"fib_{name}"
-
-
-def definition_to_spec(d: Definition, origin: str) -> dict[str, Any]:
-    """The kgen spec (as a dict, validated) for Definition `d`; KgenUserError with every reason it cannot."""
-    problems = definition_problems(d)
-    if problems:
-        raise KgenUserError(f"{origin}: definition '{d.name}' cannot be imported:\n"
-                            + "\n".join(f"  {p}" for p in problems))
+def definition_to_spec(d: Definition, origin: str, sm_scale: float | None = None) -> dict[str, Any]:
+    """The kgen spec (as a dict, validated and buildable) for Definition `d` (`sm_scale`: the softmax scale
+    to build for, when the Definition fixes none); KgenUserError with every reason it cannot."""
+    if mla.is_mla_definition(d):
+        return mla.definition_to_spec(d, origin, sm_scale)
+    refuse(d, origin, definition_problems(d))
     prefill = definition_is_prefill(d)
     attention: dict[str, Any] = {"num_q_heads": d.const("num_qo_heads"), "num_kv_heads": d.const("num_kv_heads"),
-                                 "head_dim": d.const("head_dim"), "softmax_scale": softmax_scale(d)}
+                                 "head_dim": d.const("head_dim"), "softmax_scale": softmax_scale(d, sm_scale)}
     if prefill:
         attention["causal"] = "causal" in d.name
     data = {
@@ -130,32 +128,18 @@ def definition_to_spec(d: Definition, origin: str) -> dict[str, Any]:
         "dtype": {"q": DTYPES[d.inputs["q"].dtype], "out": DTYPES[d.outputs["output"].dtype]},
         "tail_masking": True,
     }
-    try:
-        spec_from_dict(data, filename=origin)
-    except SpecError as e:
-        raise KgenUserError(f"{origin}: definition '{d.name}' maps to a spec kgen refuses:\n"
-                            + "\n".join(f"  {p}" for p in e.errors)) from None
-    return data
+    return checked_spec(data, d, origin)
 
 
 # ---- export ------------------------------------------------------------------------------------------
-def fib_kind(spec) -> str | None:
-    """The FlashInfer-Bench definition kind the spec's kernel is exported as (its family's answer), or None."""
-    return family_for(spec).fib_kind
-
-
-def is_prefill(spec) -> bool:
-    """Query rows packed by sequence (FlashInfer-Bench's qo_indptr and total_q): the family's Rows say."""
-    rows = family_for(spec).rows
-    return rows is not None and rows.packed
-
-
 def export_problems(spec) -> list[str]:
-    """Why a spec has no FlashInfer-Bench gqa_paged Definition (empty: it has one)."""
+    """Why a spec has no FlashInfer-Bench Definition (empty: it has one)."""
     a, kv = spec.attention, spec.kv_cache
     if fib_kind(spec) is None:
         return [f"kind {spec.kind} (kv_cache.layout {kv.layout}): this kernel has no FlashInfer-Bench definition "
-                f"kind (exported are the {OP_TYPE} decode and prefill kernels)"]
+                f"kind (exported are the {' and '.join(OP_TYPES)} decode and prefill kernels)"]
+    if op_type(spec) == mla.OP_TYPE:
+        return mla.export_problems(spec)
     problems = []
     if a.sliding_window is not None:
         problems.append("attention.sliding_window: FlashInfer-Bench's gqa_paged definitions have no window")
@@ -181,11 +165,11 @@ def export_problems(spec) -> list[str]:
 
 
 def definition_name(spec) -> str:
+    if op_type(spec) == mla.OP_TYPE:
+        return mla.definition_name(spec)
     a, kv = spec.attention, spec.kv_cache
     what = fib_kind(spec) + ("_causal" if is_prefill(spec) and a.causal else "")
-    name = f"{what}_h{a.num_q_heads}_kv{a.num_kv_heads}_d{a.head_dim}_ps{kv.block_size}"
-    dtypes = {spec.dtype.q, spec.dtype.resolved_out, kv.dtype}
-    return name if dtypes == {"bf16"} else f"{name}_{'_'.join(sorted(dtypes))}"  # their datasets are bf16
+    return dtype_suffix(spec, f"{what}_h{a.num_q_heads}_kv{a.num_kv_heads}_d{a.head_dim}_ps{kv.block_size}")
 
 
 def require_exportable(spec) -> None:
@@ -194,6 +178,11 @@ def require_exportable(spec) -> None:
         where = spec.source_path or spec.name
         raise KgenUserError(f"{where}: no FlashInfer-Bench definition for this spec:\n"
                             + "\n".join(f"  {p}" for p in problems))
+
+
+def input_names(spec) -> list[str]:
+    """The exported Definition's inputs, in `run`'s parameter order."""
+    return (mla.inputs(spec) if op_type(spec) == mla.OP_TYPE else _inputs(spec))[1]
 
 
 def _inputs(spec) -> tuple[dict[str, Any], list[str]]:
@@ -225,6 +214,8 @@ def _inputs(spec) -> tuple[dict[str, Any], list[str]]:
 def spec_to_definition(spec) -> dict[str, Any]:
     """A FlashInfer-Bench Definition (a dict, validated against kgen.fib.schema.Definition)."""
     require_exportable(spec)
+    if op_type(spec) == mla.OP_TYPE:
+        return mla.spec_to_definition(spec)
     a, kv = spec.attention, spec.kv_cache
     prefill = is_prefill(spec)
     inputs, params = _inputs(spec)
@@ -348,12 +339,12 @@ _ENTRY = '''\
 """FlashInfer-Bench entry point of kgen's kernel for spec '{spec}' (exported by kgen fib export).
 
 kernel.cu is the CUDA source kgen generated for spec.yaml (its ABI: docs/abi.md, `kgen abi spec.yaml`);
-this file adapts FlashInfer-Bench's call (kv_indptr/kv_indices page table, base-2 lse) to it."""
+this file adapts FlashInfer-Bench's call ({adapts}) to it."""
 import math
 from pathlib import Path
 
 import kgen
-from kgen.interop import from_flashinfer, lse_to_base2
+{imports}
 
 HERE = Path(__file__).resolve().parent
 SPEC = kgen.load_spec(HERE / "spec.yaml")
@@ -371,9 +362,16 @@ def kernel():
     return _kernel
 
 
-def run({params}):
+def check_scale(sm_scale):
     if not math.isclose(float(sm_scale), SPEC.softmax_scale_value, rel_tol=1e-6):
         raise ValueError(f"sm_scale={{float(sm_scale)}}: this kernel is built for {{SPEC.softmax_scale_value}}")
+
+
+'''
+
+_RUN = '''\
+def run({params}):
+    check_scale(sm_scale)
     pages = kv_indptr[1:] - kv_indptr[:-1]
     last = {last}
     block_tables, seq_lens = from_flashinfer(kv_indptr, kv_indices, last, PAGE_SIZE)
@@ -383,25 +381,35 @@ def run({params}):
 '''
 
 
-def solution_name(spec) -> str:
-    return f"kgen_{spec.name}"
+def entry_source(spec) -> str:
+    """main.py of the Solution: kgen's kernel behind the Definition's `run`."""
+    page = spec.kv_cache.block_size
+    if op_type(spec) == mla.OP_TYPE:
+        imports, adapts, run = mla.entry_parts(spec)
+    else:
+        params = _inputs(spec)[1]
+        last = "kv_last_page_len" if page > 1 else "(pages > 0) * PAGE_SIZE  # one token per page"
+        extra = "q_indptr=qo_indptr, " if is_prefill(spec) else ""
+        imports = "from kgen.interop import from_flashinfer, lse_to_base2"
+        adapts = "kv_indptr/kv_indices page table, base-2 lse"
+        run = _RUN.format(params=", ".join(params), last=last, extra=extra)
+    return _ENTRY.format(spec=spec.name, page=page, imports=imports, adapts=adapts) + run
 
 
 def spec_to_solution(spec, source: str, spec_yaml: str, name: str | None = None) -> dict[str, Any]:
-    """A FlashInfer-Bench Solution holding kgen's kernel source, the spec and a Python entry point."""
-    _, params = _inputs(spec)
-    page = spec.kv_cache.block_size
-    last = "kv_last_page_len" if page > 1 else "(pages > 0) * PAGE_SIZE  # one token per page"
-    extra = "q_indptr=qo_indptr, " if is_prefill(spec) else ""
-    entry = _ENTRY.format(spec=spec.name, page=page, params=", ".join(params), last=last, extra=extra)
+    """A FlashInfer-Bench Solution holding kgen's kernel source, the spec and a Python entry point.
+    `language: python` and `destination_passing_style: false`: FlashInfer-Bench imports main.py and takes
+    what `run` returns (kgen builds kernel.cu itself; FlashInfer-Bench compiles a `cuda` Solution with its
+    own binding, and by default passes the outputs in as arguments)."""
+    entry = entry_source(spec)
     doc = {
         "name": name or solution_name(spec),
         "definition": definition_name(spec),
         "author": "kgen",
         "description": (f"kgen {__version__}'s generated CUDA kernel for spec '{spec.name}' (kernel.cu), called "
-                        "through kgen (main.py adapts FlashInfer-Bench's page table and base-2 lse)."),
-        "spec": {"language": "cuda", "target_hardware": list(spec.targets), "entry_point": "main.py::run",
-                 "dependencies": [f"kgen=={__version__}"]},
+                        "through kgen (main.py adapts FlashInfer-Bench's arguments and base-2 lse)."),
+        "spec": {"language": "python", "target_hardware": list(spec.targets), "entry_point": "main.py::run",
+                 "dependencies": [f"kgen=={__version__}"], "destination_passing_style": False},
         "sources": [{"path": "main.py", "content": entry}, {"path": "kernel.cu", "content": source},
                     {"path": "spec.yaml", "content": spec_yaml}],
     }

@@ -25,7 +25,8 @@ from pydantic import (
 
 from kgen.errors import KgenUserError
 
-TENSOR_DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3", "float8_e5m2", "float4_e2m1",
+# float8_e4m3: early FlashInfer-Bench versions' name of today's float8_e4m3fn
+TENSOR_DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e4m3", "float8_e5m2", "float4_e2m1",
                  "int64", "int32", "int16", "int8", "bool")
 STATUSES = ("PASSED", "INCORRECT_SHAPE", "INCORRECT_NUMERICAL", "INCORRECT_DTYPE", "RUNTIME_ERROR",
             "COMPILE_ERROR", "TIMEOUT")
@@ -110,6 +111,7 @@ class BuildSpec(_Model):
     entry_point: str = Field(pattern=r"^[^:]+\.py::[A-Za-z_][A-Za-z0-9_]*$")
     dependencies: list[str] | None = None
     build_commands: list[str] | None = None
+    destination_passing_style: bool | None = None  # FlashInfer-Bench's default (absent): outputs passed in
 
 
 class Solution(_Model):

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy
 
-from kgen.fib.convert import definition_name, is_prefill
+from kgen.fib.convert import definition_name, input_names
 from kgen.fib.schema import Trace, parse
 from kgen.tune.results import device_info
 from kgen.verify.judge.report import describe_failure
@@ -62,12 +62,7 @@ def workload(spec, sizes: list[int], key: str) -> dict[str, Any]:
     block = spec.kv_cache.block_size
     pages = sum(-(-int(n) // block) for n in sizes)
     axes = {"len_indptr": len(sizes) + 1, "num_kv_indices": pages, "batch_size": len(sizes)}
-    inputs: dict[str, Any] = {name: {"type": "random"} for name in ("q", "k_cache", "v_cache", "kv_indptr",
-                                                                     "kv_indices")}
-    if is_prefill(spec):
-        inputs["qo_indptr"] = {"type": "random"}
-    if block > 1:
-        inputs["kv_last_page_len"] = {"type": "random"}
+    inputs: dict[str, Any] = {name: {"type": "random"} for name in input_names(spec) if name != "sm_scale"}
     inputs["sm_scale"] = {"type": "scalar", "value": spec.softmax_scale_value}
     return {"axes": axes, "inputs": inputs, "uuid": str(uuid.uuid5(uuid.NAMESPACE_URL, key))}
 

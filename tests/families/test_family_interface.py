@@ -16,6 +16,8 @@ from kgen.families.attention.common import Rows
 from kgen.families.base import Family, PerfModel, resolve_config
 from kgen.families.registry import FAMILIES, MLA_FAMILIES, family_for
 from kgen.fib.convert import OP_TYPE
+from kgen.fib.mla import OP_TYPE as MLA_OP_TYPE
+from kgen.formats.cache import CacheFormat
 from kgen.render import render
 from kgen.tune.search import expand_space
 
@@ -97,5 +99,6 @@ def test_capabilities_answer_what_perf_and_fib_ask(path):
     if family.perf_model is PerfModel.STREAMING:  # the contract kgen/perf/report.py's tile_hint reads
         ctx = family.template_context(spec, resolve_config(family, spec, None))
         assert {"geo", "tensor_cores"} <= set(ctx) and ctx["geo"].tile_tokens > 0
-    if family.fib_kind is not None:  # gqa_paged_decode or gqa_paged_prefill, matching the rows it packs
-        assert family.fib_kind == f"{OP_TYPE}_{'prefill' if family.rows.packed else 'decode'}"
+    if family.fib_kind is not None:  # gqa_paged_* or (latent rows) mla_paged_*, matching the rows it packs
+        op = MLA_OP_TYPE if CacheFormat.of(spec).mla else OP_TYPE
+        assert family.fib_kind == f"{op}_{'prefill' if family.rows.packed else 'decode'}"

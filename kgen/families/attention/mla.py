@@ -181,7 +181,7 @@ def pool_values(spec, cache, scale) -> dict[str, int]:
 
 class MlaDecodeFamily(MlaAttentionFamily):
     kind, rows, body = "paged_decode", DECODE_ROWS, "paged_mla_decode_body"
-    perf_model = PerfModel.LATENT  # kgen/perf/mla_model.py (no FlashInfer-Bench kind: kgen/fib exports gqa_paged)
+    perf_model, fib_kind = PerfModel.LATENT, "mla_paged_decode"  # kgen/perf/mla_model.py; kgen/fib/mla.py
     params = {**GEOMETRY_PARAMS, "partition_size": TunableParam("partition_size", 0)}
 
     def default_space(self, spec) -> dict[str, list[int]]:
@@ -293,6 +293,7 @@ class MlaDecodeFamily(MlaAttentionFamily):
 class MlaPrefillFamily(MlaAttentionFamily):
     kind, rows, body = "paged_prefill", PREFILL_ROWS, "paged_mla_prefill_body"
     params = dict(GEOMETRY_PARAMS)
+    fib_kind = "mla_paged_prefill"  # kgen/fib/mla.py
 
     def causal(self, spec) -> bool:
         return spec.attention.causal
