@@ -72,6 +72,9 @@ def test_torch_views_of_one_pool_are_read_in_place():
     joined = latent_arguments(q[..., :DC], q[..., DC:], pool[..., :DC].clone(), pool[..., DC:].clone(), indptr,
                               indices, last, PAGE)
     assert joined["kv_cache"].shape == (len(indices), PAGE, DC + DP) and joined["kv_cache"].dtype == torch.float16
+    with pytest.raises(ArgumentError, match=r"kv_indices\[0\] = 7: not a page of ckv_cache \(0..6\)"):
+        latent_arguments(q[..., :DC], q[..., DC:], pool[..., :DC].clone(), pool[..., DC:].clone(), indptr,
+                         torch.full_like(indices, 7), last, PAGE)
 
 
 @pytest.mark.parametrize("change, message", [

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from kgen.arrays import checks_values
 from kgen.errors import ArgumentError
 from kgen.interop import from_flashinfer
 from kgen.optional import is_torch_tensor
@@ -97,16 +98,23 @@ def _adjacent_view(ckv, kpe):
 
 def _joined_pages(torch, ckv, kpe, kv_indices):
     """(the pages kv_indices names, joined [n, page_size, Dc + Dp], in kv_indices' order; kv_indices
-    renumbered 0..n-1). A call that names no page gets one unread page (kgen's cache is never empty)."""
+    renumbered 0..n-1). A call that names no page gets one unread page (kgen's cache is never empty). The
+    page ids are checked where kgen checks values (host arrays; device arrays in debug mode)."""
     if torch:
         idx = kv_indices.to(device=ckv.device, dtype=torch.int64)
+        if checks_values(idx.device.type):
+            _check_pages(idx.cpu().numpy(), int(ckv.shape[0]))
         picked = idx if idx.numel() else torch.zeros(1, dtype=torch.int64, device=ckv.device)
         cache = torch.cat([ckv[picked], kpe[picked]], dim=-1)
         return cache, torch.arange(idx.numel(), dtype=torch.int32, device=kv_indices.device)
     idx = np.asarray(kv_indices, dtype=np.int64)
-    bad = (idx < 0) | (idx >= ckv.shape[0])
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise ArgumentError(f"kv_indices[{i}] = {int(idx[i])}: not a page of ckv_cache (0..{ckv.shape[0] - 1})")
+    _check_pages(idx, int(ckv.shape[0]))
     picked = idx if idx.size else np.zeros(1, dtype=np.int64)
     return np.concatenate([ckv[picked], kpe[picked]], axis=-1), np.arange(idx.size, dtype=np.int32)
+
+
+def _check_pages(idx: np.ndarray, num_pages: int) -> None:
+    bad = (idx < 0) | (idx >= num_pages)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ArgumentError(f"kv_indices[{i}] = {int(idx[i])}: not a page of ckv_cache (0..{num_pages - 1})")
