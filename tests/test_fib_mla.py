@@ -359,6 +359,26 @@ def test_solution_runs_kgens_kernel_on_fib_tensors_against_both_references(kind,
         main.run(**{**call, "sm_scale": 0.5})
 
 
+@pytest.mark.full  # a bf16 MLA prefill build on the CPU backend (~25 s); the default tier keeps the Solution test
+def test_an_imported_dataset_definition_runs_kgens_kernel_against_its_own_reference():
+    """The whole loop from FlashInfer-Bench's side: its definition imported, kgen's kernel built from the spec
+    (CPU backend), called on its workload's torch tensors through latent_arguments, judged by the
+    definition's own reference (FlashInfer-Bench's style, bf16 output)."""
+    torch = pytest.importorskip("torch")
+    d = parse(Definition, dataset_mla_prefill(4, heads=8, ckv=64, kpe=32), "d.json")
+    spec = spec_from_dict(definition_to_spec(d, "d.json", 0.125))
+    kern = kgen.build(spec, backend="cpu", verify=False, archs=[])
+    t = fib_tensors(spec, np.random.default_rng(3), lib=torch, dtype=np.float32)
+    t = {k: (v.to(torch.bfloat16) if k in ("q_nope", "q_pe", "ckv_cache", "kpe_cache") else v) for k, v in t.items()}
+    call = latent_arguments(t["q_nope"], t["q_pe"], t["ckv_cache"], t["kpe_cache"], t["kv_indptr"], t["kv_indices"],
+                            t["kv_last_page_len"], 4)
+    out, lse = kern(**call, q_indptr=t["qo_indptr"], return_lse=True)
+    want_out, want_lse = _run_of(d.reference)(**{name: t[name] for name in d.inputs})
+    assert out.dtype == torch.bfloat16 and out.shape == want_out.shape
+    torch.testing.assert_close(out.float(), want_out.float(), rtol=2e-2, atol=2e-2)  # bf16 outputs of two fp32 sums
+    torch.testing.assert_close(lse_to_base2(lse), want_lse, rtol=1e-4, atol=1e-4)
+
+
 # ---- traces ----------------------------------------------------------------------------------------------
 def test_traces_of_an_mla_spec_name_its_definition_and_fib_inputs():
     spec = load_spec(PREFILL)
