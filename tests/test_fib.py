@@ -118,6 +118,16 @@ def test_older_type_field_and_a_scale_constraint():
     assert spec.attention.softmax_scale == 0.125
 
 
+def test_a_given_scale_is_built_for_and_one_against_the_constraint_is_refused():
+    d = parse(Definition, dataset_decode(), "d.json")
+    assert spec_from_dict(definition_to_spec(d, "d.json", 0.1)).attention.softmax_scale == 0.1
+    assert spec_from_dict(definition_to_spec(d, "d.json", 128 ** -0.5)).attention.softmax_scale == "auto"
+    fixed = dataset_decode()
+    fixed["constraints"].append("sm_scale == 0.125")
+    with pytest.raises(KgenUserError, match=r"sm_scale 0\.1 given, but its constraints fix sm_scale == 0\.125"):
+        definition_to_spec(parse(Definition, fixed, "d.json"), "d.json", 0.1)
+
+
 @pytest.mark.parametrize("spec_path", [LLAMA, PREFILL])
 def test_round_trip_export_import_gives_an_equivalent_spec(spec_path):
     spec = load_spec(spec_path)

@@ -30,13 +30,13 @@ def constraint_scale(d: Definition) -> float | None:
     return None
 
 
-def chosen_scale(d: Definition, given: float | None) -> float | None:
+def chosen_scale(d: Definition, given: float | None, origin: str = "") -> float | None:
     """The softmax scale to build for: `given` (the caller's, e.g. `kgen fib import --sm-scale`), else the
     Definition's constraint, else None. KgenUserError when both are there and differ."""
     fixed = constraint_scale(d)
     if given is not None and fixed is not None and not math.isclose(given, fixed, rel_tol=1e-6):
-        raise KgenUserError(f"definition '{d.name}': sm_scale {given} given, but its constraints fix "
-                            f"sm_scale == {fixed}")
+        raise KgenUserError(f"{origin + ': ' if origin else ''}definition '{d.name}': sm_scale {given} given, but "
+                            f"its constraints fix sm_scale == {fixed}")
     return given if given is not None else fixed
 
 

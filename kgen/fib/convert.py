@@ -100,10 +100,10 @@ def cache_order(d: Definition) -> str:
     return order
 
 
-def softmax_scale(d: Definition, given: float | None = None) -> float | str:
+def softmax_scale(d: Definition, given: float | None = None, origin: str = "") -> float | str:
     """The spec's softmax_scale: `given`, else a `sm_scale == <number>` constraint; `auto` when that is
     1/sqrt(head_dim) or when there is none."""
-    value = chosen_scale(d, given)
+    value = chosen_scale(d, given, origin)
     if value is None or math.isclose(value, 1.0 / math.sqrt(d.const("head_dim")), rel_tol=1e-9):
         return "auto"
     return value
@@ -117,7 +117,7 @@ def definition_to_spec(d: Definition, origin: str, sm_scale: float | None = None
     refuse(d, origin, definition_problems(d))
     prefill = definition_is_prefill(d)
     attention: dict[str, Any] = {"num_q_heads": d.const("num_qo_heads"), "num_kv_heads": d.const("num_kv_heads"),
-                                 "head_dim": d.const("head_dim"), "softmax_scale": softmax_scale(d, sm_scale)}
+                                 "head_dim": d.const("head_dim"), "softmax_scale": softmax_scale(d, sm_scale, origin)}
     if prefill:
         attention["causal"] = "causal" in d.name
     data = {

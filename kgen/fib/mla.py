@@ -49,7 +49,7 @@ def definition_is_prefill(d: Definition) -> bool:
 
 
 # ---- import ------------------------------------------------------------------------------------------
-def definition_problems(d: Definition, sm_scale: float | None) -> list[str]:
+def definition_problems(d: Definition, sm_scale: float | None, origin: str = "") -> list[str]:
     """Why kgen cannot build this mla_paged Definition (empty: it can); each names its field."""
     problems = [f"axes.{a}: required as a const axis (kgen specializes on it)" for a in CONST_AXES
                 if d.const(a) is None]
@@ -77,7 +77,7 @@ def definition_problems(d: Definition, sm_scale: float | None) -> list[str]:
         problems.append(f"outputs.output.dtype: {d.outputs['output'].dtype} not supported "
                         f"(allowed: {', '.join(DTYPES)})")
     problems += _shape_problems(d)
-    if chosen_scale(d, sm_scale) is None:
+    if chosen_scale(d, sm_scale, origin) is None:
         problems.append("inputs.sm_scale: kgen builds an MLA kernel for one softmax scale, the model's (e.g. "
                         "1/sqrt(192) = 0.0721688 for DeepSeek-V3's qk_head_dim 192, before any YaRN factor), and this "
                         "definition fixes none: give it with `kgen fib import --sm-scale <number>` or a constraint "
@@ -106,7 +106,7 @@ def _shape_problems(d: Definition) -> list[str]:
 def definition_to_spec(d: Definition, origin: str, sm_scale: float | None = None) -> dict[str, Any]:
     """The kgen MLA spec (a dict, validated and buildable) for an mla_paged Definition; KgenUserError with
     every reason it cannot."""
-    refuse(d, origin, definition_problems(d, sm_scale))
+    refuse(d, origin, definition_problems(d, sm_scale, origin))
     ckv, kpe = d.const("head_dim_ckv"), d.const("head_dim_kpe")
     prefill = definition_is_prefill(d)
     attention: dict[str, Any] = {"num_q_heads": d.const("num_qo_heads"), "num_kv_heads": 1, "head_dim": ckv + kpe,
