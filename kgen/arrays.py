@@ -254,11 +254,11 @@ def adapt(arg: ArrayArg, expected: str) -> None:
     int64 indices become an int32 copy (host arrays: a value outside int32 is refused; device arrays:
     saturated on the device, so no value silently wraps onto a valid one, and the debug checks
     report the caller's int64 values), uint8 bytes of an fp8 cache (vLLM) are viewed as the
-    fp8 type (no copy), and uint8 bytes are an nvfp4 cache's packed pairs. Anything else is left for
-    the dtype check to refuse."""
+    fp8 type (no copy), and uint8 bytes are an nvfp4 cache's packed pairs or fp8_ds_mla rows.
+    Anything else is left for the dtype check to refuse."""
     if expected == "int32" and arg.dtype == "int64":
         _narrow_int64(arg)
-    elif expected == "nvfp4" and arg.dtype == "uint8":  # packed e2m1 pairs: the bytes are the ABI's type
+    elif expected in ("nvfp4", "fp8_ds_mla") and arg.dtype == "uint8":  # packed pairs, or 656-byte rows: bytes
         arg.dtype = expected
     elif expected in _FP8 and arg.dtype == "uint8":
         arg.dtype = expected

@@ -172,7 +172,8 @@ def tensor_scale_values(binder, tensor_scales: dict[str, ArrayArg]) -> dict[str,
 def kv_scale_arg(spec, role: str, const: bool, use: str) -> Arg:
     """The mla pool's one scale set (null for a float cache)."""
     shape = scale_shape(spec)
-    what = "null (the cache is not quantized)" if shape is None else f"{spec.kv_cache.scale} scales; {use}"
+    what = f"{spec.kv_cache.scale} scales; {use}" if shape is not None else \
+        "null (fp8_ds_mla rows carry their own scales)" if CacheFormat.of(spec).ds_mla else "null (the cache is not quantized)"
     return array("kv_scale", "fp32", role, shape or (), "latent-row scales: " + what, optional=shape is None, const=const)
 
 
@@ -185,7 +186,8 @@ def take_kv_scale(b, spec, num_blocks: int, detail: str):
     s = _take_per_tensor(b, "kv_scale") if kv.scale == "per_tensor" else b.take("kv_scale", False)
     if not f.quantized:
         if s is not None:
-            raise ArgumentError(f"kv_scale: a {kv.dtype} cache takes no scales (scale: none)")
+            raise ArgumentError("kv_scale: fp8_ds_mla rows carry their own tile scales; leave kv_scale out" if f.ds_mla
+                                else f"kv_scale: a {kv.dtype} cache takes no scales (scale: none)")
         return None
     shape = scale_shape(spec, num_blocks)
     if s is None:

@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from kgen.formats import ds_mla
 from kgen.formats.dtypes import DType, dtype
+from kgen.quantize import quantize_ds_mla_rows
 
 AXES = ("block", "head", "token", "run")  # the order of a cache array's kernel strides
 SCALE_AXES = ("block", "head", "token")  # the order of a per_token_head scale pool's kernel strides
@@ -70,6 +72,11 @@ class CacheFormat:
     def mla(self) -> bool:
         """One pool of latent rows: K the whole row, V its first v_head_dim elements."""
         return self.layout == "mla"
+
+    @property
+    def ds_mla(self) -> bool:
+        """fp8_ds_mla: mla rows of 656 bytes carrying their own tile scales (kgen/formats/ds_mla.py)."""
+        return self.dtype.row_format
 
     @property
     def token_major(self) -> bool:
@@ -165,7 +172,8 @@ def half_shapes(spec, num_blocks: str | int = "num_blocks") -> dict[str, tuple]:
 def cache_shapes(spec, num_blocks: str | int = "num_blocks") -> dict[str, tuple]:
     """The cache arrays of a call and their ABI shapes (symbolic or concrete num_blocks)."""
     if CacheFormat.of(spec).mla:
-        return {"kv_cache": (num_blocks, spec.kv_cache.block_size, spec.attention.head_dim)}
+        row = ds_mla.ROW_BYTES if CacheFormat.of(spec).ds_mla else spec.attention.head_dim
+        return {"kv_cache": (num_blocks, spec.kv_cache.block_size, row)}
     halves = half_shapes(spec, num_blocks)
     if CacheFormat.of(spec).fused:
         return {"kv_cache": (num_blocks, 2, *halves["k_cache"][1:])}  # [N, 2, ...one block]
@@ -208,6 +216,8 @@ def to_layout(spec, k: np.ndarray, v: np.ndarray) -> dict[str, np.ndarray]:
     """The call's cache arrays (C-contiguous) from canonical [N, B, H, D] K and [N, B, H, Dv] V."""
     f = CacheFormat.of(spec)
     N, B, H, D = k.shape
+    if f.ds_mla:  # quantized rows (kgen/quantize.py; finite K rows)
+        return {"kv_cache": quantize_ds_mla_rows(k[:, :, 0, :].astype(dtype("bf16").numpy))}
     if f.mla:  # V is the rows' first v_head_dim elements: only K is stored
         return {"kv_cache": np.ascontiguousarray(k[:, :, 0, :])}
     if f.vllm:
@@ -225,7 +235,10 @@ def from_layout(spec, arrays: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """Canonical [N, B, H, D] K and [N, B, H, Dv] V (views where possible) from the call's cache arrays."""
     f = CacheFormat.of(spec)
     if f.mla:
-        pool = np.asarray(arrays["kv_cache"])[:, :, None, :]
+        pool = np.asarray(arrays["kv_cache"])
+        if f.ds_mla:  # the rows' real values (fp32: e4m3 * tile scale, rope as stored)
+            pool = ds_mla.dequantize_rows(pool.view(np.uint8))
+        pool = pool[:, :, None, :]
         return pool, pool[..., :spec.v_head_dim_value]
     if f.fused:
         pool = np.asarray(arrays["kv_cache"])

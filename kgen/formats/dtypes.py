@@ -22,6 +22,7 @@ class DType:
     qmax: float | None = None  # quantized: the largest magnitude stored (a per-token scale maps max|x| onto it)
     min_sm: int = 0  # oldest arch with native support (0: every target)
     header: str = ""  # the CUDA header that declares ctype ("" for C++ and kgen's own types)
+    row_format: bool = False  # a byte of a self-describing row (values and scales together): not an array dtype
 
     @property
     def packed(self) -> bool:
@@ -56,12 +57,14 @@ _TABLE = [
     DType("int8", "kgen::i8", np.dtype(np.int8), "int8", 8, quantized=True, qmax=127.0),
     # NVFP4 (docs/abi.md): e2m1 values two a byte (element 2i in the low nibble) with e4m3 scales per 16
     DType("nvfp4", "kgen::fp4x2", np.dtype(np.uint8), "uint8", 4, quantized=True, qmax=6.0),
+    # DeepSeek-V3.2's FP8 MLA cache (kgen/formats/ds_mla.py): 656-byte rows of e4m3 latent, fp32 tile scales, bf16 rope
+    DType("fp8_ds_mla", "unsigned char", np.dtype(np.uint8), "uint8", 8, min_sm=80, row_format=True),
     DType("int32", "int", np.dtype(np.int32), "int32", 32),
 ]
 
 BY_NAME = {d.name: d for d in _TABLE}
-BY_NUMPY = {d.numpy: d for d in _TABLE if not d.packed}
-BY_TORCH = {d.torch_name: d for d in _TABLE if not d.packed}
+BY_NUMPY = {d.numpy: d for d in _TABLE if not d.packed and not d.row_format}
+BY_TORCH = {d.torch_name: d for d in _TABLE if not d.packed and not d.row_format}
 QUANTIZED = {d.name for d in _TABLE if d.quantized}
 QMAX = {d.name: d.qmax for d in _TABLE if d.quantized}
 MIN_SM = {d.name: d.min_sm for d in _TABLE if d.min_sm}

@@ -60,15 +60,18 @@ Kind = Literal["paged_decode", "paged_prefill", "cache_write", "copy_blocks"]
 Layout = Literal["separate", "fused", "vllm", "mla"]
 Order = Literal["NHD", "HND"]
 QDType = Literal["fp16", "bf16", "fp32"]
-KVDType = Literal["fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2", "int8", "nvfp4"]
+KVDType = Literal["fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2", "int8", "nvfp4", "fp8_ds_mla"]
 Scale = Literal["none", "per_tensor", "per_head", "per_token_head"]
 Arch = Literal["sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_100", "sm_120"]
 
 KINDS, LAYOUTS, ORDERS = get_args(Kind), get_args(Layout), get_args(Order)
 Q_DTYPES, KV_DTYPES, SCALES, ARCHS = get_args(QDType), get_args(KVDType), get_args(Scale), get_args(Arch)
 QUANTIZED_KV_DTYPES = tuple(d for d in KV_DTYPES if d in QUANTIZED)
-# Formats that carry their own scales (nvfp4: e4m3 per 16 elements and a tensor scale), so kv_cache.scale stays none.
-SELF_SCALED_KV_DTYPES = ("nvfp4",)
+# Formats that carry their own scales, so kv_cache.scale stays none: which scales they carry.
+SELF_SCALED_KV_DTYPES = {"nvfp4": "e4m3 per 16 elements and a tensor scale",
+                         "fp8_ds_mla": "an fp32 scale per 128 latent values in each 656-byte row"}
+# fp8_ds_mla (DeepSeek-V3.2's FP8 MLA cache, kgen/formats/ds_mla.py): the one shape it stores.
+DS_MLA_DIMS = {"head_dim": 576, "v_head_dim": 512}
 # Layouts a V head dim of its own can live in (one K and one V pool, or MLA's latent rows).
 V_HEAD_DIM_LAYOUTS = ("separate", "mla")
 NVFP4_LAYOUTS = ("separate", "mla")
@@ -388,8 +391,9 @@ def _semantic_errors(data: dict[str, Any], bad: set[Loc]) -> list[tuple[Loc, str
     kv_dtype, scale = get("kv_cache", "dtype"), get("kv_cache", "scale")
     if kv_dtype in SELF_SCALED_KV_DTYPES:
         if scale in SCALES[1:]:
-            out.append((("kv_cache", "scale"), f"{kv_dtype} caches carry their own scales (e4m3 per 16 elements and "
-                                               f"a tensor scale); leave scale out (got {scale!r}; allowed: none)"))
+            out.append((("kv_cache", "scale"), f"{kv_dtype} caches carry their own scales "
+                                               f"({SELF_SCALED_KV_DTYPES[kv_dtype]}); leave scale out "
+                                               f"(got {scale!r}; allowed: none)"))
     elif kv_dtype in QUANTIZED_KV_DTYPES and scale in (None, "none"):
         shown = "none (the default)" if scale is None else "'none'"
         out.append((("kv_cache", "scale"), f"{kv_dtype} KV caches need a scale granularity "
@@ -437,7 +441,9 @@ def _format_errors(get: Callable[..., Any]) -> list[tuple[Loc, str]]:
             out.append((("attention", "softmax_scale"), "the mla layout needs the model's softmax scale as a number: "
                         "1/sqrt(head_dim) of the latent row is not the model's (got auto; allowed: a positive number, "
                         "e.g. 1/sqrt(192) = 0.07216878 for DeepSeek-V3)"))
-    if kv_dtype in SELF_SCALED_KV_DTYPES:
+    if kv_dtype == "fp8_ds_mla":
+        out += _ds_mla_errors(get, layout)
+    if kv_dtype == "nvfp4":
         if layout in LAYOUTS and layout not in NVFP4_LAYOUTS:
             out.append((("kv_cache", "layout"), f"{kv_dtype} packs two values a byte with a scale per 16, which the "
                         f"{layout} layout cannot hold (got {layout!r}; allowed: {', '.join(NVFP4_LAYOUTS)})"))
@@ -445,6 +451,24 @@ def _format_errors(get: Callable[..., Any]) -> list[tuple[Loc, str]]:
             if isinstance(dim, int) and dim % 32:
                 out.append((loc, f"a {kv_dtype} cache stores whole 16-element scale groups in whole bytes, so the "
                                  f"head dim must be a multiple of 32 (got {dim}; allowed: 32, 64, 96, …)"))
+    return out
+
+
+def _ds_mla_errors(get: Callable[..., Any], layout) -> list[tuple[Loc, str]]:
+    """fp8_ds_mla is one row format: the mla layout at head_dim 576 / v_head_dim 512, bf16 queries."""
+    out: list[tuple[Loc, str]] = []
+    if layout in LAYOUTS and layout != "mla":
+        out.append((("kv_cache", "layout"), "fp8_ds_mla stores one 656-byte latent row per token (512 e4m3, 4 fp32 "
+                    f"scales, 64 bf16 rope), which only the mla layout holds (got {layout!r}; allowed: mla)"))
+    for field, want in DS_MLA_DIMS.items():
+        got = get("attention", field)
+        if isinstance(got, int) and got != want:
+            out.append((("attention", field), f"fp8_ds_mla rows hold 512 latent values and 64 rope values: {field} "
+                        f"must be {want} (got {got}; allowed: {want})"))
+    q = get("dtype", "q")
+    if isinstance(q, str) and q in Q_DTYPES and q != "bf16":
+        out.append((("dtype", "q"), "fp8_ds_mla rows keep the rope part in bf16 and the kernels dequantize to bf16 "
+                    f"operands: q (and cache_write's input rows) must be bf16 (got {q}; allowed: bf16)"))
     return out
 
 

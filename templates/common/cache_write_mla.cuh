@@ -5,11 +5,40 @@
 // from cache_write.cuh, whose numpy model is kgen/quantize.py). A quantized pool has one scale set
 // kv_scale: per tensor (read), or per token (written: max|x| / QMAX of the row, 1.0 if not > 0).
 //
+// fp8_ds_mla (Cfg::DS_MLA; ds_mla_row.cuh): each row is quantized into its 656-byte form, the scale
+// of each 128-value tile chosen by kgen/quantize.py's rule (quantize_ds_mla_rows), no kv_scale.
+//
 // Work decomposition: one warp per token (blockIdx.x * WARPS + warp); lanes stride over head_dim,
 // so a warp's loads and stores are contiguous.
 #pragma once
 
 namespace kgen {
+
+// One fp8_ds_mla row: lane l quantizes latent values l + 32 j (j < 4) of each 128-value tile, whose
+// max |x| the warp reduces (fmaxf: NaN ignored); lanes copy the rope's bf16 bits.
+template <class In>
+__device__ __forceinline__ void ds_mla_write_row(unsigned char* __restrict__ dst, const In* __restrict__ src,
+                                                 int lane) {
+  typedef DsMlaRow R;
+#pragma unroll
+  for (int t = 0; t < R::TILES; ++t) {
+    float x[R::TILE / 32], amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < R::TILE / 32; ++j) {
+      x[j] = to_float(src[t * R::TILE + lane + 32 * j]);
+      amax = fmaxf(amax, fabsf(x[j]));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o, 32));
+    // FlashMLA's scale: 2^ceil(log2(max(amax / 448, 1e-4))), amax / 448 an IEEE fp32 division
+    const float scale = ds_mla_pow2_ceil(fmaxf(amax / quant_max<__nv_fp8_e4m3>::value, 1e-4f));
+    if (lane == 0) *reinterpret_cast<float*>(dst + R::SCALES_AT + 4 * t) = scale;
+#pragma unroll
+    for (int j = 0; j < R::TILE / 32; ++j)
+      dst[t * R::TILE + lane + 32 * j] = quantize_value<__nv_fp8_e4m3>(x[j] / scale).__x;  // exact division
+  }
+  for (int i = lane; i < R::ROPE; i += 32) memcpy(dst + R::ROPE_AT + 2 * i, src + R::LATENT + i, 2);
+}
 
 template <class Cfg>
 __device__ __forceinline__ void mla_cache_write_body(
@@ -29,7 +58,9 @@ __device__ __forceinline__ void mla_cache_write_body(
   const typename Cfg::in_t* src = kv + token * kv_s_tok;
   kv_t* dst = kv_cache + blk * c_s_block + off * c_s_token;
 
-  if constexpr (Cfg::SCALE_MODE == 0) {
+  if constexpr (Cfg::DS_MLA) {
+    ds_mla_write_row(reinterpret_cast<unsigned char*>(dst), src, lane);
+  } else if constexpr (Cfg::SCALE_MODE == 0) {
     for (int d = lane; d < D; d += 32) dst[d] = convert_value<kv_t>(src[d]);
   } else {
     float scale;

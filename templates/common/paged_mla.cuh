@@ -27,7 +27,8 @@
 // then one pass converts it into the 16-bit operand tile (exact: fp8 values are fp16 and bf16 values)
 // that both products read. Scales stay outside the products, in fp32: a per-tensor scale multiplies
 // the logits and the output; a per-token one logit column j and P[:, j] (for P V) by kv_scale[j],
-// while l sums the unscaled P.
+// while l sums the unscaled P. fp8_ds_mla rows (Cfg::DS_MLA, ds_mla_row.cuh) are staged as their 656
+// bytes and the same pass dequantizes them (e4m3 * tile scale, rounded once to bf16; rope copied).
 //
 // Needs kgen/platform.cuh, async_copy.cuh, softmax.cuh and mma.cuh before it.
 #pragma once
@@ -53,6 +54,7 @@ struct MlaShape {
   static constexpr bool KV8 = sizeof(typename Cfg::kv_t) == 1;  // fp8: staged as stored, then converted
   static constexpr bool TOKEN_SCALES = Cfg::SCALE_MODE == 3;
   static constexpr int RAW_ROW = Cfg::RAW_ROW_BYTES;  // a staged fp8 row
+  static constexpr int STORED = Cfg::DS_MLA ? DsMlaRow::BYTES : D * (int)sizeof(typename Cfg::kv_t);  // bytes a row
   static constexpr int Q_BYTES = 16 * R * ROW;   // Q [16 R rows][ROW]
   static constexpr int SCALES_AT = NT * (KV8 ? RAW_ROW : ROW);  // a stage's per-token scales, after its rows
   static constexpr int STAGE_BYTES = SCALES_AT + (TOKEN_SCALES ? NT * 4 : 0);  // one key tile as stored
@@ -63,7 +65,9 @@ struct MlaShape {
   static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's geometry and the template disagree");
   static_assert(THREADS == Cfg::NUM_THREADS && NT == 16 * C, "warps");
   static_assert(sizeof(T) == 2 && (KV8 || sizeof(typename Cfg::kv_t) == 2), "mla: 16-bit q, 16-bit or fp8 cache");
-  static_assert(!KV8 || (RAW_ROW % 16 == 0 && RAW_ROW >= D), "staged rows");
+  static_assert(!KV8 || (RAW_ROW % 16 == 0 && RAW_ROW >= STORED), "staged rows");
+  static_assert(!Cfg::DS_MLA || (D == DsMlaRow::HEAD_DIM && MlaSame<T, __nv_bfloat16>::value && Cfg::SCALE_MODE == 0),
+                "fp8_ds_mla: 576-element rows, bf16 q, no kv_scale");
   static_assert(D % 16 == 0 && DV % (16 * C) == 0 && DV < D, "head dims");
   static_assert(ROW % 16 == 0 && ROW >= 2 * D && PROW % 16 == 0 && PROW >= 2 * NT, "rows");
   static_assert(STAGES >= 1 && STAGES <= 4, "stages");
@@ -87,7 +91,7 @@ __device__ __forceinline__ void mla_issue_tile(unsigned char* __restrict__ stage
                                                const float* __restrict__ kv_scale, long long kv_s_block,
                                                long long kv_s_token, long long ks_s_block, long long ks_s_token) {
   typedef MlaShape<Cfg> S;
-  constexpr int B = Cfg::BLOCK_SIZE, ES = sizeof(typename Cfg::kv_t), CHUNK = 16 / ES, PER_ROW = S::D / CHUNK;
+  constexpr int B = Cfg::BLOCK_SIZE, ES = sizeof(typename Cfg::kv_t), CHUNK = 16 / ES, PER_ROW = S::STORED / 16;
   constexpr int COPIES = S::NT * PER_ROW, ROW = S::KV8 ? S::RAW_ROW : S::ROW;
 #pragma unroll 2
   for (int i = threadIdx.x; i < COPIES; i += S::THREADS) {
@@ -132,12 +136,16 @@ __device__ __forceinline__ void mla_convert_tile(unsigned char* __restrict__ op,
   constexpr int PER_ROW = S::D / 8;
   for (int i = threadIdx.x; i < S::NT * PER_ROW; i += S::THREADS) {
     const int t = i / PER_ROW, d0 = (i % PER_ROW) * 8;
-    const uint2 v = *reinterpret_cast<const uint2*>(raw + t * S::RAW_ROW + d0);
     uint4 w;
-    w.x = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.x & 0xFFFFu));
-    w.y = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.x >> 16));
-    w.z = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.y & 0xFFFFu));
-    w.w = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.y >> 16));
+    if constexpr (Cfg::DS_MLA) {
+      w = ds_mla_dequant8(raw + t * S::RAW_ROW, d0);
+    } else {
+      const uint2 v = *reinterpret_cast<const uint2*>(raw + t * S::RAW_ROW + d0);
+      w.x = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.x & 0xFFFFu));
+      w.y = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.x >> 16));
+      w.z = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.y & 0xFFFFu));
+      w.w = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.y >> 16));
+    }
     *reinterpret_cast<uint4*>(op + t * S::ROW + d0 * 2) = w;
   }
 }

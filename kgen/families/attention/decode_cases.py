@@ -22,7 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from kgen.arrays import to_backend, to_numpy
-from kgen.families.attention import nvfp4_pools
+from kgen.families.attention import ds_mla_pools, nvfp4_pools
 from kgen.families.attention.adversarial_cases import (
     ADVERSARIAL,
     adversarial_cases,
@@ -192,7 +192,9 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
         [serving.fills[i] for i in tails] + [serving.fill] * len(unused)  # a stratum's: per sequence's tail
     filled = fill_unread(store, vstore, unread, used, B, spread, fills, rng)
     fp4 = CacheFormat.of(spec).block_scaled
-    if fp4:  # stored through the reference quantizer; NaN rows become garbage bytes and NaN scales
+    if CacheFormat.of(spec).ds_mla:  # quantized rows with tile scales of their own; NaN rows read as NaN
+        args = {"kv_cache": ds_mla_pools.latent_pool(store, rng)}
+    elif fp4:  # stored through the reference quantizer; NaN rows become garbage bytes and NaN scales
         tensor = nvfp4_pools.tensor_scales((4.5 * spread, 4.5 * spread), rng)
         args = {**nvfp4_pools.layout_pools(spec, store, vstore, tensor, rng), **tensor}
     else:

@@ -31,7 +31,7 @@ from kgen.families.base import (
 )
 from kgen.families.binding import host_values
 from kgen.families.pool import kv_scale_arg, take_kv_scale
-from kgen.formats.cache import SCALE_MODES, CacheFormat, cache_rows, describe
+from kgen.formats.cache import SCALE_MODES, CacheFormat, cache_rows, cache_shapes, describe
 from kgen.formats.dtypes import dtype
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 from kgen.plan.split import check_forced_partition, choose_split
@@ -46,9 +46,9 @@ def mla_unsupported(spec) -> list[str]:
     if q not in ("fp16", "bf16"):
         out.append(f"dtype.q: the mla kernels run Q K^T and P V on the tensor cores with fp16 or bf16 operands "
                    f"(got {q})")
-    if kv.dtype == "nvfp4" or kv.dtype == "int8" or (kv.dtype != q and kv.dtype not in FP8):
+    if kv.dtype == "nvfp4" or kv.dtype == "int8" or (kv.dtype != q and kv.dtype not in (*FP8, "fp8_ds_mla")):
         out.append(f"kv_cache.dtype: {kv.dtype} is not built for the mla layout's attention (allowed: q's dtype "
-                   f"{q}, fp8_e4m3, fp8_e5m2)")
+                   f"{q}, fp8_e4m3, fp8_e5m2, fp8_ds_mla)")
     elif kv.dtype in FP8 and kv.scale == "per_token_head" and q == "fp16":
         out.append("kv_cache.scale: per-token fp8 scales with fp16 q are not built for the mla layout (P times "
                    "the scales may leave fp16's range; allowed: bf16 q, or per_tensor)")
@@ -99,6 +99,7 @@ class MlaAttentionFamily(FamilyBase):
                 "kv_ctype": dtype(spec.kv_cache.dtype).ctype, "softmax_scale": c_float(spec.softmax_scale_value),
                 "scale_mode": SCALE_MODES[spec.kv_cache.scale], "causal": self.causal(spec),
                 "partition_size": config.get("partition_size", 0), "geo": mla_geometry(spec, config)[0],
+                "ds_mla": CacheFormat.of(spec).ds_mla,
                 "main": kernels[0], "merge": kernels[1] if len(kernels) > 1 else None, "body": self.body}
 
     def main_kernel(self, spec, config: Config, grid: tuple) -> KernelDecl:
@@ -125,7 +126,11 @@ class MlaAttentionFamily(FamilyBase):
             "Rules: slots past a sequence's length in its last block hold garbage and must not be read"
             + ("" if spec.tail_masking else
                " (tail_masking: false: every seq_len is promised to be a multiple of block_size)") + ".",
-            "Loads: 16-byte vectors; q, out and kv_cache pointers and strides must be multiples of 8 elements.",
+            "Loads: 16-byte vectors; q, out and kv_cache pointers and strides must be multiples of 8 elements"
+            + (" (kv_cache: 16 bytes)" if CacheFormat.of(spec).ds_mla else "") + ".",
+            *(["fp8_ds_mla rows: bytes 0..511 e4m3 latent, 512..527 four fp32 scales (scale t for latent values "
+               "128t..128t+127), 528..655 the 64 bf16 rope values; real latent = e4m3 * its tile's scale."]
+              if CacheFormat.of(spec).ds_mla else []),
             f"kgen's own kernel, default config: tensor cores, {geo.rows} query rows per block in "
             f"{geo.col_warps} warps splitting v_head_dim, {geo.tile_tokens} latent rows per stage x {geo.stages} stages, "
             f"{geo.smem_bytes} bytes of dynamic shared memory.",
@@ -138,8 +143,8 @@ class MlaAttentionFamily(FamilyBase):
         b.refuse_other_layouts()
         cache = b.take("kv_cache", True)
         N = cache.shape[0] if cache.shape else 0
-        b.check(cache, (N, spec.kv_cache.block_size, spec.attention.head_dim), spec.kv_cache.dtype)
-        b.aligned(cache, 8, cache.strides[:2])
+        b.check(cache, cache_shapes(spec, N)["kv_cache"], spec.kv_cache.dtype)
+        b.aligned(cache, 16 if CacheFormat.of(spec).ds_mla else 8, cache.strides[:2])  # 16-byte copies
         return cache, N
 
     def bucket_of(self, spec, call):
@@ -151,9 +156,11 @@ class MlaAttentionFamily(FamilyBase):
 
 
 def pool_arg(spec) -> Arg:
-    D, Dv = spec.attention.head_dim, spec.v_head_dim_value
-    return array("kv_cache", spec.kv_cache.dtype, "input", ("num_blocks", spec.kv_cache.block_size, D),
-                 f"latent rows: K the whole row, V its first {Dv} elements; block and token strides may be padded")
+    Dv = spec.v_head_dim_value
+    what = (f"latent rows: K the whole row, V its first {Dv} elements; block and token strides may be padded"
+            + ("; fp8_ds_mla: 656 bytes a row (512 e4m3, 4 fp32 tile scales, 64 bf16 rope), strides multiples of 16"
+               if CacheFormat.of(spec).ds_mla else ""))
+    return array("kv_cache", spec.kv_cache.dtype, "input", cache_shapes(spec)["kv_cache"], what)
 
 
 def table_args(rows) -> list[Arg]:

@@ -26,6 +26,7 @@ from kgen.families.attention.prefill_cases import (
 )
 from kgen.families.attention.serving import draw_serving, prefill_output
 from kgen.families.base import Bench, Case, Config
+from kgen.formats import ds_mla
 from kgen.formats.cache import CacheFormat
 from kgen.formats.dtypes import dtype
 from kgen.verify.judge.bounds import check_output, head_dims
@@ -79,7 +80,8 @@ def _latent_pool(spec, args: dict, padded: bool) -> dict:
         args["kv_scale"] = args.pop("k_scale")
         args.pop("v_scale")
     if padded:
-        args["kv_cache"] = padded_strided(args["kv_cache"], (0, 1, 16), np.nan)
+        f = CacheFormat.of(spec)  # fp8_ds_mla's gaps: e4m3 NaN bytes (0x7F), 16 of them keep rows 16-byte aligned
+        args["kv_cache"] = padded_strided(args["kv_cache"], (0, 1, 16), ds_mla.POISON_BYTES["latent"] if f.ds_mla else np.nan)
         if CacheFormat.of(spec).per_token:
             args["kv_scale"] = padded_strided(np.ascontiguousarray(args["kv_scale"]), (0, 1), np.nan)
     return args

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kgen.families.base import Config
+from kgen.formats import ds_mla
 from kgen.formats.cache import CacheFormat
 from kgen.formats.dtypes import dtype
 from kgen.plan.arch import smem_limit
@@ -24,6 +25,7 @@ class MlaGeometry:
     head_dim: int
     kv_bytes: int = 2  # 1: an fp8 cache, staged as stored and converted into a 16-bit tile
     token_scales: bool = False  # per-token kv_scale, staged with each tile
+    stored_row: int = 0  # bytes a row is stored as when not head_dim elements (fp8_ds_mla: 656)
 
     @property
     def threads(self) -> int:
@@ -40,7 +42,7 @@ class MlaGeometry:
     @property
     def raw_row_bytes(self) -> int:
         """A staged fp8 row (0: a 16-bit cache lands in the operand tile itself)."""
-        return odd_units(self.head_dim) if self.kv_bytes == 1 else 0
+        return odd_units(self.stored_row or self.head_dim) if self.kv_bytes == 1 else 0
 
     @property
     def p_row_bytes(self) -> int:
@@ -87,8 +89,9 @@ def mla_geometry(spec, config: Config) -> tuple[MlaGeometry | None, list[str]]:
         problems.append(f"stages must be 1..4 (got {stages})")
     if problems:
         return None, problems
-    geo = MlaGeometry(R, C, stages, spec.attention.head_dim, dtype(spec.kv_cache.dtype).itemsize,
-                      CacheFormat.of(spec).per_token)
+    f = CacheFormat.of(spec)
+    geo = MlaGeometry(R, C, stages, spec.attention.head_dim, dtype(spec.kv_cache.dtype).itemsize, f.per_token,
+                      ds_mla.ROW_BYTES if f.ds_mla else 0)
     limit = smem_limit(spec.targets)
     if geo.smem_bytes > limit:
         return None, [f"row_tiles {R}, col_warps {C}, stages {stages}: {geo.smem_bytes} bytes of shared memory > "

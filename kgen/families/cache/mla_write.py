@@ -20,6 +20,7 @@ from kgen.formats.cache import (
     SCALE_MODES,
     CacheFormat,
     cache_rows,
+    cache_shapes,
     describe,
 )
 from kgen.formats.dtypes import dtype
@@ -50,8 +51,9 @@ class MlaCacheWriteFamily(FamilyBase):
             array("kv", spec.dtype.q, "input", ("num_tokens", a.head_dim),
                   f"new latent rows (latent {spec.v_head_dim_value}, then rope {a.head_dim - spec.v_head_dim_value}; "
                   "last dim contiguous)"),
-            array("kv_cache", spec.kv_cache.dtype, "output", ("num_blocks", spec.kv_cache.block_size, a.head_dim),
-                  "the latent pool; block and token strides may be padded"),
+            array("kv_cache", spec.kv_cache.dtype, "output", cache_shapes(spec)["kv_cache"],
+                  "the latent pool; block and token strides may be padded"
+                  + (" (multiples of 16 bytes; 656-byte fp8_ds_mla rows)" if f.ds_mla else "")),
             kv_scale_arg(spec, "output" if f.per_token else "input", const=False,
                          use="WRITTEN for each written slot: max|x| / QMAX (1.0 if that is not > 0)" if f.per_token
                          else "read: stored = real / scale (positive, finite)"),
@@ -70,7 +72,7 @@ class MlaCacheWriteFamily(FamilyBase):
 
     def template_context(self, spec, config: Config) -> dict[str, Any]:
         return {"in_ctype": dtype(spec.dtype.q).ctype, "kv_ctype": dtype(spec.kv_cache.dtype).ctype,
-                "scale_mode": SCALE_MODES[spec.kv_cache.scale], "threads": THREADS,
+                "scale_mode": SCALE_MODES[spec.kv_cache.scale], "threads": THREADS, "ds_mla": CacheFormat.of(spec).ds_mla,
                 "main": self.kernels(spec, config)[0]}
 
     def abi_notes(self, spec) -> list[str]:
@@ -120,7 +122,10 @@ def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
     b.refuse_other_layouts()
     cache = b.take("kv_cache", True)
     N = cache.shape[0] if cache.shape else 0
-    b.check(cache, (N, B, D), spec.kv_cache.dtype)
+    b.check(cache, cache_shapes(spec, N)["kv_cache"], spec.kv_cache.dtype)
+    if f.ds_mla and (cache.ptr % 16 or any(st % 16 for st in cache.strides[:2])):
+        raise ArgumentError(f"kv_cache: fp8_ds_mla rows are written with 4- and 16-byte stores: the pointer and the "
+                            f"block and token strides (got {list(cache.strides[:2])} bytes) must be multiples of 16")
     scale = take_kv_scale(b, spec, N, "the scale pool this kernel writes" if f.per_token else "given by the caller")
     b.refuse_unknown()
     b.refuse_aliasing([cache, *([scale] if f.per_token else [])], [kv, sm, *([] if f.per_token else [scale])])

@@ -1,7 +1,10 @@
 """Verification cases of cache_write for the mla layout (docs/verification.md): the pool (and a
 per-token scale pool) starts as random bytes; the expectation is those bytes with exactly the
 documented writes applied (kgen/quantize.py); every byte must match. The case kinds are the
-other cache_write's (kgen/families/cache/write_cases.py), on latent rows [num_tokens, head_dim]."""
+other cache_write's (kgen/families/cache/write_cases.py), on latent rows [num_tokens, head_dim].
+fp8_ds_mla rows (kgen/formats/ds_mla.py) get tiles of their own magnitudes (2^-20 .. 2^20 and zero),
+and the edge_values case puts each tile's values on e4m3 ties of the tile's scale, with a tile
+whose amax / 448 is exactly a power of two, one just above, and one under the 1e-4 scale floor."""
 
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ from kgen.families.base import Bench, Case
 from kgen.families.cache.write_cases import KINDS, edge_values
 from kgen.formats.cache import CacheFormat
 from kgen.formats.dtypes import QMAX, dtype
-from kgen.quantize import per_token_head_scale, quantize
+from kgen.formats import ds_mla
+from kgen.quantize import per_token_head_scale, quantize, quantize_ds_mla_rows
 from kgen.verify.judge.bitexact import compare, random_bytes
 from kgen.verify.judge.guards import guarded, seal, tripwires
 from kgen.verify.judge.report import CaseResult
@@ -46,7 +50,9 @@ def _case(spec, rng: np.random.Generator, kind: str) -> tuple[dict, int]:
     if f.scaled and not f.per_token:  # inputs ~N(0,1) reach about QMAX / 2 (some saturate); powers of two at the edges
         s = np.exp2(float(rng.integers(-6, 1))) if kind == "edge_values" else 2.5 / QMAX[kvd] * rng.uniform(0.5, 1.5)
         inputs["kv_scale"] = np.asarray(s, dtype=np.float32).reshape(())
-    if kind == "edge_values":
+    if f.ds_mla:
+        x = _ds_mla_rows(T, kind == "edge_values", rng)
+    elif kind == "edge_values":
         x = edge_values(spec, (T, D), rng) * (inputs["kv_scale"] if "kv_scale" in inputs else 1.0)
         if f.per_token:  # an all-zero row, on a token that is written
             live = np.nonzero(inputs["slot_mapping"] >= 0)[0]
@@ -65,9 +71,30 @@ def _case(spec, rng: np.random.Generator, kind: str) -> tuple[dict, int]:
     return inputs, N
 
 
+def _ds_mla_rows(T: int, edges: bool, rng: np.random.Generator) -> np.ndarray:
+    """Latent rows [T, 576] (float64, bf16-exact) whose four tiles have magnitudes of their own."""
+    x = rng.standard_normal((T, ds_mla.HEAD_DIM))
+    gains = np.exp2(rng.integers(-20, 21, (T, ds_mla.TILES))).astype(np.float64)
+    gains[rng.random((T, ds_mla.TILES)) < 0.1] = 0.0  # all-zero tiles: the floor scale, zeros stored
+    x[:, :ds_mla.LATENT] *= np.repeat(gains, ds_mla.TILE, axis=1)
+    if edges:  # each tile on the e4m3 grid (and its midpoints) of a power-of-two scale s = 2^k
+        grid = np.arange(256, dtype=np.uint8).view(dtype("fp8_e4m3").numpy).astype(np.float64)
+        fin = np.unique(grid[np.isfinite(grid)])
+        pool = np.concatenate([fin, (fin[:-1] + fin[1:]) / 2])
+        for t in range(ds_mla.TILES):
+            s = np.exp2(rng.integers(-10, 11, T))[:, None]
+            tile = rng.choice(pool, (T, ds_mla.TILE)) * s
+            tile[:, 0] = 448.0 * s[:, 0] * np.where(rng.random(T) < 0.5, 1.0, 1.0 + 2.0 ** -7)  # scale s, or 2s
+            tiny = rng.random(T) < 0.15  # amax / 448 under the floor: scale 2^-13
+            tile[tiny] *= 1e-4 / 448 / s[tiny]
+            x[:, t * ds_mla.TILE:(t + 1) * ds_mla.TILE] = tile
+    return x
+
+
 def _initial(spec, rng: np.random.Generator, N: int) -> dict[str, np.ndarray]:
-    B, D = spec.kv_cache.block_size, spec.attention.head_dim
-    pools = {"kv_cache": random_bytes(rng, (N, B, D), dtype(spec.kv_cache.dtype).numpy)}
+    B = spec.kv_cache.block_size
+    shape = (N, B, ds_mla.ROW_BYTES if CacheFormat.of(spec).ds_mla else spec.attention.head_dim)
+    pools = {"kv_cache": random_bytes(rng, shape, dtype(spec.kv_cache.dtype).numpy)}
     if CacheFormat.of(spec).per_token:
         pools["kv_scale"] = random_bytes(rng, (N, B), np.dtype(np.float32))
     return pools
@@ -84,6 +111,9 @@ def _expected(spec, inputs: dict, initial: dict[str, np.ndarray]) -> dict[str, n
     f = CacheFormat.of(spec)
     scale = None
     with np.errstate(all="ignore"):
+        if f.ds_mla:
+            exp["kv_cache"][blk, off] = quantize_ds_mla_rows(x)
+            return exp
         if f.per_token:
             s = per_token_head_scale(x.astype(np.float32), kvd)
             exp["kv_scale"][blk, off] = s
