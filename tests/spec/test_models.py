@@ -567,3 +567,50 @@ def test_constraint_may_name_spec_values():
     assert spec.tuning.constraints == ["threads >= 32 * group_size"]
     with pytest.raises(SpecError, match="'grup_size' is not a tuning parameter or spec value"):
         parse_spec(text.replace("32 * group_size", "32 * grup_size"), "c.yaml")
+
+
+# ---- fp8_ds_mla: one row format (mla, 576 / 512, bf16 q, its own scales) --------------------------
+DS_MLA = """\
+kgen: 1
+name: ds
+kind: paged_decode
+attention:
+  num_q_heads: 16
+  num_kv_heads: 1
+  head_dim: 576
+  v_head_dim: 512
+  softmax_scale: 0.1
+kv_cache:
+  block_size: 64
+  layout: mla
+  dtype: fp8_ds_mla
+dtype:
+  q: bf16
+tail_masking: true
+targets: [sm_80, sm_90]
+"""
+
+
+def test_fp8_ds_mla_spec_loads(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(DS_MLA)
+    assert load_spec(path).kv_cache.dtype == "fp8_ds_mla"
+
+
+@pytest.mark.parametrize("changes,line,path,words", [
+    ({12: "  layout: separate"}, 12, "kv_cache.layout",
+     ["656-byte", "allowed: mla"]),
+    ({7: "  head_dim: 560"}, 7, "attention.head_dim", ["must be 576", "got 560"]),
+    ({8: "  v_head_dim: 448"}, 8, "attention.v_head_dim", ["must be 512", "got 448"]),
+    ({13: "  dtype: fp8_ds_mla\n  scale: per_token_head"}, 14, "kv_cache.scale",
+     ["carry their own scales", "per 128 latent values", "allowed: none"]),
+    ({15: "  q: fp16"}, 15, "dtype.q", ["bf16"]),
+    ({12: "  layout: mla\n  order: HND"}, 13, "kv_cache.order", ["leave order out"]),
+], ids=["layout", "head_dim", "v_head_dim", "scale", "fp16-q", "order-HND"])
+def test_fp8_ds_mla_refusals_are_located(tmp_path, changes, line, path, words):
+    assert_one(errors_of(tmp_path, edit(changes, DS_MLA)), line, path, words)
+
+
+def test_fp8_ds_mla_on_a_separate_hnd_layout_is_refused_at_the_layout(tmp_path):
+    text = edit({12: "  layout: separate\n  order: HND"}, DS_MLA)
+    assert_one(errors_of(tmp_path, text), 12, "kv_cache.layout", ["allowed: mla"])

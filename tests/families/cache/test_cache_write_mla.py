@@ -127,3 +127,75 @@ def test_nvfp4_refusal_of_its_own():
     spec = kgen.spec_from_dict({**BASE, "kv_cache": {"block_size": 16, "layout": "mla", "dtype": "nvfp4"}})
     assert MLA_CACHE_WRITE.unsupported(spec) == [
         "kv_cache.dtype: nvfp4 is not built for the mla layout (allowed: fp16, bf16, fp32, fp8_e4m3, fp8_e5m2, int8)"]
+
+
+# ---- fp8_ds_mla: 656-byte rows quantized by FlashMLA's rule (kgen/quantize.py) -------------------------
+def _ds_spec():
+    return kgen.spec_from_dict(BASE).with_overrides(name="mla_cw_ds", kv_cache={"dtype": "fp8_ds_mla", "layout": "mla",
+                                                                                "block_size": 16})
+
+
+@pytest.fixture(scope="module")
+def ds_kernel():
+    return kgen.build(_ds_spec(), backend="cpu", verify=False, archs=[])
+
+
+def test_ds_mla_rows_bit_exact_against_the_oracle(ds_kernel):
+    report = verify(ds_kernel, seed=2024)
+    assert report.passed, report.summary() + "\n" + "\n".join(c.note for c in report.failed_cases)
+    assert {"scattered", "sequence", "edge_values", "strided_inputs"} <= {c.name for c in report.cases}
+
+
+def test_ds_mla_direct_call_writes_the_oracle_bytes_and_nothing_else(ds_kernel):
+    from kgen.formats import ds_mla
+    from kgen.quantize import quantize_ds_mla_rows
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((6, 576)) * np.concatenate([np.repeat([2.0 ** -18, 1.0, 2.0 ** 18, 0.0], 128), np.ones(64)])
+    x = x.astype(ml_dtypes.bfloat16)
+    pool = rng.integers(0, 256, (2, 16, 656), dtype=np.uint8)
+    before = pool.copy()
+    slots = np.array([0, 17, -1, 31, 5, 16], dtype=np.int32)  # block edges, a skipped token
+    ds_kernel(kv=x, kv_cache=pool, slot_mapping=slots)
+    want = before.copy()
+    live = slots >= 0
+    want[slots[live] // 16, slots[live] % 16] = quantize_ds_mla_rows(x[live])
+    assert np.array_equal(pool, want)
+    scales = ds_mla.split_rows(pool[0, 0])[1]
+    # tiles 0 (values ~2^-18) and 3 (zeros) sit at the floor; tile 2 (~2^18) far above tile 1 (~1)
+    assert scales[0] == scales[3] == 2.0 ** -13 and scales[2] == scales[1] * 2.0 ** 18
+
+
+DS_BAD = [
+    (lambda a: a.update(kv_scale=np.ones((2, 16), np.float32)), r"kv_scale: fp8_ds_mla rows carry their own"),
+    (lambda a: a.update(kv_cache=np.zeros((2, 16, 576), np.uint8)), r"kv_cache: expected shape \[2, 16, 656\]"),
+    (lambda a: a.update(kv_cache=np.zeros((2, 16, 664), np.uint8)[:, :, :656]), r"kv_cache: fp8_ds_mla rows .* multiples of 16"),
+    (lambda a: a.update(kv=a["kv"].astype(np.float16)), r"kv: .*bf16"),
+]
+
+
+@pytest.mark.parametrize("mutate,message", DS_BAD, ids=["kv_scale", "width", "stride", "fp16-rows"])
+def test_ds_mla_bad_input_is_refused_naming_the_argument(ds_kernel, mutate, message):
+    args = {"kv": np.zeros((3, 576), ml_dtypes.bfloat16), "kv_cache": np.zeros((2, 16, 656), np.uint8),
+            "slot_mapping": np.array([0, 1, 2], np.int32)}
+    mutate(args)
+    with pytest.raises(ArgumentError, match=message):
+        ds_kernel(**args)
+
+
+DS_MUTANTS = [
+    ("scale not rounded to a power of two", "const float scale = ds_mla_pow2_ceil(", "const float scale = ("),
+    ("no 1e-4 floor", "fmaxf(amax / quant_max<__nv_fp8_e4m3>::value, 1e-4f)",
+     "fmaxf(amax / quant_max<__nv_fp8_e4m3>::value, 1e-30f)"),
+    ("one scale for the row", "*reinterpret_cast<float*>(dst + R::SCALES_AT + 4 * t) = scale;",
+     "*reinterpret_cast<float*>(dst + R::SCALES_AT + 4 * t) = t ? 1.0f : scale;"),
+    ("rope dropped a value", "for (int i = lane; i < R::ROPE; i += 32)", "for (int i = lane; i < R::ROPE - 1; i += 32)"),
+]
+
+
+@pytest.mark.parametrize("old,new", [m[1:] for m in DS_MUTANTS], ids=[m[0] for m in DS_MUTANTS])
+def test_ds_mla_verifier_rejects_mutant(old, new):
+    spec = _ds_spec()
+    rendered = render(spec)
+    assert rendered.source.count(old) == 1, old
+    kern = kernel_from_source(spec, rendered.source.replace(old, new), backend="cpu", config=rendered.config, archs=[])
+    assert not verify(kern, seed=99).passed
