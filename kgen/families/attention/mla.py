@@ -31,7 +31,13 @@ from kgen.families.base import (
 )
 from kgen.families.binding import host_values
 from kgen.families.pool import kv_scale_arg, take_kv_scale
-from kgen.formats.cache import SCALE_MODES, CacheFormat, cache_rows, cache_shapes, describe
+from kgen.formats.cache import (
+    SCALE_MODES,
+    CacheFormat,
+    cache_rows,
+    cache_shapes,
+    describe,
+)
 from kgen.formats.dtypes import dtype
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 from kgen.plan.split import check_forced_partition, choose_split

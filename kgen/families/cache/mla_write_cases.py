@@ -13,9 +13,9 @@ import numpy as np
 from kgen.arrays import args_to_backend, to_numpy
 from kgen.families.base import Bench, Case
 from kgen.families.cache.write_cases import KINDS, edge_values
+from kgen.formats import ds_mla
 from kgen.formats.cache import CacheFormat
 from kgen.formats.dtypes import QMAX, dtype
-from kgen.formats import ds_mla
 from kgen.quantize import per_token_head_scale, quantize, quantize_ds_mla_rows
 from kgen.verify.judge.bitexact import compare, random_bytes
 from kgen.verify.judge.guards import guarded, seal, tripwires

@@ -15,7 +15,6 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-
 from conftest import full_tier_except
 
 import kgen
