@@ -101,6 +101,7 @@ def spec_data(draw, small: bool = False) -> dict[str, Any]:
     kind = draw(st.sampled_from(KINDS))
     layout, kv_dtype = draw(st.sampled_from(LAYOUTS)), draw(st.sampled_from(KV_DTYPES))
     assume(kv_dtype not in SELF_SCALED_KV_DTYPES or layout in NVFP4_LAYOUTS)
+    assume(kv_dtype != "fp8_ds_mla" or layout == "mla")  # one row format: mla at 576 / 512, bf16 q
     mla, grain = layout == "mla", 32 if kv_dtype in SELF_SCALED_KV_DTYPES else 8  # nvfp4: whole scale groups
     kv_heads = 1 if mla else draw(st.sampled_from([1, 2]) if small else st.integers(1, 64))
     attention: dict[str, Any] = {"num_q_heads": kv_heads * draw(st.integers(1, 4 if small else 64)),
@@ -123,6 +124,8 @@ def spec_data(draw, small: bool = False) -> dict[str, Any]:
     else:
         _put(kv_cache, "scale", _maybe(draw, st.just("none")))
     dtype: dict[str, Any] = {"q": draw(st.sampled_from(Q_DTYPES))}
+    if kv_dtype == "fp8_ds_mla":
+        attention["head_dim"], attention["v_head_dim"], dtype["q"] = 576, 512, "bf16"
     if kind in ("paged_decode", "paged_prefill"):  # the attention options: other kinds refuse them
         _put(attention, "softmax_scale", draw(positive) if mla else _maybe(draw, st.one_of(st.just("auto"), positive)))
         _put(attention, "sinks", _maybe(draw, st.booleans()))
