@@ -54,7 +54,7 @@ def mla_unsupported(spec) -> list[str]:
                    f"(got {q})")
     if kv.dtype == "nvfp4" or kv.dtype == "int8" or (kv.dtype != q and kv.dtype not in (*FP8, "fp8_ds_mla")):
         out.append(f"kv_cache.dtype: {kv.dtype} is not built for the mla layout's attention (allowed: q's dtype "
-                   f"{q}, fp8_e4m3, fp8_e5m2, fp8_ds_mla)")
+                   f"{q}, fp8_e4m3, fp8_e5m2" + (", fp8_ds_mla)" if q == "bf16" else ")"))
     elif kv.dtype in FP8 and kv.scale == "per_token_head" and q == "fp16":
         out.append("kv_cache.scale: per-token fp8 scales with fp16 q are not built for the mla layout (P times "
                    "the scales may leave fp16's range; allowed: bf16 q, or per_tensor)")

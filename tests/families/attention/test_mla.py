@@ -157,7 +157,7 @@ def test_abi_text_names_the_latent_pool_and_v_head_dim():
 @pytest.mark.parametrize("overrides,message", [
     ({"dtype.q": "fp32", "kv_cache.dtype": "fp32"}, r"dtype.q: the mla kernels run Q K\^T and P V on the tensor"),
     ({"kv_cache.dtype": "fp16"}, r"kv_cache.dtype: fp16 is not built for the mla layout's attention \(allowed: "
-                                 r"q's dtype bf16, fp8_e4m3, fp8_e5m2\)"),
+                                 r"q's dtype bf16, fp8_e4m3, fp8_e5m2, fp8_ds_mla\)"),
     ({"kv_cache.dtype": "int8", "kv_cache.scale": "per_tensor"}, r"kv_cache.dtype: int8 is not built"),
     ({"dtype.q": "fp16", "kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_token_head"},
      r"per-token fp8 scales with fp16 q are not built"),
