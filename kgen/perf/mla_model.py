@@ -42,7 +42,7 @@ def decode_estimate(spec, config: dict, registers: int, batch: int, context: int
     """One decode call of `batch` sequences of `context` tokens with kgen's plan for those lengths."""
     a = spec.attention
     geo = mla_geometry(spec, config)[0]
-    es = dtype(spec.kv_cache.dtype).itemsize
+    row = geo.stored_row or a.head_dim * dtype(spec.kv_cache.dtype).itemsize  # bytes of a latent row (fp8_ds_mla: 656)
     occ = pm.occupancy(geo.threads, registers, geo.smem_bytes, dev)
     blocks_per_sm = max(1, occ.blocks)
     lens = np.full(batch, context)
@@ -51,9 +51,9 @@ def decode_estimate(spec, config: dict, registers: int, batch: int, context: int
     parts = sizes["max_partitions"]
     rb = row_blocks(spec, config)
     blocks = rb * batch * parts
-    kv_bytes = float(batch * context * a.head_dim * es)
-    in_flight = max(1, geo.stages - 1) * geo.tile_tokens * a.head_dim * es / geo.threads
-    work = pm.Work(flop_per_byte=2.0 * geo.rows * (a.head_dim + spec.v_head_dim_value) / (a.head_dim * es))
+    kv_bytes = float(batch * context * row)
+    in_flight = max(1, geo.stages - 1) * geo.tile_tokens * row / geo.threads
+    work = pm.Work(flop_per_byte=2.0 * geo.rows * (a.head_dim + spec.v_head_dim_value) / row)
     partials = batch * a.num_q_heads * parts * (spec.v_head_dim_value + 2) * 4 * 2 if parts > 1 else 0
     est = pm.estimate_seconds(kv_bytes, blocks, geo.threads, in_flight, blocks_per_sm,
                               extra_launches=len(kernels) - 1, partial_bytes=partials, dedupe=rb, dev=dev, work=work)
