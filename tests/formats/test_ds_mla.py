@@ -61,3 +61,11 @@ def test_pool_shape_and_canonical_views_are_dequantized_rows():
     assert k.shape == (3, 4, 1, 576) and v.shape == (3, 4, 1, 512)
     assert np.array_equal(k[1, 2, 0, :512], np.repeat([1.0, 2.0, 4.0, 8.0], 128))
     assert np.array_equal(k[1, 2, 0, 512:], np.arange(64.0)) and np.isnan(k[0]).all()
+
+
+def test_to_layout_quantizes_the_latent_rows():
+    from kgen.formats.cache import to_layout
+    from kgen.quantize import quantize_ds_mla_rows
+    k = np.random.default_rng(2).standard_normal((3, 4, 1, 576)).astype(ml_dtypes.bfloat16).astype(np.float64)
+    pool = to_layout(_spec(), k, k[..., :512])["kv_cache"]
+    assert np.array_equal(pool, quantize_ds_mla_rows(k[:, :, 0].astype(ml_dtypes.bfloat16)))

@@ -181,3 +181,12 @@ def test_flashmla_fp8_checks(s_q, h_q):
         assert _allclose(got, want, 1e-3, 2.01 / 128) and _cos_diff(got, want) < 5e-6, i
         assert _allclose(lse[i], want_lse, 1e-6, 8.01 / 65536), i
         assert math.isfinite(float(np.abs(got).sum()))
+
+
+def test_abi_text_names_the_656_byte_rows_and_no_kv_scale():
+    from kgen.abi import abi_text
+    text = abi_text(_spec(**{"attention.num_q_heads": 128, "kv_cache.block_size": 64}))
+    assert "kv_cache      [num_blocks, 64, 656]  fp8_ds_mla" in text
+    assert "const unsigned char* __restrict__ kv_cache" in text
+    assert "null (fp8_ds_mla rows carry their own scales)" in text and "four fp32 scales" in text
+    assert "dynamic shared memory 99584 bytes" in text
