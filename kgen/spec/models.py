@@ -90,6 +90,7 @@ FIELD_KINDS: dict[tuple[str, str], tuple[str, ...]] = {
     ("attention", "alibi"): ATTENTION_KINDS,
     ("attention", "causal"): ("paged_prefill",),  # a decode query is the last position: causal by nature
     ("attention", "sinks"): ATTENTION_KINDS,
+    ("attention", "sparse_topk"): ATTENTION_KINDS,
     ("dtype", "out"): ATTENTION_KINDS,
 }
 # ---------------------------------------------------------------- models
@@ -140,6 +141,9 @@ class AttentionSpec(BaseModel):
         "(paged_decode and paged_prefill only)"))
     v_head_dim: HeadDim | None = Field(None, description=(
         "V and output head dim when it differs from head_dim (null = head_dim); layouts separate and mla"))
+    sparse_topk: PosInt | None = Field(None, description=(
+        "token-level sparse attention: each query row attends only to the N cache slots its `indices` row "
+        "names (null = dense; layout mla; no causal mask or window; paged_decode and paged_prefill only)"))
 
 
 class KVCacheSpec(BaseModel):
@@ -405,7 +409,7 @@ def _semantic_errors(data: dict[str, Any], bad: set[Loc]) -> list[tuple[Loc, str
     if get("kv_cache", "layout") == "vllm" and order in ORDERS:
         out.append((("kv_cache", "order"), "the vllm layout fixes its own order; leave order out "
                                            f"(got {order!r}; allowed: no order with layout vllm)"))
-    return out + _format_errors(get) + _kind_errors(get) + _tuning_errors(get)
+    return out + _format_errors(get) + _kind_errors(get) + _sparse_errors(get) + _tuning_errors(get)
 
 
 def _format_errors(get: Callable[..., Any]) -> list[tuple[Loc, str]]:
@@ -489,6 +493,27 @@ def _kind_errors(get: Callable[..., Any]) -> list[tuple[Loc, str]]:
         out.append((("attention", "sliding_window"), "a sliding window needs causal attention: with causal: "
                     f"false every query sees every key (got sliding_window {window} with causal false; "
                     "allowed: causal true, or no sliding_window)"))
+    return out
+
+
+def _sparse_errors(get: Callable[..., Any]) -> list[tuple[Loc, str]]:
+    """What token-level sparse attention cannot combine: another layout, a causal mask, a window (the
+    indices already name each row's visible keys)."""
+    topk = get("attention", "sparse_topk")
+    if not isinstance(topk, int) or isinstance(topk, bool):
+        return []
+    out: list[tuple[Loc, str]] = []
+    layout = get("kv_cache", "layout")
+    if layout in LAYOUTS and layout != "mla":
+        out.append((("attention", "sparse_topk"), "token-level sparse attention is built for the mla layout only "
+                    f"(got layout {layout!r}; allowed: layout mla, or no sparse_topk)"))
+    if get("attention", "causal") is True:
+        out.append((("attention", "causal"), "a sparse kernel has no causal mask: each row's indices name the keys "
+                    "it sees (got causal true with sparse_topk; allowed: leave causal out, or false)"))
+    window = get("attention", "sliding_window")
+    if isinstance(window, int) and not isinstance(window, bool):
+        out.append((("attention", "sliding_window"), "a sparse kernel has no window: each row's indices name the "
+                    f"keys it sees (got sliding_window {window} with sparse_topk; allowed: no sliding_window)"))
     return out
 
 

@@ -82,32 +82,57 @@ struct MlaRows {
   long long q_row0;  // the sequence's first query token in q, out and lse
 };
 
-// Copy one key tile (keys [tbase, tbase + NT)) into `stage`; keys outside [k_begin, k_end) are
-// zero-filled, not read.
+// Which latent rows a key loop reads. Key `pos` of a dense row is the sequence's position pos, found
+// through its block table; of a sparse row (SPARSE_TOPK > 0) it is entry pos of the row's indices, a
+// physical slot block_id * BLOCK_SIZE + offset, or -1 for none. The element offset of its row in a
+// pool of these strides, or -1 (sparse only) for an unused entry.
+template <class Cfg>
+__device__ __forceinline__ long long mla_key_row(int pos, const int* __restrict__ table,
+                                                 const int* __restrict__ indices, long long s_block,
+                                                 long long s_token) {
+  constexpr int B = Cfg::BLOCK_SIZE;
+  if constexpr (Cfg::SPARSE_TOPK > 0) {
+    const int slot = indices[pos];
+    return slot < 0 ? -1LL : (long long)((unsigned)slot / B) * s_block + ((unsigned)slot % B) * s_token;
+  } else {
+    return (long long)table[(unsigned)pos / B] * s_block + (pos % B) * s_token;
+  }
+}
+
+// Copy one key tile (keys [tbase, tbase + NT)) into `stage`; keys outside [k_begin, k_end), and a
+// sparse row's unused entries, are zero-filled, not read.
 template <class Cfg>
 __device__ __forceinline__ void mla_issue_tile(unsigned char* __restrict__ stage, int tbase, int k_begin, int k_end,
-                                               const int* __restrict__ table,
+                                               const int* __restrict__ table, const int* __restrict__ indices,
                                                const typename Cfg::kv_t* __restrict__ kv_cache,
                                                const float* __restrict__ kv_scale, long long kv_s_block,
                                                long long kv_s_token, long long ks_s_block, long long ks_s_token) {
   typedef MlaShape<Cfg> S;
-  constexpr int B = Cfg::BLOCK_SIZE, ES = sizeof(typename Cfg::kv_t), CHUNK = 16 / ES, PER_ROW = S::STORED / 16;
+  constexpr int ES = sizeof(typename Cfg::kv_t), CHUNK = 16 / ES, PER_ROW = S::STORED / 16;
   constexpr int COPIES = S::NT * PER_ROW, ROW = S::KV8 ? S::RAW_ROW : S::ROW;
 #pragma unroll 2
   for (int i = threadIdx.x; i < COPIES; i += S::THREADS) {
     const int t = i / PER_ROW, d0 = (i % PER_ROW) * CHUNK, pos = tbase + t;
-    const bool valid = pos >= k_begin && pos < k_end;
+    bool valid = pos >= k_begin && pos < k_end;
     const typename Cfg::kv_t* src = kv_cache;
-    if (valid) src = kv_cache + (long long)table[(unsigned)pos / B] * kv_s_block + (pos % B) * kv_s_token + d0;
+    if (valid) {
+      const long long row = mla_key_row<Cfg>(pos, table, indices, kv_s_block, kv_s_token);
+      if constexpr (Cfg::SPARSE_TOPK > 0) valid = row >= 0;
+      if (valid) src = kv_cache + row + d0;
+    }
     cp_async<16>(stage + t * ROW + d0 * ES, src, valid ? 16 : 0);
   }
   if (S::TOKEN_SCALES) {
     float* ss = reinterpret_cast<float*>(stage + S::SCALES_AT);
     for (int t = threadIdx.x; t < S::NT; t += S::THREADS) {
       const int pos = tbase + t;
-      const bool valid = pos >= k_begin && pos < k_end;
+      bool valid = pos >= k_begin && pos < k_end;
       const float* src = kv_scale;
-      if (valid) src = kv_scale + (long long)table[(unsigned)pos / B] * ks_s_block + (pos % B) * ks_s_token;
+      if (valid) {
+        const long long row = mla_key_row<Cfg>(pos, table, indices, ks_s_block, ks_s_token);
+        if constexpr (Cfg::SPARSE_TOPK > 0) valid = row >= 0;
+        if (valid) src = kv_scale + row;
+      }
       cp_async<4>(ss + t, src, valid ? 4 : 0);
     }
   }
@@ -150,12 +175,13 @@ __device__ __forceinline__ void mla_convert_tile(unsigned char* __restrict__ op,
   }
 }
 
-// The attention of the block's 16 * ROW_TILES rows over keys [k_begin, k_end) of one sequence.
+// The attention of the block's 16 * ROW_TILES rows over keys [k_begin, k_end) of one sequence (its
+// block-table row `table`), or of one sparse row (`indices`: its SPARSE_TOPK entries; see mla_key_row).
 // split: write the normalised partial and (m, l) of partition `part` instead of out and lse.
 template <class Cfg>
 __device__ __forceinline__ void mla_attend(
     typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
-    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ table,
+    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ table, const int* __restrict__ indices,
     const float* __restrict__ kv_scale, float* __restrict__ part_o, float* __restrict__ part_ml,
     float* __restrict__ lse, const MlaRows rows, int k_begin, int k_end, bool split, int part, int max_partitions,
     long long q_s_row, long long q_s_head, long long o_s_row, long long o_s_head, long long kv_s_block,
@@ -185,8 +211,8 @@ __device__ __forceinline__ void mla_attend(
   const int tile0 = k_begin / NT * NT;
   const int ntiles = k_end > k_begin ? (k_end - tile0 + NT - 1) / NT : 0;
   auto issue = [&](int tile) {
-    mla_issue_tile<Cfg>(tiles + (tile % STAGES) * S::STAGE_BYTES, tile0 + tile * NT, k_begin, k_end, table, kv_cache,
-                        kv_scale, kv_s_block, kv_s_token, ks_s_block, ks_s_token);
+    mla_issue_tile<Cfg>(tiles + (tile % STAGES) * S::STAGE_BYTES, tile0 + tile * NT, k_begin, k_end, table, indices,
+                        kv_cache, kv_scale, kv_s_block, kv_s_token, ks_s_block, ks_s_token);
   };
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
@@ -239,6 +265,17 @@ __device__ __forceinline__ void mla_attend(
     }
     const unsigned char* stage = S::KV8 ? op_s : raw;
     const int tbase = tile0 + tile * NT;
+    // A sparse row: whether each of the lane's four key columns names a slot (loaded before the products).
+    bool named[2][2] = {{true, true}, {true, true}};
+    if constexpr (Cfg::SPARSE_TOPK > 0) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int pos = tbase + 16 * cw + 8 * j + 2 * t + c;
+          named[j][c] = pos >= k_begin && pos < k_end && indices[pos] >= 0;
+        }
+    }
 
     // 1. S = Q K^T for the warp's 16 keys: s[j][i] is row g + 8 (i >> 1), key 16 cw + 8j + 2t + (i & 1).
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
@@ -259,7 +296,7 @@ __device__ __forceinline__ void mla_attend(
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int rr = i >> 1, col = 16 * cw + 8 * j + 2 * t + (i & 1), pos = tbase + col;
-        const bool seen = pos >= k_begin && pos < k_end && pos <= qpos[rr];
+        const bool seen = pos >= k_begin && pos < k_end && pos <= qpos[rr] && named[j][i & 1];
         const float x = S::TOKEN_SCALES ? s[j][i] * (qk_scale * ss[col]) : s[j][i] * qk_scale;
         s[j][i] = seen ? x : KGEN_NEG_INF;
         m_tile[rr] = fmaxf(m_tile[rr], s[j][i]);
@@ -379,9 +416,9 @@ __device__ __forceinline__ void paged_mla_decode_body(
     clip_to_partition(part, partition_tokens, max_partitions, k_begin, k_end);
   }
   const MlaRows rows{16 * Cfg::ROW_TILES * (int)blockIdx.x, Cfg::NUM_Q_HEADS, 1, seq_len, seq};
-  mla_attend<Cfg>(out, q, kv_cache, block_tables + (long long)seq * max_blocks_per_seq, kv_scale, part_o, part_ml, lse,
-                  rows, k_begin, k_end, split, part, max_partitions, q_s_seq, q_s_head, o_s_seq, o_s_head, kv_s_block,
-                  kv_s_token, ks_s_block, ks_s_token);
+  mla_attend<Cfg>(out, q, kv_cache, block_tables + (long long)seq * max_blocks_per_seq, nullptr, kv_scale, part_o,
+                  part_ml, lse, rows, k_begin, k_end, split, part, max_partitions, q_s_seq, q_s_head, o_s_seq, o_s_head,
+                  kv_s_block, kv_s_token, ks_s_block, ks_s_token);
 }
 
 // Prefill: the chunk of q_len = q_indptr[s+1] - q_indptr[s] query tokens of each sequence, packed by
@@ -403,8 +440,56 @@ __device__ __forceinline__ void paged_mla_prefill_body(
   const int last_row = min(first + 16 * Cfg::ROW_TILES, count) - 1;
   const int k_end = Cfg::CAUSAL ? seq_len - q_len + last_row / Cfg::NUM_Q_HEADS + 1 : seq_len;
   const MlaRows rows{first, count, q_len, seq_len, q0};
-  mla_attend<Cfg>(out, q, kv_cache, block_tables + (long long)seq * max_blocks_per_seq, kv_scale, nullptr, nullptr, lse,
-                  rows, 0, k_end, false, 0, 1, q_s_tok, q_s_head, o_s_tok, o_s_head, kv_s_block, kv_s_token, ks_s_block,
+  mla_attend<Cfg>(out, q, kv_cache, block_tables + (long long)seq * max_blocks_per_seq, nullptr, kv_scale, nullptr,
+                  nullptr, lse, rows, 0, k_end, false, 0, 1, q_s_tok, q_s_head, o_s_tok, o_s_head, kv_s_block, kv_s_token,
+                  ks_s_block, ks_s_token);
+}
+
+// Sparse decode (SPARSE_TOPK = N): one query token per sequence, attending the N entries of its
+// indices row (no block table, no mask but the unused entries); block (x, seq, z) takes rows [16
+// ROW_TILES x, ..) = heads, and with split-KV the entries [z P, (z + 1) P). seq_lens is not read:
+// the indices bound every row.
+template <class Cfg>
+__device__ __forceinline__ void paged_mla_sparse_decode_body(
+    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
+    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ indices,
+    const int* __restrict__ seq_lens, const float* __restrict__ kv_scale, float* __restrict__ part_o,
+    float* __restrict__ part_ml, float* __restrict__ lse, int max_partitions, long long q_s_seq, long long q_s_head,
+    long long o_s_seq, long long o_s_head, long long kv_s_block, long long kv_s_token, long long ks_s_block,
+    long long ks_s_token, int partition_tokens = 0) {
+  constexpr int N = Cfg::SPARSE_TOPK;
+  static_assert(N > 0, "the sparse body needs SPARSE_TOPK");
+  (void)seq_lens;
+  const int seq = blockIdx.y, part = blockIdx.z;
+  const bool split = Cfg::SPLIT && max_partitions > 1;
+  int k_begin = 0, k_end = N;
+  if (split) {
+    if (part >= split_partitions(N, partition_tokens, max_partitions)) return;
+    clip_to_partition(part, partition_tokens, max_partitions, k_begin, k_end);
+  }
+  const MlaRows rows{16 * Cfg::ROW_TILES * (int)blockIdx.x, Cfg::NUM_Q_HEADS, 1, N, seq};
+  mla_attend<Cfg>(out, q, kv_cache, nullptr, indices + (long long)seq * N, kv_scale, part_o, part_ml, lse, rows,
+                  k_begin, k_end, split, part, max_partitions, q_s_seq, q_s_head, o_s_seq, o_s_head, kv_s_block,
+                  kv_s_token, ks_s_block, ks_s_token);
+}
+
+// Sparse prefill: every query token is a row of its own (no causal mask: its indices row names what
+// it sees), so block (x, token) takes heads [16 ROW_TILES x, ..) of query token `token` over the N
+// entries of its indices row. q_indptr, seq_lens and num_seqs are not read: the indices bound every row.
+template <class Cfg>
+__device__ __forceinline__ void paged_mla_sparse_prefill_body(
+    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
+    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ q_indptr,
+    const int* __restrict__ indices, const int* __restrict__ seq_lens, const float* __restrict__ kv_scale,
+    float* __restrict__ lse, int num_seqs, long long q_s_tok, long long q_s_head, long long o_s_tok,
+    long long o_s_head, long long kv_s_block, long long kv_s_token, long long ks_s_block, long long ks_s_token) {
+  constexpr int N = Cfg::SPARSE_TOPK;
+  static_assert(N > 0, "the sparse body needs SPARSE_TOPK");
+  (void)q_indptr, (void)seq_lens, (void)num_seqs;
+  const int token = blockIdx.y;
+  const MlaRows rows{16 * Cfg::ROW_TILES * (int)blockIdx.x, Cfg::NUM_Q_HEADS, 1, N, token};
+  mla_attend<Cfg>(out, q, kv_cache, nullptr, indices + (long long)token * N, kv_scale, nullptr, nullptr, lse, rows, 0,
+                  N, false, 0, 1, q_s_tok, q_s_head, o_s_tok, o_s_head, kv_s_block, kv_s_token, ks_s_block,
                   ks_s_token);
 }
 

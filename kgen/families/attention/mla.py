@@ -11,7 +11,7 @@ import numpy as np
 
 from kgen.errors import ArgumentError
 from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
-from kgen.families.attention import mla_cases
+from kgen.families.attention import mla_cases, sparse_cases
 from kgen.families.attention.common import (
     DECODE_ROWS,
     PARTITION_TOKENS,
@@ -22,6 +22,13 @@ from kgen.families.attention.common import (
     merge_kernel,
 )
 from kgen.families.attention.mla_geometry import mla_geometry
+from kgen.families.attention.mla_sparse import (
+    bind_indices,
+    indices_arg,
+    refuse_block_tables,
+    sparse_notes,
+    topk,
+)
 from kgen.families.base import (
     Config,
     FamilyBase,
@@ -83,10 +90,12 @@ class MlaAttentionFamily(FamilyBase):
     template = "paged_mla.cu.j2"
     auditable = True
     body = ""  # the body function of templates/common/paged_mla.cuh
+    sparse_body = ""  # the same for a sparse spec (attention.sparse_topk)
 
     def causal(self, spec) -> bool:
-        """Whether a row sees keys up to its own position only (decode's query is the last key anyway)."""
-        return True
+        """Whether a row sees keys up to its own position only (decode's query is the last key anyway;
+        a sparse row sees what its indices name)."""
+        return not topk(spec)
 
     def unsupported(self, spec) -> list[str]:
         return mla_unsupported(spec)
@@ -106,7 +115,8 @@ class MlaAttentionFamily(FamilyBase):
                 "scale_mode": SCALE_MODES[spec.kv_cache.scale], "causal": self.causal(spec),
                 "partition_size": config.get("partition_size", 0), "geo": mla_geometry(spec, config)[0],
                 "ds_mla": CacheFormat.of(spec).ds_mla,
-                "main": kernels[0], "merge": kernels[1] if len(kernels) > 1 else None, "body": self.body}
+                "main": kernels[0], "merge": kernels[1] if len(kernels) > 1 else None,
+                "body": self.sparse_body if topk(spec) else self.body, "sparse_topk": topk(spec)}
 
     def main_kernel(self, spec, config: Config, grid: tuple) -> KernelDecl:
         geo, problems = mla_geometry(spec, config)
@@ -129,9 +139,10 @@ class MlaAttentionFamily(FamilyBase):
             f"Call: kern({', '.join(names)}, out=None, return_lse=False) -> out, or (out, lse); the cache array:",
             *cache_rows(spec),
             "",
-            "Rules: slots past a sequence's length in its last block hold garbage and must not be read"
-            + ("" if spec.tail_masking else
-               " (tail_masking: false: every seq_len is promised to be a multiple of block_size)") + ".",
+            *(sparse_notes(spec, self.sparse_row_text) if topk(spec) else [
+                "Rules: slots past a sequence's length in its last block hold garbage and must not be read"
+                + ("" if spec.tail_masking else
+                   " (tail_masking: false: every seq_len is promised to be a multiple of block_size)") + "."]),
             "Loads: 16-byte vectors; q, out and kv_cache pointers and strides must be multiples of 8 elements"
             + (" (kv_cache: 16 bytes)" if CacheFormat.of(spec).ds_mla else "") + ".",
             *(["fp8_ds_mla rows: bytes 0..511 e4m3 latent, 512..527 four fp32 scales (scale t for latent values "
@@ -154,7 +165,11 @@ class MlaAttentionFamily(FamilyBase):
         return cache, N
 
     def bucket_of(self, spec, call):
-        """batch = block-table rows, context = the block table's capacity in tokens."""
+        """batch = block-table rows, context = the block table's capacity in tokens (sparse: q's rows and
+        the top-k)."""
+        if topk(spec):
+            q = call.get("q")
+            return None if q is None or len(q.shape) < 1 else (int(q.shape[0]), topk(spec))
         bt = call.get("block_tables")
         if bt is None or len(bt.shape) != 2:
             return None
@@ -194,6 +209,8 @@ def pool_values(spec, cache, scale) -> dict[str, int]:
 
 class MlaDecodeFamily(MlaAttentionFamily):
     kind, rows, body = "paged_decode", DECODE_ROWS, "paged_mla_decode_body"
+    sparse_body = "paged_mla_sparse_decode_body"
+    sparse_row_text = "each sequence's query token (all its heads)"
     perf_model, fib_kind = PerfModel.LATENT, "mla_paged_decode"  # kgen/perf/mla_model.py; kgen/fib/mla.py
     params = {**GEOMETRY_PARAMS, "partition_size": TunableParam("partition_size", 0)}
 
@@ -206,13 +223,16 @@ class MlaDecodeFamily(MlaAttentionFamily):
     def arguments(self, spec, config: Config) -> list[Arg]:
         a, d = spec.attention, spec.dtype
         Hq, D, Dv = a.num_q_heads, a.head_dim, spec.v_head_dim_value
-        single = not config["partition_size"]
+        single, sparse = not config["partition_size"], topk(spec)
         return [
             array("out", d.resolved_out, "output", ("num_seqs", Hq, Dv), "attention output of each query head"),
             array("q", d.q, "input", ("num_seqs", Hq, D),
                   f"absorbed query of each sequence's last token (q_nope {Dv}, then q_pe {D - Dv})"),
             pool_arg(spec),
-            *table_args(DECODE_ROWS),
+            *([indices_arg(spec, "num_seqs"), array("seq_lens", "int32", "input", ("num_seqs",),
+                                                    "tokens of each sequence (not read by kgen's kernel: the "
+                                                    "indices bound every row)")]
+              if sparse else table_args(DECODE_ROWS)),
             kv_scale_arg(spec, "input", const=True, use="real = stored * scale, for K and V"),
             array("part_o", "fp32", "scratch", ("num_seqs", Hq, "max_partitions", Dv),
                   "split-KV: each partition's normalised output (null without split)", optional=single),
@@ -220,7 +240,7 @@ class MlaDecodeFamily(MlaAttentionFamily):
                   "split-KV: each partition's (max, sum) of exp (null without split)", optional=single),
             array("lse", "fp32", "output", ("num_seqs", Hq),
                   "natural-log log-sum-exp of the final logits (null unless requested)", optional=True),
-            scalar("max_blocks_per_seq", "int32", "columns of block_tables"),
+            *([] if sparse else [scalar("max_blocks_per_seq", "int32", "columns of block_tables")]),
             scalar("max_partitions", "int32", "partitions per sequence (grid z); 1 without split"),
             *stride_args(DECODE_ROWS, "sequences"),
             *([] if single else [PARTITION_TOKENS]),
@@ -240,6 +260,8 @@ class MlaDecodeFamily(MlaAttentionFamily):
             raise ArgumentError(f"{extra[0]}: {spec.kind} has one query row per sequence; plan it with "
                                 "kern.plan(seq_lens) alone")
         seq_lens = lengths["seq_lens"]
+        if topk(spec):  # every row's keys are its top-k entries, whatever its sequence's length
+            seq_lens = np.full(np.size(seq_lens), topk(spec))
         granule = config["partition_size"]
         check_forced_partition(partition_tokens, granule)
         split = choose_split(seq_lens, row_blocks(spec, config), target_blocks, granule, 0, partition_tokens)
@@ -249,7 +271,8 @@ class MlaDecodeFamily(MlaAttentionFamily):
         return sizes, kernels if split.merged else kernels[:1]
 
     def abi_notes(self, spec) -> list[str]:
-        return self.notes(spec, "", ["q", "kv_cache", "block_tables", "seq_lens"]) + [
+        keys = ["indices", "seq_lens"] if topk(spec) else ["block_tables", "seq_lens"]
+        return self.notes(spec, "", ["q", "kv_cache", *keys]) + [
             "Split-KV configs add partitions on grid z and a merge kernel; a hand-written kernel implements the "
             "single-pass launch below (part_o and part_ml null, max_partitions 1)."]
 
@@ -259,16 +282,25 @@ class MlaDecodeFamily(MlaAttentionFamily):
         b = AttentionBinder(spec, call)
         q, S = b.query(DECODE_ROWS)
         cache, N = self.bind_pool(b, q)
-        bt, sl = b.table(S)
-        M = bt.shape[1]
+        if topk(spec):
+            refuse_block_tables(b)
+            bt, M = bind_indices(b, S, N, checked), 0
+            sl = b.take("seq_lens", True)
+            b.check(sl, (S,), "int32", contiguous=True)
+        else:
+            bt, sl = b.table(S)
+            M = bt.shape[1]
         scale = take_kv_scale(b, spec, N, "given by the caller")
         out = b.out(q, S)
         b.aligned(out, 1, out.strides[:2])
         lse = b.lse(q, S)
-        if checked:
+        if checked and not topk(spec):
             b.check_lengths(sl, bt, N, min_len=0)  # 0: a padded row (CUDA graphs)
         if plan is None:
-            lens = host_values(sl) if sl.device == "cpu" else np.full(S, M * spec.kv_cache.block_size)
+            if topk(spec):  # the schedule sizes every sparse row by the top-k
+                lens = np.zeros(S, dtype=np.int64)
+            else:
+                lens = host_values(sl) if sl.device == "cpu" else np.full(S, M * spec.kv_cache.block_size)
             sizes, kernels = self.schedule(spec, config, {"seq_lens": lens}, target_blocks or DEFAULT_TARGET_BLOCKS)
         else:
             sizes, kernels = b.planned(self, config, plan, S)
@@ -277,7 +309,7 @@ class MlaDecodeFamily(MlaAttentionFamily):
         written = [out, lse, part_o, part_ml]
         b.refuse_aliasing(written, [q, cache, bt, sl, scale, *written])
         p = b.pointer
-        values = {"out": p(out), "q": p(q), "kv_cache": p(cache), "block_tables": p(bt), "seq_lens": p(sl),
+        values = {"out": p(out), "q": p(q), "kv_cache": p(cache), "block_tables": p(bt), "indices": p(bt), "seq_lens": p(sl),
                   "kv_scale": p(scale), "part_o": p(part_o), "part_ml": p(part_ml), "lse": p(lse),
                   "max_blocks_per_seq": M, "max_partitions": sizes["max_partitions"],
                   "partition_tokens": sizes["partition_tokens"], "q_s_seq": q.strides[0], "q_s_head": q.strides[1],
@@ -287,16 +319,24 @@ class MlaDecodeFamily(MlaAttentionFamily):
 
     # ---- verification and benchmarks (kgen/families/attention/mla_cases.py) ----------------
     def cases(self, spec, config: Config, rng: np.random.Generator):
+        if topk(spec):
+            return sparse_cases.decode_cases(spec, config, rng)
         return mla_cases.matrix_cases(spec, config, rng)
 
     def run_case(self, kernel, case, rng: np.random.Generator):
+        if topk(kernel.spec):
+            return sparse_cases.run_decode_case(kernel, case, rng)
         return mla_cases.run_case(kernel, case, rng)
 
     def bench(self, spec, config: Config, bucket, rng: np.random.Generator):
+        if topk(spec):
+            return sparse_cases.decode_bench(spec, bucket, rng)
         return mla_cases.bench(spec, bucket, rng)
 
     def bucket_of(self, spec, call):
-        """batch = q's rows, context = the block table's capacity in tokens."""
+        """batch = q's rows, context = the block table's capacity in tokens (sparse: the top-k)."""
+        if topk(spec):
+            return super().bucket_of(spec, call)
         q, bt = call.get("q"), call.get("block_tables")
         if q is None or bt is None or len(q.shape) < 1 or len(bt.shape) != 2:
             return None
@@ -305,11 +345,13 @@ class MlaDecodeFamily(MlaAttentionFamily):
 
 class MlaPrefillFamily(MlaAttentionFamily):
     kind, rows, body = "paged_prefill", PREFILL_ROWS, "paged_mla_prefill_body"
+    sparse_body = "paged_mla_sparse_prefill_body"
+    sparse_row_text = "each query token (all its heads)"
     params = dict(GEOMETRY_PARAMS)
     fib_kind = "mla_paged_prefill"  # kgen/fib/mla.py
 
     def causal(self, spec) -> bool:
-        return spec.attention.causal
+        return spec.attention.causal and not topk(spec)
 
     def arguments(self, spec, config: Config) -> list[Arg]:
         a, d = spec.attention, spec.dtype
@@ -320,17 +362,23 @@ class MlaPrefillFamily(MlaAttentionFamily):
                   f"absorbed queries (q_nope {Dv}, then q_pe {D - Dv}), packed by sequence (q_indptr)"),
             pool_arg(spec),
             array("q_indptr", "int32", "input", ("num_seqs + 1",),
-                  "sequence s owns query rows q_indptr[s] .. q_indptr[s+1]-1; q_indptr[0] = 0, non-decreasing"),
-            *table_args(PREFILL_ROWS),
+                  "sequence s owns query rows q_indptr[s] .. q_indptr[s+1]-1; q_indptr[0] = 0, non-decreasing"
+                  + (" (not read by kgen's sparse kernel)" if topk(spec) else "")),
+            *([indices_arg(spec, "num_q_tokens"), array("seq_lens", "int32", "input", ("num_seqs",),
+                                                        "KV tokens of each sequence (not read by kgen's kernel: the "
+                                                        "indices bound every row)")]
+              if topk(spec) else table_args(PREFILL_ROWS)),
             kv_scale_arg(spec, "input", const=True, use="real = stored * scale, for K and V"),
             array("lse", "fp32", "output", ("num_q_tokens", Hq),
                   "natural-log log-sum-exp of the final logits, -inf for no key (null unless requested)", optional=True),
             scalar("num_seqs", "int32", "sequences in the batch"),
-            scalar("max_blocks_per_seq", "int32", "columns of block_tables"),
+            *([] if topk(spec) else [scalar("max_blocks_per_seq", "int32", "columns of block_tables")]),
             *stride_args(PREFILL_ROWS, "query rows"),
         ]
 
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
+        if topk(spec):  # a block per (head tile, query token): every token is a row of its own
+            return [self.main_kernel(spec, config, (row_blocks(spec, config), "num_q_tokens", 1))]
         return [self.main_kernel(spec, config, ("q_row_blocks", "num_seqs", 1))]
 
     def schedule(self, spec, config: Config, lengths: dict[str, np.ndarray], target_blocks: int,
@@ -348,6 +396,10 @@ class MlaPrefillFamily(MlaAttentionFamily):
 
     def abi_notes(self, spec) -> list[str]:
         rows = 16 * resolve_config(self, spec, None)["row_tiles"]
+        if topk(spec):
+            return self.notes(spec, "Query row j of sequence s is q's row q_indptr[s] + j; indices row t belongs to "
+                              "q's row t.", ["q", "kv_cache", "q_indptr", "indices", "seq_lens"]) + [
+                f"Grid: x = ceil({spec.attention.num_q_heads} / {rows}) tiles of {rows} heads, y = num_q_tokens."]
         visible = "keys 0 .. p" if spec.attention.causal else "all seq_len keys (causal: false)"
         return self.notes(spec, "Query row j of sequence s (rows q_indptr[s] ..) sits at position p = seq_lens[s] - "
                           f"q_len + j and sees {visible}. A sequence with q_len 0 writes nothing.",
@@ -360,8 +412,17 @@ class MlaPrefillFamily(MlaAttentionFamily):
         b = AttentionBinder(spec, call)
         q, T = b.query(PREFILL_ROWS)
         cache, N = self.bind_pool(b, q)
-        bt, sl = b.table(None)
-        S, M = bt.shape
+        if topk(spec):
+            refuse_block_tables(b)
+            bt, M = bind_indices(b, T, N, checked), 0
+            sl = b.take("seq_lens", True)
+            if len(sl.shape) != 1:
+                raise ArgumentError(f"seq_lens: expected shape [num_seqs], got {list(sl.shape)}")
+            S = sl.shape[0]
+            b.check(sl, (S,), "int32", contiguous=True)
+        else:
+            bt, sl = b.table(None)
+            S, M = bt.shape
         ind = b.take("q_indptr", True)
         b.check(ind, (S + 1,), "int32", contiguous=True)
         scale = take_kv_scale(b, spec, N, "given by the caller")
@@ -369,8 +430,10 @@ class MlaPrefillFamily(MlaAttentionFamily):
         lse = b.lse(q, T)
         if plan is not None:
             raise ArgumentError("plan: mla prefill has no call-time plan (no split-KV); call it without one")
-        if checked:
+        if checked and not topk(spec):
             b.check_lengths(sl, bt, N, q_lens=checked_q_lens(host_values(ind), T), min_len=0)
+        elif checked:
+            checked_q_lens(host_values(ind), T)
         if ind.device == "cpu":
             indptr = host_values(ind)
         else:  # a device q_indptr: as many row blocks as all rows could need
@@ -379,7 +442,7 @@ class MlaPrefillFamily(MlaAttentionFamily):
         b.refuse_unknown()
         b.refuse_aliasing([out, lse], [q, cache, ind, bt, sl, scale, out, lse])
         p = b.pointer
-        values = {"out": p(out), "q": p(q), "kv_cache": p(cache), "q_indptr": p(ind), "block_tables": p(bt),
+        values = {"out": p(out), "q": p(q), "kv_cache": p(cache), "q_indptr": p(ind), "block_tables": p(bt), "indices": p(bt),
                   "seq_lens": p(sl), "kv_scale": p(scale), "lse": p(lse), "num_seqs": S, "max_blocks_per_seq": M,
                   "q_s_tok": q.strides[0], "q_s_head": q.strides[1], "o_s_tok": out.strides[0],
                   "o_s_head": out.strides[1], **pool_values(spec, cache, scale)}
@@ -387,12 +450,18 @@ class MlaPrefillFamily(MlaAttentionFamily):
         return launches, ((out.obj, lse.obj) if lse is not None else out.obj)
 
     def cases(self, spec, config: Config, rng: np.random.Generator):
+        if topk(spec):
+            return sparse_cases.prefill_cases(spec, config, rng)
         return mla_cases.prefill_matrix_cases(spec, config, rng)
 
     def run_case(self, kernel, case, rng: np.random.Generator):
+        if topk(kernel.spec):
+            return sparse_cases.run_prefill_case(kernel, case, rng)
         return mla_cases.run_prefill_case(kernel, case, rng)
 
     def bench(self, spec, config: Config, bucket, rng: np.random.Generator):
+        if topk(spec):
+            return sparse_cases.prefill_bench(spec, bucket, rng)
         return mla_cases.prefill_bench(spec, bucket, rng)
 
 

@@ -2,6 +2,9 @@
 through the block tables (in the canonical order of kgen/formats/cache.py), dequantize exactly
 as the ABI says (real = stored * scale, docs/abi.md), and compute attention in float64.
 
+A sparse call (attention.sparse_topk) is first turned into the dense call that reads the rows its
+`indices` name (sparse_as_dense): the reference gathers by indices, never by the block tables.
+
 ONE computation, parameterised by each query row's absolute position: prefill's row j of
 sequence s (rows q_indptr[s] ..) sits at p = seq_lens[s] - q_len_s + j; decode is q_len 1, its
 row at p = seq_len - 1. A row sees keys 0..p (causal), p-W+1..p (sliding window W) or all
@@ -138,6 +141,33 @@ def _widen(stored: np.ndarray, scale: np.ndarray, dtype, rnd) -> np.ndarray:
     return x * np.asarray(scale, dtype=np.float64).astype(dtype)[:, None]
 
 
+def sparse_as_dense(spec, args: dict) -> dict:
+    """A sparse call's arguments (attention.sparse_topk: `indices` [rows, N]) as the dense call that
+    reads the same rows: query row r becomes sequence r, whose keys are its valid entries' cache rows
+    in order (a repeated slot repeated, -1 left out), gathered into a pool of its own with their
+    per-token scales; each row is then a decode row and sees all its keys (none: out 0, lse -inf).
+    A dense call's arguments are returned as they are."""
+    if not spec.attention.sparse_topk or "indices" not in args:
+        return args
+    B = spec.kv_cache.block_size
+    ind = np.asarray(args["indices"]).astype(np.int64)
+    valid = ind >= 0
+    lens = valid.sum(axis=1)
+    nb = max(1, -(-int(lens.max(initial=0)) // B))
+    names = list(cache_names(spec)) + (["kv_scale"] if CacheFormat.of(spec).per_token else [])
+    dense = {k: v for k, v in args.items() if k not in ("indices", "q_indptr", "seq_lens", *names)}
+    for name in names:
+        pool = np.asarray(args[name])
+        rows = np.zeros((ind.shape[0], nb * B, *pool.shape[2:]), dtype=pool.dtype)
+        for r, entries in enumerate(ind):
+            slots = entries[valid[r]]
+            rows[r, : slots.size] = pool[slots // B, slots % B]
+        dense[name] = rows.reshape(ind.shape[0] * nb, B, *pool.shape[2:])
+    dense["block_tables"] = np.arange(ind.shape[0] * nb, dtype=np.int32).reshape(ind.shape[0], nb)
+    dense["seq_lens"] = lens.astype(np.int32)
+    return dense
+
+
 def attention_reference(spec, q, args: dict, dtype=np.float64, round_to=None, magnitudes: bool = True,
                         units: np.ndarray | None = None) -> Reference:
     """Attention of every query row of a call (decode or prefill: `args` with or without
@@ -154,6 +184,7 @@ def attention_reference(spec, q, args: dict, dtype=np.float64, round_to=None, ma
     an error that this yardstick does not grant it.
     """
     a = spec.attention
+    args = sparse_as_dense(spec, args)  # a sparse row: the rows its indices name
     rnd = (lambda x: x.astype(round_to).astype(dtype)) if round_to is not None else (lambda x: x)
     qf = rnd(np.asarray(q).astype(dtype))
     R, Hq = qf.shape[:2]
@@ -237,6 +268,7 @@ def value_hull(spec, args: dict) -> tuple[np.ndarray, np.ndarray]:
     Every output row of attention is a convex combination of its visible keys' V rows, so it lies
     between them: a check that costs one pass over V, for rows whose reference is not computed."""
     a, DV = spec.attention, spec.v_head_dim_value
+    args = sparse_as_dense(spec, args)
     lens = np.asarray(args["seq_lens"]).reshape(-1)
     tables = np.asarray(args["block_tables"])
     lo = np.zeros((lens.size, a.num_kv_heads, DV))
