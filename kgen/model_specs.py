@@ -30,9 +30,11 @@ KV_DTYPES = ("auto", "fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2", "nvfp4")
 _TORCH_DTYPES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32", "float": "fp32"}
 # Model types whose attention is the plain decoder attention kgen derives (others are refused by name).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gemma3_text", "phi3",
-                         "gpt_oss", *("deepseek_v2", "deepseek_v3", "kimi_k2"))
+                         "gpt_oss", *("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2"))
 # Multi-head latent attention (docs/mla.md): served in its absorbed form over one latent row per token.
-MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
+MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2")
+# DeepSeek-V3.2's sparse attention: its indexer picks index_topk tokens per query (attention.sparse_topk).
+SPARSE_MLA_MODEL_TYPES = ("deepseek_v32",)
 
 
 @dataclass(frozen=True)
@@ -53,12 +55,13 @@ class LayerAttention:
     sinks: bool = False  # learned per-head sink logits (gpt-oss), passed at call time
     v_head_dim: int | None = None  # V's and the output's head dim when it differs (MLA: the latent rank)
     layout: str = "separate"  # mla: one latent row per token (DeepSeek-V2/V3, Kimi K2)
+    sparse_topk: int | None = None  # each query attends the top-k slots its indices name (DeepSeek-V3.2)
 
     def key(self) -> str:
         """A short stable name for this layer type (part of the spec names)."""
         fields = asdict(self)
         # fields at their defaults are left out, so the names of layer types without them stay as they were
-        for name, default in (("sinks", False), ("v_head_dim", None), ("layout", "separate")):
+        for name, default in (("sinks", False), ("v_head_dim", None), ("layout", "separate"), ("sparse_topk", None)):
             if fields[name] == default:
                 fields.pop(name)
         digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:8]
@@ -104,6 +107,8 @@ def layer_spec_dicts(layer: LayerAttention, prefix: str = "kgen") -> dict[str, d
         attention["sinks"] = True
     if layer.v_head_dim is not None:
         attention["v_head_dim"] = int(layer.v_head_dim)
+    if layer.sparse_topk:
+        attention["sparse_topk"] = int(layer.sparse_topk)
     kv = {"block_size": layer.block_size, "layout": layer.layout, "order": layer.order, "dtype": layer.kv_dtype,
           "scale": "per_tensor" if quantized else "none"}
     if layer.layout == "mla":  # one row per token: no head axis to order
@@ -116,7 +121,8 @@ def layer_spec_dicts(layer: LayerAttention, prefix: str = "kgen") -> dict[str, d
             doc["targets"] = ["sm_89", "sm_90"]
         fields = _ATTENTION_FIELDS[kind]
         doc["attention"] = {k: v for k, v in attention.items() if fields is None or k in fields}
-        doc["attention"].update(_ATTENTION_EXTRA.get(kind, {}))
+        if not layer.sparse_topk:  # a sparse kernel has no causal mask: the indices name what a row sees
+            doc["attention"].update(_ATTENTION_EXTRA.get(kind, {}))
         docs[kind] = doc
     return docs
 
@@ -212,9 +218,21 @@ def mla_softmax_scale(cfg: dict[str, Any]) -> float:
     return scale
 
 
+def _sparse_topk(cfg: dict[str, Any]) -> int | None:
+    """DeepSeek-V3.2's index_topk (the tokens its indexer picks per query), None for dense attention."""
+    topk = cfg.get("index_topk")
+    if topk is None and cfg.get("model_type") in SPARSE_MLA_MODEL_TYPES:
+        raise KgenUserError(f"model config: missing index_topk (a {cfg['model_type']} config names the tokens its "
+                            "sparse attention's indexer picks per query, e.g. 2048)")
+    if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int) or topk < 1):
+        raise KgenUserError(f"model config: index_topk must be a positive integer (got {topk!r})")
+    return topk
+
+
 def _mla_layers(cfg: dict[str, Any], kv_dtype: str, block_size: int, dtype: str | None) -> list[LayerAttention]:
     """Every layer of a DeepSeek-style model as absorbed MLA: all query heads on one latent row of
-    kv_lora_rank + qk_rope_head_dim elements, V (and the output) its first kv_lora_rank."""
+    kv_lora_rank + qk_rope_head_dim elements, V (and the output) its first kv_lora_rank; with
+    index_topk (DeepSeek-V3.2) sparse: each query attends the top-k slots its indexer names."""
     try:
         heads, rank, rope = int(cfg["num_attention_heads"]), int(cfg["kv_lora_rank"]), int(cfg["qk_rope_head_dim"])
         scale = mla_softmax_scale(cfg)
@@ -224,7 +242,7 @@ def _mla_layers(cfg: dict[str, Any], kv_dtype: str, block_size: int, dtype: str 
                             "qk_nope_head_dim and qk_rope_head_dim)") from None
     q_dtype = kgen_dtype(dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
     layer = LayerAttention(heads, 1, rank + rope, scale, q_dtype, kv_cache_dtype(kv_dtype, q_dtype), int(block_size),
-                           v_head_dim=rank, layout="mla")
+                           v_head_dim=rank, layout="mla", sparse_topk=_sparse_topk(cfg))
     return [layer] * n
 
 

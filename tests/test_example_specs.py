@@ -27,7 +27,8 @@ def test_the_issue_examples_exist():
 # The slowest to verify are the full tier's; their formats and layouts are verified by default elsewhere
 # (fp8 in tests/verify/corpus, nvfp4 in test_nvfp4_attention.py, vLLM's layout in test_decode_sweep.py).
 FULL_TIER = {"decode_vllm_layout", "llama3_8b_decode_nvfp4", "decode_fp8_e4m3_per_head", "gpt_oss_20b_decode_sliding",
-             "decode_split_kv_long"}  # split-KV decode verifies by default in test_paged_decode.py
+             "decode_split_kv_long",  # split-KV decode verifies by default in test_paged_decode.py
+             "deepseek_v32_sparse_mla_decode"}  # ~100 s (top-2048 x 128 heads); sparse decode: test_mla_sparse.py
 
 
 def _tiered(paths: list[Path]) -> list:

@@ -136,6 +136,41 @@ def test_deepseek_v3_gets_absorbed_mla_specs_with_its_yarn_scale():
     assert support_problems(fp8["decode"]) == []
 
 
+DEEPSEEK_V32 = {**DEEPSEEK_V3, "model_type": "deepseek_v32", "index_topk": 2048, "index_n_heads": 64,
+                "index_head_dim": 128}
+
+
+def test_deepseek_v32_gets_sparse_mla_specs_from_its_index_topk():
+    specs = kgen.specs_for_model(DEEPSEEK_V32, block_size=64)
+    assert sorted(specs) == ["cache_write", "decode", "prefill"]
+    for key in ("decode", "prefill"):
+        s = specs[key]
+        assert s.attention.sparse_topk == 2048 and s.kv_cache.layout == "mla" and s.v_head_dim_value == 512
+        assert support_problems(s) == []
+    assert "causal" not in specs["prefill"].model_dump(exclude_unset=True)["attention"]  # sparse: no causal mask
+    assert specs["cache_write"].attention.sparse_topk is None  # the write kernel knows nothing of the attention
+    # the bundled V3.2 specs state the same kernels by hand (names and tuning aside)
+    root = Path(__file__).resolve().parents[1] / "specs"
+    for key in ("decode", "prefill"):
+        bundled = kgen.load_spec(root / f"deepseek_v32_sparse_mla_{key}.yaml")
+        derived = specs[key]
+        assert (bundled.attention.sparse_topk, bundled.attention.num_q_heads, bundled.kind) == (
+            derived.attention.sparse_topk, derived.attention.num_q_heads, derived.kind)
+        assert bundled.softmax_scale_value == pytest.approx(derived.softmax_scale_value, rel=1e-7)
+    # a V3 config stays dense
+    assert kgen.specs_for_model(DEEPSEEK_V3, block_size=64)["decode"].attention.sparse_topk is None
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"index_topk": None}, "missing index_topk"), ({"index_topk": 0}, "index_topk must be a positive integer"),
+    ({"index_topk": "2048"}, "index_topk must be a positive integer"),
+])
+def test_a_v32_config_without_a_valid_index_topk_is_a_user_error(change, message):
+    cfg = {k: v for k, v in {**DEEPSEEK_V32, **change}.items() if v is not None}
+    with pytest.raises(KgenUserError, match=message):
+        kgen.specs_for_model(cfg)
+
+
 def test_an_mla_config_without_its_ranks_is_a_user_error():
     with pytest.raises(KgenUserError, match="kv_lora_rank"):
         kgen.specs_for_model({k: v for k, v in DEEPSEEK_V3.items() if k != "kv_lora_rank"})
