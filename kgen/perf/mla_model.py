@@ -8,7 +8,10 @@ row of its sequence (or partition) once, 576 elements, through `stages` tiles of
 rows (`stages - 1` of them in flight while one is computed; one stage overlaps nothing); the row
 blocks of a sequence read the same rows (L2 serves the repeats: `dedupe`); each latent row costs
 2 x rows x (head_dim + v_head_dim) tensor FLOP per block (padding rows included); a split adds the
-merge launch and the partials written and read back. The SASS-level terms (instruction issue,
+merge launch and the partials written and read back. A sparse spec (attention.sparse_topk N) iterates
+its N entries whatever the context: min(context, N) of them name rows (read), the rest are -1
+(zero-filled, no bytes, but their tiles' tensor FLOP still run); the indices' own 4 bytes an entry are
+not counted. The SASS-level terms (instruction issue,
 shared-memory wavefronts) are not counted: the fractions are upper bounds where those bind."""
 
 from __future__ import annotations
@@ -46,18 +49,21 @@ def decode_estimate(spec, config: dict, registers: int, batch: int, context: int
     occ = pm.occupancy(geo.threads, registers, geo.smem_bytes, dev)
     blocks_per_sm = max(1, occ.blocks)
     lens = np.full(batch, context)
+    N = a.sparse_topk or 0
+    keys = min(context, N) if N else context  # the rows each sequence's blocks read
+    loop = N or context  # the entries (keys) its tiles compute over
     sizes, kernels = family_for(spec).schedule(spec, config, {"seq_lens": lens},
                                          target_blocks(dev.sms, blocks_per_sm * dev.sms))
     parts = sizes["max_partitions"]
     rb = row_blocks(spec, config)
     blocks = rb * batch * parts
-    kv_bytes = float(batch * context * row)
+    kv_bytes = float(batch * keys * row)
     in_flight = max(1, geo.stages - 1) * geo.tile_tokens * row / geo.threads
-    work = pm.Work(flop_per_byte=2.0 * geo.rows * (a.head_dim + spec.v_head_dim_value) / row)
+    work = pm.Work(flop_per_byte=2.0 * geo.rows * (a.head_dim + spec.v_head_dim_value) / row * loop / keys)
     partials = batch * a.num_q_heads * parts * (spec.v_head_dim_value + 2) * 4 * 2 if parts > 1 else 0
     est = pm.estimate_seconds(kv_bytes, blocks, geo.threads, in_flight, blocks_per_sm,
                               extra_launches=len(kernels) - 1, partial_bytes=partials, dedupe=rb, dev=dev, work=work)
-    useful = 2.0 * batch * context * a.num_q_heads * (a.head_dim + spec.v_head_dim_value)
+    useful = 2.0 * batch * keys * a.num_q_heads * (a.head_dim + spec.v_head_dim_value)
     peak = dev.sms * dev.clock_hz * dev.tensor_flop_per_sm_clock
     return MlaEstimate(batch, context, est, useful / est.seconds / peak, parts)
 

@@ -23,6 +23,10 @@
 // Split-KV: partition z of the grid attends keys [z P, (z + 1) P) and writes its normalised partial
 // and (m, l); the merge kernel (softmax.cuh's merge_partitions_body) combines them at V_DIM.
 //
+// Sparse (SPARSE_TOPK = N > 0): a row's keys are the N entries of its indices row, physical slots
+// block_id * BLOCK_SIZE + offset or -1 (mla_key_row picks the rows; -1 is zero-filled and masked), with
+// no block table, causal mask or window; see paged_mla_sparse_decode_body / _prefill_body.
+//
 // fp8 caches (e4m3, e5m2): the tile lands as stored (RAW_ROW_BYTES a row, with its per-token scales),
 // then one pass converts it into the 16-bit operand tile (exact: fp8 values are fp16 and bf16 values)
 // that both products read. Scales stay outside the products, in fp32: a per-tensor scale multiplies

@@ -27,7 +27,7 @@ def indices_arg(spec, rows: str) -> Arg:
 
 def bind_indices(b, rows: int, num_blocks: int, checked: bool):
     """`indices` [rows, N] int32, C-contiguous; with `checked`, every entry -1 or a slot of the pool."""
-    spec, N, B = b.spec, topk(b.spec), b.spec.kv_cache.block_size
+    N, B = topk(b.spec), b.spec.kv_cache.block_size
     ind = b.take("indices", True)
     if len(ind.shape) != 2 or ind.shape[1] != N or ind.shape[0] != rows:
         raise ArgumentError(f"indices: expected shape [{rows}, {N}] (one row per query row, attention.sparse_topk "
