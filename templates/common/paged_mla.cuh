@@ -478,8 +478,9 @@ __device__ __forceinline__ void paged_mla_sparse_decode_body(
 }
 
 // Sparse prefill: every query token is a row of its own (no causal mask: its indices row names what
-// it sees), so block (x, token) takes heads [16 ROW_TILES x, ..) of query token `token` over the N
-// entries of its indices row. q_indptr, seq_lens and num_seqs are not read: the indices bound every row.
+// it sees), so block (token, y) takes heads [16 ROW_TILES y, ..) of query token `token` over the N
+// entries of its indices row (tokens on grid x: a prompt may have more than grid y's 65,535).
+// q_indptr, seq_lens and num_seqs are not read: the indices bound every row.
 template <class Cfg>
 __device__ __forceinline__ void paged_mla_sparse_prefill_body(
     typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
@@ -490,8 +491,8 @@ __device__ __forceinline__ void paged_mla_sparse_prefill_body(
   constexpr int N = Cfg::SPARSE_TOPK;
   static_assert(N > 0, "the sparse body needs SPARSE_TOPK");
   (void)q_indptr, (void)seq_lens, (void)num_seqs;
-  const int token = blockIdx.y;
-  const MlaRows rows{16 * Cfg::ROW_TILES * (int)blockIdx.x, Cfg::NUM_Q_HEADS, 1, N, token};
+  const int token = blockIdx.x;
+  const MlaRows rows{16 * Cfg::ROW_TILES * (int)blockIdx.y, Cfg::NUM_Q_HEADS, 1, N, token};
   mla_attend<Cfg>(out, q, kv_cache, nullptr, indices + (long long)token * N, kv_scale, nullptr, nullptr, lse, rows, 0,
                   N, false, 0, 1, q_s_tok, q_s_head, o_s_tok, o_s_head, kv_s_block, kv_s_token, ks_s_block,
                   ks_s_token);

@@ -377,8 +377,8 @@ class MlaPrefillFamily(MlaAttentionFamily):
         ]
 
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
-        if topk(spec):  # a block per (head tile, query token): every token is a row of its own
-            return [self.main_kernel(spec, config, (row_blocks(spec, config), "num_q_tokens", 1))]
+        if topk(spec):  # a block per (query token, head tile): every token is a row of its own
+            return [self.main_kernel(spec, config, ("num_q_tokens", row_blocks(spec, config), 1))]
         return [self.main_kernel(spec, config, ("q_row_blocks", "num_seqs", 1))]
 
     def schedule(self, spec, config: Config, lengths: dict[str, np.ndarray], target_blocks: int,
@@ -399,7 +399,7 @@ class MlaPrefillFamily(MlaAttentionFamily):
         if topk(spec):
             return self.notes(spec, "Query row j of sequence s is q's row q_indptr[s] + j; indices row t belongs to "
                               "q's row t.", ["q", "kv_cache", "q_indptr", "indices", "seq_lens"]) + [
-                f"Grid: x = ceil({spec.attention.num_q_heads} / {rows}) tiles of {rows} heads, y = num_q_tokens."]
+                f"Grid: x = num_q_tokens, y = ceil({spec.attention.num_q_heads} / {rows}) tiles of {rows} heads."]
         visible = "keys 0 .. p" if spec.attention.causal else "all seq_len keys (causal: false)"
         return self.notes(spec, "Query row j of sequence s (rows q_indptr[s] ..) sits at position p = seq_lens[s] - "
                           f"q_len + j and sees {visible}. A sequence with q_len 0 writes nothing.",

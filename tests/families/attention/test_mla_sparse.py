@@ -227,7 +227,7 @@ def test_abi_text_takes_indices_in_place_of_the_block_table():
     assert "Call: kern(q, kv_cache, indices, seq_lens, out=None, return_lse=False)" in text
     prefill = abi_text(_spec(kind="paged_prefill"))
     assert "indices            input   const int*           [num_q_tokens, 48] int32" in prefill
-    assert "grid (1, num_q_tokens, 1)" in prefill
+    assert "grid (num_q_tokens, 1, 1)" in prefill
 
 
 @pytest.mark.parametrize("overrides,config", [
