@@ -23,6 +23,7 @@ from kgen.verify.judge.bounds import check_output, head_dims
 from kgen.verify.judge.guards import Guarded, guarded, seal
 from kgen.verify.judge.report import CaseResult
 
+
 def draw_row(N: int, visible: int, table_row: np.ndarray, B: int, rng: np.random.Generator,
              traps: tuple[str, ...] = ("edges",)) -> np.ndarray:
     """One indices row [N] int32 of a query row that sees positions 0 .. visible - 1 of its sequence
