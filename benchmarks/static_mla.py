@@ -1,7 +1,8 @@
 """Static performance of MLA decode on sm_90, side by side (no GPU needed; ESTIMATES).
 
 DeepSeek-V3's absorbed MLA decode (128 query heads on one latent KV head, rows of 576 = 512 latent + 64
-rope, 512-wide output, bf16): kgen's kernel for specs/deepseek_v3_mla_decode.yaml (NVRTC), FlashInfer's
+rope, 512-wide output, bf16): kgen's kernel for specs/deepseek_v3_mla_decode.yaml (NVRTC; its sm_90 body,
+the Hopper wgmma one, and the mma.sync body the older archs get), FlashInfer's
 MLA kernel (flashinfer/attention/mla.cuh, BatchMLAPagedAttentionKernel: mma.sync and cp.async, the
 FA2-style path its "fa2" backend runs on Hopper too) compiled with nvcc from the flashinfer-python
 wheel's headers, and FlashMLA's sm90 decode kernel (wgmma and TMA) when a FlashMLA checkout is given
@@ -39,8 +40,7 @@ from benchmarks.nvcc import find_nvcc, nvcc_cubin
 from benchmarks.tables import md_table, replace_between
 from kgen.cache import ArtifactCache, content_key
 from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report
-from kgen.families.attention.mla import row_blocks
-from kgen.families.attention.mla_geometry import mla_geometry
+from kgen.families.attention.mla import decode_geometry, row_blocks
 from kgen.families.registry import family_for
 from kgen.perf import model as pm
 from kgen.perf import prefill_model as pf
@@ -124,19 +124,19 @@ def balanced(batch: int, context: int, kv_tile: int, row_tiles: int, ctas: int, 
 
 
 # ---- kgen -------------------------------------------------------------------------------------------
-def kgen_mla(cuobjdump: str, cache: ArtifactCache) -> MlaKernel:
-    """kgen's MLA decode for the bundled DeepSeek-V3 spec (its default config), its CTAs from the
-    family's own schedule: row blocks x sequences x the plan's partitions, each partition's keys in
-    tiles of 16 x col_warps."""
+def kgen_mla(cuobjdump: str, cache: ArtifactCache, path: int = 0) -> MlaKernel:
+    """kgen's MLA decode for the bundled DeepSeek-V3 spec (its default config; `path` 1: the mma.sync
+    body, 0: the body sm_90 gets, the Hopper wgmma one), its CTAs from the family's own schedule: row
+    blocks x sequences x the plan's partitions, each partition's keys in tiles of the body's."""
     if not SPEC.exists():
         raise RuntimeError(f"{SPEC.relative_to(ROOT)} is not in this checkout")
     spec = load_spec(SPEC)
-    rendered = render(spec)
+    rendered = render(spec, {"path": path} if path else None, ARCH)
     config = rendered.config
     art = compile_cubin(rendered.source, ARCH, origin=str(SPEC), cache=cache)
     funcs = pm.parse_sass(sass_text(art.cubin, cuobjdump))
     res = art.resources[spec.name]
-    geo = mla_geometry(spec, config)[0]
+    geo = decode_geometry(spec, config)
     occ = pm.occupancy(geo.threads, res.registers, res.static_smem + geo.smem_bytes, DEV)
     rb = row_blocks(spec, config)
 
@@ -147,14 +147,17 @@ def kgen_mla(cuobjdump: str, cache: ArtifactCache) -> MlaKernel:
         keys = -(-context // parts)
         return [float(-(-keys // geo.tile_tokens))] * (rb * batch * parts)
 
-    rows = 16 * geo.row_tiles
-    return MlaKernel(f"kgen {spec.name}", res.registers, f"{res.spill_stores}/{res.spill_loads}",
-                     res.static_smem + geo.smem_bytes, geo.threads, pf.tile_work(funcs[spec.name], DEV), rows,
+    label = f"kgen {spec.name} ({rendered.body})"
+    if rendered.body == "wgmma":
+        how = "two warpgroups (S: half the keys each, O: half the 512 columns each)"
+    else:
+        how = f"{geo.row_tiles} row tiles x {geo.col_warps} column warps"
+    return MlaKernel(label, res.registers, f"{res.spill_stores}/{res.spill_loads}",
+                     res.static_smem + geo.smem_bytes, geo.threads, pf.tile_work(funcs[spec.name], DEV), geo.rows,
                      geo.tile_tokens, ctas,
-                     [f"kgen {spec.name}: {rows} heads x {geo.tile_tokens}-key tiles per CTA ({geo.row_tiles} row "
-                      f"tiles x {geo.col_warps} column warps, {geo.stages} stages), {geo.threads} threads, "
-                      f"{geo.smem_bytes} B dynamic smem; grid from the family's schedule (split-KV partitions of "
-                      f"{config['partition_size']}-token granules)"])
+                     [f"{label}: {geo.rows} heads x {geo.tile_tokens}-key tiles per CTA ({how}, {geo.stages} "
+                      f"stages), {geo.threads} threads, {geo.smem_bytes} B dynamic smem; grid from the family's "
+                      f"schedule (split-KV partitions of {config['partition_size']}-token granules)"])
 
 
 # ---- FlashInfer's MLA kernel (mla.cuh) ------------------------------------------------------------------
@@ -273,7 +276,8 @@ def build(cache: ArtifactCache, flashmla_src: Path | None) -> tuple[list[MlaKern
     cuobjdump, nvcc = find_cuobjdump(), find_nvcc()
     if cuobjdump is None:
         return [], ["every row: cuobjdump is missing (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)"]
-    builders = [("kgen", lambda: kgen_mla(cuobjdump, cache))]
+    builders = [("kgen mma.sync", lambda: kgen_mla(cuobjdump, cache, path=1)),
+                ("kgen", lambda: kgen_mla(cuobjdump, cache))]
     if nvcc is None:
         skipped.append("FlashInfer MLA and FlashMLA: nvcc is missing")
     else:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from kgen.bodies import spec_for_arch
 from kgen.cli.common import guard, load_specs, out
 from kgen.compile.nvrtc import compile_cubin
 from kgen.errors import KgenUserError
@@ -217,7 +218,7 @@ def mla_report(spec, source_file: str | None, arch: str) -> dict:
     rows = [{"batch": e.batch, "context": e.context, "us": e.estimate.seconds * 1e6,
              "copy_fraction": e.estimate.fraction, "tensor_fraction": e.tensor_fraction, "bound": e.estimate.bound,
              "partitions": e.partitions, "blocks": e.estimate.blocks}
-            for e in decode_table(spec, rendered.config, regs, pm.DEVICES[arch])]
+            for e in decode_table(spec_for_arch(spec, arch), rendered.config, regs, pm.DEVICES[arch])]  # its geometry
     return {"spec": spec.name, "arch": arch, "device": pm.DEVICES[arch].name, "config": rendered.config,
             "resources": {name: {"registers": r.registers, "spill_stores": r.spill_stores,
                                  "spill_loads": r.spill_loads} for name, r in res.items()},

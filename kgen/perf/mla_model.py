@@ -3,9 +3,10 @@ needed: ESTIMATES, from the launch geometry, ptxas's registers and the split-KV 
 make, through kgen/perf/model.py's wave model (Little's law on the bytes in flight, copy bandwidth,
 tensor-core FLOP; its Device figures and assumptions, docs/performance.md).
 
-What the model takes from the kernel: a block of `16 * row_tiles` query heads streams every latent
-row of its sequence (or partition) once, 576 elements, through `stages` tiles of `16 * col_warps`
-rows (`stages - 1` of them in flight while one is computed; one stage overlaps nothing); the row
+What the model takes from the kernel (the body the arch gets: kgen/families/attention/mla.py's
+decode_geometry): a block of `rows` query heads (16 * row_tiles; 64 for the Hopper body) streams
+every latent row of its sequence (or partition) once, 576 elements, through `stages` tiles of
+`tile_tokens` rows (`stages - 1` of them in flight while one is computed; one stage overlaps nothing); the row
 blocks of a sequence read the same rows (L2 serves the repeats: `dedupe`); each latent row costs
 2 x rows x (head_dim + v_head_dim) tensor FLOP per block (padding rows included); a split adds the
 merge launch and the partials written and read back. A sparse spec (attention.sparse_topk N) iterates
@@ -20,8 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kgen.families.attention.mla import row_blocks
-from kgen.families.attention.mla_geometry import mla_geometry
+from kgen.families.attention.mla import decode_geometry, row_blocks
 from kgen.families.registry import family_for
 from kgen.formats.dtypes import dtype
 from kgen.perf import model as pm
@@ -44,8 +44,8 @@ def decode_estimate(spec, config: dict, registers: int, batch: int, context: int
                     dev: pm.Device = pm.H200) -> MlaEstimate:
     """One decode call of `batch` sequences of `context` tokens with kgen's plan for those lengths."""
     a = spec.attention
-    geo = mla_geometry(spec, config)[0]
-    row = geo.stored_row or a.head_dim * dtype(spec.kv_cache.dtype).itemsize  # bytes of a latent row (fp8_ds_mla: 656)
+    geo = decode_geometry(spec, config)  # the Hopper body's or the mma.sync body's
+    row = getattr(geo, "stored_row", 0) or a.head_dim * dtype(spec.kv_cache.dtype).itemsize  # bytes of a latent row (fp8_ds_mla: 656)
     occ = pm.occupancy(geo.threads, registers, geo.smem_bytes, dev)
     blocks_per_sm = max(1, occ.blocks)
     lens = np.full(batch, context)

@@ -29,6 +29,12 @@ from kgen.families.attention.mla_sparse import (
     sparse_notes,
     topk,
 )
+from kgen.families.attention.mla_wgmma import (
+    path_of,
+    path_problems,
+    wgmma_geometry,
+    wgmma_refusal,
+)
 from kgen.families.base import (
     Config,
     FamilyBase,
@@ -114,11 +120,21 @@ class MlaAttentionFamily(FamilyBase):
                 "kv_ctype": dtype(spec.kv_cache.dtype).ctype, "softmax_scale": c_float(spec.softmax_scale_value),
                 "scale_mode": SCALE_MODES[spec.kv_cache.scale], "causal": self.causal(spec),
                 "partition_size": config.get("partition_size", 0), "geo": mla_geometry(spec, config)[0],
-                "ds_mla": CacheFormat.of(spec).ds_mla,
-                "main": kernels[0], "merge": kernels[1] if len(kernels) > 1 else None,
-                "body": self.sparse_body if topk(spec) else self.body, "sparse_topk": topk(spec)}
+                "ds_mla": CacheFormat.of(spec).ds_mla, "sparse_topk": topk(spec),
+                "main": kernels[0], "merge": kernels[1] if len(kernels) > 1 else None, "body": self.body_name(spec, config),
+                "wgmma": self.wgmma(spec, config), "wgeo": wgmma_geometry(spec) if self.wgmma(spec, config) else None}
+
+    def wgmma(self, spec, config: Config) -> bool:
+        """Whether the arch being rendered takes the Hopper body (mla decode only)."""
+        return False
+
+    def body_name(self, spec, config: Config) -> str:
+        return self.sparse_body if topk(spec) else self.body
 
     def main_kernel(self, spec, config: Config, grid: tuple) -> KernelDecl:
+        if self.wgmma(spec, config):
+            wgeo = wgmma_geometry(spec)
+            return KernelDecl(spec.name, tuple(self.arguments(spec, config)), grid, wgeo.threads, smem=wgeo.smem_bytes)
         geo, problems = mla_geometry(spec, config)
         if geo is None:
             raise ValueError("; ".join(problems))
@@ -212,13 +228,40 @@ class MlaDecodeFamily(MlaAttentionFamily):
     sparse_body = "paged_mla_sparse_decode_body"
     sparse_row_text = "each sequence's query token (all its heads)"
     perf_model, fib_kind = PerfModel.LATENT, "mla_paged_decode"  # kgen/perf/mla_model.py; kgen/fib/mla.py
-    params = {**GEOMETRY_PARAMS, "partition_size": TunableParam("partition_size", 0)}
+    params = {**GEOMETRY_PARAMS, "partition_size": TunableParam("partition_size", 0),
+              "path": TunableParam("path", 0)}  # kgen/families/attention/mla_wgmma.py's PATHS: 0 auto, 1 mma, 2 wgmma
+
+    # ---- the body of the arch being rendered (kgen/families/attention/mla_wgmma.py) ----------
+    def wgmma(self, spec, config: Config) -> bool:
+        return path_of(spec, config) == "wgmma"
+
+    def body_name(self, spec, config: Config) -> str:
+        return "paged_mla_decode_wgmma_body" if self.wgmma(spec, config) else super().body_name(spec, config)
+
+    def check_config(self, spec, config: Config) -> list[str]:
+        problems = path_problems(spec, config)
+        if problems or not self.wgmma(spec, config):
+            return problems + super().check_config(spec, config)
+        p = config.get("partition_size", 0)
+        return [f"partition_size must be 0 or a positive multiple of 16 tokens (got {p})"] if p < 0 or p % 16 else []
+
+    def body_choice(self, spec, config: Config) -> tuple[str, str]:
+        """(body, why) of the arch being rendered (`spec.targets`, one arch: kgen/bodies.py)."""
+        if self.wgmma(spec, config):
+            geo = wgmma_geometry(spec)
+            return "wgmma", (f"Hopper body: {spec.dtype.q} q and cache, head_dim {spec.attention.head_dim}, "
+                             f"v_head_dim {spec.v_head_dim_value}: {geo.rows} heads a block in two warpgroups, "
+                             f"{geo.kv_tile}-key tiles x {geo.stages} stages; compiled for sm_90a")
+        if config.get("path", 0) == 1:
+            return "mma.sync", "path 1 (mma) in the config"
+        return "mma.sync", f"not the Hopper body: {wgmma_refusal(spec)}"
 
     def default_space(self, spec) -> dict[str, list[int]]:
         return {**super().default_space(spec), "partition_size": [0, 64, 256]}
 
     def abi_config(self, spec) -> Config:
-        return {"partition_size": 0}
+        # the hand-written kernel contract keeps the mma.sync launch (its rows a block), also on sm_90
+        return {"partition_size": 0, "path": 1}
 
     def arguments(self, spec, config: Config) -> list[Arg]:
         a, d = spec.attention, spec.dtype
@@ -465,9 +508,15 @@ class MlaPrefillFamily(MlaAttentionFamily):
         return mla_cases.prefill_bench(spec, bucket, rng)
 
 
+def decode_geometry(spec, config: Config):
+    """The geometry of the decode body the arch being rendered takes: MlaWgmmaGeometry (the Hopper
+    body) or MlaGeometry (mma.sync); both give rows, threads, stages, tile_tokens and smem_bytes."""
+    return wgmma_geometry(spec) if MLA_DECODE.wgmma(spec, config) else mla_geometry(spec, config)[0]
+
+
 def row_blocks(spec, config: Config) -> int:
-    """Blocks per sequence along grid x: the query heads in tiles of 16 * row_tiles."""
-    return -(-spec.attention.num_q_heads // (16 * config["row_tiles"]))
+    """Blocks per sequence along grid x: the query heads in tiles of 16 * row_tiles (the Hopper body: 64)."""
+    return -(-spec.attention.num_q_heads // decode_geometry(spec, config).rows)
 
 
 MLA_DECODE = MlaDecodeFamily()

@@ -28,15 +28,16 @@ def _spec(**overrides):
     return kgen.spec_from_dict(BASE).with_overrides(**overrides)
 
 
+# The mma.sync body (path 1: sm_90 takes the Hopper body where it builds, tests/families/attention/test_mla_wgmma.py)
 MATRIX = [
-    ({}, {}),
-    ({"attention.num_q_heads": 128}, {}),  # 8 row blocks a sequence
-    ({"attention.num_q_heads": 128, "kv_cache.block_size": 64}, {"row_tiles": 2, "col_warps": 4, "stages": 1}),
+    ({}, {"path": 1}),
+    ({"attention.num_q_heads": 128}, {"path": 1}),  # 8 row blocks a sequence
+    ({"attention.num_q_heads": 128, "kv_cache.block_size": 64}, {"row_tiles": 2, "col_warps": 4, "stages": 1, "path": 1}),
     ({"dtype.q": "fp16", "kv_cache.dtype": "fp16", "attention.num_q_heads": 40, "kv_cache.block_size": 1},
-     {"stages": 3, "col_warps": 2}),  # 40 heads: the last row tile half padding
-    ({"attention.num_q_heads": 64}, {"partition_size": 64, "col_warps": 4, "stages": 1}),  # split-KV + merge
+     {"stages": 3, "col_warps": 2, "path": 1}),  # 40 heads: the last row tile half padding
+    ({"attention.num_q_heads": 64}, {"partition_size": 64, "col_warps": 4, "stages": 1, "path": 1}),  # split-KV + merge
     ({"tail_masking": False, "attention.num_q_heads": 8, "attention.head_dim": 192, "attention.v_head_dim": 128},
-     {"partition_size": 32}),
+     {"partition_size": 32, "path": 1}),
     ({"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_tensor", "attention.num_q_heads": 128,
       "kv_cache.block_size": 64}, {"row_tiles": 2, "col_warps": 4}),
     ({"kv_cache.dtype": "fp8_e5m2", "kv_cache.scale": "per_token_head", "attention.num_q_heads": 32},
@@ -91,7 +92,7 @@ def test_prefill_causal_mutant_fails():
 
 
 def test_decode_verifies_in_race_mode():
-    kern = kgen.build(_spec(), backend="cpu", config={"partition_size": 32, "stages": 3}, archs=[], race_check=True,
+    kern = kgen.build(_spec(), backend="cpu", config={"partition_size": 32, "stages": 3, "path": 1}, archs=[], race_check=True,
                       seed=5)
     assert kern.report.passed, kern.report.summary()
 
@@ -117,7 +118,7 @@ MUTANTS = [
 @pytest.mark.parametrize("old,new,overrides", [m[1:] for m in MUTANTS], ids=[m[0] for m in MUTANTS])
 def test_verifier_rejects_mutant(old, new, overrides):
     spec = _spec(**{"attention.num_q_heads": 32, **overrides})
-    rendered = render(spec, {"col_warps": 2, "partition_size": 32})
+    rendered = render(spec, {"col_warps": 2, "partition_size": 32, "path": 1})
     assert rendered.source.count(old) == 1, old
     kern = kernel_from_source(spec, rendered.source.replace(old, new), backend="cpu", config=rendered.config, archs=[])
     report = verify(kern, seed=99)
@@ -172,21 +173,21 @@ def test_unbuilt_combinations_are_refused(overrides, message):
 
 def test_a_config_that_would_spill_or_overflow_shared_memory_is_refused():
     with pytest.raises(KgenUserError, match=r"col_warps 1: a warp would hold 16 x 512 fp32 output accumulators"):
-        render(_spec(), {"col_warps": 1})
+        render(_spec(), {"col_warps": 1, "path": 1})
     with pytest.raises(KgenUserError, match=r"bytes of shared memory > 232448"):
-        render(_spec(), {"col_warps": 8, "stages": 2})
+        render(_spec(), {"col_warps": 8, "stages": 2, "path": 1})
 
 
 @pytest.mark.parametrize("overrides,config", [
-    ({}, {}), ({"attention.num_q_heads": 128}, {"row_tiles": 2, "col_warps": 4}), ({}, {"partition_size": 64}),
-    ({"dtype.q": "fp16", "kv_cache.dtype": "fp16"}, {"col_warps": 4, "stages": 1}),
+    ({}, {"path": 1}), ({"attention.num_q_heads": 128}, {"row_tiles": 2, "col_warps": 4, "path": 1}),
+    ({}, {"partition_size": 64, "path": 1}), ({"dtype.q": "fp16", "kv_cache.dtype": "fp16"}, {"col_warps": 4, "stages": 1, "path": 1}),
     ({"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_token_head"}, {"partition_size": 64}),
     ({"kind": "paged_prefill"}, {}), ({"kind": "paged_prefill", "attention.num_q_heads": 128}, {"row_tiles": 2}),
 ], ids=["default", "r2c4", "split", "fp16-c4s1", "fp8-token-split", "prefill", "prefill-r2"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_nvrtc_compiles_without_spills(overrides, config, arch):
     spec = _spec(**overrides)
-    rendered = render(spec, config)
+    rendered = render(spec, config)  # decode: the mma.sync body (path 1), compiled for both archs
     for name, res in compile_cubin(rendered.source, arch).resources.items():
         assert res.spill_stores == res.spill_loads == res.stack_frame == 0, (name, res)
 

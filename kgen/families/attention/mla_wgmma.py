@@ -1,0 +1,96 @@
+"""The Hopper (wgmma) body of mla decode (templates/common/paged_mla_wgmma.cuh, docs/mla.md): when an
+arch's render takes it, why not otherwise, and its launch geometry: 64 query heads a block in two
+warpgroups of 128 threads, key tiles of 64 (32 where shared memory is short) in a ring of stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kgen.families.base import Config
+from kgen.plan.arch import smem_limit
+
+PATHS = ("auto", "mma", "wgmma")  # the `path` parameter's values (its index): auto = wgmma where it builds
+ROWS = 64  # query heads a block: wgmma's M
+THREADS = 256  # two warpgroups: each half of a tile's keys for S, half of V's columns for O
+KV_TILES = (64, 32)  # keys a stage, the larger first
+MAX_STAGES = 2  # one tile in flight while one is computed; more does not fit at head_dim 576
+
+
+@dataclass(frozen=True)
+class MlaWgmmaGeometry:
+    head_dim: int
+    kv_tile: int
+    stages: int
+
+    rows = ROWS
+    threads = THREADS
+
+    @property
+    def tile_tokens(self) -> int:  # the mma.sync geometry's name for the keys a stage
+        return self.kv_tile
+
+    @property
+    def smem_bytes(self) -> int:
+        """MlaWgmmaShape's: 1024 bytes of alignment slack, Q [64 x head_dim], `stages` tiles
+        [kv_tile x head_dim], P [64 x 64], the row maxima and sums of both warpgroups (fp32)."""
+        return 1024 + 2 * ROWS * self.head_dim + self.stages * 2 * self.kv_tile * self.head_dim + ROWS * 128 + 4 * ROWS * 4
+
+
+def wgmma_geometry(spec) -> MlaWgmmaGeometry | None:
+    """The largest tile and stage count that fit the targets' shared memory (tile first: it sets the
+    work per barrier), or None."""
+    limit = smem_limit(spec.targets)
+    for kv_tile in KV_TILES:
+        for stages in range(MAX_STAGES, 0, -1):
+            geo = MlaWgmmaGeometry(spec.attention.head_dim, kv_tile, stages)
+            if geo.smem_bytes <= limit:
+                return geo
+    return None
+
+
+def wgmma_refusal(spec) -> str | None:
+    """Why the Hopper body cannot build `spec` (None: it can). A spec renders once per target arch
+    (kgen/bodies.py), so `spec.targets` is the one arch being rendered: it must be sm_90 (wgmma is an
+    sm_90a instruction)."""
+    for target in spec.targets:
+        if target != "sm_90":
+            return ("no wgmma before sm_90" if int(target.removeprefix("sm_")) < 90 else
+                    f"{target} has no wgmma (an sm_90a instruction)")
+    if spec.attention.sparse_topk:
+        return "a sparse spec (attention.sparse_topk) takes the mma.sync body (no Hopper sparse body yet)"
+    kv, q = spec.kv_cache, spec.dtype.q
+    if q not in ("fp16", "bf16"):
+        return f"wgmma takes fp16 or bf16 operands (q is {q})"
+    if kv.dtype != q or kv.scale not in (None, "none"):
+        return (f"it reads a cache in q's type ({q}) without scales (this one is {kv.dtype}, scale {kv.scale}); "
+                "fp8 caches take the mma.sync body")
+    D, Dv = spec.attention.head_dim, spec.v_head_dim_value
+    if D % 64 or Dv % 128 or Dv > 512 or Dv > D:
+        return (f"head_dim must be a multiple of 64 and v_head_dim a multiple of 128 up to 512 and head_dim "
+                f"(two warpgroups of wgmma n <= 256 in 64-column blocks; got {D} and {Dv})")
+    if wgmma_geometry(spec) is None:
+        smallest = MlaWgmmaGeometry(D, KV_TILES[-1], 1)
+        return (f"head_dim {D}: even {smallest.kv_tile}-key tiles in one stage need {smallest.smem_bytes} bytes of "
+                f"shared memory, more than {smem_limit(spec.targets)}")
+    return None
+
+
+def path_of(spec, config: Config) -> str:
+    """The body a config builds: "wgmma" (paged_mla_wgmma.cuh) or "mma" (paged_mla.cuh). `path` 0
+    (auto) takes wgmma where wgmma_refusal finds nothing."""
+    chosen = PATHS[config.get("path", 0)] if config.get("path", 0) in range(len(PATHS)) else "mma"
+    if chosen == "auto":
+        return "mma" if wgmma_refusal(spec) else "wgmma"
+    return chosen
+
+
+def path_problems(spec, config: Config) -> list[str]:
+    """What is wrong with the config's `path` for the arch being rendered."""
+    p = config.get("path", 0)
+    if p not in range(len(PATHS)):
+        return [f"path must be 0 (auto), 1 (mma) or 2 (wgmma) (got {p})"]
+    refusal = wgmma_refusal(spec) if p == 2 else None
+    if refusal:
+        return [f"path 2 (wgmma) cannot build for {', '.join(spec.targets)}: {refusal} (accepted there: path 0, "
+                "auto, or 1, mma.sync)"]
+    return []

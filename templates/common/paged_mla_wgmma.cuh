@@ -1,0 +1,290 @@
+// MLA decode on Hopper (sm_90a): warpgroup MMA (wgmma) with both operands of both products read by
+// the tensor cores from shared memory (docs/mla.md, "The Hopper body"). Same kernel ABI, rows,
+// split-KV partials and merge as paged_mla.cuh's mma.sync decode body, for a 16-bit cache in q's
+// type without scales. Needs kgen/platform.cuh, async_copy.cuh, convert.cuh, softmax.cuh, mma.cuh
+// (pack2) and hopper.cuh before it.
+//
+// Block (x, seq, z): 64 query heads [64 x, 64 x + 64) of sequence seq (wgmma's M; heads past
+// NUM_Q_HEADS are zero queries whose results are dropped), over partition z's keys. Two warpgroups,
+// 256 threads, all of them both copying and computing (no producer warpgroup):
+//   - every thread issues cp.async copies of the next latent tiles (KV_TILE rows of HEAD_DIM) into a
+//     ring of STAGES stages, through the block table, zero-filling keys outside [k_begin, k_end);
+//   - S = Q K^T: warpgroup w takes keys [w KT/2, (w + 1) KT/2) of the tile for all 64 rows
+//     (HEAD_DIM / 16 wgmma m64 n(KT/2) k16, Q and K both K-major in shared memory);
+//   - the two warpgroups' row maxima meet in shared memory, so both rescale by the same running max;
+//     each writes its half of P = exp(S - m), rounded to q's type, into a shared P tile [64 x KT];
+//   - O += P V: warpgroup w owns output columns [w V_DIM/2, (w + 1) V_DIM/2) and runs KT / 16 wgmma
+//     m64 n(V_DIM/2) k16 with P (K-major) and V (the same tile's first V_DIM columns, MN-major)
+//     from shared memory. Nothing goes through ldmatrix.
+// Each warpgroup sums its own keys' P into its share of l; the shares are added at the end.
+// Shared memory (from a 1024-byte aligned base), all 16-bit with the 128-byte swizzle (a tile as
+// column blocks of 64 elements, one 128-byte row a query or key, chunk bits [4,7) XORed with row
+// bits [7,10)): Q [64 x HEAD_DIM], STAGES tiles [KT x HEAD_DIM], P [64 x 64] (KT <= 64 columns
+// used), then the row maxima and sums [2][64] floats each.
+// Barriers per tile (uniform trip counts: every thread reaches each): the tile landed (and every
+// thread is done with the previous tile, so its stage can be refilled), the maxima exchanged, P
+// complete. cp.async writes are generic-proxy writes: each thread fences them (fence.proxy.async)
+// before the barrier after which wgmma reads them; P's stores likewise.
+// Ordering (PTX ISA, wgmma.fence): accumulators are written only outside the fence .. wait_group
+// window, and register fences keep the compiler from moving their accesses into it (no C7520
+// serialisation: kgen/compile/wgmma_order.py checks the PTX and SASS).
+#pragma once
+
+namespace kgen {
+
+template <class Cfg>
+struct MlaWgmmaShape {
+  typedef typename Cfg::q_t T;
+  static constexpr int D = Cfg::HEAD_DIM, DV = Cfg::V_DIM, HQ = Cfg::NUM_Q_HEADS;
+  static constexpr int THREADS = 256, ROWS = 64, KT = Cfg::KV_TILE, STAGES = Cfg::STAGES;
+  static constexpr int HALF_KEYS = KT / 2, HALF_COLS = DV / 2;  // each warpgroup's share of S and of O
+  static constexpr int Q_BYTES = ROWS * D * 2, TILE_BYTES = KT * D * 2, P_BYTES = ROWS * 128;
+  static constexpr int RED_BYTES = 2 * 2 * ROWS * 4;  // row maxima and row sums of both warpgroups
+  static constexpr int SMEM_BYTES = 1024 + Q_BYTES + STAGES * TILE_BYTES + P_BYTES + RED_BYTES;  // + alignment slack
+  static constexpr int CHUNKS = D / 8;           // 16-byte copies of a row
+  static constexpr int TPR = THREADS / KT;       // threads copying one key row
+  static constexpr bool CAUSAL = Cfg::CAUSAL;    // moot in decode: the query is the last key
+  static_assert(sizeof(T) == 2 && sizeof(typename Cfg::kv_t) == 2 && Cfg::SCALE_MODE == 0,
+                "the Hopper MLA body reads a 16-bit cache in q's type, unscaled");
+  static_assert(D % 64 == 0 && DV % 128 == 0 && DV <= D && HALF_COLS <= 256, "head dims: 128-byte column blocks");
+  static_assert(KT == 32 || KT == 64, "KV_TILE: 32 or 64 keys (one P column block)");
+  static_assert(CHUNKS % TPR == 0, "a key row's copies split evenly over its threads");
+  static_assert(STAGES >= 1 && STAGES <= 4, "stages");
+  static_assert(Cfg::NUM_THREADS == THREADS, "two warpgroups");
+  static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's geometry and the template disagree");
+};
+
+// A matrix descriptor `bytes` further on in shared memory (the start address field, bits 0-13, is
+// address >> 4; shared addresses stay below 2^18, so it does not carry into the next field).
+__device__ __forceinline__ unsigned long long mla_desc_plus(unsigned long long desc, int bytes) {
+  const unsigned lo = (unsigned)desc + (unsigned)(bytes >> 4);
+  return (desc & 0xffffffff00000000ull) | lo;
+}
+
+// Byte offset of element (r, c) in a 128B-swizzled tile of R rows (from a 1024-aligned base).
+template <int R>
+__device__ __forceinline__ int mla_swizzled(int r, int c) {
+  const int off = (c / 64) * (R * 128) + r * 128 + (c % 64) * 2;
+  return off ^ (((off >> 7) & 7) << 4);
+}
+
+// Copy keys [tbase, tbase + KT) into `stage` (swizzled); keys outside [k_begin, k_end) are
+// zero-filled from a valid address, not read. Thread tid copies chunks tid % TPR, + TPR, .. of
+// key row tid / TPR: one block-table read a tile.
+template <class Cfg>
+__device__ __forceinline__ void mla_wg_issue_tile(unsigned char* __restrict__ stage, int tbase, int k_begin, int k_end,
+                                                  const int* __restrict__ table,
+                                                  const typename Cfg::kv_t* __restrict__ kv_cache,
+                                                  long long kv_s_block, long long kv_s_token) {
+  typedef MlaWgmmaShape<Cfg> S;
+  const int r = threadIdx.x / S::TPR, c0 = threadIdx.x % S::TPR, pos = tbase + r;
+  const bool valid = pos >= k_begin && pos < k_end;
+  const typename Cfg::kv_t* src = kv_cache;
+  if (valid) src = kv_cache + (long long)table[(unsigned)pos / Cfg::BLOCK_SIZE] * kv_s_block +
+                   (long long)((unsigned)pos % Cfg::BLOCK_SIZE) * kv_s_token;
+#pragma unroll
+  for (int j = 0; j < S::CHUNKS / S::TPR; ++j) {
+    const int c = c0 + j * S::TPR;
+    cp_async<16>(stage + mla_swizzled<S::KT>(r, 8 * c), src + 8 * c, valid ? 16 : 0);
+  }
+}
+
+// Decode: one query token per sequence; block (x, seq, z) takes heads [64 x, 64 x + 64).
+template <class Cfg>
+__device__ __forceinline__ void paged_mla_decode_wgmma_body(
+    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
+    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ block_tables,
+    const int* __restrict__ seq_lens, const float* __restrict__ kv_scale, float* __restrict__ part_o,
+    float* __restrict__ part_ml, float* __restrict__ lse, int max_blocks_per_seq, int max_partitions,
+    long long q_s_seq, long long q_s_head, long long o_s_seq, long long o_s_head, long long kv_s_block,
+    long long kv_s_token, long long ks_s_block, long long ks_s_token, int partition_tokens = 0) {
+  typedef MlaWgmmaShape<Cfg> S;
+  typedef typename S::T T;
+  constexpr int D = S::D, HQ = S::HQ, KT = S::KT, STAGES = S::STAGES, NS = S::HALF_KEYS / 2, NO = S::HALF_COLS / 2;
+  constexpr int B = Cfg::BLOCK_SIZE;
+  constexpr float LOG2E = 1.4426950408889634f;
+  (void)kv_scale, (void)ks_s_block, (void)ks_s_token;  // an unscaled cache
+  // The warpgroup index broadcast from lane 0: ptxas then knows it is warp-uniform, and so is every
+  // branch derived from it (a wgmma in possibly divergent code is serialised: advisory C7520).
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int seq = blockIdx.y, part = blockIdx.z, head0 = 64 * (int)blockIdx.x;
+  const bool split = Cfg::SPLIT && max_partitions > 1;
+  const int seq_len = seq_lens[seq];
+  // Without tail masking the promise is that seq_len is a multiple of B: whole blocks are read.
+  int k_begin = 0, k_end = Cfg::TAIL_MASK ? seq_len : (seq_len + B - 1) / B * B;
+  if (split) {
+    if (part >= split_partitions(seq_len, partition_tokens, max_partitions)) return;  // block-uniform
+    clip_to_partition(part, partition_tokens, max_partitions, k_begin, k_end);
+  }
+  const int* table = block_tables + (long long)seq * max_blocks_per_seq;
+
+  KGEN_DYNAMIC_SMEM(unsigned char, smem_raw);
+  unsigned char* base = smem_align_1024(smem_raw);  // the 1024 bytes of slack in SMEM_BYTES
+  unsigned char* q_s = base;
+  unsigned char* tiles = base + S::Q_BYTES;
+  unsigned char* p_s = tiles + STAGES * S::TILE_BYTES;
+  float* red_m = reinterpret_cast<float*>(p_s + S::P_BYTES);  // [2][64]: each warpgroup's tile maxima
+  float* red_l = red_m + 2 * S::ROWS;                          // [2][64]: each warpgroup's row sums
+
+  // Q of the block's heads (zeros past NUM_Q_HEADS), in the first copy group.
+  for (int i = tid; i < S::ROWS * S::CHUNKS; i += S::THREADS) {
+    const int r = i / S::CHUNKS, c = i % S::CHUNKS, h = head0 + r;
+    const bool valid = h < HQ;
+    const T* src = q;
+    if (valid) src = q + (long long)seq * q_s_seq + (long long)h * q_s_head + 8 * c;
+    cp_async<16>(q_s + mla_swizzled<S::ROWS>(r, 8 * c), src, valid ? 16 : 0);
+  }
+  const int tile0 = k_begin / KT * KT;
+  const int ntiles = k_end > k_begin ? (k_end - tile0 + KT - 1) / KT : 0;
+  auto issue = [&](int tile) {
+    mla_wg_issue_tile<Cfg>(tiles + (tile % STAGES) * S::TILE_BYTES, tile0 + tile * KT, k_begin, k_end, table,
+                           kv_cache, kv_s_block, kv_s_token);
+  };
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (i < ntiles) issue(i);
+    cp_async_commit();
+  }
+
+  // The thread's two rows (of the warpgroup's 64, the wgmma accumulator layout) and its keys and
+  // output columns: warpgroup wg's half of each tile's keys and of the output.
+  const int row0 = 16 * ((tid % 128) / 32) + g;
+  const int key_off = wg * S::HALF_KEYS, col_off = wg * S::HALF_COLS;
+  SoftmaxState st[2] = {SoftmaxState::empty(), SoftmaxState::empty()};  // l: this warpgroup's keys only
+  float o[NO];
+#pragma unroll
+  for (int i = 0; i < NO; ++i) o[i] = 0.0f;
+  float sacc[NS];
+
+  // Descriptors made once: Q and K K-major (8-row groups 1024 bytes apart), P K-major, V MN-major
+  // (the next 64 columns KT * 128 bytes on, the next 8 keys 1024 bytes on).
+  const unsigned long long dq = wgmma_desc(q_s, 16, 1024, 128);
+  const unsigned long long dk0 = wgmma_desc(tiles + key_off * 128, 16, 1024, 128);
+  const unsigned long long dv0 = wgmma_desc(tiles + (col_off / 64) * (KT * 128), KT * 128, 1024, 128);
+  const unsigned long long dp = wgmma_desc(p_s, 16, 1024, 128);
+  const float scale = Cfg::SOFTMAX_SCALE, c_exp = Cfg::SOFTMAX_SCALE * LOG2E;
+
+  for (int tile = 0; tile < ntiles; ++tile) {
+    if (STAGES == 1) {
+      __syncthreads();  // everybody is done with the stage
+      issue(tile);
+      cp_async_commit();
+      cp_async_wait<0>();
+    } else {
+      cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();  // this thread's copies of `tile` (and Q) landed
+    }
+    fence_proxy_async_shared();  // ... and are visible to the tensor cores' (async-proxy) reads
+    __syncthreads();             // everybody's copies landed; everybody is done with tile - 1
+    if (STAGES > 1) {
+      if (tile + STAGES - 1 < ntiles) issue(tile + STAGES - 1);
+      cp_async_commit();
+    }
+    const int s = tile % STAGES, tbase = tile0 + tile * KT;
+    const unsigned long long dk = mla_desc_plus(dk0, s * S::TILE_BYTES), dv = mla_desc_plus(dv0, s * S::TILE_BYTES);
+
+    // 1. S = Q K^T for the warpgroup's keys
+    wgmma_fence_operand(sacc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma_ss<T, S::HALF_KEYS, 0, 0>(sacc, mla_desc_plus(dq, (kk / 4) * (S::ROWS * 128) + (kk % 4) * 32),
+                                      mla_desc_plus(dk, (kk / 4) * (KT * 128) + (kk % 4) * 32), kk > 0 ? 1 : 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operand(sacc);
+
+    // 2. mask the keys outside [k_begin, k_end); the rows' maxima over both warpgroups
+    float m_tile[2] = {KGEN_NEG_INF, KGEN_NEG_INF};
+#pragma unroll
+    for (int e = 0; e < NS; ++e) {
+      const int rr = (e >> 1) & 1, pos = tbase + key_off + 8 * (e >> 2) + 2 * t + (e & 1);
+      sacc[e] = pos >= k_begin && pos < k_end ? sacc[e] : KGEN_NEG_INF;
+      m_tile[rr] = fmaxf(m_tile[rr], sacc[e]);
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {  // the four lanes of a group hold the row's keys
+      m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 1, 32));
+      m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 2, 32));
+      if (t == 0) red_m[wg * S::ROWS + row0 + 8 * rr] = m_tile[rr];
+    }
+    __syncthreads();
+    float mb[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int row = row0 + 8 * rr;
+      // raw products: the softmax scale is positive, so it multiplies the maximum afterwards
+      const float m = fmaxf(red_m[row], red_m[S::ROWS + row]) * scale;
+      const float f = st[rr].raise_max(m);  // the same m and factor in both warpgroups
+#pragma unroll
+      for (int nt = 0; nt < NO / 4; ++nt) o[4 * nt + 2 * rr] *= f, o[4 * nt + 2 * rr + 1] *= f;
+      mb[rr] = st[rr].m == KGEN_NEG_INF ? 0.0f : st[rr].m * LOG2E;
+    }
+
+    // 3. P = exp(S - m) (exp2 of a masked -inf is 0) into the shared P tile as T; l adds the unrounded values
+    float l_tile[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int e = 0; e < NS; ++e) {
+      sacc[e] = fast_exp2(sacc[e] * c_exp - mb[(e >> 1) & 1]);
+      l_tile[(e >> 1) & 1] += sacc[e];
+    }
+    st[0].l += l_tile[0];
+    st[1].l += l_tile[1];
+#pragma unroll
+    for (int e = 0; e < NS; e += 2) {
+      const int rr = (e >> 1) & 1, col = key_off + 8 * (e >> 2) + 2 * t;
+      *reinterpret_cast<unsigned*>(p_s + mla_swizzled<S::ROWS>(row0 + 8 * rr, col)) = pack2<T>(sacc[e], sacc[e + 1]);
+    }
+    fence_proxy_async_shared();  // P's generic stores before the wgmma's reads
+    __syncthreads();             // both halves of P are in place
+
+    // 4. O += P V for the warpgroup's output columns
+    wgmma_fence_operand(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; ++kk)
+      wgmma_ss<T, S::HALF_COLS, 0, 1>(o, mla_desc_plus(dp, kk * 32), mla_desc_plus(dv, kk * 16 * 128), 1);
+    wgmma_commit();
+    wgmma_wait<0>();  // P V has read P and the stage: both may be rewritten after the next barrier
+    wgmma_fence_operand(o);
+  }
+
+  // The row sums: the four lanes of a row, then the two warpgroups' shares through shared memory.
+  cp_async_wait_all();
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 1, 32);
+    st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 2, 32);
+    if (t == 0) red_l[wg * S::ROWS + row0 + 8 * rr] = st[rr].l;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) st[rr].l = red_l[row0 + 8 * rr] + red_l[S::ROWS + row0 + 8 * rr];
+
+  // Write the warpgroup's columns of its rows: the output (and LSE), or this partition's partial and (m, l).
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int h = head0 + row0 + 8 * rr;
+    if (h >= HQ) continue;
+    const float inv = st[rr].inv_sum();
+    if (split) {
+      const long long pbase = ((long long)seq * HQ + h) * max_partitions + part;
+#pragma unroll
+      for (int nt = 0; nt < NO / 4; ++nt) {
+        const int d = col_off + 8 * nt + 2 * t;
+        part_o[pbase * S::DV + d] = o[4 * nt + 2 * rr] * inv;
+        part_o[pbase * S::DV + d + 1] = o[4 * nt + 2 * rr + 1] * inv;
+      }
+      if (wg == 0 && t == 0) part_ml[pbase * 2] = st[rr].m, part_ml[pbase * 2 + 1] = st[rr].l;
+    } else {
+      typename Cfg::out_t* dst = out + (long long)seq * o_s_seq + (long long)h * o_s_head + col_off;
+#pragma unroll
+      for (int nt = 0; nt < NO / 4; ++nt) {
+        dst[8 * nt + 2 * t] = from_float<typename Cfg::out_t>(o[4 * nt + 2 * rr] * inv);
+        dst[8 * nt + 2 * t + 1] = from_float<typename Cfg::out_t>(o[4 * nt + 2 * rr + 1] * inv);
+      }
+      if (lse != nullptr && wg == 0 && t == 0) lse[(long long)seq * HQ + h] = st[rr].lse();
+    }
+  }
+}
+
+}  // namespace kgen
