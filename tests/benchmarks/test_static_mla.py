@@ -44,12 +44,28 @@ def test_flashinfer_mla_kernel_through_the_model():
 
 @needs_sass
 def test_kgen_mla_decode_through_the_model():
-    """kgen's DeepSeek-V3 spec: its SASS main loop is nested in the tile loop (a k16 or column loop), so
-    a tile takes several of its iterations; the estimate stays under both limits."""
-    k = sm.kgen_mla(sm.find_cuobjdump(), ArtifactCache())
+    """kgen's DeepSeek-V3 spec, mma.sync body (path 1): its SASS main loop is nested in the tile loop (a
+    k16 or column loop), so a tile takes several of its iterations; the estimate stays under both limits."""
+    k = sm.kgen_mla(sm.find_cuobjdump(), ArtifactCache(), path=1)
     assert k.work.mma.get("HMMA.16816", 0) > 0
     assert 0 < k.unroll() < 1  # the loop found holds part of a tile's FLOP
     assert k.ctas(2, 4096) and all(t >= 1 for t in k.ctas(2, 4096))
+    for b, c in ((1, 1024), (64, 4096)):
+        e = k.estimate(b, c)
+        assert 0 < e.fraction <= 1.0
+        assert sm.latent_bytes(b, c) / e.seconds <= sm.DEV.copy_bw * (1 + 1e-9)
+
+
+@needs_sass
+def test_kgen_hopper_mla_decode_through_the_model():
+    """The body sm_90 builds for the spec (the Hopper one): its main loop is the tile loop, one tile an
+    iteration, S in wgmma m64n32k16 (36 k16 steps at 576, a warpgroup's 32 keys) and P V in m64n256k16
+    (4 steps of 16 keys, a warpgroup's 256 columns); 64 heads a CTA: two row blocks a sequence."""
+    k = sm.kgen_mla(sm.find_cuobjdump(), ArtifactCache())
+    assert k.work.mma == {"HGMMA.64x32x16": 576 // 16, "HGMMA.64x256x16": 64 // 16}
+    assert k.unroll() == pytest.approx(1.0)
+    assert (k.rows, k.kv_tile, k.threads) == (64, 64, 256)
+    assert len(k.ctas(3, 4096)) % (3 * 2) == 0  # 128 heads / 64 x 3 sequences x the plan's partitions
     for b, c in ((1, 1024), (64, 4096)):
         e = k.estimate(b, c)
         assert 0 < e.fraction <= 1.0
