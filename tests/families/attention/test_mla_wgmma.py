@@ -77,12 +77,22 @@ def test_decode_verifies_on_cpu(overrides, config):
     assert {"len_1", "len_B+1", "long", "mixed_batch", "shared_prefix", "padded_pool"} <= names
 
 
+def test_a_two_arch_build_verifies_both_bodies_on_cpu():
+    """[sm_80, sm_90]: two sources (mma.sync, wgmma); the CPU build verifies each, cases named by body."""
+    kern = kgen.build(_spec(targets=["sm_80", "sm_90"]), backend="cpu", archs=[], seed=3)
+    bodies = kern.artifacts["bodies"]
+    assert (bodies["sm_80"].body, bodies["sm_90"].body) == ("mma.sync", "wgmma")
+    assert kern.report.passed, kern.report.summary()
+    labels = {c.name.split("]", 1)[0] + "]" for c in kern.report.cases}
+    assert labels == {"[sm_90 wgmma]", "[sm_80 mma.sync]"}, labels
+
+
 def test_decode_verifies_in_race_mode():
     kern = kgen.build(_spec(), backend="cpu", config={"partition_size": 32}, archs=[], race_check=True, seed=5)
     assert kern.report.passed, kern.report.summary()
 
 
-@pytest.mark.full  # ~1-2 min: 128 heads (two row blocks) at DeepSeek's 576 / 512 on the CPU backend
+@pytest.mark.full  # ~20-40 s: 128 heads (two row blocks) at DeepSeek's 576 / 512 on the CPU backend
 def test_deepseek_spec_verifies_on_cpu():
     kern = kgen.build(load_spec(DEEPSEEK), backend="cpu", verify=False, archs=[])
     assert kern.artifacts["bodies"]["sm_90"].body == "wgmma"
