@@ -1,6 +1,7 @@
 """The Hopper (wgmma) body of mla decode (templates/common/paged_mla_wgmma.cuh, docs/mla.md): when an
 arch's render takes it, why not otherwise, and its launch geometry: 64 query heads a block in two
-warpgroups of 128 threads, key tiles of 64 (32 where shared memory is short) in a ring of stages."""
+warpgroups of 128 threads, key tiles of 64 in a ring of two stages (at head_dim 576, 231,424 bytes
+of shared memory: the largest mla row the spec allows fits sm_90's 232,448)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from kgen.plan.arch import smem_limit
 PATHS = ("auto", "mma", "wgmma")  # the `path` parameter's values (its index): auto = wgmma where it builds
 ROWS = 64  # query heads a block: wgmma's M
 THREADS = 256  # two warpgroups: each half of a tile's keys for S, half of V's columns for O
-KV_TILES = (64, 32)  # keys a stage, the larger first
-MAX_STAGES = 2  # one tile in flight while one is computed; more does not fit at head_dim 576
+KV_TILE = 64  # keys a stage
+STAGES = 2  # one tile in flight while one is computed; more does not fit at head_dim 576
 
 
 @dataclass(frozen=True)
@@ -37,15 +38,9 @@ class MlaWgmmaGeometry:
 
 
 def wgmma_geometry(spec) -> MlaWgmmaGeometry | None:
-    """The largest tile and stage count that fit the targets' shared memory (tile first: it sets the
-    work per barrier), or None."""
-    limit = smem_limit(spec.targets)
-    for kv_tile in KV_TILES:
-        for stages in range(MAX_STAGES, 0, -1):
-            geo = MlaWgmmaGeometry(spec.attention.head_dim, kv_tile, stages)
-            if geo.smem_bytes <= limit:
-                return geo
-    return None
+    """The Hopper body's geometry for `spec`, or None where it does not fit the targets' shared memory."""
+    geo = MlaWgmmaGeometry(spec.attention.head_dim, KV_TILE, STAGES)
+    return geo if geo.smem_bytes <= smem_limit(spec.targets) else None
 
 
 def wgmma_refusal(spec) -> str | None:
@@ -69,9 +64,9 @@ def wgmma_refusal(spec) -> str | None:
         return (f"head_dim must be a multiple of 64 and v_head_dim a multiple of 128 up to 512 and head_dim "
                 f"(two warpgroups of wgmma n <= 256 in 64-column blocks; got {D} and {Dv})")
     if wgmma_geometry(spec) is None:
-        smallest = MlaWgmmaGeometry(D, KV_TILES[-1], 1)
-        return (f"head_dim {D}: even {smallest.kv_tile}-key tiles in one stage need {smallest.smem_bytes} bytes of "
-                f"shared memory, more than {smem_limit(spec.targets)}")
+        geo = MlaWgmmaGeometry(D, KV_TILE, STAGES)
+        return (f"head_dim {D}: {STAGES} stages of {KV_TILE}-key tiles need {geo.smem_bytes} bytes of shared memory, "
+                f"more than {smem_limit(spec.targets)}")
     return None
 
 

@@ -124,8 +124,15 @@ def test_verifier_rejects_mutant(old, new):
 
 
 @needs_cuobjdump
-def test_deepseek_body_compiles_for_sm90a_without_spills_advisories_or_order_problems():
-    rendered = render(load_spec(DEEPSEEK))
+@pytest.mark.parametrize("overrides", [
+    None,  # the DeepSeek spec: P V in m64n256k16
+    {"attention.num_q_heads": 72},  # 192 / 128: m64n64k16
+    {"dtype.q": "fp16", "kv_cache.dtype": "fp16", "attention.head_dim": 320, "attention.v_head_dim": 256},
+    {"attention.head_dim": 448, "attention.v_head_dim": 384},  # m64n192k16
+], ids=["deepseek", "d192-h72", "fp16-d320", "d448"])
+def test_the_body_compiles_for_sm90a_without_spills_advisories_or_order_problems(overrides):
+    spec = load_spec(DEEPSEEK) if overrides is None else _spec(**overrides)
+    rendered = render(spec, None if overrides is None else {"partition_size": 64})
     cache = ArtifactCache()
     art = compile_cubin(rendered.source, "sm_90", cache=cache)
     assert rendered.body == "wgmma" and art.arch == "sm_90a"
