@@ -155,9 +155,10 @@ KGEN_DEBUG = _declare(Setting(
 
 KGEN_VLLM_BACKEND = _declare(Setting(
     "KGEN_VLLM_BACKEND", "str",
-    "a vLLM attention backend (CPU_ATTN, FLASH_ATTN, ...) that kgen's vLLM plugin replaces through vLLM's "
-    "registry; unset, the plugin only registers CUSTOM (docs/vllm.md)",
-    default=None, default_text="unset: register CUSTOM only",
+    "the vLLM attention backends kgen's vLLM plugin replaces through vLLM's registry, comma-separated, at most "
+    "one dense (CPU_ATTN, FLASH_ATTN, ...) and one MLA backend (CPU_MLA, FLASHMLA, ...); unset, the plugin "
+    "registers CUSTOM (dense) and CUSTOM_MLA (MLA) only (docs/vllm.md)",
+    default=None, default_text="unset: register CUSTOM and CUSTOM_MLA only",
 ))
 KGEN_VLLM_SPEC_DIR = _declare(Setting(
     "KGEN_VLLM_SPEC_DIR", "path",

@@ -33,9 +33,10 @@ from vllm.v1.kv_cache_interface import KVCacheLayout
 from kgen.errors import KgenError
 from kgen.model_specs import LayerAttention, kgen_dtype, layer_specs
 from kgen.model_specs import kv_cache_dtype as kgen_kv_dtype
-from kgen.settings import KGEN_VLLM_BACKEND, KGEN_VLLM_MIXED
+from kgen.settings import KGEN_VLLM_MIXED
 from kgen.vllm.kernels import LayerKernels, count_launch, kernels_for, serving_backend
 from kgen.vllm.metadata import KgenAttentionMetadata, translate
+from kgen.vllm.names import backend_names
 
 log = logging.getLogger("vllm.kgen")  # under vLLM's logger: its handler and level apply
 
@@ -61,8 +62,8 @@ _ACCEPTED = {  # vLLM's reason -> (the setting it names, its validate_configurat
 
 
 def registered_name() -> str:
-    """The vLLM backend name kgen serves as (CUSTOM, or KGEN_VLLM_BACKEND's)."""
-    return KGEN_VLLM_BACKEND.value() or "CUSTOM"
+    """The vLLM backend name kgen's dense backend serves as (CUSTOM, or KGEN_VLLM_BACKEND's)."""
+    return backend_names()["dense"]
 
 
 class KgenAttentionBackend(AttentionBackend):
@@ -154,12 +155,8 @@ class KgenMetadataBuilder(AttentionMetadataBuilder[KgenAttentionMetadata]):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         # With speculative decoding vLLM puts the verification requests (1 + draft tokens) at the front
         # with the decode rows; kgen serves them with a prefill kernel fitted to them (translate).
-        self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
-        head_size_v = getattr(kv_cache_spec, "head_size_v", None)
-        if head_size_v is not None and head_size_v != kv_cache_spec.head_size:
-            raise ValueError(f"kgen cannot serve attention layers {', '.join(layer_names)}: head_size_v "
-                             f"{head_size_v} differs from head_size {kv_cache_spec.head_size} (kgen's vLLM pages "
-                             "hold K and V of one width; accepted: head_size_v == head_size)")
+        self._init_reorder_batch_threshold(1, supports_spec_as_decode=self.drafts_supported)
+        self._check_cache_spec(kv_cache_spec, layer_names)
         # Build (or load) and verify every layer's kernels now, at start-up, with the block size the
         # KV cache really has, so that a layer kgen cannot serve stops start-up naming the layer.
         self.kernel_sets: dict[str, LayerKernels] = {}
@@ -171,7 +168,7 @@ class KgenMetadataBuilder(AttentionMetadataBuilder[KgenAttentionMetadata]):
         layers = get_layers_from_vllm_config(vllm_config, torch.nn.Module, layer_names)
         for name in layer_names:
             impl = getattr(layers.get(name), "impl", None)
-            if isinstance(impl, KgenAttentionImpl):
+            if self._serves(impl):
                 kernels = impl.prepare(name, kv_cache_spec.block_size, self.draft_q_len)
                 self.kernel_sets.setdefault(kernels.name, kernels)
         # Kept across steps, so a steady-state step allocates nothing: the int32 slot mapping the
@@ -180,6 +177,22 @@ class KgenMetadataBuilder(AttentionMetadataBuilder[KgenAttentionMetadata]):
         self._slots = torch.empty(int(tokens), dtype=torch.int32, device=device)
         self._workspaces: dict[tuple[str, str], dict] = {}
         self._graph_plans: dict[tuple[str, int], object] = {}  # (kernel set, rows) -> the capture's plan
+
+    # Whether speculative decoding's verification requests join the front region (served by the drafts kernel).
+    drafts_supported: ClassVar[bool] = True
+
+    @staticmethod
+    def _check_cache_spec(kv_cache_spec, layer_names) -> None:
+        head_size_v = getattr(kv_cache_spec, "head_size_v", None)
+        if head_size_v is not None and head_size_v != kv_cache_spec.head_size:
+            raise ValueError(f"kgen cannot serve attention layers {', '.join(layer_names)}: head_size_v "
+                             f"{head_size_v} differs from head_size {kv_cache_spec.head_size} (kgen's vLLM pages "
+                             "hold K and V of one width; accepted: head_size_v == head_size)")
+
+    @staticmethod
+    def _serves(impl) -> bool:
+        """Whether `impl` is one of this builder's layers (its kernels are built here)."""
+        return isinstance(impl, KgenAttentionImpl)
 
     def build(self, common_prefix_len: int, common_attn_metadata, fast_build: bool = False):
         meta = translate(common_attn_metadata, split=self.split_decodes,
@@ -191,10 +204,12 @@ class KgenMetadataBuilder(AttentionMetadataBuilder[KgenAttentionMetadata]):
             meta.plans[name] = (
                 kernels.decode.plan(meta.decode.seq_lens_cpu, workspace=self._workspace(name, "decode"))
                 if meta.decode else None,
-                kernels.prefill.plan(meta.prefill.seq_lens_cpu, q_indptr=meta.prefill.q_indptr_cpu,
-                                     workspace=self._workspace(name, "prefill"))
-                if meta.prefill else None)
+                self._prefill_plan(name, kernels, meta.prefill) if meta.prefill else None)
         return meta
+
+    def _prefill_plan(self, name: str, kernels: LayerKernels, rows):
+        return kernels.prefill.plan(rows.seq_lens_cpu, q_indptr=rows.q_indptr_cpu,
+                                    workspace=self._workspace(name, "prefill"))
 
     def build_for_cudagraph_capture(self, common_attn_metadata):
         """The metadata a full CUDA graph of a one-token decode batch is captured with. The graph
@@ -366,11 +381,13 @@ def _int32_slots(layer_name: str, slot_mapping: torch.Tensor) -> torch.Tensor:
     return slot_mapping
 
 
-def _explained(reason: str, given: dict) -> str:
-    """vLLM's short reason with the setting, the value given and what kgen's backend accepts."""
-    if reason not in _ACCEPTED:
+def _explained(reason: str, given: dict, table: dict | None = None) -> str:
+    """vLLM's short reason with the setting, the value given and what kgen's backend accepts (`table`:
+    another backend's, _ACCEPTED's form)."""
+    table = _ACCEPTED if table is None else table
+    if reason not in table:
         return reason
-    setting, parameter, accepted = _ACCEPTED[reason]
+    setting, parameter, accepted = table[reason]
     value = given.get(parameter) if parameter else None
     if hasattr(value, "as_version_str"):  # vLLM's DeviceCapability
         value = value.as_version_str()

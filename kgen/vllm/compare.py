@@ -28,8 +28,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kgen.model_specs import MLA_MODEL_TYPES
 from kgen.settings import child_environment
-from kgen.vllm.kernels import launch_counts
+from kgen.vllm.kernels import audit_counts, launch_counts
 
 TOP_K = 5
 RESULT = "serve-result: "  # the line a serving child prints its JSON result on
@@ -100,6 +101,7 @@ def serve(model: str, backend: str, profile: Profile) -> dict:
         "logprobs": [[{str(t): lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs]
                      for o in outputs],
         "launches": launch_counts(),
+        "audits": audit_counts(),
         "startup_s": started - t0,
         "generate_s": done - warm,
         "prompt_tokens": sum(len(p) for p in prompts),
@@ -126,6 +128,14 @@ def run_side(model: str, backend: str, replace: str = "CPU_ATTN", dtype: str = "
         raise RuntimeError(f"serving {model} with {backend} attention failed (exit {proc.returncode}):\n"
                            f"{proc.stderr[-6000:]}")
     return json.loads(lines[-1].removeprefix(RESULT))
+
+
+def cpu_backend_for(model: str) -> str:
+    """The backend vLLM's CPU platform serves `model`'s attention with: CPU_MLA for an MLA model
+    (DeepSeek-V2/V3, Kimi K2), CPU_ATTN otherwise."""
+    config = json.loads((Path(model) / "config.json").read_text())
+    model_type = (config.get("text_config") or config).get("model_type")
+    return "CPU_MLA" if model_type in MLA_MODEL_TYPES else "CPU_ATTN"
 
 
 def float64_errors(model: str, side: dict) -> dict:
@@ -209,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", help=argparse.SUPPRESS)
     p.add_argument("--gpu", action="store_true", help="the GPU comparison against FLASH_ATTN (module docstring)")
     p.add_argument("--dry-run", action="store_true", help="with --gpu: the same steps on vLLM's CPU build")
-    p.add_argument("--replace", default="CPU_ATTN", help="the vLLM backend kgen replaces (default CPU_ATTN)")
+    p.add_argument("--replace", default=None,
+                   help="the vLLM backend kgen replaces (default CPU_MLA for an MLA model, else CPU_ATTN)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--block-size", type=int, default=32)
@@ -234,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                   max_tokens=args.max_tokens, chunk=args.chunk)
     atol = 1e-3 if args.atol is None else args.atol
     ref = run_side(args.model, "vllm", **common)
-    test = run_side(args.model, "kgen", replace=args.replace, **common)
+    test = run_side(args.model, "kgen", replace=args.replace or cpu_backend_for(args.model), **common)
     agreement = compare(ref, test, atol)
     if args.json:
         args.json.write_text(json.dumps({"vllm": ref, "kgen": test}, indent=1))

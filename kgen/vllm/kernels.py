@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from kgen.audit import auditable
+from kgen.audit import AuditedKernel, auditable
 from kgen.build import build, select_backend
 from kgen.compile.cuda_line import install_hint
 from kgen.errors import KgenUserError
@@ -172,6 +172,21 @@ def launch_counts() -> dict[str, dict[str, int]]:
     result: dict[str, dict[str, int]] = {}
     for (layer, kind), n in sorted(_LAUNCHES.items()):
         result.setdefault(layer, {})[kind] = n
+    return result
+
+
+def audit_counts() -> dict[str, dict[str, float]]:
+    """{spec name: {"calls", "checked", "mismatches", "worst_ratio"}} of the audited kernels built in this
+    process (KGEN_VLLM_AUDIT_RATE > 0): how many calls a trusted computation rechecked, and the worst
+    error relative to the verifier's bound."""
+    with _LOCK:
+        kernels = list(_BUILT.values())
+    result = {}
+    for kern in kernels:
+        if isinstance(kern, AuditedKernel):
+            stats = kern.flush()
+            result[kern.spec.name] = {"calls": stats.calls, "checked": stats.checked, "mismatches": stats.mismatches,
+                                      "worst_ratio": stats.worst_ratio}
     return result
 
 

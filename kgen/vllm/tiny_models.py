@@ -23,6 +23,12 @@ MODELS = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     # BLOOM: ALiBi position biases instead of rotary embeddings (4 heads of 32, no GQA)
     "bloom": ("BloomConfig", "BloomForCausalLM", {"n_layer": 2, "n_head": 4}),
+    # DeepSeek-V2 multi-head latent attention: the latent rank 512 and rope part 64 that vLLM's CPU
+    # MLA kernel takes (576-element rows), small nope/V heads, dense MLPs on both layers (no MoE)
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", {
+        "num_key_value_heads": 4, "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 32, "v_head_dim": 32, "head_dim": 64, "first_k_dense_replace": 2,
+        "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 64}),
 }
 
 

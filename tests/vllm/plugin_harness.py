@@ -109,3 +109,63 @@ class DeviceTraffic(TorchDispatchMode):
             if any(i.device != self.device for i in inputs):
                 self.copies_in.append(str(func))
         return out
+
+
+# ---- multi-head latent attention (kgen/vllm/mla.py) -----------------------------------------------
+# A small absorbed MLA layer: latent rank 64, rope part 32 (rows of 96), 4 query heads.
+MLA_RANK, MLA_ROPE, MLA_HEADS = 64, 32, 4
+MLA_D = MLA_RANK + MLA_ROPE
+MLA_SCALE = 48 ** -0.5  # 1/sqrt(qk_nope_head_dim + qk_rope_head_dim) of a model with qk_nope_head_dim 16
+
+
+class MlaPlugin:
+    """`layers` kgen MLA layers of one KV-cache group, their builder and their latent caches
+    [num_blocks, B, MLA_D] (bf16), driven as vLLM's MLAAttention.forward_impl drives the impl: the
+    KV-cache update, then forward_mqa with every token (the builder counts every one as MQA)."""
+
+    def __init__(self, layers: int = 1, num_blocks: int = 16, max_tokens: int = 256):
+        from vllm.v1.attention.backend import AttentionType
+        from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+        from kgen.vllm.mla import KgenMLAImpl, KgenMLAMetadataBuilder
+
+        self.config = VllmConfig()
+        self.config.scheduler_config.max_num_batched_tokens = max_tokens
+        self.config.cache_config.block_size = B
+        self.names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
+        self.layers = {}
+        with set_current_vllm_config(self.config):
+            for name in self.names:
+                impl = KgenMLAImpl(MLA_HEADS, MLA_D, MLA_SCALE, 1, None, None, "auto", None, AttentionType.DECODER,
+                                   None, q_lora_rank=None, kv_lora_rank=MLA_RANK, qk_nope_head_dim=16,
+                                   qk_rope_head_dim=MLA_ROPE, qk_head_dim=16 + MLA_ROPE, v_head_dim=16, kv_b_proj=None)
+                layer = Layer(impl, torch.device("cpu"))
+                self.layers[name] = self.config.compilation_config.static_forward_context[name] = layer
+        spec = MLAAttentionSpec(block_size=B, num_kv_heads=1, head_size=MLA_D, dtype=torch.bfloat16)
+        self.builder = KgenMLAMetadataBuilder(spec, self.names, self.config, torch.device("cpu"))
+        self.pages = {n: torch.zeros(num_blocks, B, MLA_D, dtype=torch.bfloat16) for n in self.names}
+
+    def step(self, common: CommonAttentionMetadata, q, kv_c, k_pe) -> dict[str, torch.Tensor]:
+        """One step: q [T, heads, MLA_D] (absorbed), kv_c [T, MLA_RANK], k_pe [T, 1, MLA_ROPE]; the
+        latent outputs [T, heads, MLA_RANK] by layer."""
+        meta = self.builder.build(0, common)
+        n = common.num_actual_tokens
+        outs = {}
+        with set_forward_context({name: meta for name in self.names}, self.config):
+            for name, layer in self.layers.items():
+                layer.impl.do_kv_cache_update(kv_c, k_pe, self.pages[name], common.slot_mapping[:n], "auto",
+                                              layer._k_scale)
+                outs[name], lse = layer.impl.forward_mqa((q[:, :, :MLA_RANK], q[:, :, MLA_RANK:]), self.pages[name],
+                                                         meta, layer)
+                assert lse is None
+        return outs
+
+
+def mla_reference(q, pages, table, seq_len, q_len) -> torch.Tensor:
+    """float64 absorbed MLA of one request's q_len new tokens [q_len, heads, MLA_D] over its latent
+    rows: token j (position seq_len - q_len + j) sees keys 0..its position; V is a row's first MLA_RANK."""
+    rows = torch.cat([pages[b] for b in table], 0)[:seq_len].double()  # [seq_len, MLA_D]
+    scores = torch.einsum("thd,nd->thn", q.double(), rows) * MLA_SCALE
+    positions = torch.arange(seq_len - q_len, seq_len)[:, None, None]
+    scores = scores.masked_fill(torch.arange(seq_len)[None, None, :] > positions, float("-inf"))
+    return torch.einsum("thn,nd->thd", torch.softmax(scores, -1), rows[:, :MLA_RANK])

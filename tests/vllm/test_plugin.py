@@ -27,18 +27,42 @@ def test_the_entry_point_is_installed():
     assert ep.load() is kgen.vllm.register
 
 
-def test_unset_registers_custom_only(clean_registry, monkeypatch):
+def test_unset_registers_custom_and_kgen_mla_only(clean_registry, monkeypatch):
     monkeypatch.delenv("KGEN_VLLM_BACKEND", raising=False)
-    assert kgen.vllm.register() == "CUSTOM"
+    assert kgen.vllm.register() == {"dense": "CUSTOM", "mla": "CUSTOM_MLA"}
+    assert kgen.vllm.register() == {"dense": "CUSTOM", "mla": "CUSTOM_MLA"}  # again: the new name exists now
     assert AttentionBackendEnum.CUSTOM.get_path() == kgen.vllm.BACKEND_CLASS
+    assert AttentionBackendEnum["CUSTOM_MLA"].get_path() == kgen.vllm.MLA_BACKEND_CLASS
     assert AttentionBackendEnum.CPU_ATTN.get_path() != kgen.vllm.BACKEND_CLASS
+    assert AttentionBackendEnum.CPU_MLA.get_path() != kgen.vllm.MLA_BACKEND_CLASS
+    mla = AttentionBackendEnum["CUSTOM_MLA"].get_class()
+    assert mla.is_mla() and mla.get_name() == "CUSTOM_MLA"
 
 
 def test_the_setting_replaces_a_named_backend(clean_registry, monkeypatch):
     monkeypatch.setenv("KGEN_VLLM_BACKEND", "CPU_ATTN")
-    assert kgen.vllm.register() == "CPU_ATTN"
+    assert kgen.vllm.register() == {"dense": "CPU_ATTN", "mla": "CUSTOM_MLA"}
     backend = AttentionBackendEnum.CPU_ATTN.get_class()
     assert backend.__name__ == "KgenAttentionBackend" and backend.get_name() == "CPU_ATTN"
+
+
+def test_the_setting_replaces_a_dense_and_an_mla_backend(clean_registry, monkeypatch):
+    """vLLM's CPU platform takes CPU_ATTN, and CPU_MLA for MLA models: kgen replaces both."""
+    monkeypatch.setenv("KGEN_VLLM_BACKEND", "CPU_ATTN, CPU_MLA")
+    assert kgen.vllm.register() == {"dense": "CPU_ATTN", "mla": "CPU_MLA"}
+    mla = AttentionBackendEnum.CPU_MLA.get_class()
+    assert mla.__name__ == "KgenMLABackend" and mla.get_name() == "CPU_MLA" and mla.is_mla()
+    assert AttentionBackendEnum.CPU_ATTN.get_class().__name__ == "KgenAttentionBackend"
+
+
+def test_sparse_backends_and_two_of_a_kind_are_refused_by_name(clean_registry, monkeypatch):
+    monkeypatch.setenv("KGEN_VLLM_BACKEND", "FLASHMLA_SPARSE")
+    with pytest.raises(KgenUserError, match="FLASHMLA_SPARSE, a sparse attention backend: sparse MLA .*no sparse MLA "
+                                            "kernel yet.*attention.sparse_topk"):
+        kgen.vllm.register()
+    monkeypatch.setenv("KGEN_VLLM_BACKEND", "CPU_MLA,FLASHMLA")
+    with pytest.raises(KgenUserError, match="two mla backends \\(CPU_MLA, FLASHMLA\\).*at most one dense and one MLA"):
+        kgen.vllm.register()
 
 
 def test_a_name_vllm_does_not_have_is_refused(clean_registry, monkeypatch):

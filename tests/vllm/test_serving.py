@@ -98,3 +98,49 @@ def test_kgen_serves_like_flash_attention_on_a_gpu(models_dir):
     agreement = compare(ref, test, 0.02)
     assert agreement.ok, "\n".join(agreement.problems)
     assert all(c.get("decode") and c.get("prefill") for c in test["launches"].values()), test["launches"]
+
+
+@pytest.mark.full  # two vLLM start-ups per case (about 100 s); the default tier's tests/vllm/test_mla.py serves
+# one MLA layer's mixed steps through the same builder and impl against float64
+@pytest.mark.parametrize("mixed", ["split", "auto"])
+def test_kgen_serves_deepseek_v2_mla_like_vllms_cpu_mla(models_dir, reference_runs, mixed):
+    """A tiny DeepSeek-V2 (MLA: kv_lora_rank 512, rope 64) in bf16: vLLM's own CPU_MLA against kgen's
+    mla kernels replacing it. kgen's side audits every attention call (KGEN_VLLM_AUDIT_RATE=1): each
+    decode and prefill launch of the served model is recomputed in float64 by kgen's reference and
+    judged within the verifier's bound, a mismatch failing the step. Both sides' logprobs are also
+    compared with the checkpoint run by transformers in float64 (kgen no further than vLLM's own)."""
+    from kgen.vllm.compare import float64_errors
+
+    model = write_model("deepseek_v2", models_dir, "bfloat16")
+    key = (str(model), "bfloat16", "auto")
+    if key not in reference_runs:
+        reference_runs[key] = run_side(str(model), "vllm", dtype="bfloat16", block_size=16)
+    ref = reference_runs[key]
+    test = run_side(str(model), "kgen", replace="CPU_MLA", dtype="bfloat16", block_size=16,
+                    extra_env={"KGEN_VLLM_MIXED": mixed, "KGEN_VLLM_AUDIT_RATE": "1"})
+
+    agreement = compare(ref, test, 0.05)
+    assert agreement.ok, "\n".join(agreement.problems)
+    assert agreement.compared_tokens >= len(ref["tokens"]) * 2, agreement.divergences
+    assert ref["launches"] == {}
+    assert sorted(test["launches"]) == [f"model.layers.{i}.self_attn.attn" for i in range(2)], test["launches"]
+    for layer, counts in test["launches"].items():
+        # the warm-up request's prompt and the six prompts (vLLM's CPU platform turns chunked prefill off for MLA,
+        # so they come in one step; prompt chunks over a cached prefix: tests/vllm/test_mla.py)
+        assert counts.get("prefill", 0) >= 2, (layer, counts)
+        if mixed == "split":
+            assert counts.get("decode", 0) >= 7, (layer, counts)
+        else:  # auto on the CPU backend: the mla prefill kernel serves every row
+            assert "decode" not in counts and counts["prefill"] >= 9, (layer, counts)
+        assert counts["cache_write"] >= counts.get("decode", 0) + 1, (layer, counts)
+    audited = {name: a for name, a in test["audits"].items() if not name.endswith("_cache_write")}
+    assert sorted(n.rsplit("_", 1)[1] for n in audited) == ["decode", "prefill"], test["audits"]
+    for name, a in audited.items():  # every call of each launched kernel rechecked in float64, none past its bound
+        assert a["checked"] == a["calls"] and a["mismatches"] == 0 and a["worst_ratio"] <= 1, (name, a)
+    served = sum(a["checked"] for n, a in audited.items() if n.endswith("_prefill"))
+    assert served == sum(c["prefill"] for c in test["launches"].values()), (audited, test["launches"])
+    f64 = {name: float64_errors(str(model), side) for name, side in (("vllm", ref), ("kgen", test))}
+    print(f"deepseek_v2 {mixed}: {agreement.compared_tokens} tokens compared, logprobs within "
+          f"{agreement.max_logprob_diff:.3g}; float64 distance vllm {f64['vllm']['max']:.3g}, kgen {f64['kgen']['max']:.3g}; "
+          f"launches {test['launches']}; audits {audited}")
+    assert f64["kgen"]["max"] <= f64["vllm"]["max"] + 0.05, f64
