@@ -150,6 +150,8 @@ class KgenMetadataBuilder(AttentionMetadataBuilder[KgenAttentionMetadata]):
     # planned kgen call allocates nothing and never waits (docs/abi.md, Plans), and the capture's
     # plan covers any length the block table can address (build_for_cudagraph_capture).
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    # Whether speculative decoding's verification requests join the front region (served by the drafts kernel).
+    drafts_supported: ClassVar[bool] = True
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -177,9 +179,6 @@ class KgenMetadataBuilder(AttentionMetadataBuilder[KgenAttentionMetadata]):
         self._slots = torch.empty(int(tokens), dtype=torch.int32, device=device)
         self._workspaces: dict[tuple[str, str], dict] = {}
         self._graph_plans: dict[tuple[str, int], object] = {}  # (kernel set, rows) -> the capture's plan
-
-    # Whether speculative decoding's verification requests join the front region (served by the drafts kernel).
-    drafts_supported: ClassVar[bool] = True
 
     @staticmethod
     def _check_cache_spec(kv_cache_spec, layer_names) -> None:

@@ -19,6 +19,7 @@ from plugin_harness import (  # noqa: E402
     common_metadata,
     mla_reference,
 )
+from vllm.forward_context import set_forward_context  # noqa: E402
 
 from kgen.vllm import reset_launch_counts  # noqa: E402
 from kgen.vllm.kernels import launch_counts  # noqa: E402
@@ -181,3 +182,29 @@ def test_vllm_asks_the_mla_backend_what_it_takes():
                    "(kgen's mla kernels take 16-bit q)")
     (why,) = reasons(device_capability=DeviceCapability(7, 5))
     assert "compute capability" in why and "8.0 or newer" in why
+
+
+def test_a_captured_decode_graphs_metadata_serves_other_lengths(plugin):
+    """Full CUDA graphs of one-token batches (declared as for dense layers): the capture's metadata,
+    with the plan made for the block table's reach, serves the lengths vLLM writes into its
+    persistent tensors before a replay (run eagerly here: no GPU)."""
+    plugin.builder.split_decodes = True
+    name = plugin.names[0]
+    prompt = [30, 40, 12]
+    q, kv_c, k_pe = inputs(sum(prompt), seed=3)
+    plugin.step(common_metadata(prompt, prompt, TABLES, slots_of(TABLES, [0] * 3, prompt)), q, kv_c, k_pe)
+    common = common_metadata([1, 1, 1], [1, 1, 1], TABLES, [0, 0, 0])  # vLLM's dummy capture lengths
+    meta = plugin.builder.build_for_cudagraph_capture(common)
+    assert (meta.num_decode_tokens, meta.num_prefills, meta.decode.prefill) == (3, 0, None)
+    lens = [31, 41, 13]  # a replay: vLLM rewrites seq_lens and the slots in place
+    common.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+    common.slot_mapping.copy_(torch.tensor(slots_of(TABLES, prompt, lens)))
+    plugin.builder._int32_slots(common)  # vLLM's eager build() before each replay refills the int32 slots
+    q, kv_c, k_pe = inputs(3, seed=4)
+    layer = plugin.layers[name]
+    with set_forward_context({name: meta}, plugin.config):
+        layer.impl.do_kv_cache_update(kv_c, k_pe, plugin.pages[name], common.slot_mapping, "auto", layer._k_scale)
+        out, _ = layer.impl.forward_mqa(q, plugin.pages[name], meta, layer)
+    for i, n in enumerate(lens):
+        expected = mla_reference(q[i:i + 1], plugin.pages[name], TABLES[i], n, 1)
+        assert (out[i:i + 1].double() - expected).abs().max() < 0.03, i
