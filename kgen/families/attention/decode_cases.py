@@ -82,7 +82,7 @@ def fill_unread(store: np.ndarray, vstore: np.ndarray, unread: list[tuple[int, i
     return filled
 
 
-def _cast(values: np.ndarray, name: str) -> np.ndarray:
+def cast_values(values: np.ndarray, name: str) -> np.ndarray:
     d = dtype(name).numpy
     if name == "int8":
         return np.clip(np.rint(values), -127, 127).astype(np.int8)
@@ -198,7 +198,7 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
         tensor = nvfp4_pools.tensor_scales((4.5 * spread, 4.5 * spread), rng)
         args = {**nvfp4_pools.layout_pools(spec, store, vstore, tensor, rng), **tensor}
     else:
-        args = to_layout(spec, _cast(store, kv.dtype), _cast(vstore, kv.dtype))
+        args = to_layout(spec, cast_values(store, kv.dtype), cast_values(vstore, kv.dtype))
 
     if padded:
         for name, extra in _pool_padding(spec).items():
@@ -226,7 +226,7 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
                     args[name] = padded_strided(args[name], (0, 1, 1), np.nan)
     if a.alibi:
         args["alibi_slopes"] = alibi_slopes(Hq)
-    args["q"] = _cast(draw_q(rng, (S, Hq, D), serving.q_dist, serving.q_dists), spec.dtype.q)
+    args["q"] = cast_values(draw_q(rng, (S, Hq, D), serving.q_dist, serving.q_dists), spec.dtype.q)
     if a.sinks:  # drawn after q: the random stream of a spec without sinks is unchanged
         args["sinks"] = sink_logits(Hq, rng)
     args["block_tables"] = tables
@@ -363,7 +363,7 @@ def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
     for k in range(steps):
         step = dict(args, seq_lens=np.asarray([n + k * inc for n in lens], dtype=np.int32))
         look = case.params["serving"]
-        step["q"] = _cast(draw_q(rng, (S, Hq, D), look.q_dist, look.q_dists), spec.dtype.q)
+        step["q"] = cast_values(draw_q(rng, (S, Hq, D), look.q_dist, look.q_dists), spec.dtype.q)
         results = _launch(kernel, Case(name, case.params, list(step["seq_lens"].tolist())), step, sparse, rng)
         for r in results:
             r.note = f"step {k + 1} of {steps}" + (f"; {r.note}" if r.note else "")

@@ -13,7 +13,11 @@ import numpy as np
 
 from kgen.arrays import to_backend
 from kgen.families.attention.adversarial_cases import poison
-from kgen.families.attention.decode_cases import _cast, _references, judge_outputs
+from kgen.families.attention.decode_cases import (
+    attention_references,
+    cast_values,
+    judge_outputs,
+)
 from kgen.families.attention.mla_cases import make_mla_case
 from kgen.families.attention.serving import prefill_output
 from kgen.families.base import Bench, Case, Config
@@ -87,7 +91,7 @@ def make_sparse_case(spec, seq_lens: list[int], q_lens: list[int], rng: np.rando
     poison_unnamed(spec, args, indices)
     args["indices"] = indices
     if spec.kind == "paged_prefill":
-        args["q"] = _cast(rng.standard_normal((len(rows), a.num_q_heads, a.head_dim)), spec.dtype.q)
+        args["q"] = cast_values(rng.standard_normal((len(rows), a.num_q_heads, a.head_dim)), spec.dtype.q)
         args["q_indptr"] = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     return args
 
@@ -136,7 +140,7 @@ def _run(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
     rows = args["q"].shape[0]
     Hq, Dv = spec.attention.num_q_heads, spec.v_head_dim_value
     lens = [int(n) for n in (args["indices"] >= 0).sum(axis=1)]  # the keys each row attends
-    ref, lowp = _references(spec, args)
+    ref, lowp = attention_references(spec, args)
     P = kernel.config.get("partition_size", 0)
     plan = kernel.plan([spec.attention.sparse_topk] * rows, partition_tokens=P) if P and rows else None
 
@@ -174,7 +178,7 @@ def _bench(spec, lens: list[int], q_lens: list[int], rng: np.random.Generator) -
     counts = [int(n) for n in (args["indices"] >= 0).sum(axis=1)]
 
     def check(got: dict) -> CaseResult:
-        ref, lowp = _references(spec, args)
+        ref, lowp = attention_references(spec, args)
         return check_output("tuning", counts, got["out"], ref.out, lowp.out, spec.dtype.resolved_out,
                             ref.magnitude, ref.logit_magnitude, **head_dims(spec))
 
