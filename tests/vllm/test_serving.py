@@ -100,7 +100,7 @@ def test_kgen_serves_like_flash_attention_on_a_gpu(models_dir):
     assert all(c.get("decode") and c.get("prefill") for c in test["launches"].values()), test["launches"]
 
 
-@pytest.mark.full  # two vLLM start-ups per case (about 100 s); the default tier's tests/vllm/test_mla.py serves
+@pytest.mark.full  # two vLLM start-ups per case (about 100 s); the default tier's tests/vllm/test_mla_layers.py serves
 # one MLA layer's mixed steps through the same builder and impl against float64
 @pytest.mark.parametrize("mixed", ["split", "auto"])
 def test_kgen_serves_deepseek_v2_mla_like_vllms_cpu_mla(models_dir, reference_runs, mixed):
@@ -126,7 +126,7 @@ def test_kgen_serves_deepseek_v2_mla_like_vllms_cpu_mla(models_dir, reference_ru
     assert sorted(test["launches"]) == [f"model.layers.{i}.self_attn.attn" for i in range(2)], test["launches"]
     for layer, counts in test["launches"].items():
         # the warm-up request's prompt and the six prompts (vLLM's CPU platform turns chunked prefill off for MLA,
-        # so they come in one step; prompt chunks over a cached prefix: tests/vllm/test_mla.py)
+        # so they come in one step; prompt chunks over a cached prefix: tests/vllm/test_mla_layers.py)
         assert counts.get("prefill", 0) >= 2, (layer, counts)
         if mixed == "split":
             assert counts.get("decode", 0) >= 7, (layer, counts)
