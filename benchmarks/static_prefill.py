@@ -41,12 +41,7 @@ from benchmarks.tables import fmt_tflops, md_table, replace_between
 from kgen.bodies import spec_for_arch
 from kgen.cache import ArtifactCache, content_key
 from kgen.compile.nvrtc import compile_cubin, parse_ptxas_report
-from kgen.families.attention.prefill import (
-    m_tiles_of,
-    path_of,
-    stages_of,
-    tiles,
-)
+from kgen.families.attention.prefill_geometry import prefill_geometry
 from kgen.families.base import PerfModel
 from kgen.families.registry import family_for
 from kgen.formats.dtypes import dtype
@@ -139,17 +134,16 @@ def kgen_kernel(spec, cuobjdump: str, cache: ArtifactCache, label: str, config: 
     res = art.resources[spec.name]
     kern = planning_kernel(spec, rendered, ARCH, DEV)
     (main,) = [d for d in family_for(spec).kernels(spec, rendered.config) if d.name == spec.name]
-    warps, kv_tile = tiles(spec, rendered.config)  # the family's automatic tile choice for this config
-    mt = m_tiles_of(spec, rendered.config)
+    geo = prefill_geometry(spec, rendered.config)  # the family's automatic tile choice for this config
+    warps, kv_tile, stages = geo.warps, geo.kv_tile, geo.stages
     a = spec.attention
-    hopper = path_of(spec, rendered.config) == "wgmma"
+    hopper = geo.wgmma
     work = pf.tile_work(fn, DEV)
     work.wgmma_serialized = pf.serialized_wgmma(res.advisories)  # ptxas C7520: no wgmma overlap
     if hopper:  # the producer warpgroup's cp.async loop shares the issue slots: charged per tile
         copies = kv_tile * (a.head_dim + spec.v_head_dim_value) // 8 // 128
         work.producer_instrs = pf.producer_instrs(fn, work.loop, copies)
         # the consumers wait on barriers, not loads: one tile round trip per tile, STAGES - 1 in flight
-        stages = stages_of(spec, rendered.config)
         work.latencies_per_iter = 1 / max(1, stages - 1)
 
     def ctas(seqs, num_q_heads, num_kv_heads):
@@ -160,8 +154,8 @@ def kgen_kernel(spec, cuobjdump: str, cache: ArtifactCache, label: str, config: 
         plan = kern.plan(lens, num_sms=DEV.sms, q_indptr=indptr)
         parts, ptok = plan.sizes["max_partitions"], plan.sizes["partition_tokens"]
         grid = int(np.prod(plan.launches[0].grid))
-        out = pf.kgen_ctas(seqs, spec.group_size, a.num_kv_heads, warps, kv_tile, parts, ptok,
-                           a.sliding_window or 0, a.causal, m_tiles=mt)
+        out = pf.kgen_ctas(seqs, spec.group_size, a.num_kv_heads, geo.rows, kv_tile, parts, ptok,
+                           a.sliding_window or 0, a.causal)
         assert len(out) == grid, (len(out), plan.launches[0].grid)
         extra = len(plan.launches) - 1
         tokens = int(indptr[-1])
@@ -170,7 +164,7 @@ def kgen_kernel(spec, cuobjdump: str, cache: ArtifactCache, label: str, config: 
 
     if hopper:
         note = (f"{label}: {warps // 4} consumer warpgroup(s) x 64 packed rows + a producer warpgroup ({main.block} "
-                f"threads), kv_tile {kv_tile}, {stages_of(spec, rendered.config)} stages, {main.smem} B dynamic smem; "
+                f"threads), kv_tile {kv_tile}, {stages} stages, {main.smem} B dynamic smem; "
                 f"the producer's {work.producer_instrs} warp-instructions per tile (its cp.async gather loop, from "
                 "the SASS) are charged to the issue term; latency: one tile round trip per tile over the stages - 1 "
                 "in flight; HGMMA operand reads are not in the smem term; grid from kern.plan as the mma.sync path's")
@@ -178,7 +172,7 @@ def kgen_kernel(spec, cuobjdump: str, cache: ArtifactCache, label: str, config: 
         note = (f"{label}: {warps} warps x 16 packed rows, kv_tile {kv_tile}, {main.smem} B dynamic smem; grid "
                 "(q_tiles, kv_heads, partitions) from kern.plan(seq_lens, q_indptr=..., num_sms=132)")
     return Kernel(label, res.registers, f"{res.spill_stores}/{res.spill_loads}", res.static_smem + main.smem,
-                  main.block, work, 16 * warps * mt, kv_tile, ctas, dtype(spec.kv_cache.dtype).itemsize, [note],
+                  main.block, work, geo.rows, kv_tile, ctas, dtype(spec.kv_cache.dtype).itemsize, [note],
                   mma_warps=warps if hopper else 0)
 
 

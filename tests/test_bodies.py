@@ -10,7 +10,8 @@ import pytest
 import kgen
 from kgen.bodies import arch_number, cpu_arch, dispatch, groups, newest, spec_for_arch
 from kgen.errors import KgenUserError
-from kgen.families.attention.prefill import PAGED_PREFILL, path_of
+from kgen.families.attention.prefill import PAGED_PREFILL
+from kgen.families.attention.prefill_geometry import prefill_geometry
 from kgen.families.base import resolve_config
 
 # {arch built: arch-specific (an sm_90a body runs on sm_90 alone)}
@@ -63,8 +64,8 @@ def test_the_family_sees_one_arch_at_a_time():
     spec = _spec()
     config = resolve_config(PAGED_PREFILL, spec, SMALL)
     assert spec_for_arch(spec, "sm_90").targets == ["sm_90"] and spec_for_arch(spec, None) is spec
-    assert path_of(spec_for_arch(spec, "sm_80"), config) == "mma"
-    assert path_of(spec_for_arch(spec, "sm_90"), config) == "wgmma"
+    assert prefill_geometry(spec_for_arch(spec, "sm_80"), config).path == "mma"
+    assert prefill_geometry(spec_for_arch(spec, "sm_90"), config).path == "wgmma"
 
 
 def test_a_two_target_prefill_build_has_two_bodies_each_verified_on_the_cpu():

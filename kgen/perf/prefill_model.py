@@ -301,16 +301,15 @@ def causal_flop(seqs: list[tuple[int, int]], head_dim: int, num_q_heads: int, wi
 
 
 # ---- CTAs of kgen's launch (templates/common/paged_prefill.cuh, kgen/families/attention/prefill.py) --
-def kgen_ctas(seqs: list[tuple[int, int]], group: int, num_kv_heads: int, warps: int, kv_tile: int,
-              partitions: int = 1, partition_tokens: int = 0, window: int = 0, causal: bool = True,
-              m_tiles: int = 1) -> list[int]:
+def kgen_ctas(seqs: list[tuple[int, int]], group: int, num_kv_heads: int, rows_per: int, kv_tile: int,
+              partitions: int = 1, partition_tokens: int = 0, window: int = 0, causal: bool = True) -> list[int]:
     """Tile iterations of every block of kgen's paged-prefill launch, in launch order (x fastest:
-    blockIdx.x counts each sequence's tiles of 16 x warps x m_tiles packed (token, group head) rows, the last
+    blockIdx.x counts each sequence's tiles of `rows_per` packed (token, group head) rows, the
+    geometry's PrefillGeometry.rows and kv_tile (kgen/families/attention/prefill_geometry.py), the last
     (heaviest) tile first, plus one spare block per sequence that exits; y: KV head; z: partition).
     A block walks keys [lo, hi): lo = max(0, p_first - window + 1) with a window, hi = p_last + 1
     (causal) or kv_len; with partitions, clipped to [z x P, (z + 1) x P) (the last: to the end),
     and a partition past ceil(kv_len / P) exits. Iterations: ceil((hi - lo) / kv_tile)."""
-    rows_per = 16 * warps * m_tiles
     xs: list[list[int]] = [[] for _ in range(max(1, partitions))]
     for z in range(max(1, partitions)):
         for q_len, kv_len in seqs:

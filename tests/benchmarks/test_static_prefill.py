@@ -92,11 +92,11 @@ def test_causal_flop_by_hand():
 
 
 def test_kgen_ctas_by_hand():
-    """32-token prompt, GQA 4, 4 warps (64 packed rows = 16 tokens), 16-key tiles: the last tile first
+    """32-token prompt, GQA 4, 64 packed rows a block (4 warps: 16 tokens), 16-key tiles: the last tile first
     (tokens 16..31: keys 0..31, 2 tiles), then tokens 0..15 (1 tile), then the spare block; per KV head."""
-    assert pf.kgen_ctas([(32, 32)], 4, 2, 4, 16) == [2, 1, 0] * 2
+    assert pf.kgen_ctas([(32, 32)], 4, 2, 64, 16) == [2, 1, 0] * 2
     # split in 16-key partitions: partition 1 holds keys 16.. (the last: to the end); the first tile sees none
-    assert pf.kgen_ctas([(32, 32)], 4, 1, 4, 16, partitions=2, partition_tokens=16) == [1, 1, 0, 1, 0, 0]
+    assert pf.kgen_ctas([(32, 32)], 4, 1, 64, 16, partitions=2, partition_tokens=16) == [1, 1, 0, 1, 0, 0]
 
 
 def test_flashinfer_rules():

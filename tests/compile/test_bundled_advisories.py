@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT, full_tier_except
 
 from kgen.compile.nvrtc import compile_cubin
-from kgen.families.attention.prefill import path_of
+from kgen.families.attention.prefill_geometry import prefill_geometry
 from kgen.families.base import resolve_config
 from kgen.families.registry import family_for
 from kgen.render import render
@@ -41,7 +41,7 @@ def _hopper_configs(path) -> list[tuple[str, dict]]:
     seen, out = set(), []
     for c in configs:
         key = tuple(sorted(c.items()))
-        if key not in seen and path_of(spec, c) == "wgmma":
+        if key not in seen and prefill_geometry(spec, c).wgmma:
             seen.add(key)
             out.append((path.stem, c))
     return out

@@ -24,19 +24,22 @@ from kgen.families.attention.common import (
     template_context,
 )
 from kgen.families.attention.decode_geometry import vector_width
+from kgen.families.attention.prefill_geometry import (
+    KV_PATHS,
+    KV_TILES,
+    M_TILES,
+    OUT_SLICE,
+    PATHS,
+    STAGES,
+    WARPS,
+    prefill_geometry,
+    slices,
+)
 from kgen.families.base import Config, PerfModel, TunableParam, resolve_config
 from kgen.families.binding import host_values
-from kgen.formats.cache import (
-    BLOCK_GROUP,
-    CacheFormat,
-    describe,
-    head_dims_text,
-    scale_dtype,
-    vllm_x,
-)
-from kgen.formats.dtypes import dtype
+from kgen.formats.cache import CacheFormat, describe, head_dims_text
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
-from kgen.plan.arch import limits_for, smem_limit
+from kgen.plan.arch import smem_limit
 from kgen.plan.split import (
     STEP_TOKENS,
     Split,
@@ -44,137 +47,6 @@ from kgen.plan.split import (
     choose_split,
     working_partitions,
 )
-
-WARPS = (1, 2, 4, 8)
-KV_TILES = (16, 32, 64, 128)
-STAGES = (1, 2, 3, 4)
-M_TILES = (1, 2)  # m16 row tiles per warp
-MAX_REGISTERS = 232  # the main kernel's cap (__maxnreg__): ptxas takes up to 255 when free to, none spill at 232
-M2_ACCUMULATORS = 160  # the most fp32 accumulators (O and S) a lane holds with 2 m tiles (automatic m_tiles)
-AUTO_STAGES = 2  # `stages: 0`: one tile in flight while one is computed, where shared memory allows
-KV_PATHS = ("copy", "stage", "gather")  # the template's KV_PATH is the index
-SMEM_TARGET = 96 * 1024  # the automatic tile choice stays under this (occupancy)
-OUT_SLICE = 256  # output columns per block: larger heads are sliced over grid z
-PATHS = ("auto", "mma", "wgmma")  # the `path` parameter's values (its index): auto = wgmma where it builds
-WGMMA_WARPS = (4, 8)  # consumer warps of the Hopper path: one or two warpgroups of 64 rows
-WGMMA_BARRIER_BYTES = 16 * max(STAGES)  # the full/empty mbarriers (static shared memory)
-
-
-def path_of(spec, config: Config) -> str:
-    """The body a config builds: "wgmma" (the Hopper path, templates/common/paged_prefill_wgmma.cuh)
-    or "mma" (paged_prefill.cuh). `path` 0 (auto) takes wgmma where wgmma_refusal finds nothing."""
-    chosen = PATHS[config.get("path", 0)] if config.get("path", 0) in range(len(PATHS)) else "mma"
-    if chosen == "auto":
-        return "mma" if wgmma_refusal(spec, config) else "wgmma"
-    return chosen
-
-
-def wgmma_refusal(spec, config: Config) -> str | None:
-    """Why the Hopper path cannot build this spec and config (None: it can). A spec renders once per
-    target arch (kgen/bodies.py), so `spec.targets` is the one arch being rendered: it must be sm_90
-    (wgmma is an sm_90a instruction)."""
-    a = spec.attention
-    for target in spec.targets:
-        if target != "sm_90":
-            return ("no wgmma before sm_90" if int(target.removeprefix("sm_")) < 90 else
-                    f"{target} has no wgmma (an sm_90a instruction)")
-    if spec.dtype.q not in ("fp16", "bf16"):
-        return f"wgmma takes fp16 or bf16 operands (q is {spec.dtype.q})"
-    if kv_path(spec) != "copy" or CacheFormat.of(spec).vllm:
-        return f"it copies a cache in q's type, unscaled (this one is {describe(spec)})"
-    dims = (a.head_dim, spec.v_head_dim_value)
-    if any(d % 64 or d > 256 for d in dims):
-        return f"head dims must be multiples of 64 up to 256 (got {head_dims_text(spec)})"
-    if config.get("warps", 0) not in (0, *WGMMA_WARPS):
-        return f"warps {config['warps']}: the consumers are 4 or 8 warps (one or two warpgroups)"
-    warps, kv_tile = wgmma_tiles(spec, config)
-    return wgmma_fit_problem(spec, warps, kv_tile, stages_of(spec, {**config, "path": 2}))
-
-
-def wgmma_fit_problem(spec, warps: int, kv_tile: int, stages: int) -> str | None:
-    """Why a Hopper-path launch of these tiles cannot run: shared memory past the opt-in limit, or a
-    consumer thread needing more registers than it can have (estimated, wgmma_registers): 255 with one
-    consumer warpgroup (256 threads); with two (384 threads, 168 each at launch), 168, or 232 where
-    setmaxnreg moves the producer's registers to the consumers (wgmma_setmaxnreg)."""
-    need = wgmma_smem_bytes(spec, warps, kv_tile, stages) + WGMMA_BARRIER_BYTES
-    if need > smem_limit(spec.targets):
-        return (f"warps {warps}, kv_tile {kv_tile} and stages {stages} need {need} bytes of shared memory, "
-                f"more than {smem_limit(spec.targets)}")
-    regs, cap = wgmma_registers(spec, kv_tile), 255 if warps == 4 else SETMAXNREG_CONSUMER
-    if regs > cap:
-        return (f"kv_tile {kv_tile} with {warps // 4} consumer warpgroup(s) needs about {regs} registers a "
-                f"consumer thread, more than {cap}")
-    return None
-
-
-SETMAXNREG_CONSUMER = 232  # 128 x 40 (producer) + 256 x 232 = 384 x 168: the registers at launch
-LAUNCH_REGISTERS_384 = limits_for("sm_90").regs_per_block // 384 // 8 * 8  # 168: __launch_bounds__(384)'s per thread
-
-
-def wgmma_setmaxnreg(spec, warps: int, kv_tile: int) -> bool:
-    """Whether the consumers take the producer's registers (setmaxnreg): two consumer warpgroups
-    whose estimate passes the 168 registers a thread of 384 gets at launch. Only then: the split's
-    counts assume the kernel is allocated exactly 168, which ptxas does when the code needs more."""
-    return warps == 8 and wgmma_registers(spec, kv_tile) > LAUNCH_REGISTERS_384
-
-
-def wgmma_registers(spec, kv_tile: int) -> int:
-    """A consumer thread's registers, estimated: S (kv_tile/2), P (kv_tile/4), O (v_head_dim/2), 40 more."""
-    return kv_tile // 2 + kv_tile // 4 + spec.v_head_dim_value // 2 + 40
-
-
-def wgmma_tiles(spec, config: Config) -> tuple[int, int]:
-    """(consumer warps, kv_tile) of a Hopper-path config; 0 means automatic: two consumer
-    warpgroups and 128-key tiles, the key tile halved down to 64, then one warpgroup, then smaller
-    tiles, until shared memory and the register estimate fit (wgmma_fit_problem)."""
-    auto_w, auto_t = not config.get("warps", 0), not config.get("kv_tile", 0)
-    warps = config.get("warps", 0) or 8
-    kv_tile = config.get("kv_tile", 0) or 128
-    stages = config.get("stages", 0) or AUTO_STAGES
-    while wgmma_fit_problem(spec, warps, kv_tile, stages):
-        if auto_t and kv_tile > 64:
-            kv_tile //= 2
-        elif auto_w and warps > 4:
-            warps //= 2
-        elif auto_t and kv_tile > 16:
-            kv_tile //= 2
-        else:
-            break
-    return warps, kv_tile
-
-
-def wgmma_smem_bytes(spec, warps: int, kv_tile: int, stages: int) -> int:
-    """Dynamic shared memory of the Hopper path (WgmmaPrefillShape): 1024 bytes of alignment slack,
-    Q [16 * warps rows x head_dim], then `stages` K [kv_tile x head_dim] and V [kv_tile x v_head_dim]
-    tiles, all in q's type, unpadded (the 128-byte swizzle spreads the rows over the banks)."""
-    item = dtype(spec.dtype.q).itemsize
-    return 1024 + 16 * warps * spec.attention.head_dim * item + \
-        stages * kv_tile * (spec.attention.head_dim + spec.v_head_dim_value) * item
-
-
-def m_tiles_of(spec, config: Config) -> int:
-    """m16 row tiles per warp: the config's `m_tiles`, or for 0 (automatic) 2 where the products are
-    mma.sync (16-bit q), head dims <= 128, a lane's accumulators of both m tiles (v_head_dim + kv_tile)
-    within M2_ACCUMULATORS and the tiles under SMEM_TARGET with 32 keys or more (fewer, and
-    rescaling the output each tile costs more than the shared fragments save): each K/V fragment then feeds two MMAs (fewer
-    ldmatrix and instructions per MMA); else 1. The Hopper path's warpgroups own 64 rows: 1."""
-    if path_of(spec, config) == "wgmma":
-        return 1
-    if config.get("m_tiles", 0):
-        return config["m_tiles"]
-    mma = dtype(spec.dtype.q).itemsize == 2
-    if not mma or max(spec.attention.head_dim, spec.v_head_dim_value) > 128:
-        return 1
-    two = {**config, "m_tiles": 2}
-    warps, kv_tile = tiles(spec, two)
-    # a lane's accumulators of both m tiles: v_head_dim floats of O, kv_tile of S (more spill on sm_90)
-    fits = spec.v_head_dim_value + kv_tile <= M2_ACCUMULATORS
-    return 2 if fits and kv_tile >= 32 and smem_bytes(spec, warps, kv_tile, stages_of(spec, two), 2) <= SMEM_TARGET else 1
-
-
-def block_rows(spec, config: Config) -> int:
-    """Packed query rows per block: 16 per m tile of every warp."""
-    return 16 * tiles(spec, config)[0] * m_tiles_of(spec, config)
 
 
 def fitted_to_short_rows(spec, config: Config, max_q_len: int) -> Config:
@@ -186,103 +58,6 @@ def fitted_to_short_rows(spec, config: Config, max_q_len: int) -> Config:
     warps = next((w for w in WARPS if 16 * w >= rows), WARPS[-1])
     return {**config, "warps": warps, "m_tiles": 1, "path": 1}
 
-
-def tiles(spec, config: Config) -> tuple[int, int]:
-    """(warps, kv_tile) of a config; 0 means automatic: 4 warps and 64-key tiles (32 past head_dim
-    128, or with 2 m tiles a warp: their scores' registers), halved while the shared memory exceeds
-    SMEM_TARGET: the one with more rows in shared memory first (the Q tile's 16 * warps * m_tiles,
-    or the stages' 2 * stages * kv_tile), warps on a tie. The Hopper path's (consumer warps) come
-    from wgmma_tiles."""
-    if path_of(spec, config) == "wgmma":
-        return wgmma_tiles(spec, config)
-    auto_w, auto_t = not config.get("warps", 0), not config.get("kv_tile", 0)
-    mt = m_tiles_of(spec, config)
-    warps = config.get("warps", 0) or 4
-    wide = max(spec.attention.head_dim, spec.v_head_dim_value) > 128 or mt > 1
-    kv_tile = config.get("kv_tile", 0) or (32 if wide else 64)
-    stages = stages_of(spec, config)
-    while smem_bytes(spec, warps, kv_tile, stages, mt) > SMEM_TARGET:
-        can_w, can_t = auto_w and warps > 1, auto_t and kv_tile > 16
-        if can_w and (not can_t or 16 * warps * mt >= 2 * stages * kv_tile):
-            warps //= 2
-        elif can_t:
-            kv_tile //= 2
-        else:
-            break
-    return warps, kv_tile
-
-
-def stages_of(spec, config: Config) -> int:
-    """The pipeline depth of a config: its `stages`, or for 0 (automatic) AUTO_STAGES, one stage
-    when even the smallest automatic tiles need more shared memory than the targets' opt-in limit
-    (kgen.plan.arch.smem_limit) with it (wide heads of a staged cache: head_dim 512 of an fp32 cache)."""
-    if config.get("stages", 0):
-        return config["stages"]
-    if config.get("path", 0) == 2 or path_of(spec, config) == "wgmma":
-        return AUTO_STAGES
-    fits = smem_bytes(spec, *tiles(spec, {**config, "stages": AUTO_STAGES}), AUTO_STAGES,
-                      m_tiles_of(spec, config)) <= smem_limit(spec.targets)
-    return AUTO_STAGES if fits else 1
-
-
-def kv_path(spec) -> str:
-    """How K/V tiles reach the MMA operand tiles in shared memory: "copy", cp.async straight into
-    them (a cache in q's type, unscaled, 16-byte vectors); "stage", cp.async of the stored bytes
-    into a staging tile, then one pass dequantizes it with the packed conversions (quantized or
-    wider caches); "gather", plain loads that dequantize on the way (a VEC-element chunk of a key's
-    row that is not contiguous in memory, as in vLLM's head_dim-major V, or a copy of 1 or 2 bytes)."""
-    kv = spec.kv_cache
-    vec = vector_width(spec)
-    copy = dtype(kv.dtype).bytes_for(vec)  # bytes per vector load (nvfp4: two elements a byte)
-    k_run, v_run = (vllm_x(spec), 1) if CacheFormat.of(spec).vllm else (spec.attention.head_dim, spec.v_head_dim_value)
-    if k_run % vec or v_run % vec or copy not in (4, 8, 16):
-        return "gather"
-    if kv.dtype == spec.dtype.q and kv.scale == "none" and copy == 16:
-        return "copy"
-    return "stage"
-
-
-def smem_bytes(spec, warps: int, kv_tile: int, stages: int = 2, m_tiles: int = 1) -> int:
-    """The Q tile, then K/V (templates/common/paged_prefill.cuh, PrefillShape): operand tiles in q's
-    type with rows padded by 16 bytes, `stages` of them on the copy path; on the stage path one
-    operand pair plus `stages` staging tiles as stored (and per-token scales, or nvfp4's block
-    scales: a byte per 16 elements of each K and V row); on the gather path one operand pair (and
-    per-token scales). The Q tile has 16 * warps * m_tiles rows. Plus fp32 P per warp where the products are fp32 FMAs (fp32 q, or a target older
-    than sm_80: no mma.sync m16n8k16)."""
-    item = dtype(spec.dtype.q).itemsize
-    D, DV = spec.attention.head_dim, spec.v_head_dim_value  # K's rows and V's
-    ld, ldv = (-(-dim // 16) * 16 + 16 // item for dim in (D, DV))
-    tiles = kv_tile * (ld + ldv) * item  # one K and one V operand tile
-    path = kv_path(spec)
-    fmt = CacheFormat.of(spec)
-    scales = 8 * kv_tile if fmt.per_token else 0  # a tile's K and V scales, fp32
-    if fmt.block_scaled:  # a tile's K and V block-scale rows, one e4m3 byte per BLOCK_GROUP elements
-        scales = _align16(2 * kv_tile * dtype(scale_dtype(spec)).bytes_for(spec.attention.head_dim // BLOCK_GROUP))
-    if path == "copy":
-        kv = stages * tiles
-    elif path == "stage":
-        raws = sum(_align16(fmt.dtype.bytes_for(kv_tile * dim)) for dim in (D, DV))
-        kv = tiles + stages * (raws + scales)
-    else:
-        kv = tiles + scales
-    rows = 16 * warps * m_tiles
-    return rows * ld * item + kv + (rows * kv_tile * 4 if fma_scratch(spec) else 0)
-
-
-def fma_scratch(spec) -> bool:
-    """Whether the body computes the products as fp32 FMAs through a P tile in shared memory (fp32
-    q, or a target older than sm_80). Rendered per arch (kgen/bodies.py), `spec.targets` is that
-    arch; the hand-written ABI launch, one for every target, reserves the tile if any target needs it."""
-    return dtype(spec.dtype.q).itemsize == 4 or any(int(arch.removeprefix("sm_")) < 80 for arch in spec.targets)
-
-
-def _align16(n: int) -> int:
-    return -(-n // 16) * 16
-
-
-def slices(spec) -> int:
-    """Output slices on grid z: v_head_dim in OUT_SLICE columns each."""
-    return -(-spec.v_head_dim_value // OUT_SLICE)
 
 
 class PagedPrefillFamily(AttentionFamily):
@@ -311,16 +86,15 @@ class PagedPrefillFamily(AttentionFamily):
         problems += self.partition_problems(config)
         if config["path"] not in range(len(PATHS)):
             problems.append(f"path must be 0 (auto), 1 (mma) or 2 (wgmma) (got {config['path']})")
-        elif config["path"] == 2 and not problems:
-            refusal = wgmma_refusal(spec, config)
-            if refusal:
-                problems.append(f"path 2 (wgmma) cannot build for {', '.join(spec.targets)}: {refusal} "
+        if problems:
+            return problems
+        geo = prefill_geometry(spec, config)
+        if config["path"] == 2:
+            if geo.refusal:
+                problems.append(f"path 2 (wgmma) cannot build for {', '.join(spec.targets)}: {geo.refusal} "
                                 "(accepted there: path 0, auto, or 1, mma.sync)")
-            return problems
-        if not problems and path_of(spec, config) == "wgmma":
-            return problems
-        if not problems:
-            need = smem_bytes(spec, *tiles(spec, config), stages_of(spec, config), m_tiles_of(spec, config))
+        elif not geo.wgmma:  # the Hopper path's tiles fit by construction (its refusal says when not)
+            need = geo.smem_bytes
             if need > smem_limit(spec.targets):
                 problems.append(f"warps, kv_tile and stages need {need} bytes of shared memory, more than "
                                 f"{smem_limit(spec.targets)} (the opt-in limit of {', '.join(spec.targets)}): "
@@ -337,53 +111,45 @@ class PagedPrefillFamily(AttentionFamily):
 
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
         a, P = spec.attention, config["partition_size"]
-        warps, kv_tile = tiles(spec, config)
+        geo = prefill_geometry(spec, config)  # the Hopper path: a producer warpgroup besides the consumers
         table = self.arguments(spec, config)
-        if path_of(spec, config) == "wgmma":  # a producer warpgroup besides the consumer warps
-            split = wgmma_setmaxnreg(spec, warps, kv_tile)  # its counts assume 168 registers at launch
-            main = KernelDecl(spec.name, tuple(table), ("q_tiles", a.num_kv_heads, "z"), 32 * warps + 128,
-                              smem=wgmma_smem_bytes(spec, warps, kv_tile, stages_of(spec, config)),
-                              launch_registers=LAUNCH_REGISTERS_384 if split else 0)
-        else:
-            main = KernelDecl(spec.name, tuple(table), ("q_tiles", a.num_kv_heads, "z"), 32 * warps,
-                              smem=smem_bytes(spec, warps, kv_tile, stages_of(spec, config), m_tiles_of(spec, config)),
-                              max_registers=MAX_REGISTERS)
+        main = KernelDecl(spec.name, tuple(table), ("q_tiles", a.num_kv_heads, "z"), geo.threads, smem=geo.smem_bytes,
+                          max_registers=geo.max_registers, launch_registers=geo.launch_registers)
         return [main, merge_kernel(spec, table, PREFILL_ROWS)] if P else [main]
 
     def template_context(self, spec, config: Config) -> dict[str, Any]:
-        warps, kv_tile = tiles(spec, config)
-        kernels = self.kernels(spec, config)
+        geo = prefill_geometry(spec, config)
         return {
-            **template_context(spec, config, kernels),
-            "warps": warps,
-            "kv_tile": kv_tile,
-            "stages": stages_of(spec, config),
-            "m_tiles": m_tiles_of(spec, config),
-            "kv_path": KV_PATHS.index(kv_path(spec)),
-            "smem_bytes": kernels[0].smem,
-            "fma_scratch": fma_scratch(spec),
-            "wgmma": path_of(spec, config) == "wgmma",
-            "setmaxnreg": path_of(spec, config) == "wgmma" and wgmma_setmaxnreg(spec, warps, kv_tile),
+            **template_context(spec, config, self.kernels(spec, config)),
+            "warps": geo.warps,
+            "kv_tile": geo.kv_tile,
+            "stages": geo.stages,
+            "m_tiles": geo.m_tiles,
+            "kv_path": KV_PATHS.index(geo.kv_path),
+            "smem_bytes": geo.smem_bytes,
+            "fma_scratch": geo.fma_scratch,
+            "wgmma": geo.wgmma,
+            "setmaxnreg": geo.setmaxnreg,
         }
 
     def body_choice(self, spec, config: Config) -> tuple[str, str]:
         """(body, why) of the arch being rendered (`spec.targets`, one arch: kgen/bodies.py): "wgmma"
         (the Hopper body), "mma.sync", or "fma" (fp32 products: fp32 q, or no mma.sync m16n8k16)."""
-        if path_of(spec, config) == "wgmma":
-            warps, kv_tile = wgmma_tiles(spec, config)
-            split = ", setmaxnreg 40/232" if wgmma_setmaxnreg(spec, warps, kv_tile) else ""
+        geo = prefill_geometry(spec, config)
+        if geo.wgmma:
+            split = ", setmaxnreg 40/232" if geo.setmaxnreg else ""
             return "wgmma", (f"Hopper body: {head_dims_text(spec)}, {spec.dtype.q} q, cache {describe(spec)}, "
                              f"block_size {spec.kv_cache.block_size} fit the TMA-free wgmma tiling: "
-                             f"{warps // 4} consumer warpgroup(s) + a producer, {kv_tile}-key tiles, "
-                             f"{stages_of(spec, config)} stages{split}; compiled for sm_90a")
-        body = "fma" if fma_scratch(spec) else "mma.sync"
+                             f"{geo.warps // 4} consumer warpgroup(s) + a producer, {geo.kv_tile}-key tiles, "
+                             f"{geo.stages} stages{split}; compiled for sm_90a")
+        body = "fma" if geo.fma_scratch else "mma.sync"
         if config.get("path", 0) == 1:
             return body, "path 1 (mma) in the config"
-        return body, f"not the Hopper body: {wgmma_refusal(spec, config)}"
+        return body, f"not the Hopper body: {geo.refusal}"
 
     def abi_notes(self, spec) -> list[str]:
         a, kv = spec.attention, spec.kv_cache
-        rows = block_rows(spec, resolve_config(self, spec, self.abi_config(spec)))  # the ABI launch's
+        rows = prefill_geometry(spec, resolve_config(self, spec, self.abi_config(spec))).rows  # the ABI launch's
         visible = ("keys p-" + str(a.sliding_window - 1) + " .. p" if a.sliding_window else "keys 0 .. p") \
             if a.causal else "all seq_len keys (causal: false)"
         return [
@@ -430,7 +196,7 @@ class PagedPrefillFamily(AttentionFamily):
         if bad.size:
             s = int(bad[0])
             raise ArgumentError(f"sequence {s}: q_len = {int(q_lens[s])} is larger than seq_lens[{s}] = {int(lens[s])}")
-        row_tiles = -(-q_lens * spec.group_size // block_rows(spec, config))
+        row_tiles = -(-q_lens * spec.group_size // prefill_geometry(spec, config).rows)
         window = spec.attention.sliding_window or 0
         live = np.where(q_lens > 0, lens, 0)
         wins = q_lens + window - 1 if window else 0
@@ -486,7 +252,7 @@ class PagedPrefillFamily(AttentionFamily):
         b.refuse_aliasing(written, [q, *pool.caches, ind, bt, sl, ks, vs, alibi, sinks, *written])
         values = b.values(PREFILL_ROWS, q, out, pool, bt, sl, (ks, vs), scale_strides, alibi, part_o, part_ml, lse,
                           sizes, M, q_indptr=b.pointer(ind), num_seqs=S, sinks=sinks)
-        rows = block_rows(spec, config)  # grid x from the call's shapes (a plan may be for other chunks)
+        rows = prefill_geometry(spec, config).rows  # grid x from the call's shapes (a plan may be for other chunks)
         grid = {"q_tiles": -(-T * spec.group_size // rows) + S, "num_q_tokens": T, "z": max_parts * slices(spec)}
         reached = [c.native for c in pool.caches]  # fused: K/V by address (an isolated child maps them too)
         launches = [k.launch(grid, values, reached) for k in kernels] if T else []  # no query row: nothing to launch

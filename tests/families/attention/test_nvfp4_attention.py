@@ -292,7 +292,7 @@ def test_prefill_garbage_and_nan_scales_past_the_lengths_change_nothing(small_pr
 def test_prefill_smem_and_raw_tiles_follow_the_bits():
     """prefill.py's shared memory for nvfp4: raw tiles of half a byte an element and a byte of scale per
     16; the template's static_assert checks the same sum at compile time (every build above)."""
-    from kgen.families.attention.prefill import smem_bytes
+    from kgen.families.attention.prefill_geometry import smem_bytes
     spec = prefill_variant(heads=(32, 8), head_dim=128)
     int8 = spec.with_overrides(**{"kv_cache.dtype": "int8", "kv_cache.scale": "per_tensor"})
     raw_fp4, raw_int8, scales = 64 * 128 // 2, 64 * 128, 2 * 64 * 128 // 16

@@ -11,15 +11,13 @@ import pytest
 from conftest import inline_provided, tiny_decode
 
 import kgen
-from kgen.families.attention.prefill import (
-    PAGED_PREFILL,
-    kv_path,
-    m_tiles_of,
-    smem_bytes,
-    stages_of,
-    tiles,
-)
+from kgen.families.attention.prefill import PAGED_PREFILL
 from kgen.families.attention.prefill_cases import check, make_prefill_case, references
+from kgen.families.attention.prefill_geometry import (
+    kv_path,
+    prefill_geometry,
+    smem_bytes,
+)
 from kgen.families.base import resolve_config
 from kgen.plan import BLOCKS_PER_SM
 from kgen.plan.arch import smem_limit
@@ -92,7 +90,7 @@ def test_a_256_token_chunk_over_a_32k_prefix_splits_in_whole_waves():
     partitions (320 blocks, a second wave of 56); prefill rounds to 4 (256 blocks, one wave)."""
     spec = _spec(LLAMA)
     config = resolve_config(PAGED_PREFILL, spec, MMA)  # an sm_90-only spec: auto would take the Hopper body
-    assert m_tiles_of(spec, config) == 2
+    assert prefill_geometry(spec, config).m_tiles == 2
     lens = np.array([32768 + 256])
     sizes, _ = PAGED_PREFILL.schedule(spec, config, {"seq_lens": lens, "q_indptr": _indptr([256])},
                                       BLOCKS_PER_SM * 132)
@@ -105,9 +103,10 @@ def test_automatic_m_tiles():
     tiles of 32+ keys under 96 KiB; else 1. The Hopper body's warpgroups own 64 rows: 1 there."""
     def auto(config=None, **overrides):
         spec = _spec(LLAMA, **overrides)
-        return m_tiles_of(spec, resolve_config(PAGED_PREFILL, spec, {**MMA, **(config or {})}))
-    assert auto() == 2 and tiles(_spec(LLAMA), MMA) == (4, 32)
-    assert m_tiles_of(_spec(LLAMA), resolve_config(PAGED_PREFILL, _spec(LLAMA), {"path": 2})) == 1
+        return prefill_geometry(spec, resolve_config(PAGED_PREFILL, spec, {**MMA, **(config or {})})).m_tiles
+    geo = prefill_geometry(_spec(LLAMA), MMA)
+    assert auto() == 2 and (geo.warps, geo.kv_tile) == (4, 32)
+    assert prefill_geometry(_spec(LLAMA), resolve_config(PAGED_PREFILL, _spec(LLAMA), {"path": 2})).m_tiles == 1
     assert auto(**{"dtype.q": "fp32"}) == 1  # the FMA path
     assert auto(**{"attention.head_dim": 192}) == 1  # the output rows would not fit twice
     assert auto({"kv_tile": 64}) == 1  # 192 accumulators a lane: spills
@@ -184,22 +183,24 @@ def test_kv_paths_and_shared_memory():
     spec = _spec(LLAMA)
     # Q 64 rows + 2 stages x (K, V) of 64 keys, rows of 128 + 8 halves
     assert smem_bytes(spec, 4, 64, 2) == (64 + 2 * 2 * 64) * 136 * 2
-    assert tiles(spec, {"stages": 4, "path": 1}) == (4, 32)  # automatic tiles shrink the key tile first under deep pipelines
+    geo = prefill_geometry(spec, {"stages": 4, "path": 1})
+    assert (geo.warps, geo.kv_tile) == (4, 32)  # automatic tiles shrink the key tile first under deep pipelines
 
 
 def test_automatic_stages_fall_back_to_one_where_two_do_not_fit():
     """stages 0 (the default) is 2, or 1 when even the smallest automatic tiles of 2 stages need more
     than the targets' opt-in limit (kgen/plan/arch.py; 163 KiB with sm_80 among them): head_dim 512 of
     an fp32 cache staged for fp16 q, which then builds. Targeting sm_90 alone (227 KiB) keeps 2 stages."""
-    assert stages_of(_spec(LLAMA), {"stages": 0}) == 2
+    assert prefill_geometry(_spec(LLAMA), {"stages": 0}).stages == 2
     wide_sm90 = _spec(**{"attention.head_dim": 512, "kv_cache.dtype": "fp32", "targets": ["sm_90"]})
-    assert stages_of(wide_sm90, {"stages": 0}) == 2
+    assert prefill_geometry(wide_sm90, {"stages": 0}).stages == 2
     wide = _spec(**{"attention.head_dim": 512, "kv_cache.dtype": "fp32", "targets": ["sm_80", "sm_90"]})
-    assert smem_bytes(wide, *tiles(wide, {"stages": 2}), 2) > smem_limit(wide.targets) == 163 * 1024
-    assert stages_of(wide, {"stages": 0}) == 1
+    two = prefill_geometry(wide, {"stages": 2})
+    assert two.smem_bytes == smem_bytes(wide, two.warps, two.kv_tile, 2) > smem_limit(wide.targets) == 163 * 1024
+    assert prefill_geometry(wide, {"stages": 0}).stages == 1
     config = resolve_config(PAGED_PREFILL, wide, None)
     assert PAGED_PREFILL.check_config(wide, config) == []
-    assert smem_bytes(wide, *tiles(wide, config), stages_of(wide, config)) <= smem_limit(wide.targets)
+    assert prefill_geometry(wide, config).smem_bytes <= smem_limit(wide.targets)
 
 
 @pytest.mark.parametrize("overrides,config", [

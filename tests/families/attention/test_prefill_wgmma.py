@@ -1,5 +1,5 @@
-"""The Hopper prefill path (templates/common/paged_prefill_wgmma.cuh; kgen/families/attention/prefill.py,
-path_of / wgmma_refusal / wgmma_tiles): a producer warpgroup gathering paged K/V tiles by cp.async into
+"""The Hopper prefill path (templates/common/paged_prefill_wgmma.cuh; its choice and tiles:
+kgen/families/attention/prefill_geometry.py): a producer warpgroup gathering paged K/V tiles by cp.async into
 128B-swizzled stages, consumer warpgroups computing S = Q K^T (wgmma_ss) and O += P V (wgmma_rs), full /
 empty mbarriers between them. Verified element by element on the CPU backend (its wgmma, mbarrier and
 cp.async emulation); the fallback to mma.sync with its note; pruned configs; the sm_90a cubin's HGMMA;
@@ -18,14 +18,8 @@ from kgen.cache import ArtifactCache
 from kgen.compile.nvrtc import compile_cubin
 from kgen.compile.provided import kgen_headers
 from kgen.errors import CompileError, KgenUserError
-from kgen.families.attention.prefill import (
-    PAGED_PREFILL,
-    path_of,
-    wgmma_refusal,
-    wgmma_setmaxnreg,
-    wgmma_smem_bytes,
-    wgmma_tiles,
-)
+from kgen.families.attention.prefill import PAGED_PREFILL
+from kgen.families.attention.prefill_geometry import prefill_geometry, wgmma_smem_bytes
 from kgen.families.base import resolve_config
 from kgen.perf.sass import find_cuobjdump, sass_text
 from kgen.render import render
@@ -50,10 +44,11 @@ def _spec(**overrides):
 def test_auto_takes_wgmma_on_an_sm_90_only_fp16_spec():
     spec = _spec(**LLAMA)
     config = resolve_config(PAGED_PREFILL, spec, None)
-    assert path_of(spec, config) == "wgmma" and wgmma_refusal(spec, config) is None
+    geo = prefill_geometry(spec, config)
+    assert geo.path == "wgmma" and geo.refusal is None
     # two consumer warpgroups of 128-key tiles: ~200 registers a consumer, past the 168 of 384 threads at
     # launch, so setmaxnreg gives the consumers 232 (the producer keeps 40)
-    assert wgmma_tiles(spec, config) == (8, 128) and wgmma_setmaxnreg(spec, 8, 128)
+    assert (geo.warps, geo.kv_tile) == (8, 128) and geo.setmaxnreg
     main = PAGED_PREFILL.kernels(spec, config)[0]
     assert main.block == 3 * 128 and main.smem == wgmma_smem_bytes(spec, 8, 128, 2) == 1024 + 128 * 256 + 2 * 128 * 512
     rendered = render(spec, config)
@@ -80,7 +75,7 @@ def test_unsupported_specs_fall_back_to_mma_with_a_note(overrides, why):
 
 def test_mma_path_forced_and_wgmma_forced_where_it_cannot_build():
     spec = _spec()
-    assert path_of(spec, resolve_config(PAGED_PREFILL, spec, {"path": 1})) == "mma"
+    assert prefill_geometry(spec, resolve_config(PAGED_PREFILL, spec, {"path": 1})).path == "mma"
     assert render(spec, {"path": 1}).why == "path 1 (mma) in the config"
     # forced onto an arch that cannot take it: a config error naming the target and what it accepts
     with pytest.raises(KgenUserError, match=r"for target sm_80: path 2 \(wgmma\) cannot build for sm_80: no wgmma "
@@ -119,7 +114,7 @@ def test_configs_that_cannot_launch_are_pruned_with_the_reason():
         "noncausal-vdim64", "d256-s3"])
 def test_the_hopper_body_verifies(overrides, config):
     spec = _spec(**overrides)
-    assert path_of(spec, resolve_config(PAGED_PREFILL, spec, config)) == "wgmma"
+    assert prefill_geometry(spec, resolve_config(PAGED_PREFILL, spec, config)).wgmma
     kernel = kgen.build(spec, backend="cpu", config=config, archs=[], seed=11, race_check=True)
     assert kernel.report.passed, kernel.report.summary()
     assert kernel.arch == "sm_90" and kernel.artifacts["bodies"]["sm_90"].body == "wgmma"
