@@ -23,7 +23,9 @@ narrowed to it); a multi-target spec (the hand-written ABI launch) gets the limi
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kgen.families.attention.decode_geometry import vector_width
 from kgen.families.base import Config
@@ -86,8 +88,7 @@ class PrefillGeometry:
         return 16 * self.warps * self.m_tiles
 
 
-@dataclass(frozen=True)
-class _Request:
+class _Request(NamedTuple):
     """The config's geometry parameters (0: automatic; an absent one is automatic)."""
 
     warps: int
@@ -97,20 +98,38 @@ class _Request:
     path: int
 
 
-_MEMO: dict[tuple, PrefillGeometry] = {}
+# Two memos: by the spec's hash (equal specs share one geometry: each render narrows the spec to
+# the arch into a new object), and in front of it by the spec object itself (a frozen model), as
+# hashing a spec costs more than resolving: a call's grid reads the geometry on every call.
+_BY_HASH: dict[tuple, PrefillGeometry] = {}
+_BY_SPEC: dict[int, tuple[weakref.ref, dict[tuple, PrefillGeometry]]] = {}
 
 
 def prefill_geometry(spec, config: Config) -> PrefillGeometry:
-    """The geometry of `config` for `spec` on the arch(s) of `spec.targets`, resolved once (memoised
-    on the spec's hash, which covers its targets, and the config's geometry parameters)."""
-    req = _Request(*(int(config.get(name, 0)) for name in _PARAMS))
-    key = (spec.spec_hash(), tuple(spec.targets), req)
-    geometry = _MEMO.get(key)
+    """The geometry of `config` for `spec` on the arch(s) of `spec.targets`, resolved once per
+    (spec, config's geometry parameters, targets)."""
+    key = (tuple(spec.targets), _Request(*(int(config.get(name, 0)) for name in _PARAMS)))
+    entry = _BY_SPEC.get(id(spec))
+    if entry is None or entry[0]() is not spec:
+        entry = _BY_SPEC[id(spec)] = (weakref.ref(spec, _forget(id(spec))), {})
+    geometry = entry[1].get(key)
     if geometry is None:
-        if len(_MEMO) >= MEMO_SIZE:
-            _MEMO.pop(next(iter(_MEMO)))  # the oldest
-        geometry = _MEMO[key] = _resolve(spec, req)
+        shared = (spec.spec_hash(), *key)
+        geometry = _BY_HASH.get(shared)
+        if geometry is None:
+            if len(_BY_HASH) >= MEMO_SIZE:
+                _BY_HASH.pop(next(iter(_BY_HASH)))  # the oldest
+            geometry = _BY_HASH[shared] = _resolve(spec, key[1])
+        entry[1][key] = geometry
     return geometry
+
+
+def _forget(spec_id: int):
+    """The callback that drops a collected spec's memo (its id may be reused)."""
+    def forget(ref: weakref.ref) -> None:
+        if _BY_SPEC.get(spec_id, (None,))[0] is ref:
+            del _BY_SPEC[spec_id]
+    return forget
 
 
 def _resolve(spec, req: _Request) -> PrefillGeometry:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import gc
 import inspect
 import re
 
@@ -96,6 +97,17 @@ def test_memoised_per_spec_config_and_arch():
     assert sm80 is not sm90 and sm80 is not geo
     with pytest.raises(dataclasses.FrozenInstanceError):
         geo.warps = 1  # type: ignore[misc]
+
+
+def test_a_collected_spec_leaves_no_memo_behind():
+    """The memo in front of the spec's hash is by spec object; a collected spec's entry goes with it."""
+    spec = _spec(**{"attention.head_dim": 64})
+    ident = id(spec)
+    prefill_geometry(spec, _config(spec))
+    assert ident in pg._BY_SPEC
+    del spec
+    gc.collect()
+    assert ident not in pg._BY_SPEC
 
 
 # ---- the path ----------------------------------------------------------------------------------------
