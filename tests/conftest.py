@@ -151,11 +151,11 @@ def inline_prefill_body(source: str) -> str:
     """`source` with kgen's provided paged_prefill.cuh copied in as kernel code (its MMA switch 1,
     for sm_80+ and the CPU backend alike: a kernel source may not branch on the compiler), as a
     hand-written prefill that edits the body would do."""
-    body = kgen_headers()["kgen/paged_prefill.cuh"]
+    body = kgen_headers()["kgen/bodies/paged_prefill.cuh"]
     start = body.index("#if !defined(KGEN_SIMT)")
     body = body[:start] + body[body.index("#endif", start) + len("#endif"):]
     body = body.replace("KGEN_PREFILL_HAS_MMA", "1").replace("#pragma once", "")
-    include = '#include "kgen/paged_prefill.cuh"\n'
+    include = '#include "kgen/bodies/paged_prefill.cuh"\n'
     assert source.count(include) == 1
     return source.replace(include, body)
 

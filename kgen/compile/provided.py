@@ -17,15 +17,27 @@ from kgen.paths import templates_dir
 CUDA_HEADERS = ("cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h", "vector_types.h", "vector_functions.h",
                 "math_constants.h")
 # kgen's headers: include name -> file under templates/.
-# (mma.cuh and paged_prefill.cuh hold the GPU/CPU spellings of mma.sync/ldmatrix and the sm_75
+# (mma.cuh and the prefill bodies hold the GPU/CPU spellings of mma.sync/ldmatrix and the sm_75
 # fallback: provided, so a prefill source from `kgen show` passes the source policy; softmax.cuh is
 # the online softmax and split-KV merge both attention bodies share: provided, so neither family's
-# source inlines the other's body)
+# source inlines the other's body.) Kernel bodies: `kgen/bodies/` are kgen's internal bodies (templates/
+# common/, one `const Params&` argument; they change with kgen); `kgen/abi1/` holds ABI 1's positional
+# body calls (templates/abi1/, stable: docs/abi.md section 6), and ABI 1's own names of the prefill
+# bodies, `kgen/paged_prefill.cuh` and `kgen/paged_prefill_wgmma.cuh`, are those same files.
+ABI1_HEADERS = {"kgen/abi1/paged_decode.cuh": "abi1/paged_decode.cuh",
+                "kgen/abi1/paged_decode_mma.cuh": "abi1/paged_decode_mma.cuh",
+                "kgen/abi1/paged_prefill.cuh": "abi1/paged_prefill.cuh",
+                "kgen/abi1/paged_prefill_wgmma.cuh": "abi1/paged_prefill_wgmma.cuh",
+                "kgen/paged_prefill.cuh": "abi1/paged_prefill.cuh",
+                "kgen/paged_prefill_wgmma.cuh": "abi1/paged_prefill_wgmma.cuh"}
 PROVIDED_HEADERS = {"kgen/platform.cuh": "common/platform.cuh", "kgen/async_copy.cuh": "common/async_copy.cuh",
                     "kgen/convert.cuh": "common/convert.cuh", "kgen/softmax.cuh": "common/softmax.cuh",
-                    "kgen/mma.cuh": "common/mma.cuh", "kgen/paged_prefill.cuh": "common/paged_prefill.cuh",
-                    "kgen/hopper.cuh": "common/hopper.cuh",
-                    "kgen/paged_prefill_wgmma.cuh": "common/paged_prefill_wgmma.cuh"}
+                    "kgen/mma.cuh": "common/mma.cuh", "kgen/hopper.cuh": "common/hopper.cuh",
+                    "kgen/bodies/paged_decode.cuh": "common/paged_decode.cuh",
+                    "kgen/bodies/paged_decode_mma.cuh": "common/paged_decode_mma.cuh",
+                    "kgen/bodies/paged_prefill.cuh": "common/paged_prefill.cuh",
+                    "kgen/bodies/paged_prefill_wgmma.cuh": "common/paged_prefill_wgmma.cuh",
+                    **ABI1_HEADERS}
 ALLOWED_INCLUDES = (*CUDA_HEADERS, *PROVIDED_HEADERS)
 
 # Names kgen reserves in kernel builds: C macros of its headers and compile commands, never read

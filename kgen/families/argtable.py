@@ -33,6 +33,7 @@ class Arg:
     # What the template passes the kernel body for this parameter: None its name; "" nothing (another
     # parameter's expression carries it, e.g. nvfp4's tensor scale inside kgen::fp4_scales(...)).
     forward: str | None = None
+    forward_ctype: str = ""  # the C type of a `forward` expression (the body's field of it in `Params`)
 
     @property
     def pointer(self) -> bool:
@@ -82,6 +83,26 @@ class KernelDecl:
         shown = [n if by_name.get(n) is None or by_name[n].forward is None else by_name[n].forward
                  for n in names or [a.name for a in self.params]]
         return _wrap([s for s in shown if s != ""], "      ").lstrip()  # the template indents line 1
+
+    def params_struct(self, name: str, absent: dict[str, tuple[str, str]] | None = None) -> str:
+        """The kernel's parameters as one struct, as the body takes them: one field per parameter in
+        parameter order (a `forward` one with its `forward_ctype`; none for a parameter forwarded as ""),
+        so the entry fills it with `{call_args()}`. `absent`: {name: (C type, value)} of what a body reads
+        that this kernel does not take, as compile-time constants (a body then needs no defaulted
+        parameter for it, and the constant folds away as the default did)."""
+        fields = []
+        for a in self.params:
+            if a.forward == "":
+                continue
+            ctype = a.forward_ctype if a.forward is not None else a.ctype
+            if not ctype:
+                raise ValueError(f"{self.name}: parameter {a.name} is forwarded as {a.forward!r} with no forward_ctype")
+            fields.append(f"  {ctype} {a.name};")
+        taken = {a.name for a in self.params}
+        fields += [f"  static constexpr {ctype} {n} = {value};  // not a parameter of this kernel"
+                   for n, (ctype, value) in (absent or {}).items() if n not in taken]
+        return f"struct {name} {{  // {self.name}'s parameters as its body takes them (argument table)\n" \
+            + "\n".join(fields) + "\n};"
 
     def geometry(self) -> str:
         return (f"grid ({', '.join(str(g) for g in self.grid)}), block ({self.block}), "

@@ -147,10 +147,13 @@ def block_scale_args(spec, role: str, const: bool) -> list[Arg]:
     """nvfp4: k_scale and v_scale (e4m3 block-scale pools), then k_tensor_scale and v_tensor_scale; the
     template passes each pool with its tensor scale as one kgen::Fp4Scales argument of the body."""
     shape = scale_shape(spec)
-    pools = [replace(array(f"{p}_scale", "fp8_e4m3", role, shape,
-                           f"{which} e4m3 block scales (uint8 bits accepted), one per 16 elements of a row; real = "
-                           f"e2m1 * block scale * {p}_tensor_scale", const=const),
-                     forward=f"kgen::fp4_scales({p}_scale, {p}_tensor_scale)") for p, which in (("k", "K"), ("v", "V"))]
+    pools = []
+    for p, which in (("k", "K"), ("v", "V")):
+        pool = array(f"{p}_scale", "fp8_e4m3", role, shape,
+                     f"{which} e4m3 block scales (uint8 bits accepted), one per 16 elements of a row; real = "
+                     f"e2m1 * block scale * {p}_tensor_scale", const=const)
+        pools.append(replace(pool, forward=f"kgen::fp4_scales({p}_scale, {p}_tensor_scale)",
+                             forward_ctype=f"kgen::Fp4Scales<{pool.ctype}>"))
     tensor = [replace(array(name, "fp32", "input", (), f"{name[0].upper()} tensor scale (positive, finite)"),
                       forward="") for name in TENSOR_SCALE_NAMES]
     return pools + tensor

@@ -337,19 +337,25 @@ __device__ __forceinline__ bool decode_key_range(int seq_len, int part, int P, i
   return true;
 }
 
-template <class Cfg>
-__device__ __forceinline__ void paged_decode_body(
-    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
-    const typename Cfg::kv_t* __restrict__ k_cache, const typename Cfg::kv_t* __restrict__ v_cache,
-    const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    typename Cfg::scale_arg_t k_scale, typename Cfg::scale_arg_t v_scale,
-    const float* __restrict__ alibi_slopes, float* __restrict__ part_o, float* __restrict__ part_ml,
-    float* __restrict__ lse, int max_blocks_per_seq, int max_partitions, long long q_s_seq,
-    long long q_s_head, long long o_s_seq, long long o_s_head, long long k_s_block, long long k_s_head,
-    long long k_s_token, long long k_s_run, long long v_s_block, long long v_s_head, long long v_s_token,
-    long long v_s_run, long long ks_s_block, long long ks_s_head, long long ks_s_token,
-    long long vs_s_block, long long vs_s_head, long long vs_s_token, int partition_tokens = 0,
-    const float* __restrict__ sinks = nullptr) {  // sinks last: sources written before it still compile
+template <class Cfg, class Params>
+__device__ __forceinline__ void paged_decode_body(const Params& p) {
+  // The parameters (Params: generated from the kernel's argument table) under the names the body
+  // uses; ABI 1's positional signature is templates/abi1/'s, which fills a Params and calls this.
+  auto* __restrict__ out = p.out;
+  const auto* __restrict__ q = p.q;
+  const auto* __restrict__ k_cache = p.k_cache;
+  const auto* __restrict__ v_cache = p.v_cache;
+  const int *__restrict__ block_tables = p.block_tables, *__restrict__ seq_lens = p.seq_lens;
+  const typename Cfg::scale_arg_t k_scale = p.k_scale, v_scale = p.v_scale;
+  const float *__restrict__ alibi_slopes = p.alibi_slopes, *__restrict__ sinks = p.sinks;
+  float *__restrict__ part_o = p.part_o, *__restrict__ part_ml = p.part_ml, *__restrict__ lse = p.lse;
+  const int max_blocks_per_seq = p.max_blocks_per_seq, max_partitions = p.max_partitions;
+  const int partition_tokens = p.partition_tokens;
+  const long long q_s_seq = p.q_s_seq, q_s_head = p.q_s_head, o_s_seq = p.o_s_seq, o_s_head = p.o_s_head;
+  const long long k_s_block = p.k_s_block, k_s_head = p.k_s_head, k_s_token = p.k_s_token, k_s_run = p.k_s_run;
+  const long long v_s_block = p.v_s_block, v_s_head = p.v_s_head, v_s_token = p.v_s_token, v_s_run = p.v_s_run;
+  const long long ks_s_block = p.ks_s_block, ks_s_head = p.ks_s_head, ks_s_token = p.ks_s_token;
+  const long long vs_s_block = p.vs_s_block, vs_s_head = p.vs_s_head, vs_s_token = p.vs_s_token;
   typedef DecodeShape<Cfg> S;
   typedef typename Cfg::kv_t kv_t;
   constexpr int D = S::D, DV = S::DV, G = S::G, VEC = S::VEC, LANES = S::LANES, CPL = S::CPL, OUT = S::OUT;
@@ -650,17 +656,11 @@ __device__ __forceinline__ void paged_decode_body(
 }
 
 // The merge kernel: the partitions of one (sequence blockIdx.y, query head blockIdx.x) (softmax.cuh).
-template <class Cfg>
-__device__ __forceinline__ void paged_decode_merge_body(typename Cfg::out_t* __restrict__ out,
-                                                        const float* __restrict__ part_o,
-                                                        const float* __restrict__ part_ml,
-                                                        float* __restrict__ lse,
-                                                        const int* __restrict__ seq_lens, int max_partitions,
-                                                        int partition_tokens, long long o_s_seq,
-                                                        long long o_s_head, const float* __restrict__ sinks = nullptr) {
+template <class Cfg, class Params>
+__device__ __forceinline__ void paged_decode_merge_body(const Params& p) {
   const int seq = blockIdx.y;
-  merge_partitions_body<Cfg>(out, part_o, part_ml, lse, seq, seq_lens[seq], max_partitions, partition_tokens, o_s_seq,
-                             o_s_head, sinks);
+  merge_partitions_body<Cfg>(p.out, p.part_o, p.part_ml, p.lse, seq, p.seq_lens[seq], p.max_partitions,
+                             p.partition_tokens, p.o_s_seq, p.o_s_head, p.sinks);
 }
 
 }  // namespace kgen

@@ -84,17 +84,13 @@ __device__ __forceinline__ void write_row_state(const State& st, long long row, 
 template <class A, class B> struct SameType { static constexpr bool value = false; };
 template <class A> struct SameType<A, A> { static constexpr bool value = true; };
 
-// Cfg::M_TILES, or 1 for a Cfg without it (sources written before m tiles: 16 rows a warp)
-template <class Cfg, class = void> struct CfgMTiles { static constexpr int value = 1; };
-template <class Cfg> struct CfgMTiles<Cfg, decltype(void(Cfg::M_TILES))> { static constexpr int value = Cfg::M_TILES; };
-
 template <class Cfg>
 struct PrefillShape {
   typedef typename Cfg::q_t T;  // Q, K and V in shared memory: the MMA input type
   static constexpr bool MMA = sizeof(T) == 2 && KGEN_PREFILL_HAS_MMA;
-  static constexpr int D = Cfg::HEAD_DIM, DV = CfgVHeadDim<Cfg>::value, G = Cfg::GROUP;  // q/K and V/out
+  static constexpr int D = Cfg::HEAD_DIM, DV = Cfg::V_HEAD_DIM, G = Cfg::GROUP;  // q/K and V/out
   static constexpr int WARPS = Cfg::WARPS, THREADS = 32 * WARPS;
-  static constexpr int MT = CfgMTiles<Cfg>::value;                   // m16 row tiles per warp
+  static constexpr int MT = Cfg::M_TILES;                    // m16 row tiles per warp
   static constexpr int WROWS = 16 * MT, ROWS = WROWS * WARPS;  // packed rows per warp, per block
   static constexpr int KT = Cfg::KV_TILE;                    // keys per tile
   static constexpr int NT = KT / 8;                          // n8 tiles of S
@@ -526,18 +522,26 @@ __device__ __forceinline__ void prefill_convert_tile(typename Cfg::q_t* k_s, typ
   }
 }
 
-template <class Cfg>
-__device__ __forceinline__ void paged_prefill_body(
-    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
-    const typename Cfg::kv_t* __restrict__ k_cache, const typename Cfg::kv_t* __restrict__ v_cache,
-    const int* __restrict__ q_indptr, const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    typename Cfg::scale_arg_t k_scale, typename Cfg::scale_arg_t v_scale, const float* __restrict__ alibi_slopes,
-    float* __restrict__ part_o, float* __restrict__ part_ml, float* __restrict__ lse, int num_seqs,
-    int max_blocks_per_seq, int max_partitions, long long q_s_tok, long long q_s_head, long long o_s_tok,
-    long long o_s_head, long long k_s_block, long long k_s_head, long long k_s_token, long long k_s_run,
-    long long v_s_block, long long v_s_head, long long v_s_token, long long v_s_run, long long ks_s_block,
-    long long ks_s_head, long long ks_s_token, long long vs_s_block, long long vs_s_head, long long vs_s_token,
-    int partition_tokens = 0, const float* __restrict__ sinks = nullptr) {  // sinks last: older sources compile
+template <class Cfg, class Params>
+__device__ __forceinline__ void paged_prefill_body(const Params& p) {
+  // The parameters (Params: generated from the kernel's argument table) under the names the body
+  // uses; ABI 1's positional signature is templates/abi1/'s, which fills a Params and calls this.
+  auto* __restrict__ out = p.out;
+  const auto* __restrict__ q = p.q;
+  const auto* __restrict__ k_cache = p.k_cache;
+  const auto* __restrict__ v_cache = p.v_cache;
+  const int *__restrict__ q_indptr = p.q_indptr, *__restrict__ block_tables = p.block_tables;
+  const int* __restrict__ seq_lens = p.seq_lens;
+  const typename Cfg::scale_arg_t k_scale = p.k_scale, v_scale = p.v_scale;
+  const float *__restrict__ alibi_slopes = p.alibi_slopes, *__restrict__ sinks = p.sinks;
+  float *__restrict__ part_o = p.part_o, *__restrict__ part_ml = p.part_ml, *__restrict__ lse = p.lse;
+  const int num_seqs = p.num_seqs, max_blocks_per_seq = p.max_blocks_per_seq, max_partitions = p.max_partitions;
+  const int partition_tokens = p.partition_tokens;
+  const long long q_s_tok = p.q_s_tok, q_s_head = p.q_s_head, o_s_tok = p.o_s_tok, o_s_head = p.o_s_head;
+  const long long k_s_block = p.k_s_block, k_s_head = p.k_s_head, k_s_token = p.k_s_token, k_s_run = p.k_s_run;
+  const long long v_s_block = p.v_s_block, v_s_head = p.v_s_head, v_s_token = p.v_s_token, v_s_run = p.v_s_run;
+  const long long ks_s_block = p.ks_s_block, ks_s_head = p.ks_s_head, ks_s_token = p.ks_s_token;
+  const long long vs_s_block = p.vs_s_block, vs_s_head = p.vs_s_head, vs_s_token = p.vs_s_token;
   typedef PrefillShape<Cfg> S;
   typedef typename S::T T;
   typedef PrefillMath<Cfg, S::MMA> Math;
@@ -850,23 +854,16 @@ __device__ __forceinline__ void paged_prefill_body(
 }
 
 // The merge kernel: the partitions of one (query token blockIdx.y, query head blockIdx.x) (softmax.cuh).
-template <class Cfg>
-__device__ __forceinline__ void paged_prefill_merge_body(typename Cfg::out_t* __restrict__ out,
-                                                         const float* __restrict__ part_o,
-                                                         const float* __restrict__ part_ml, float* __restrict__ lse,
-                                                         const int* __restrict__ q_indptr,
-                                                         const int* __restrict__ seq_lens, int num_seqs,
-                                                         int max_partitions, int partition_tokens, long long o_s_tok,
-                                                         long long o_s_head,
-                                                         const float* __restrict__ sinks = nullptr) {
+template <class Cfg, class Params>
+__device__ __forceinline__ void paged_prefill_merge_body(const Params& p) {
   const int tok = blockIdx.y;
-  int lo = 0, hi = num_seqs;  // the token's sequence: the last s with q_indptr[s] <= tok
+  int lo = 0, hi = p.num_seqs;  // the token's sequence: the last s with q_indptr[s] <= tok
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
-    if (q_indptr[mid] <= tok) lo = mid; else hi = mid;
+    if (p.q_indptr[mid] <= tok) lo = mid; else hi = mid;
   }
-  merge_partitions_body<Cfg>(out, part_o, part_ml, lse, tok, seq_lens[lo], max_partitions, partition_tokens, o_s_tok,
-                             o_s_head, sinks);
+  merge_partitions_body<Cfg>(p.out, p.part_o, p.part_ml, p.lse, tok, p.seq_lens[lo], p.max_partitions,
+                             p.partition_tokens, p.o_s_tok, p.o_s_head, p.sinks);
 }
 
 }  // namespace kgen

@@ -40,7 +40,7 @@ namespace kgen {
 template <class Cfg>
 struct WgmmaPrefillShape {
   typedef typename Cfg::q_t T;
-  static constexpr int D = Cfg::HEAD_DIM, DV = CfgVHeadDim<Cfg>::value, G = Cfg::GROUP;
+  static constexpr int D = Cfg::HEAD_DIM, DV = Cfg::V_HEAD_DIM, G = Cfg::GROUP;
   static constexpr int CONSUMERS = Cfg::WARPS / 4, THREADS = 128 * (1 + CONSUMERS);
   static constexpr int ROWS = 64 * CONSUMERS, KT = Cfg::KV_TILE, STAGES = Cfg::STAGES;
   static constexpr int Q_BYTES = ROWS * D * 2, K_BYTES = KT * D * 2, V_BYTES = KT * DV * 2;
@@ -125,17 +125,23 @@ __device__ __forceinline__ void wg_softmax_tile(float (&s)[NS], float (&o)[NO], 
   st[1].l += l_tile[1];
 }
 
-template <class Cfg>
-__device__ __forceinline__ void paged_prefill_wgmma_body(
-    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
-    const typename Cfg::kv_t* __restrict__ k_cache, const typename Cfg::kv_t* __restrict__ v_cache,
-    const int* __restrict__ q_indptr, const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    typename Cfg::scale_arg_t, typename Cfg::scale_arg_t, const float* __restrict__ alibi_slopes,
-    float* __restrict__ part_o, float* __restrict__ part_ml, float* __restrict__ lse, int num_seqs,
-    int max_blocks_per_seq, int max_partitions, long long q_s_tok, long long q_s_head, long long o_s_tok,
-    long long o_s_head, long long k_s_block, long long k_s_head, long long k_s_token, long long,
-    long long v_s_block, long long v_s_head, long long v_s_token, long long, long long, long long, long long,
-    long long, long long, long long, int partition_tokens = 0, const float* __restrict__ sinks = nullptr) {
+template <class Cfg, class Params>
+__device__ __forceinline__ void paged_prefill_wgmma_body(const Params& p) {
+  // The parameters (Params: generated from the kernel's argument table) under the names the body
+  // uses; ABI 1's positional signature is templates/abi1/'s, which fills a Params and calls this.
+  auto* __restrict__ out = p.out;
+  const auto* __restrict__ q = p.q;
+  const auto* __restrict__ k_cache = p.k_cache;
+  const auto* __restrict__ v_cache = p.v_cache;
+  const int *__restrict__ q_indptr = p.q_indptr, *__restrict__ block_tables = p.block_tables;
+  const int* __restrict__ seq_lens = p.seq_lens;
+  const float *__restrict__ alibi_slopes = p.alibi_slopes, *__restrict__ sinks = p.sinks;
+  float *__restrict__ part_o = p.part_o, *__restrict__ part_ml = p.part_ml, *__restrict__ lse = p.lse;
+  const int num_seqs = p.num_seqs, max_blocks_per_seq = p.max_blocks_per_seq, max_partitions = p.max_partitions;
+  const int partition_tokens = p.partition_tokens;
+  const long long q_s_tok = p.q_s_tok, q_s_head = p.q_s_head, o_s_tok = p.o_s_tok, o_s_head = p.o_s_head;
+  const long long k_s_block = p.k_s_block, k_s_head = p.k_s_head, k_s_token = p.k_s_token;
+  const long long v_s_block = p.v_s_block, v_s_head = p.v_s_head, v_s_token = p.v_s_token;
   typedef WgmmaPrefillShape<Cfg> S;
   typedef typename S::T T;
   constexpr int G = S::G, ROWS = S::ROWS, KT = S::KT, D = S::D, DV = S::DV, W = Cfg::SLIDING_WINDOW;

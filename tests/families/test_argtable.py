@@ -47,6 +47,37 @@ OLD = {
     long long ks_s_block, long long ks_s_head, long long ks_s_token, long long vs_s_block, long long vs_s_head,
     long long vs_s_token""",
     "copy_blocks": "const long long* __restrict__ planes, const int* __restrict__ pairs",
+    # prefill and MLA, as ABI 1's `kgen abi` printed them (docs/abi.md sections 7 and 8)
+    "paged_prefill": """
+    Cfg::out_t* __restrict__ out, const Cfg::q_t* __restrict__ q, const Cfg::kv_t* __restrict__ k_cache,
+    const Cfg::kv_t* __restrict__ v_cache, const int* __restrict__ q_indptr, const int* __restrict__ block_tables,
+    const int* __restrict__ seq_lens, const float* __restrict__ k_scale, const float* __restrict__ v_scale,
+    const float* __restrict__ alibi_slopes, float* __restrict__ part_o, float* __restrict__ part_ml,
+    float* __restrict__ lse, int num_seqs, int max_blocks_per_seq, int max_partitions, long long q_s_tok,
+    long long q_s_head, long long o_s_tok, long long o_s_head, long long k_s_block, long long k_s_head,
+    long long k_s_token, long long k_s_run, long long v_s_block, long long v_s_head, long long v_s_token,
+    long long v_s_run, long long ks_s_block, long long ks_s_head, long long ks_s_token, long long vs_s_block,
+    long long vs_s_head, long long vs_s_token""",
+    "paged_prefill_merge": """
+    Cfg::out_t* __restrict__ out, const float* __restrict__ part_o, const float* __restrict__ part_ml,
+    float* __restrict__ lse, const int* __restrict__ q_indptr, const int* __restrict__ seq_lens, int num_seqs,
+    int max_partitions, int partition_tokens, long long o_s_tok, long long o_s_head""",
+    "mla_decode": """
+    Cfg::out_t* __restrict__ out, const Cfg::q_t* __restrict__ q, const Cfg::kv_t* __restrict__ kv_cache,
+    const int* __restrict__ block_tables, const int* __restrict__ seq_lens, const float* __restrict__ kv_scale,
+    float* __restrict__ part_o, float* __restrict__ part_ml, float* __restrict__ lse, int max_blocks_per_seq,
+    int max_partitions, long long q_s_seq, long long q_s_head, long long o_s_seq, long long o_s_head,
+    long long kv_s_block, long long kv_s_token, long long ks_s_block, long long ks_s_token""",
+    "mla_decode_merge": """
+    Cfg::out_t* __restrict__ out, const float* __restrict__ part_o, const float* __restrict__ part_ml,
+    float* __restrict__ lse, const int* __restrict__ seq_lens, int max_partitions, int partition_tokens,
+    long long o_s_seq, long long o_s_head""",
+    "mla_prefill": """
+    Cfg::out_t* __restrict__ out, const Cfg::q_t* __restrict__ q, const Cfg::kv_t* __restrict__ kv_cache,
+    const int* __restrict__ q_indptr, const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
+    const float* __restrict__ kv_scale, float* __restrict__ lse, int num_seqs, int max_blocks_per_seq,
+    long long q_s_tok, long long q_s_head, long long o_s_tok, long long o_s_head, long long kv_s_block,
+    long long kv_s_token, long long ks_s_block, long long ks_s_token""",
 }
 
 SPECS = [  # (spec file, overrides, config)
@@ -73,6 +104,12 @@ def _declarations(source: str) -> dict[str, tuple[int, str]]:
     """{kernel name: (launch bounds, parameter list with whitespace normalised)} of a source."""
     found = re.findall(r'extern "C" __global__ void __launch_bounds__\((\d+)\) (\w+)\(([^)]*)\)', source)
     return {name: (int(bounds), " ".join(params.split())) for bounds, name, params in found}
+
+
+def _bounded_declarations(source: str) -> dict[str, tuple[str, str]]:
+    """{kernel name: (its bound, e.g. "__maxnreg__(232)", parameter list with whitespace normalised)}."""
+    found = re.findall(r'extern "C" __global__ void (__\w+__\(\d+\)) (\w+)\(([^)]*)\)', source)
+    return {name: (bound, " ".join(params.split())) for bound, name, params in found}
 
 
 def _old(key: str, spec) -> str:
@@ -110,6 +147,68 @@ def test_abi_text_declares_what_kgen_generates(path, overrides, config):
         assert re.search(rf"^ \*   {arg.name} +{arg.role} +{re.escape(arg.ctype)} ", text, re.M), arg.name
     for kernel in family.kernels(spec, abi_config):
         assert f"{kernel.name}: {kernel.geometry()}" in text
+
+
+# Prefill and MLA: (spec, overrides, OLD key of the main kernel, its ABI 1 bound); sinks, where a spec has
+# them, follow alibi_slopes (docs/abi.md, section 3).
+PREFILL_MLA = [
+    ("llama3_8b_prefill.yaml", {}, "paged_prefill", "__maxnreg__(232)"),
+    ("prefill_fp8_e4m3.yaml", {}, "paged_prefill", "__maxnreg__(232)"),
+    ("gpt_oss_20b_prefill.yaml", {}, "paged_prefill", "__maxnreg__(232)"),
+    ("llama3_8b_prefill.yaml", {"targets": ["sm_80"]}, "paged_prefill", "__maxnreg__(232)"),  # one launch, any arch
+    ("deepseek_v3_mla_decode.yaml", {}, "mla_decode", "__launch_bounds__(256)"),
+    ("deepseek_v3_mla_prefill.yaml", {}, "mla_prefill", "__launch_bounds__(256)"),
+]
+
+
+def _old_with_sinks(key: str, spec) -> str:
+    old = _old(key, spec)
+    return old.replace("alibi_slopes,", "alibi_slopes, const float* __restrict__ sinks,") if spec.attention.sinks \
+        else old
+
+
+@pytest.mark.parametrize("path,overrides,key,bound", PREFILL_MLA, ids=[f"{p}-{i}" for i, (p, *_) in
+                                                                        enumerate(PREFILL_MLA)])
+def test_prefill_and_mla_declarations_are_abi_1(path, overrides, key, bound):
+    """The ABI 1 launch (the ABI config) of prefill and MLA specs declares the hand-written lists, and
+    kgen's split-KV config adds partition_tokens and the merge kernel of ABI 1's shape."""
+    spec = _spec(path, overrides)
+    family = family_for(spec)
+    abi = resolve_config(family, spec, family.abi_config(spec))
+    assert _bounded_declarations(render(spec, abi).source) == {spec.name: (bound, _old_with_sinks(key, spec))}
+    assert _bounded_declarations(abi_text(spec)) == {spec.name: (bound, _old_with_sinks(key, spec))}
+    default = resolve_config(family, spec, None)
+    if default.get("partition_size"):
+        got = _bounded_declarations(render(spec, default).source)
+        merge = _old(f"{key}_merge", spec)
+        if spec.attention.sinks:
+            merge = merge.replace("part_ml,", "part_ml, const float* __restrict__ sinks,")
+        assert got[f"{spec.name}_merge"] == ("__launch_bounds__(128)", merge)
+        assert got[spec.name][1] == _old_with_sinks(key, spec) + ", int partition_tokens"
+
+
+PINS = ROOT / "tests" / "families" / "abi1_launches.txt"
+
+
+def _pinned() -> dict[str, str]:
+    """{spec stem: its section of abi1_launches.txt}."""
+    sections = PINS.read_text().split("\n## ")[1:]
+    return {s.split("\n", 1)[0]: s.split("\n", 1)[1].strip() for s in sections}
+
+
+def test_the_pins_cover_every_bundled_spec():
+    assert sorted(_pinned()) == sorted(p.stem for p in (ROOT / "specs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in (ROOT / "specs").glob("*.yaml")))
+def test_abi_1_launch_of_every_bundled_spec_is_unchanged(stem):
+    """Byte for byte: each kernel of the ABI config, its declaration and launch geometry, as pinned when
+    ABI 1's body calls moved to templates/abi1/ (decode, prefill, MLA, cache_write, copy_blocks)."""
+    spec = kgen.load_spec(ROOT / "specs" / f"{stem}.yaml")
+    family = family_for(spec)
+    config = resolve_config(family, spec, family.abi_config(spec))
+    now = "\n".join(f"{k.declaration()};\n// {k.name}: {k.geometry()}" for k in family.kernels(spec, config))
+    assert now == _pinned()[stem]
 
 
 def test_abi_text_names_lse_and_the_split_scratch_with_shapes():

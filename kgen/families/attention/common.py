@@ -204,23 +204,15 @@ def template_context(spec, config: Config, kernels: list[KernelDecl]) -> dict[st
         "partition_size": config["partition_size"],
         "main": kernels[0],
         "merge": kernels[1] if len(kernels) > 1 else None,
-        "main_args": body_args(kernels[0], "0"),
-        "merge_args": body_args(kernels[1]) if len(kernels) > 1 else None,
+        "main_params": kernels[0].params_struct("Params", BODY_DEFAULTS),
+        "merge_params": kernels[1].params_struct("MergeParams", BODY_DEFAULTS) if len(kernels) > 1 else None,
     }
 
 
-def body_args(kernel: KernelDecl, pad: str | None = None) -> str:
-    """What the template forwards to a body: the kernel's parameters in order, except `sinks`, which
-    every body takes last as a defaulted parameter (so a hand-written source that calls a body
-    without it still compiles); `pad` stands in for a defaulted parameter before it that this
-    kernel lacks (the main kernels' partition_tokens, single pass)."""
-    names = [a.name for a in kernel.params]
-    if "sinks" not in names:
-        return kernel.call_args()
-    names.remove("sinks")
-    if pad is not None and "partition_tokens" not in names:
-        names.append(pad)
-    return kernel.call_args([*names, "sinks"])
+# What an attention body reads that some of its kernels do not take: the single-pass main kernels'
+# partition_tokens, and sinks of a spec without them (kernel bodies take `const Params&`: Params is
+# generated from the argument table, these as constants; templates/abi1/ keeps ABI 1's positional calls).
+BODY_DEFAULTS = {"partition_tokens": ("int", "0"), "sinks": ("const float*", "nullptr")}
 
 
 def sinks_note(spec) -> str:
