@@ -1,15 +1,15 @@
 """Render a spec (+ a config of tuning parameters) into one CUDA C++ source.
 
-The Jinja part is thin: typedefs and constexprs for the spec. Kernel bodies live in real
-headers under templates/common/. The source is not self-contained: besides CUDA's own
-fp16/bf16/fp8 headers it includes kgen's provided headers (`#include "kgen/....cuh"`:
-platform, cp.async, conversions, the online softmax and split-KV merge, mma and the prefill
-body; kgen/compile/provided.py), which both compilers get from kgen and whose digest keys the
-compile caches with the source text. A family's own body that needs no compiler branch
-(decode, cache_write, copy_blocks) is inlined verbatim instead (`include_raw`, not parsed as
-Jinja), so `kgen show` prints it as editable kernel code. Only values validated by the spec
-models reach the template; StrictUndefined turns a missing template variable into an error
-instead of an empty string.
+The Jinja part is thin: typedefs and constexprs for the spec, the kernel's parameters as one
+struct (`Params`, from the family's argument table) and the `__global__` entry that fills it and
+calls the body. Kernel bodies live in real headers under templates/common/. The source is not
+self-contained: besides CUDA's own fp16/bf16/fp8 headers it includes kgen's provided headers
+(`#include "kgen/....cuh"`: platform, cp.async, conversions, the online softmax and split-KV merge,
+mma, and every family's body as `kgen/bodies/<body>.cuh`; kgen/compile/provided.py), which both
+compilers get from kgen and whose digest keys the compile caches with the source text. That is the
+one way a body reaches a source, whatever the source policy needs of it (a body may branch on the
+compiler; a hand-written source may not). Only values validated by the spec models reach the
+template; StrictUndefined turns a missing template variable into an error instead of an empty string.
 
 A spec renders once per arch (kgen/bodies.py): the family sees the arch alone as the spec's
 targets, so each arch gets the best body it can run; the spec's hash in the source stays the whole
@@ -45,15 +45,12 @@ class Rendered:
 
 @lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
-    root = templates_dir()
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(root)),
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
     )
-    env.globals["include_raw"] = lambda name: (root / name).read_text()
-    return env
 
 
 def render(spec, config: Config | None = None, arch: str | None = None) -> Rendered:

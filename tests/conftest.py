@@ -137,14 +137,22 @@ def tiny_decode(name: str = "tiny_decode", tuning: dict | None = None, **overrid
     return spec.with_overrides(**overrides) if overrides else spec
 
 
-def inline_provided(source: str, header: str = "kgen/softmax.cuh") -> str:
-    """`source` with kgen's provided `header` copied in where it is included (a source that does
-    not include it comes back unchanged), as a hand-written kernel that changes that code would do:
-    a mutant of shared device code (the online softmax and split-KV merge in softmax.cuh) edits
-    the copy."""
-    include = f'#include "{header}"\n'
-    assert source.count(include) <= 1, f"{header} is included more than once"
-    return source.replace(include, kgen_headers()[header])
+# kgen's provided headers that a mutant may edit as kernel code (no compiler branch in them): the online
+# softmax and split-KV merge, and the kernel bodies other than prefill's (inline_prefill_body).
+EDITABLE_HEADERS = ("kgen/softmax.cuh", "kgen/bodies/paged_decode.cuh", "kgen/bodies/paged_decode_mma.cuh",
+                    "kgen/bodies/paged_mla.cuh", "kgen/bodies/cache_write.cuh", "kgen/bodies/cache_write_mla.cuh",
+                    "kgen/bodies/copy_blocks.cuh")
+
+
+def inline_provided(source: str, headers: str | tuple[str, ...] = EDITABLE_HEADERS) -> str:
+    """`source` with each of kgen's provided `headers` copied in where it is included (one it does
+    not include is skipped), as a hand-written kernel that changes that code would do: a mutant of
+    shared device code or of a kernel body edits the copy."""
+    for header in (headers,) if isinstance(headers, str) else headers:
+        include = f'#include "{header}"\n'
+        assert source.count(include) <= 1, f"{header} is included more than once"
+        source = source.replace(include, kgen_headers()[header])
+    return source
 
 
 def inline_prefill_body(source: str) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
+from kgen.compile.provided import ABI1_HEADERS
 from kgen.errors import KgenUserError, UnsupportedError
 from kgen.render import _environment, render
 from kgen.spec.models import load_spec
@@ -38,15 +39,28 @@ def test_config_constants_come_from_the_spec(llama):
 def test_source_includes_cuda_and_kgen_provided_headers_only(llama):
     """The source is not self-contained: it includes CUDA's own number-format headers and kgen's
     provided headers (which both compilers resolve to kgen's copies: docs/abi.md), nothing else;
-    the decode body is inlined."""
-    common = ["cuda_bf16.h", "cuda_fp16.h", "cuda_fp8.h", "kgen/async_copy.cuh", "kgen/convert.cuh",
-              "kgen/platform.cuh", "kgen/softmax.cuh"]
+    the body too is a provided header (kgen/bodies/), the one way bodies reach a source."""
+    common = ["cuda_bf16.h", "cuda_fp16.h", "cuda_fp8.h", "kgen/async_copy.cuh", "kgen/bodies/paged_decode.cuh",
+              "kgen/convert.cuh", "kgen/platform.cuh", "kgen/softmax.cuh"]
     src = render(llama).source  # fp16 group 4: the CUDA-core body (mma_min_group auto)
     assert sorted(re.findall(r"#include\s*[<\"]([^>\"]+)", src)) == common
-    assert "void paged_decode_body(" in src and "void paged_decode_mma_body(" not in src
+    assert "kgen::paged_decode_body<Cfg>(p);" in src and "void paged_decode_body(" not in src
     tensor = render(llama, {"mma_min_group": 4}).source  # the tensor-core body needs mma.cuh too
-    assert sorted(re.findall(r"#include\s*[<\"]([^>\"]+)", tensor)) == sorted([*common, "kgen/mma.cuh"])
-    assert "void paged_decode_body(" in tensor and "void paged_decode_mma_body(" in tensor
+    assert sorted(re.findall(r"#include\s*[<\"]([^>\"]+)", tensor)) == sorted(
+        [*common, "kgen/mma.cuh", "kgen/bodies/paged_decode_mma.cuh"])
+    assert "kgen::paged_decode_mma_body<Cfg>(p);" in tensor
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "specs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_body_reaches_its_source_as_a_provided_header(path):
+    """One way: no source inlines a body; each includes kgen's internal bodies (kgen/bodies/), never
+    ABI 1's wrappers (kgen/abi1/, ABI 1's kgen/paged_prefill*.cuh), which hand-written sources call."""
+    spec = load_spec(path)
+    src = render(spec).source
+    included = re.findall(r'#include "(kgen/[^"]+)"', src)
+    assert [h for h in included if h.startswith("kgen/bodies/")], included
+    assert not [h for h in included if h in ABI1_HEADERS], included
+    assert "__device__ __forceinline__ void" not in src.split("namespace {")[0]  # nothing inlined before Cfg
 
 
 BODIES = {"paged_decode": "paged_decode_body", "paged_prefill": "paged_prefill_body",

@@ -37,6 +37,12 @@ PROVIDED_HEADERS = {"kgen/platform.cuh": "common/platform.cuh", "kgen/async_copy
                     "kgen/bodies/paged_decode_mma.cuh": "common/paged_decode_mma.cuh",
                     "kgen/bodies/paged_prefill.cuh": "common/paged_prefill.cuh",
                     "kgen/bodies/paged_prefill_wgmma.cuh": "common/paged_prefill_wgmma.cuh",
+                    "kgen/bodies/paged_mla.cuh": "common/paged_mla.cuh",
+                    "kgen/bodies/paged_mla_wgmma.cuh": "common/paged_mla_wgmma.cuh",
+                    "kgen/ds_mla_row.cuh": "common/ds_mla_row.cuh",
+                    "kgen/bodies/cache_write.cuh": "common/cache_write.cuh",
+                    "kgen/bodies/cache_write_mla.cuh": "common/cache_write_mla.cuh",
+                    "kgen/bodies/copy_blocks.cuh": "common/copy_blocks.cuh",
                     **ABI1_HEADERS}
 ALLOWED_INCLUDES = (*CUDA_HEADERS, *PROVIDED_HEADERS)
 

@@ -159,3 +159,21 @@ def test_a_source_with_one_parameter_fewer_is_refused():
     assert problems[1].startswith("kernel 'llama3_8b_decode' (sm_90 cubin): parameter ordinal 31 'vs_s_token' "
                                   "(`long long` under kgen ABI 1): the launcher packs 8 bytes at offset ")
     assert len(problems) == 2
+
+
+ABI1_PREFILL = ROOT / "tests" / "verify" / "corpus" / "llama3_8b_prefill" / "original.cu"
+
+
+@needs_cuobjdump
+def test_an_abi1_prefill_source_keeps_its_contract_through_the_abi1_wrapper():
+    """A source written against ABI 1 (`#include "kgen/paged_prefill.cuh"`, the positional
+    kgen::paged_prefill_body call) reaches kgen's internal body through templates/abi1/ and still
+    takes exactly what the launcher packs."""
+    spec = load_spec(ROOT / "specs" / "llama3_8b_prefill.yaml")
+    text = ABI1_PREFILL.read_text()
+    assert '#include "kgen/paged_prefill.cuh"' in text and "kgen::paged_prefill_body<Cfg>(\n      out, q," in text
+    assert _source_problems(spec, text) == []
+    broken = text.replace("long long vs_s_head, long long vs_s_token) {", "long long vs_s_head) {").replace(
+        "vs_s_head, vs_s_token);", "vs_s_head, 0LL);")
+    assert _source_problems(spec, broken)[0].endswith("the launcher packs 34 arguments, the cubin's kernel takes "
+                                                      "33 parameters")

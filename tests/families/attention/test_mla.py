@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import full_tier_except
+from conftest import full_tier_except, inline_provided
 
 import kgen
 from kgen.abi import abi_text
@@ -119,8 +119,9 @@ MUTANTS = [
 def test_verifier_rejects_mutant(old, new, overrides):
     spec = _spec(**{"attention.num_q_heads": 32, **overrides})
     rendered = render(spec, {"col_warps": 2, "partition_size": 32, "path": 1})
-    assert rendered.source.count(old) == 1, old
-    kern = kernel_from_source(spec, rendered.source.replace(old, new), backend="cpu", config=rendered.config, archs=[])
+    source = inline_provided(rendered.source)  # the body as kernel code (a provided header)
+    assert source.count(old) == 1, old
+    kern = kernel_from_source(spec, source.replace(old, new), backend="cpu", config=rendered.config, archs=[])
     report = verify(kern, seed=99)
     assert not report.passed, report.summary()
 

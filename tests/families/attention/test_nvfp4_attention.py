@@ -8,7 +8,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import full_tier_except, inlined_prefill_kernel
+from conftest import full_tier_except, inline_provided, inlined_prefill_kernel
 
 import kgen
 from kgen.errors import ArgumentError, UnsupportedError
@@ -189,8 +189,9 @@ MUTANTS = [
 def test_mutants_fail_verification(mma, old, new):
     spec = variant(q="fp16", block=8)
     rendered = render(spec, {"partition_size": 0, "mma_min_group": mma})
-    assert rendered.source.count(old) == 1, old
-    mutant = kernel_from_source(spec, rendered.source.replace(old, new), backend="cpu", config=rendered.config,
+    source = inline_provided(rendered.source)  # the body as kernel code (a provided header)
+    assert source.count(old) == 1, old
+    mutant = kernel_from_source(spec, source.replace(old, new), backend="cpu", config=rendered.config,
                                 archs=[])
     assert not verify(mutant, seed=5).passed
 

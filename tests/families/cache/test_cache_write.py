@@ -7,6 +7,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import inline_provided
 
 import kgen
 from kgen.errors import ArgumentError
@@ -159,8 +160,9 @@ MUTANTS = [
 def test_verifier_rejects_mutant(combo, old, new, case):
     spec = variant(*combo)
     rendered = render(spec)
-    assert rendered.source.count(old) == 1, old
-    broken = rendered.source.replace(old, new)
+    source = inline_provided(rendered.source)  # the body as kernel code (a provided header)
+    assert source.count(old) == 1, old
+    broken = source.replace(old, new)
     kern = kernel_from_source(spec, broken, backend="cpu", config=rendered.config, archs=[])
     report = verify(kern, seed=99)
     assert not report.passed
