@@ -9,6 +9,7 @@ import click
 from kgen.abi import abi_text
 from kgen.bodies import oldest
 from kgen.cli.common import check_archs, guard, load_specs, out, parse_config
+from kgen.compile.provided import editable_source
 from kgen.render import render
 from kgen.spec.models import json_schema
 
@@ -29,11 +30,13 @@ def validate(specs):
               "the body every target compiles: what a hand-written source starts from)")
 @guard
 def show(spec, config_items, arch):
-    """Print the rendered CUDA source (one arch's body)."""
+    """Print the rendered CUDA source (one arch's body), its kernel body pasted in where it is kernel code
+    a hand-written source may hold (kgen/compile/provided.py editable_source)."""
     (loaded,) = load_specs((spec,))
     check_archs([arch] if arch else [])
     # A hand-written source is one body compiled for every target: start it from the one they all take.
-    click.echo(render(loaded, parse_config(config_items), arch or oldest(loaded.targets)).source, nl=False)
+    rendered = render(loaded, parse_config(config_items), arch or oldest(loaded.targets))
+    click.echo(editable_source(rendered.source), nl=False)
 
 
 @click.command()

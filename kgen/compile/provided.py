@@ -9,6 +9,7 @@ kernel may name (the source policy refuses every other `#include`).
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 from kgen.paths import templates_dir
@@ -93,3 +94,21 @@ def write_kgen_headers(include_dir: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return include_dir
+
+
+_CONDITIONAL = re.compile(r"^\s*#\s*if", re.M)
+
+
+def editable_source(source: str) -> str:
+    """`source` with each kernel body it includes (`kgen/bodies/`) that holds no preprocessor
+    conditional pasted in where it is included: what `kgen show` prints, kernel code a hand-written
+    source may carry and edit (the source policy refuses a compiler branch in a source, so a body
+    with one, prefill's, stays included). It compiles as the source does; the copy is the editor's,
+    so kgen's internal bodies may change without breaking it."""
+    headers = kgen_headers()
+    for name in PROVIDED_HEADERS:
+        include = f'#include "{name}"\n'
+        if name.startswith("kgen/bodies/") and include in source and not _CONDITIONAL.search(headers[name]):
+            source = source.replace(include, headers[name])
+    return source
+
