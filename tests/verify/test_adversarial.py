@@ -238,7 +238,7 @@ def test_cli_names_case_sequence_head_length_element_expected_and_got(tmp_path):
     spec_path = tmp_path / "adv.yaml"
     spec_path.write_text(json.dumps({**BASE, "name": "adv_cli"}))
     spec = kgen.load_spec(spec_path)
-    src = render(spec, {"partition_size": 0, "mma_min_group": 0}).source
+    src = inline_provided(render(spec, {"partition_size": 0, "mma_min_group": 0}).source)  # the body as kernel code
     assert src.count(OUT_WRITE) == 1
     src = src.replace(OUT_WRITE, OUT_WRITE.replace("acc * blk.inv_sum())", "acc * blk.inv_sum() * (h == 5 ? 1.5f : 1.0f))"))
     (tmp_path / "k.cu").write_text(src)
@@ -262,7 +262,7 @@ def test_cli_names_case_sequence_head_length_element_expected_and_got(tmp_path):
     (("long long q_s_seq", "int q_s_seq"), None, "q_s_seq", "`long long`"),
     (("const float* __restrict__ k_scale", "int k_scale"), ("k_scale, v_scale", "(const float*)0, v_scale"),
      "k_scale", "`const float*`"),
-    ((", long long vs_s_token)", ")"), ("vs_s_token);", "0LL);"), "vs_s_token", "`long long`"),
+    ((", long long vs_s_token)", ")"), ("vs_s_token\n  };", "0LL\n  };"), "vs_s_token", "`long long`"),  # Params' last
 ], ids=["scalar-widened", "stride-narrowed", "pointer-as-int", "last-missing"])
 def test_wrong_signature_names_parameter_type_and_abi_version(tmp_path, decl_edit, call_edit, param, ctype):
     spec_path = tmp_path / "sig.yaml"
@@ -340,7 +340,7 @@ def test_cuda_backend_runs_the_adversarial_cases_and_catches_ignored_out_strides
     good = verify(kgen.build(spec, backend="cuda", verify=False), seed=SEED, cases=sorted(names))
     assert good.passed, good.summary()
     r = render(spec, {"mma_min_group": 0})  # OUT_WRITE is the CUDA-core body's
-    bad_src = r.source.replace(OUT_WRITE, OUT_WRITE.replace("seq * o_s_seq + (long long)h * o_s_head + d",
+    bad_src = inline_provided(r.source).replace(OUT_WRITE, OUT_WRITE.replace("seq * o_s_seq + (long long)h * o_s_head + d",
                                                             "((long long)seq * Cfg::NUM_Q_HEADS + h) * D + d"))
     bad = verify(kernel_from_source(spec, bad_src, backend="cuda", config=r.config), seed=SEED, cases=["strided_q_out"])
     assert not bad.passed and "outside 'out'" in bad.summary(), bad.summary()
