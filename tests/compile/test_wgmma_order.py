@@ -18,7 +18,7 @@ from kgen.spec.models import load_spec
 
 CUOBJDUMP = find_cuobjdump()
 needs_cuobjdump = pytest.mark.skipif(CUOBJDUMP is None, reason="cuobjdump (nvidia-cuda-cuobjdump wheel) is absent")
-HEADER = "kgen/paged_prefill_wgmma.cuh"
+HEADER = "kgen/bodies/paged_prefill_wgmma.cuh"
 
 # P packed into A inside the P V loop, after wgmma.fence: each wgmma_rs reads registers written
 # inside the window (the body before the fix).

@@ -218,7 +218,7 @@ def test_stages_verify(overrides, config):
 
 WAIT = "cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();  // this thread's copies of the tile have landed"
 BARRIER = "__syncthreads();  // everybody's have; Q is stored;"
-INCLUDE = '#include "kgen/paged_prefill.cuh"\n'
+INCLUDE = '#include "kgen/bodies/paged_prefill.cuh"\n'
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -232,7 +232,7 @@ def test_reading_a_tile_before_its_copies_land_fails_verification(mid, old, new)
     kernel that reads a tile before its own wait, or before the barrier after everybody's, fails."""
     spec = _spec()
     rendered = render(spec, {"stages": 2, "partition_size": 0, "path": 1})  # the ABI's single pass, mma.sync body
-    body = (ROOT / "templates" / "common" / "paged_prefill.cuh").read_text()  # provided as kgen/paged_prefill.cuh
+    body = (ROOT / "templates" / "common" / "paged_prefill.cuh").read_text()  # provided as kgen/bodies/paged_prefill.cuh
     assert body.count(old) == 1 and rendered.source.count(INCLUDE) == 1
     # inlined as kernel code: no compiler branch (the MMA switch is 1 for sm_80+ and the CPU backend alike)
     arch_switch = body[body.index("#if !defined(KGEN_SIMT)"):body.index("#endif", body.index("#if !defined(KGEN_SIMT)"))

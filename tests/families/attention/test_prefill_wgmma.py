@@ -121,7 +121,7 @@ def test_the_hopper_body_verifies(overrides, config):
 
 
 # ---- synchronisation mutants ------------------------------------------------------------------------------
-HEADER = "kgen/paged_prefill_wgmma.cuh"
+HEADER = "kgen/bodies/paged_prefill_wgmma.cuh"
 FULL_ARRIVE = "mbar_arrive(&full[(i - STAGES + 1) % STAGES]);"
 EMPTY_ARRIVE = "mbar_arrive(&empty[s]);"
 FULL_WAIT = "mbar_wait(&full[s], (i / STAGES) & 1);  // tile i has landed"
