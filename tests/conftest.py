@@ -141,7 +141,7 @@ def tiny_decode(name: str = "tiny_decode", tuning: dict | None = None, **overrid
 # softmax and split-KV merge, and the kernel bodies other than prefill's (inline_prefill_body).
 EDITABLE_HEADERS = ("kgen/softmax.cuh", "kgen/bodies/paged_decode.cuh", "kgen/bodies/paged_decode_mma.cuh",
                     "kgen/bodies/paged_mla.cuh", "kgen/bodies/cache_write.cuh", "kgen/bodies/cache_write_mla.cuh",
-                    "kgen/bodies/copy_blocks.cuh")
+                    "kgen/bodies/copy_blocks.cuh", "kgen/bodies/paged_mla_wgmma.cuh", "kgen/ds_mla_row.cuh")
 
 
 def inline_provided(source: str, headers: str | tuple[str, ...] = EDITABLE_HEADERS) -> str:

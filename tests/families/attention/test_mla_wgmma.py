@@ -6,7 +6,7 @@ and the sm_90a compile: no spills, no ptxas advisories, the wgmma ordering rules
 from __future__ import annotations
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, inline_provided
 
 import kgen
 from kgen.cache import ArtifactCache
@@ -118,8 +118,9 @@ MUTANTS = [
 def test_verifier_rejects_mutant(old, new):
     spec = _spec(**{"attention.num_q_heads": 72})
     rendered = render(spec, {"partition_size": 32})
-    assert rendered.source.count(old) == 1, old
-    kern = kernel_from_source(spec, rendered.source.replace(old, new), backend="cpu", config=rendered.config, archs=[])
+    source = inline_provided(rendered.source)  # the body as kernel code (a provided header)
+    assert source.count(old) == 1, old
+    kern = kernel_from_source(spec, source.replace(old, new), backend="cpu", config=rendered.config, archs=[])
     assert not verify(kern, seed=99).passed
 
 

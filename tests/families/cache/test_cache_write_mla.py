@@ -198,6 +198,7 @@ DS_MUTANTS = [
 def test_ds_mla_verifier_rejects_mutant(old, new):
     spec = _ds_spec()
     rendered = render(spec)
-    assert rendered.source.count(old) == 1, old
-    kern = kernel_from_source(spec, rendered.source.replace(old, new), backend="cpu", config=rendered.config, archs=[])
+    source = inline_provided(rendered.source)  # the body as kernel code (a provided header)
+    assert source.count(old) == 1, old
+    kern = kernel_from_source(spec, source.replace(old, new), backend="cpu", config=rendered.config, archs=[])
     assert not verify(kern, seed=99).passed
