@@ -44,6 +44,7 @@ PROVIDED_HEADERS = {"kgen/platform.cuh": "common/platform.cuh", "kgen/async_copy
                     "kgen/bodies/cache_write.cuh": "common/cache_write.cuh",
                     "kgen/bodies/cache_write_mla.cuh": "common/cache_write_mla.cuh",
                     "kgen/bodies/copy_blocks.cuh": "common/copy_blocks.cuh",
+                    "kgen/attention/traits.cuh": "common/attention/traits.cuh",
                     **ABI1_HEADERS}
 ALLOWED_INCLUDES = (*CUDA_HEADERS, *PROVIDED_HEADERS)
 

@@ -31,7 +31,9 @@ from kgen.quantize import quantize_ds_mla_rows
 
 AXES = ("block", "head", "token", "run")  # the order of a cache array's kernel strides
 SCALE_AXES = ("block", "head", "token")  # the order of a per_token_head scale pool's kernel strides
-SCALE_MODES = {"none": 0, "per_tensor": 1, "per_head": 2, "per_token_head": 3, "block": 4}  # Cfg::SCALE_MODE
+# kgen::ScaleMode (templates/common/attention/traits.cuh): its names, and the integers of a Cfg that
+# spells SCALE_MODE as a bare int (the MLA templates, and sources written before the enum)
+SCALE_MODES = {"none": 0, "per_tensor": 1, "per_head": 2, "per_token_head": 3, "block": 4}
 BLOCK_GROUP = 16  # nvfp4: elements per e4m3 block scale (kgen/formats/nvfp4.py)
 
 
@@ -109,8 +111,9 @@ class CacheFormat:
         return self.dtype.packed
 
     @property
-    def scale_mode(self) -> int:
-        return SCALE_MODES["block" if self.block_scaled else self.scale]
+    def scale_mode(self) -> str:
+        """The kgen::ScaleMode enumerator a template's Cfg names (a key of SCALE_MODES)."""
+        return "block" if self.block_scaled else self.scale
 
     @property
     def row_len(self) -> int:

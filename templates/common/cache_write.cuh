@@ -12,6 +12,8 @@
 // Cfg (rendered per spec) supplies the types and compile-time constants.
 #pragma once
 
+#include "kgen/attention/traits.cuh"
+
 namespace kgen {
 
 template <class A, class B> struct same_type { static constexpr bool value = false; };
@@ -116,20 +118,20 @@ __device__ __forceinline__ void cache_write_body(
     const int run = is_v ? Cfg::V_RUN : Cfg::K_RUN;
     const int D = is_v ? Cfg::V_HEAD_DIM : Cfg::HEAD_DIM;  // the row's width (warp-uniform)
 
-    if constexpr (Cfg::SCALE_MODE == 4) {  // nvfp4: the row's bytes and its block scales
+    if constexpr (ScaleModeOf<Cfg>::value == ScaleMode::block) {  // nvfp4: the row's bytes and its block scales
       const auto& sc = is_v ? v_scale : k_scale;
       unsigned char* pool = reinterpret_cast<unsigned char*>(
           is_v ? sc.block + blk * vs_s_block + h * vs_s_head + off * vs_s_token
                : sc.block + blk * ks_s_block + h * ks_s_head + off * ks_s_token);
       write_fp4_row<Cfg::HEAD_DIM>(src, reinterpret_cast<unsigned char*>(dst), pool, *sc.tensor, lane);  // nvfp4: V as wide as K
-    } else if constexpr (Cfg::SCALE_MODE == 0) {
+    } else if constexpr (ScaleModeOf<Cfg>::value == ScaleMode::none) {
       for (int d = lane; d < D; d += 32) dst[(d / run) * s_run + d % run] = convert_value<kv_t>(src[d]);
     } else {
       const float* scales = is_v ? v_scale : k_scale;
       float scale;
-      if constexpr (Cfg::SCALE_MODE == 1) {
+      if constexpr (ScaleModeOf<Cfg>::value == ScaleMode::per_tensor) {
         scale = scales[0];
-      } else if constexpr (Cfg::SCALE_MODE == 2) {
+      } else if constexpr (ScaleModeOf<Cfg>::value == ScaleMode::per_head) {
         scale = scales[h];
       } else {
         float amax = 0.0f;

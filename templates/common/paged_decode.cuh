@@ -32,6 +32,8 @@
 // softmax.cuh before it (templates/paged_decode.cu.j2 includes them; this body is inlined).
 #pragma once
 
+#include "kgen/attention/traits.cuh"
+
 namespace kgen {
 
 template <class Cfg>
@@ -61,8 +63,9 @@ struct DecodeShape {
   static constexpr int V_ROW = Cfg::V_ROW;               // elements per smem V row (vLLM)
   static constexpr int K_COPY = Cfg::K_COPY;  // bytes per K copy (and V copy unless V_BY_TOKEN)
   static constexpr int V_COPY = Cfg::V_COPY;  // bytes per V copy
-  static constexpr bool TOKEN_SCALES = Cfg::SCALE_MODE == 3;
-  static constexpr bool FP4 = Cfg::SCALE_MODE == 4;  // nvfp4: an e4m3 scale per 16 elements of a row
+  static constexpr ScaleMode SCALES = ScaleModeOf<Cfg>::value;
+  static constexpr bool TOKEN_SCALES = SCALES == ScaleMode::per_token_head;
+  static constexpr bool FP4 = SCALES == ScaleMode::block;  // nvfp4: an e4m3 scale per 16 elements of a row
   static constexpr int GROUPS = D / 16;               // ... GROUPS bytes a row, [K | V][token][group] in a stage
   static constexpr int align16(int x) { return (x + 15) / 16 * 16; }
   static constexpr int K_BYTES = align16(NT * D / PER * ES);
@@ -418,8 +421,8 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
   }
   // Per-tensor / per-head dequantisation scales (per-token ones come with each tile).
   float k_sc = 1.0f, v_sc = 1.0f;
-  if constexpr (Cfg::SCALE_MODE == 1) k_sc = k_scale[0], v_sc = v_scale[0];
-  if constexpr (Cfg::SCALE_MODE == 2) k_sc = k_scale[kv_head], v_sc = v_scale[kv_head];
+  if constexpr (S::SCALES == ScaleMode::per_tensor) k_sc = k_scale[0], v_sc = v_scale[0];
+  if constexpr (S::SCALES == ScaleMode::per_head) k_sc = k_scale[kv_head], v_sc = v_scale[kv_head];
   if constexpr (S::FP4) k_sc = *k_scale.tensor, v_sc = *v_scale.tensor;  // the block scales come with the tiles
 
   // Where a batch's logits are a power of two (DIST), the transpose reduce (RowGroupSums) leaves

@@ -39,13 +39,11 @@
 // to q's type (fp16 q: times v_scale[j] / v_ref, v_ref the largest V scale of the block's keys, and
 // the output times v_ref, so P stays within fp16's range). l sums the unscaled P.
 //
-// Needs kgen/platform.cuh, async_copy.cuh, convert.cuh, softmax.cuh and mma.cuh before it.
+// Needs kgen/platform.cuh, async_copy.cuh, convert.cuh, softmax.cuh and mma.cuh, and paged_decode.cuh
+// (which includes the attention parts), before it.
 #pragma once
 
 namespace kgen {
-
-template <class A, class B> struct DecodeMmaSame { static constexpr bool value = false; };
-template <class A> struct DecodeMmaSame<A, A> { static constexpr bool value = true; };
 
 template <class Cfg>
 struct DecodeMmaShape {
@@ -57,19 +55,20 @@ struct DecodeMmaShape {
   static constexpr int STAGES = Cfg::STAGES;
   static constexpr int ES = (int)sizeof(KV);
   static constexpr int PER = ElemsPer<KV>::value;  // elements per KV (2: nvfp4)
-  static constexpr bool FP4 = Cfg::SCALE_MODE == 4;  // nvfp4: converted in registers, with block scales
+  static constexpr ScaleMode SCALES = ScaleModeOf<Cfg>::value;
+  static constexpr bool FP4 = SCALES == ScaleMode::block;  // nvfp4: converted in registers, with block scales
   static constexpr bool BYTES8 = ES == 1 && !FP4;  // an 8-bit cache: converted in registers
   static constexpr int GROUPS = D / 16;        // nvfp4 block scales per row
   // nvfp4 with fp16 operands: they are e2m1 x e4m3 x 2^-7 (fp4_half_pairs), the 2^7 restored outside
-  static constexpr bool FP4_HALF = FP4 && DecodeMmaSame<T, __half>::value;
+  static constexpr bool FP4_HALF = FP4 && IsSame<T, __half>::value;
   static constexpr float FP4_UNIT = FP4_HALF ? 128.0f : 1.0f;
   static constexpr int ROW = Cfg::ROW_BYTES;   // bytes per shared-memory K row
   static constexpr int VROW = Cfg::V_ROW_BYTES;  // bytes per shared-memory V row
   static constexpr int KC = D / 16;            // k16 chunks of Q K^T
   static constexpr int ONT = DV / 8;           // n8 tiles of the output
   static constexpr int RR = G <= 8 ? 1 : 2;   // rows a lane holds: g, and g + 8 when the group passes 8
-  static constexpr bool TOKEN_SCALES = Cfg::SCALE_MODE == 3;
-  static constexpr bool V_REF = TOKEN_SCALES && DecodeMmaSame<T, __half>::value;
+  static constexpr bool TOKEN_SCALES = SCALES == ScaleMode::per_token_head;
+  static constexpr bool V_REF = TOKEN_SCALES && IsSame<T, __half>::value;
   static constexpr int K_BYTES = NT * ROW;     // one K tile
   static constexpr int V_BYTES = NT * VROW;    // one V tile, after it
   static constexpr int STAGE_BYTES = K_BYTES + V_BYTES + (TOKEN_SCALES ? 8 * NT : 0) + (FP4 ? 2 * NT * GROUPS : 0);
@@ -151,7 +150,7 @@ __device__ __forceinline__ __half2 fp4_half_factors(unsigned a, unsigned b) {
 // bf16: through fp32 (fp4x2_scaled times fp4_group_factor): e2m1 x e4m3. Both exact.
 template <class T>
 __device__ __forceinline__ void fp4_word_pairs(unsigned w, unsigned char scale, __half2 f, unsigned (&out)[4]) {
-  if constexpr (DecodeMmaSame<T, __half>::value) {
+  if constexpr (IsSame<T, __half>::value) {
     const unsigned x = w << 4;
 #pragma unroll
     for (int b = 0; b < 4; ++b) out[b] = hmul2_bits(fp4_place(__byte_perm(w, x, (b << 12) | ((4 + b) << 4))), f);
@@ -170,7 +169,7 @@ __device__ __forceinline__ void fp4_word_pairs(unsigned w, unsigned char scale, 
 template <class T>
 __device__ __forceinline__ unsigned fp4_column_pair(unsigned w, int j, __half2 hf, float f_lo, float f_hi) {
   const unsigned h = fp4_place(w << (12 - 4 * j));  // nibble j of each half to bits 12..15
-  if constexpr (DecodeMmaSame<T, __half>::value) {
+  if constexpr (IsSame<T, __half>::value) {
     return hmul2_bits(h, hf);
   } else {
     __half2 v;
@@ -547,8 +546,8 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
 
   // Scales outside the products.
   float qk_scale = Cfg::SOFTMAX_SCALE, v_out = 1.0f, v_inv_ref = 1.0f;
-  if constexpr (Cfg::SCALE_MODE == 1) qk_scale *= k_scale[0], v_out = v_scale[0];
-  if constexpr (Cfg::SCALE_MODE == 2) qk_scale *= k_scale[kv_head], v_out = v_scale[kv_head];
+  if constexpr (S::SCALES == ScaleMode::per_tensor) qk_scale *= k_scale[0], v_out = v_scale[0];
+  if constexpr (S::SCALES == ScaleMode::per_head) qk_scale *= k_scale[kv_head], v_out = v_scale[kv_head];
   if constexpr (S::FP4) {  // block scales: in the operands (fp16 ones carry 2^-7 more)
     qk_scale *= *k_scale.tensor * S::FP4_UNIT, v_out = *v_scale.tensor * S::FP4_UNIT;
   }

@@ -1,6 +1,7 @@
 // Paged prefill attention: chunks of query tokens against their sequences' paged KV caches
 // (docs/prefill-family.md). Needs kgen/platform.cuh, async_copy.cuh, convert.cuh, softmax.cuh
-// (SoftmaxState, the logit adjustments, the split-KV contract and merge body) and mma.cuh before it.
+// (SoftmaxState, the logit adjustments, the split-KV contract and merge body) and mma.cuh before it;
+// it includes the attention parts it uses (kgen/attention/*.cuh) itself.
 //
 // Rows. A sequence's query rows are packed as (token, head of the GQA group) pairs, head fastest,
 // so the GROUP query heads that share a KV head share every K/V tile, and a short chunk (decode's
@@ -43,6 +44,8 @@
 // With one partition the block writes the final output itself and no merge runs.
 #pragma once
 
+#include "kgen/attention/traits.cuh"
+
 namespace kgen {
 
 #if !defined(KGEN_SIMT) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -81,8 +84,6 @@ __device__ __forceinline__ void write_row_state(const State& st, long long row, 
   }
 }
 
-template <class A, class B> struct SameType { static constexpr bool value = false; };
-template <class A> struct SameType<A, A> { static constexpr bool value = true; };
 
 template <class Cfg>
 struct PrefillShape {
@@ -112,8 +113,9 @@ struct PrefillShape {
   static constexpr int PER = ElemsPer<KV>::value;  // elements per KV (2: nvfp4's packed pairs)
   static constexpr int PATH = Cfg::KV_PATH, STAGES = PATH == 2 ? 1 : Cfg::STAGES;
   static constexpr int COPY = VEC / PER * (int)sizeof(KV);  // bytes per cp.async
-  static constexpr bool TOKEN_SCALES = Cfg::SCALE_MODE == 3;
-  static constexpr bool FP4 = Cfg::SCALE_MODE == 4;  // nvfp4: an e4m3 scale per 16 elements of a row
+  static constexpr ScaleMode SCALES = ScaleModeOf<Cfg>::value;
+  static constexpr bool TOKEN_SCALES = SCALES == ScaleMode::per_token_head;
+  static constexpr bool FP4 = SCALES == ScaleMode::block;  // nvfp4: an e4m3 scale per 16 elements of a row
   static constexpr int GROUPS = D / 16;              // ... GROUPS bytes a row, [K | V][key][group] in a stage
   static constexpr int align16(int x) { return (x + 15) / 16 * 16; }
   static constexpr int Q_BYTES = ROWS * LD * (int)sizeof(T);
@@ -136,7 +138,7 @@ struct PrefillShape {
   static_assert(MMA || Cfg::FMA_SCRATCH, "the fp32 FMA products need their P tiles");
   static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's smem_bytes and the template disagree");
   static_assert(PATH == 2 || COPY == 4 || COPY == 8 || COPY == 16, "cp.async copies 4, 8 or 16 bytes");
-  static_assert(PATH != 0 || (SameType<KV, T>::value && COPY == 16), "the copy path needs a cache in q's type");
+  static_assert(PATH != 0 || (IsSame<KV, T>::value && COPY == 16), "the copy path needs a cache in q's type");
   static_assert(STAGES >= 1 && STAGES <= 4, "stages");
   static_assert(KT % 16 == 0, "KV_TILE must be a multiple of 16");
   static_assert(D % 8 == 0 && D % VEC == 0 && DV % 8 == 0 && DV % VEC == 0,
@@ -304,13 +306,13 @@ __device__ __forceinline__ void store_vec_from_float(T* dst, const float (&src)[
 }
 
 // Dequantisation scale of one (physical block, slot, KV head) for the spec's granularity.
-template <int SCALE_MODE>
+template <ScaleMode MODE>
 __device__ __forceinline__ float kv_scale_at(const float* __restrict__ scale, long long phys, int slot,
                                              int kv_head, long long s_block, long long s_head,
                                              long long s_token) {
-  if (SCALE_MODE == 0) return 1.0f;                          // float cache
-  if (SCALE_MODE == 1) return scale[0];                      // per_tensor
-  if (SCALE_MODE == 2) return scale[kv_head];                // per_head
+  if (MODE == ScaleMode::none) return 1.0f;
+  if (MODE == ScaleMode::per_tensor) return scale[0];
+  if (MODE == ScaleMode::per_head) return scale[kv_head];
   return scale[phys * s_block + kv_head * s_head + slot * s_token];  // per_token_head
 }
 
@@ -362,8 +364,8 @@ __device__ __forceinline__ void prefill_load_kv_tile(
         load_row_chunk<KV, VEC, Cfg::V_RUN>(v_cache + phys * v_s_block + (long long)kv_head * v_s_head +
                                                 slot * v_s_token, c * VEC, v_s_run, vf);
       if (S::TOKEN_SCALES && c == 0) {
-        tok_sc[i] = kv_scale_at<3>(k_scale, phys, slot, kv_head, ks_s_block, ks_s_head, ks_s_token);
-        tok_sc[S::KT + i] = kv_scale_at<3>(v_scale, phys, slot, kv_head, vs_s_block, vs_s_head, vs_s_token);
+        tok_sc[i] = kv_scale_at<ScaleMode::per_token_head>(k_scale, phys, slot, kv_head, ks_s_block, ks_s_head, ks_s_token);
+        tok_sc[S::KT + i] = kv_scale_at<ScaleMode::per_token_head>(v_scale, phys, slot, kv_head, vs_s_block, vs_s_head, vs_s_token);
       }
     } else {
 #pragma unroll
@@ -619,13 +621,13 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   // multiplied by v_ref): P * ratio <= 1 cannot overflow, and a tiny ratio loses to fp16's
   // subnormals at most 2^-25 * v_ref per stored unit. bf16 and fp32 have fp32's range: no v_ref.
   float qk_scale = Cfg::SOFTMAX_SCALE, v_out = 1.0f, v_inv_ref = 1.0f;
-  if constexpr (Cfg::SCALE_MODE == 1) qk_scale *= k_scale[0], v_out = v_scale[0];
-  if constexpr (Cfg::SCALE_MODE == 2) qk_scale *= k_scale[kv_head], v_out = v_scale[kv_head];
+  if constexpr (S::SCALES == ScaleMode::per_tensor) qk_scale *= k_scale[0], v_out = v_scale[0];
+  if constexpr (S::SCALES == ScaleMode::per_head) qk_scale *= k_scale[kv_head], v_out = v_scale[kv_head];
   if constexpr (S::FP4) qk_scale *= *k_scale.tensor, v_out = *v_scale.tensor;  // the block scales are in the tiles
-  if constexpr (S::TOKEN_SCALES && SameType<T, __half>::value) {
+  if constexpr (S::TOKEN_SCALES && IsSame<T, __half>::value) {
     float mx = 0.0f;
     for (int key = lo + tid; key < hi; key += S::THREADS)
-      mx = fmaxf(mx, kv_scale_at<3>(v_scale, table[key / Cfg::BLOCK_SIZE], key % Cfg::BLOCK_SIZE, kv_head, vs_s_block,
+      mx = fmaxf(mx, kv_scale_at<ScaleMode::per_token_head>(v_scale, table[key / Cfg::BLOCK_SIZE], key % Cfg::BLOCK_SIZE, kv_head, vs_s_block,
                                     vs_s_head, vs_s_token));
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off, 32));

@@ -2,7 +2,7 @@
 // 1-2 consumer warpgroups synchronised by mbarriers (docs/prefill-family.md, "The Hopper path").
 // Same ABI, rows, masks, scales, split-KV contract and epilogue as paged_prefill.cuh's mma.sync
 // body; needs kgen/platform.cuh, async_copy.cuh, convert.cuh, softmax.cuh, mma.cuh (pack2) and
-// hopper.cuh before it.
+// hopper.cuh before it; it includes the attention parts it uses itself.
 //
 // Threads: warpgroup 0 is the producer, warpgroups 1..C the consumers, each owning 64 packed rows
 // (wgmma's M). Cfg::WARPS = 4 * C consumer warps, so a block holds 16 * WARPS rows as on the mma
@@ -35,6 +35,8 @@
 // setmaxnreg moves registers from the producer (40) to the consumers (232).
 #pragma once
 
+#include "kgen/attention/traits.cuh"
+
 namespace kgen {
 
 template <class Cfg>
@@ -47,7 +49,7 @@ struct WgmmaPrefillShape {
   static constexpr int STAGE_BYTES = K_BYTES + V_BYTES;
   static constexpr int SMEM_BYTES = 1024 + Q_BYTES + STAGES * STAGE_BYTES;  // + the alignment slack
   static_assert(sizeof(T) == 2, "wgmma takes fp16 or bf16 operands");
-  static_assert(SameType<typename Cfg::kv_t, T>::value && Cfg::KV_PATH == 0, "the Hopper path copies a cache in q's type");
+  static_assert(IsSame<typename Cfg::kv_t, T>::value && Cfg::KV_PATH == 0, "the Hopper path copies a cache in q's type");
   static_assert(Cfg::WARPS == 4 || Cfg::WARPS == 8, "one or two consumer warpgroups");
   static_assert(D % 64 == 0 && DV % 64 == 0 && D <= 256 && DV <= 256, "head dims in 128-byte column blocks, N <= 256");
   static_assert(KT % 16 == 0 && KT >= 16 && KT <= 256, "KV_TILE is wgmma's N for S");
