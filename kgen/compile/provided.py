@@ -45,6 +45,9 @@ PROVIDED_HEADERS = {"kgen/platform.cuh": "common/platform.cuh", "kgen/async_copy
                     "kgen/bodies/cache_write_mla.cuh": "common/cache_write_mla.cuh",
                     "kgen/bodies/copy_blocks.cuh": "common/copy_blocks.cuh",
                     "kgen/attention/traits.cuh": "common/attention/traits.cuh",
+                    "kgen/attention/visibility.cuh": "common/attention/visibility.cuh",
+                    "kgen/attention/logits.cuh": "common/attention/logits.cuh",
+                    "kgen/attention/softmax_tile.cuh": "common/attention/softmax_tile.cuh",
                     **ABI1_HEADERS}
 ALLOWED_INCLUDES = (*CUDA_HEADERS, *PROVIDED_HEADERS)
 

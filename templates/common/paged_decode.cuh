@@ -33,6 +33,9 @@
 #pragma once
 
 #include "kgen/attention/traits.cuh"
+#include "kgen/attention/visibility.cuh"
+#include "kgen/attention/logits.cuh"
+#include "kgen/attention/softmax_tile.cuh"
 
 namespace kgen {
 
@@ -319,27 +322,6 @@ __device__ __forceinline__ void load_row_chunk(const typename Cfg::kv_t* rows, c
   }
 }
 
-// The keys [tok_begin, tok_end) a decode block sees (both bodies start from it): the window's
-// and the tail mask's, clipped to the block's partition. False when the partition lies past the
-// sequence: the block writes nothing (uniform across the block, so no barrier is skipped by
-// some threads only).
-template <class Cfg>
-__device__ __forceinline__ bool decode_key_range(int seq_len, int part, int P, int max_partitions, bool split,
-                                                 int& tok_begin, int& tok_end) {
-  constexpr int B = Cfg::BLOCK_SIZE;
-  // Keys the query may see: [ctx_begin, seq_len); without tail masking the
-  // promise is that seq_len is a multiple of B, so whole blocks are read.
-  const int ctx_end = Cfg::TAIL_MASK ? seq_len : ((seq_len + B - 1) / B) * B;
-  int ctx_begin = 0;
-  if (Cfg::SLIDING_WINDOW > 0) ctx_begin = seq_len > Cfg::SLIDING_WINDOW ? seq_len - Cfg::SLIDING_WINDOW : 0;
-  tok_begin = ctx_begin, tok_end = ctx_end;
-  if (split) {
-    if (part >= split_partitions(seq_len, P, max_partitions)) return false;
-    clip_to_partition(part, P, max_partitions, tok_begin, tok_end);
-  }
-  return true;
-}
-
 template <class Cfg, class Params>
 __device__ __forceinline__ void paged_decode_body(const Params& p) {
   // The parameters (Params: generated from the kernel's argument table) under the names the body
@@ -403,6 +385,7 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
   float qr[HPT][S::QK];
   float slope[HPT];
   SoftmaxState st[HPT];
+  const TileSoftmax softmax = TileSoftmax::of(1.0f);  // the logits are scaled (attention/softmax_tile.cuh)
   float o[HPT][OUT];
 #pragma unroll
   for (int h = 0; h < HPT; ++h) {
@@ -487,18 +470,15 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
           }
         }
       }
-      // Token j of the batch: its logit from its dot product (-inf when masked: the batch's
-      // tokens in [tok_begin, tok_end) are [jlo, jhi)), its weight exp(s - m) as
-      // 2^(s log2(e) - m log2(e)) (0 when masked; m is finite where a token of the batch is
-      // valid), and that weight times its V scale.
-      const int jlo = tok_begin - pos1, jhi = tok_end - pos1;
-      constexpr float LOG2E = 1.4426950408889634f;
+      // Token j of the batch: its logit from its dot product (attention/logits.cuh; -inf when
+      // masked: the batch's tokens in [tok_begin, tok_end) are seen_j), its weight exp(s - m)
+      // (attention/softmax_tile.cuh: 0 when masked), and that weight times its V scale.
+      const KeyRange seen_j{tok_begin - pos1, tok_end - pos1};
       auto logit = [&](float dot, int j, float sl) {
         const float ksj = S::TOKEN_SCALES ? ss[t1 + j] : k_sc;
-        const float x = adjust_logit<Cfg>(dot * ksj * Cfg::SOFTMAX_SCALE, sl, pos1 + j, seq_len - 1);
-        return j >= jlo && j < jhi ? x : KGEN_NEG_INF;
+        const float x = Logits<Cfg>::of(dot, ksj * Cfg::SOFTMAX_SCALE, sl, pos1 + j, seq_len - 1);
+        return seen_j.contains(j) ? x : KGEN_NEG_INF;
       };
-      auto prob = [&](float x, int j, float mb) { return j >= jlo && j < jhi ? fast_exp2(x * LOG2E - mb) : 0.0f; };
       auto v_weight = [&](float p, int j) { return p * (S::TOKEN_SCALES ? ss[NT + t1 + j] : v_sc); };
       if constexpr (DIST) {
         // The logits summed over the row group by a transpose reduce, which leaves each lane
@@ -523,15 +503,16 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
 #pragma unroll
         for (int h = 0; h < HPT; ++h) {
           const float m_tile = HPT == 1 ? m_loc : __shfl_sync(0xffffffffu, m_loc, h * HEAD_LANES, LANES);
-          const float f = st[h].raise_max(m_tile);
+          float mb_h;
+          const float f = softmax.raise(st[h], m_tile, mb_h);
 #pragma unroll
           for (int i = 0; i < OUT; ++i) o[h][i] *= f;
-          if (HPT == 1 || h == hl) f_l = f, mb = st[h].m * LOG2E;
+          if (HPT == 1 || h == hl) f_l = f, mb = mb_h;
         }
         l_part *= f_l;
 #pragma unroll
         for (int i = 0; i < R::HELD; ++i) {
-          const float p = prob(w[i], jb + i, mb);
+          const float p = softmax.weight(w[i], mb);
           l_part += p;
           w[i] = v_weight(p, jb + i);
         }
@@ -551,13 +532,13 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
             s[h][j] = logit(s[h][j], j, slope[h]);
             m_tile = fmaxf(m_tile, s[h][j]);
           }
-          const float f = st[h].raise_max(m_tile);
+          float mb;
+          const float f = softmax.raise(st[h], m_tile, mb);
 #pragma unroll
           for (int i = 0; i < OUT; ++i) o[h][i] *= f;
-          const float mb = st[h].m * LOG2E;
 #pragma unroll
           for (int j = 0; j < SUB; ++j) {
-            const float p = prob(s[h][j], j, mb);
+            const float p = softmax.weight(s[h][j], mb);
             st[h].l += p;
             s[h][j] = v_weight(p, j);
           }

@@ -503,8 +503,9 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
   const int q_head0 = kv_head * G;
 
   const int seq_len = seq_lens[seq];
-  int tok_begin, tok_end;  // paged_decode.cuh
+  int tok_begin, tok_end;  // attention/visibility.cuh
   if (!decode_key_range<Cfg>(seq_len, part, P, max_partitions, split, tok_begin, tok_end)) return;
+  const KeyRange keys{tok_begin, tok_end};
   const int tile0 = tok_begin / NT * NT;
   const int ntiles = tok_end > tok_begin ? (tok_end - tile0 + NT - 1) / NT : 0;
 
@@ -567,6 +568,7 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
   }
 
   SoftmaxState st[2] = {SoftmaxState::empty(), SoftmaxState::empty()};
+  const TileSoftmax softmax = TileSoftmax::of(1.0f);  // the logits are scaled (attention/softmax_tile.cuh)
   float o[S::ONT][4];
 #pragma unroll
   for (int nt = 0; nt < S::ONT; ++nt)
@@ -589,7 +591,7 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
       cp_async_commit();
     }
     const int pos_w = tile0 + tile * NT + 16 * warp;  // the warp's first token
-    if (pos_w >= tok_end || pos_w + 16 <= tok_begin) continue;  // warp-uniform: none of its tokens is seen
+    if (!keys.meets(pos_w, 16)) continue;  // warp-uniform: none of its tokens is seen
     const unsigned char* stage = smem + (tile % STAGES) * S::STAGE_BYTES;
     const unsigned char* k_w = stage + 16 * warp * S::ROW;
     const unsigned char* v_w = stage + S::K_BYTES + 16 * warp * S::VROW;
@@ -611,26 +613,21 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
 #pragma unroll
       for (int i = 0; i < 2 * S::RR; ++i) {
         const int rr = i >> 1, col = 8 * j + 2 * t + (i & 1), pos = pos_w + col;
-        const float x = S::TOKEN_SCALES ? s[j][i] * (qk_scale * ss[col]) : s[j][i] * qk_scale;
-        const float y = adjust_logit<Cfg>(x, slope[rr], pos, seq_len - 1);
-        s[j][i] = pos >= tok_begin && pos < tok_end ? y : KGEN_NEG_INF;
+        const float y = Logits<Cfg>::of(s[j][i], S::TOKEN_SCALES ? qk_scale * ss[col] : qk_scale, slope[rr], pos,
+                                        seq_len - 1);
+        s[j][i] = keys.contains(pos) ? y : KGEN_NEG_INF;
         m_tile[rr] = fmaxf(m_tile[rr], s[j][i]);
       }
-    float l_tile[2] = {0.0f, 0.0f};
+    float l_tile[2] = {0.0f, 0.0f}, mb[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int rr = 0; rr < S::RR; ++rr) {  // the four lanes of a group hold the row's tokens
-      m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 1, 32));
-      m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 2, 32));
-      const float f = st[rr].raise_max(m_tile[rr]);
-#pragma unroll
-      for (int nt = 0; nt < S::ONT; ++nt) o[nt][2 * rr] *= f, o[nt][2 * rr + 1] *= f;
-    }
+    for (int rr = 0; rr < S::RR; ++rr)  // the four lanes of a group hold the row's tokens
+      scale_row(o, rr, softmax.raise(st[rr], quad_max(m_tile[rr]), mb[rr]));
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int i = 0; i < 2 * S::RR; ++i) {
         const int rr = i >> 1;
-        s[j][i] = s[j][i] == KGEN_NEG_INF ? 0.0f : __expf(s[j][i] - st[rr].m);
+        s[j][i] = softmax.weight(s[j][i], mb[rr]);  // exp(logit - m); a masked -inf gives 0
         l_tile[rr] += s[j][i];
         if (S::TOKEN_SCALES) s[j][i] *= ss[NT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;  // P V sees P times V's scales
       }
@@ -645,8 +642,7 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
   // past the loop): (m, l) [warp][head], then o [head][d] accumulated warp by warp.
 #pragma unroll
   for (int rr = 0; rr < S::RR; ++rr) {
-    st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 1, 32);
-    st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 2, 32);
+    st[rr].l = quad_sum(st[rr].l);
   }
   cp_async_wait_all();
   __syncthreads();

@@ -45,6 +45,9 @@
 #pragma once
 
 #include "kgen/attention/traits.cuh"
+#include "kgen/attention/visibility.cuh"
+#include "kgen/attention/logits.cuh"
+#include "kgen/attention/softmax_tile.cuh"
 
 namespace kgen {
 
@@ -547,10 +550,9 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   typedef PrefillShape<Cfg> S;
   typedef typename S::T T;
   typedef PrefillMath<Cfg, S::MMA> Math;
-  constexpr int G = S::G, ROWS = S::ROWS, KT = S::KT, W = Cfg::SLIDING_WINDOW, STAGES = S::STAGES;
+  constexpr int G = S::G, ROWS = S::ROWS, KT = S::KT, STAGES = S::STAGES;
   const bool split = Cfg::SPLIT && max_partitions > 1;
   const int P = partition_tokens;
-  constexpr bool CAUSAL = Cfg::CAUSAL;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int kv_head = blockIdx.y;
   const int slice = blockIdx.z % S::SLICES, part = blockIdx.z / S::SLICES;
@@ -560,9 +562,11 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   const int q_begin = q_indptr[seq], q_len = q_indptr[seq + 1] - q_begin, kv_len = seq_lens[seq];
   const int r0 = tile * ROWS, rows = min(ROWS, q_len * G - r0);
   const int pos0 = kv_len - q_len;  // absolute position of the chunk's first token
+  typedef typename PrefillKeys<Cfg>::type Keys;  // attention/visibility.cuh
+  const int pos_first = pos0 + r0 / G, pos_last = pos0 + (r0 + rows - 1) / G;  // the block's first and last row
   // Keys some row of the block sees: [lo, hi).
-  int lo = W > 0 ? max(0, pos0 + r0 / G - W + 1) : 0;
-  int hi = CAUSAL ? pos0 + (r0 + rows - 1) / G + 1 : kv_len;
+  const KeyRange keys = Keys::rows_keys(pos_first, pos_last, kv_len);
+  int lo = keys.begin, hi = keys.end;
   if (split) {  // partition `part` holds keys [part * P, (part + 1) * P), the last one the rest
     if (part >= split_partitions(kv_len, P, max_partitions)) return;  // uniform; the merge reads the same count
     clip_to_partition(part, P, max_partitions, lo, hi);
@@ -571,11 +575,9 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   // Tiles [t_a, t_b) are full: every row of the block sees all their keys, so they need no mask.
   // They are computed first (the online softmax takes tiles in any order), then the masked ones:
   // those before t_a (the window's edge) and from t_b on (the causal diagonal, the tail).
-  const int pos_first = pos0 + r0 / G, pos_last = pos0 + (r0 + rows - 1) / G;
-  const int full_end = CAUSAL ? min(hi, pos_first + 1) : hi;
-  int t_a = W > 0 ? min(ntiles, (max(0, pos_last - W + 1 - lo) + KT - 1) / KT) : 0;
-  int t_b = full_end > lo ? min(ntiles, (full_end - lo) / KT) : 0;
-  if (t_b <= t_a) t_a = t_b = 0;
+  int t_a, t_b;
+  Keys::template full_tiles<KT>(lo, hi, ntiles, pos_first, pos_last, t_a, t_b);
+  if (t_b == t_a) t_a = t_b = 0;
   const int nfull = t_b - t_a;
   // the tile computed at step k
   auto tile_at = [&](int k) { return k < nfull ? t_a + k : k - nfull < t_a ? k - nfull : k; };
@@ -668,14 +670,11 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   const int warp_pos_last = pos0 + (r0 + min(rows, warp * S::WROWS + S::WROWS) - 1) / G;
   const int d0 = slice * S::DS;
   const int dn = S::SLICES == 1 ? S::DS : min(S::DS, S::DV - d0);
-  // PLAIN: the logit is the product times qk_scale (no per-token scale, soft-cap or ALiBi): the
-  // scores stay raw, their max is scaled once per row and exp2 takes the scale in its FFMA.
-  constexpr bool PLAIN = !S::TOKEN_SCALES && !(Cfg::SOFT_CAP > 0.0f) && !Cfg::ALIBI;
-  constexpr float LOG2E = 1.4426950408889634f;
-  // logit = score * x_scale; > 0, so a masked -inf stays -inf (a zero scale: 1e-30, exp2 gives 1 all
-  // the same; a NaN scale stays NaN)
-  const float x_scale = PLAIN ? (qk_scale == 0.0f ? 1e-30f : qk_scale) : 1.0f;
-  const float e_scale = x_scale * LOG2E;
+  // PLAIN: the logit is the product times qk_scale (attention/logits.cuh's LINEAR, and no per-token
+  // scale): the scores stay raw, their max is scaled once per row and exp2 takes the scale in its
+  // FFMA (attention/softmax_tile.cuh).
+  constexpr bool PLAIN = Logits<Cfg>::LINEAR && !S::TOKEN_SCALES;
+  const TileSoftmax softmax = TileSoftmax::of(PLAIN ? Logits<Cfg>::raw_scale(qk_scale) : 1.0f);
 
   SoftmaxState st[R];
 #pragma unroll
@@ -728,7 +727,7 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
       }
     }
     // Warp-uniform: an idle warp, or (masked tiles) one whose rows see none of this tile's keys, skips it.
-    if (warp_rows <= 0 || (masked && ((CAUSAL && kv0 > warp_pos_last) || (W > 0 && kv0 + KT - 1 <= warp_pos_first - W))))
+    if (warp_rows <= 0 || (masked && Keys::tile_unseen(kv0, KT, warp_pos_first, warp_pos_last)))
       continue;
     float sm[MT][S::NT][4];
     Math::qk(sm, q_s + warp * S::WROWS * S::LD, k_s, lane);
@@ -743,8 +742,8 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
         for (int i = 0; i < 4; ++i) {
           const int rr = 2 * mt + (i >> 1), col = 8 * j + 2 * t + (i & 1), key = kv0 + col;
           if constexpr (!PLAIN) {
-            const float qk = S::TOKEN_SCALES ? s[j][i] * (qk_scale * tok_sc[col]) : s[j][i] * qk_scale;
-            s[j][i] = adjust_logit<Cfg>(qk, slope[Cfg::ALIBI ? rr : 0], key, row_pos(rr));
+            s[j][i] = Logits<Cfg>::of(s[j][i], S::TOKEN_SCALES ? qk_scale * tok_sc[col] : qk_scale,
+                                      slope[Cfg::ALIBI ? rr : 0], key, row_pos(rr));
           }
         }
     }
@@ -756,8 +755,7 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const int rr = 2 * mt + (i >> 1), key = kv0 + 8 * j + 2 * t + (i & 1);
-            const bool seen = key < hi && (!CAUSAL || key <= row_pos(rr)) && (W == 0 || key > row_pos(rr) - W);
-            if (!seen) sm[mt][j][i] = KGEN_NEG_INF;
+            if (!Keys::sees(key, row_pos(rr), hi)) sm[mt][j][i] = KGEN_NEG_INF;
           }
     }
 #pragma unroll
@@ -766,20 +764,10 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
       for (int j = 0; j < S::NT; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) m_tile[2 * mt + (i >> 1)] = fmaxf(m_tile[2 * mt + (i >> 1)], sm[mt][j][i]);
-    float m_e[R];  // each row's max, in the exponent's units (0 for a row with no key yet: its scores are -inf)
+    float mb[R];  // each row's exponent offset (TileSoftmax)
 #pragma unroll
-    for (int rr = 0; rr < R; ++rr) {
-      // the four lanes of a group hold the row's columns
-      m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 1, 32));
-      m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 2, 32));
-      const float f = st[rr].raise_max(m_tile[rr] * x_scale);
-      m_e[rr] = st[rr].m == KGEN_NEG_INF ? 0.0f : st[rr].m * LOG2E;
-#pragma unroll
-      for (int nt = 0; nt < S::ONT; ++nt) {
-        o[rr / 2][nt][2 * (rr % 2)] *= f;
-        o[rr / 2][nt][2 * (rr % 2) + 1] *= f;
-      }
-    }
+    for (int rr = 0; rr < R; ++rr)  // the four lanes of a group hold the row's columns
+      scale_row(o[rr / 2], rr % 2, softmax.raise(st[rr], quad_max(m_tile[rr]), mb[rr]));
     float l_tile[R];  // this lane's share of the row sums; the lanes' shares add up at the end
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -790,7 +778,7 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int rr = 2 * mt + (i >> 1);
-          s[j][i] = fast_exp2(fmaf(s[j][i], e_scale, -m_e[rr]));  // exp(logit - m); a masked -inf gives 0
+          s[j][i] = softmax.weight(s[j][i], mb[rr]);  // exp(logit - m); a masked -inf gives 0
           l_tile[rr] += s[j][i];
         }
       if constexpr (S::TOKEN_SCALES) {  // P V sees P times V's scales; l above is that of the real logits
@@ -807,8 +795,7 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
 
 #pragma unroll
   for (int rr = 0; rr < R; ++rr) {
-    st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 1, 32);
-    st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 2, 32);
+    st[rr].l = quad_sum(st[rr].l);
   }
   bool row_ok[R];
   int row_tok[R], row_head[R];

@@ -36,6 +36,9 @@
 #pragma once
 
 #include "kgen/attention/traits.cuh"
+#include "kgen/attention/visibility.cuh"
+#include "kgen/attention/logits.cuh"
+#include "kgen/attention/softmax_tile.cuh"
 
 namespace kgen {
 
@@ -86,41 +89,34 @@ template <class Cfg, bool MASKED, int NS, int NO>  // NS = KT / 2, NO = DV / 2 r
 __device__ __forceinline__ void wg_softmax_tile(float (&s)[NS], float (&o)[NO], SoftmaxState (&st)[2], int kv0,
                                                 int hi, int t, const bool (&row_ok)[2], const int (&row_pos)[2],
                                                 const float (&slope)[2]) {
-  constexpr bool LINEAR = !Cfg::ALIBI && !(Cfg::SOFT_CAP > 0.0f);
+  constexpr bool LINEAR = Logits<Cfg>::LINEAR;
   constexpr int W = Cfg::SLIDING_WINDOW;
-  constexpr float LOG2E = 1.4426950408889634f;
   const float scale = Cfg::SOFTMAX_SCALE;
+  const TileSoftmax softmax = TileSoftmax::of(LINEAR ? Logits<Cfg>::raw_scale(scale) : 1.0f);
   float m_tile[2] = {KGEN_NEG_INF, KGEN_NEG_INF};
+  KeyRange seen[2];  // the keys each row sees (none: a padding row)
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr)
+    seen[rr] = row_ok[rr] ? PrefillKeys<Cfg>::type::row_keys(row_pos[rr], hi) : KeyRange{0, 0};
 #pragma unroll
   for (int e = 0; e < NS; ++e) {
     const int rr = (e >> 1) & 1, key = kv0 + 8 * (e >> 2) + 2 * t + (e & 1);
-    float x = LINEAR ? s[e] : adjust_logit<Cfg>(s[e] * scale, slope[rr], key, row_pos[rr]);
+    float x = LINEAR ? s[e] : Logits<Cfg>::of(s[e], scale, slope[rr], key, row_pos[rr]);
     if (MASKED) {
-      const bool seen = row_ok[rr] && key < hi && (!Cfg::CAUSAL || key <= row_pos[rr]) && (W == 0 || key > row_pos[rr] - W);
-      x = seen ? x : KGEN_NEG_INF;
+      x = seen[rr].contains(key) ? x : KGEN_NEG_INF;
     }
     s[e] = x;
     m_tile[rr] = fmaxf(m_tile[rr], x);
   }
   float mb[2];
 #pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {  // the four lanes of a group hold the row's columns
-    m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 1, 32));
-    m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 2, 32));
-    const float f = st[rr].merge(SoftmaxState{LINEAR ? m_tile[rr] * scale : m_tile[rr], 0.0f}).self;
-#pragma unroll
-    for (int nt = 0; nt < NO / 4; ++nt) {
-      o[4 * nt + 2 * rr] *= f;
-      o[4 * nt + 2 * rr + 1] *= f;
-    }
-    mb[rr] = st[rr].m == KGEN_NEG_INF ? 0.0f : st[rr].m * LOG2E;
-  }
-  const float c = LINEAR ? scale * LOG2E : LOG2E;
+  for (int rr = 0; rr < 2; ++rr)  // the four lanes of a group hold the row's columns
+    scale_row(o, rr, softmax.raise(st[rr], quad_max(m_tile[rr]), mb[rr]));
   float l_tile[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int e = 0; e < NS; ++e) {
     const int rr = (e >> 1) & 1;
-    s[e] = fast_exp2(s[e] * c - mb[rr]);
+    s[e] = softmax.weight(s[e], mb[rr]);
     l_tile[rr] += s[e];
   }
   st[0].l += l_tile[0];
@@ -161,8 +157,9 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(const Params& p) {
   const int q_begin = q_indptr[seq], q_len = q_indptr[seq + 1] - q_begin, kv_len = seq_lens[seq];
   const int r0 = tile * ROWS, rows = min(ROWS, q_len * G - r0);
   const int pos0 = kv_len - q_len;
-  int lo = W > 0 ? max(0, pos0 + r0 / G - W + 1) : 0;
-  int hi = CAUSAL ? pos0 + (r0 + rows - 1) / G + 1 : kv_len;
+  typedef typename PrefillKeys<Cfg>::type Keys;
+  const KeyRange keys = Keys::rows_keys(pos0 + r0 / G, pos0 + (r0 + rows - 1) / G, kv_len);
+  int lo = keys.begin, hi = keys.end;
   if (split) {
     if (part >= split_partitions(kv_len, partition_tokens, max_partitions)) return;  // uniform
     clip_to_partition(part, partition_tokens, max_partitions, lo, hi);

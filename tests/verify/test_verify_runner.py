@@ -32,9 +32,9 @@ def _spec(**overrides):
 
 def _kernel(spec, config=None, old: str | None = None, new: str = "") -> Kernel:
     """kgen's source, with softmax.cuh (the online softmax, split-KV contract and merge body the
-    decode source includes) copied in, and with one edit."""
+    decode source includes) and attention/visibility.cuh (the key rule) copied in, and with one edit."""
     r = render(spec, config)
-    src = inline_provided(r.source)
+    src = inline_provided(inline_provided(r.source), "kgen/attention/visibility.cuh")
     if old is not None:
         assert src.count(old) == 1, f"mutation target not found exactly once: {old!r}"
         src = src.replace(old, new)
@@ -49,7 +49,7 @@ MUTATIONS = [
     ("v_scale_dropped", {"kv_cache.dtype": "int8", "kv_cache.scale": "per_head"}, CUDA_CORES,
      "{ return p * (S::TOKEN_SCALES ? ss[NT + t1 + j] : v_sc); }", "{ return p; }", {"len_1", "long"}, set()),
     ("k_scale_dropped", {"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_tensor"}, CUDA_CORES,
-     "dot * ksj * Cfg::SOFTMAX_SCALE", "dot * Cfg::SOFTMAX_SCALE", {"long"}, {"len_1"}),
+     "ksj * Cfg::SOFTMAX_SCALE", "Cfg::SOFTMAX_SCALE", {"long"}, {"len_1"}),
     ("per_head_scale_of_head_0", {"kv_cache.dtype": "int8", "kv_cache.scale": "per_head"}, CUDA_CORES,
      "k_sc = k_scale[kv_head], v_sc = v_scale[kv_head];", "k_sc = k_scale[0], v_sc = v_scale[0];",
      {"len_1", "long"}, set()),
@@ -65,11 +65,11 @@ MUTATIONS = [
      "hi = min(hi, (part + 1) * partition_tokens);", "hi = min(hi, (part + 1) * partition_tokens - 1);",
      {"len_P+1", "len_2P+1"}, {"len_P-1", "len_P", "len_1"}),
     ("window_off_by_one", {"attention.sliding_window": 24}, CUDA_CORES,
-     "seq_len - Cfg::SLIDING_WINDOW : 0", "seq_len - Cfg::SLIDING_WINDOW - 1 : 0",
+     "max(0, pos_first - WINDOW + 1)", "max(0, pos_first - WINDOW)",  # attention/visibility.cuh
      {"len_W+1", "len_W+2B+1"}, {"len_W-1", "len_W"}),
     ("tail_mask_removed", {}, CUDA_CORES,
-     "const int ctx_end = Cfg::TAIL_MASK ? seq_len : ((seq_len + B - 1) / B) * B;",
-     "const int ctx_end = ((seq_len + B - 1) / B) * B;", {"len_B-1", "len_B+1"}, {"len_B"}),
+     "const int end = Cfg::TAIL_MASK ? seq_len : ((seq_len + B - 1) / B) * B;",
+     "const int end = ((seq_len + B - 1) / B) * B;", {"len_B-1", "len_B+1"}, {"len_B"}),
     ("v_read_with_k_strides", {}, CUDA_CORES,
      "kv_head * v_s_head + slot * v_s_token + d0 / S::PER;\n        }",  # the K loop's V copy (same widths)
      "kv_head * k_s_head + slot * k_s_token + d0 / S::PER;\n        }",
@@ -110,7 +110,7 @@ MUTATIONS = [
      set()),
     # the tensor-core body (templates/common/paged_decode_mma.cuh; BASE's group 4 takes it by default)
     ("mma_tail_mask_dropped", {}, {"mma_min_group": 4},  # fp16 group 4: tensor cores on request
-     "s[j][i] = pos >= tok_begin && pos < tok_end ? y : KGEN_NEG_INF;", "s[j][i] = pos >= tok_begin ? y : KGEN_NEG_INF;",
+     "s[j][i] = keys.contains(pos) ? y : KGEN_NEG_INF;", "s[j][i] = pos >= tok_begin ? y : KGEN_NEG_INF;",
      {"len_B-1", "len_B+1"}, {"len_B"}),
     ("mma_q_k_permutation_wrong", {"kv_cache.dtype": "int8", "kv_cache.scale": "per_head"}, None,
      "  if (!BYTES8) return k;\n", "  return k;\n", {"len_B+1", "long"}, {"len_1"}),  # one key: weight 1 whatever its logit

@@ -175,7 +175,7 @@ ROUND_DEQUANTIZED = [
     ("      prefill_staged_chunk<Cfg, S::DV>(vs, fs + KT * S::GROUPS, i, d0, vf);\n",
      "      prefill_staged_chunk<Cfg, S::DV>(vs, fs + KT * S::GROUPS, i, d0, vf);\n"
      "      for (int e = 0; e < VEC; ++e) vf[e] *= reinterpret_cast<const float*>(stage + S::SCALES_AT)[KT + i];\n"),
-    ("s[j][i] * (qk_scale * tok_sc[col])", "s[j][i] * qk_scale"),
+    ("S::TOKEN_SCALES ? qk_scale * tok_sc[col] : qk_scale", "qk_scale"),  # the logit scale (attention/logits.cuh)
     ("s[j][i] *= tok_sc[S::KT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;", ";"),  # (bf16 q: v_inv_ref is 1)
 ]
 
