@@ -45,7 +45,7 @@ struct DecodeShape {
   static constexpr int D = Cfg::HEAD_DIM;    // q and K
   static constexpr int DV = Cfg::V_HEAD_DIM;  // V and out
   static constexpr int G = Cfg::GROUP;
-  static constexpr int T = Cfg::NUM_THREADS;
+  static constexpr int THREADS = Cfg::NUM_THREADS;
   static constexpr int ES = (int)sizeof(kv_t);
   static constexpr int PER = ElemsPer<kv_t>::value;  // elements per kv_t (2: nvfp4's packed pairs)
   static constexpr int VEC = Cfg::VEC;
@@ -80,8 +80,8 @@ struct DecodeShape {
   static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's geometry and the template disagree");
   static_assert(D % VEC == 0 && DV % VEC == 0 && LANES <= 32 && (LANES & (LANES - 1)) == 0 &&
                 LANES * CPL >= CHUNKS && LANES * VCPL >= V_CHUNKS, "lanes");
-  static_assert(T % 32 == 0 && T % LANES == 0, "threads must be whole warps of whole row groups");
-  static_assert(HEAD_SETS * SLOTS <= T / LANES && NT % SLOTS == 0, "row groups");
+  static_assert(THREADS % 32 == 0 && THREADS % LANES == 0, "threads must be whole warps of whole row groups");
+  static_assert(HEAD_SETS * SLOTS <= THREADS / LANES && NT % SLOTS == 0, "row groups");
   static_assert(STAGES >= 1 && TPT % SUB == 0, "stages, batches");
 };
 
@@ -152,20 +152,20 @@ template <class Cfg>
 struct TileCopier {
   typedef DecodeShape<Cfg> S;
   typedef typename Cfg::kv_t kv_t;
-  static constexpr int D = S::D, DV = S::DV, NT = S::NT, T = S::T, B = Cfg::BLOCK_SIZE, ES = S::ES;
+  static constexpr int D = S::D, DV = S::DV, NT = S::NT, THREADS = S::THREADS, B = Cfg::BLOCK_SIZE, ES = S::ES;
   static constexpr bool ONE_BLOCK = B >= NT;  // every tile inside one cache block
-  // K rows (and V rows, same mapping, when V is token-major and as wide): copy c = tid + k * T is
+  // K rows (and V rows, same mapping, when V is token-major and as wide): copy c = tid + k * THREADS is
   // piece c % PER_ROW of token c / PER_ROW; it lands at element c * KE of the stage. V rows of
   // their own width (v_head_dim) take a second loop of the same shape (V_PER_ROW pieces a token).
   static constexpr int KE = S::K_COPY / ES * S::PER;  // elements per copy
   static constexpr int PER_ROW = D / KE, V_PER_ROW = DV / KE;
   static constexpr int COPIES = NT * PER_ROW, V_COPIES = NT * V_PER_ROW;
-  static constexpr int ITERS = (COPIES + T - 1) / T;
+  static constexpr int ITERS = (COPIES + THREADS - 1) / THREADS;
   static constexpr bool V_WITH_K = !S::V_BY_TOKEN && DV == D;  // V's copies ride along K's
-  // Per-token scales: copy c = tid + k * T of [0, NT) K, [NT, 2 NT) V.
+  // Per-token scales: copy c = tid + k * THREADS of [0, NT) K, [NT, 2 NT) V.
   static constexpr int SCOPIES = S::TOKEN_SCALES ? 2 * NT : 0;
-  static constexpr int SITERS = (SCOPIES + T - 1) / T;
-  // nvfp4 block scales: FC bytes a copy (16, 8, 4; 1: plain byte copies), copy c = tid + k * T lands at
+  static constexpr int SITERS = (SCOPIES + THREADS - 1) / THREADS;
+  // nvfp4 block scales: FC bytes a copy (16, 8, 4; 1: plain byte copies), copy c = tid + k * THREADS lands at
   // byte c * FC of the stage's [K | V][token][group] scales.
   static constexpr int FC = Cfg::S_COPY;
   static constexpr int FPIECES = S::GROUPS / FC;
@@ -194,8 +194,8 @@ struct TileCopier {
     const int slot0 = ONE_BLOCK ? (unsigned)tbase % B : 0;
 #pragma unroll
     for (int k = 0; k < ITERS; ++k) {
-      const unsigned c = tid + k * T;
-      if (COPIES % T == 0 || c < COPIES) {
+      const unsigned c = tid + k * THREADS;
+      if (COPIES % THREADS == 0 || c < COPIES) {
         const int t = c / PER_ROW, d0 = (c % PER_ROW) * KE, slot = slot0 + t % B;
         const bool valid = t >= lo && t < hi;
         const kv_t* ksrc = k_cache;
@@ -214,9 +214,9 @@ struct TileCopier {
     // Token-major V rows of their own width: V_PER_ROW pieces a token.
     if (!S::V_BY_TOKEN && !V_WITH_K) {
 #pragma unroll
-      for (int k = 0; k < (V_COPIES + T - 1) / T; ++k) {
-        const unsigned c = tid + k * T;
-        if (V_COPIES % T == 0 || c < V_COPIES) {
+      for (int k = 0; k < (V_COPIES + THREADS - 1) / THREADS; ++k) {
+        const unsigned c = tid + k * THREADS;
+        if (V_COPIES % THREADS == 0 || c < V_COPIES) {
           const int t = c / V_PER_ROW, d0 = (c % V_PER_ROW) * KE, slot = slot0 + t % B;
           const bool valid = t >= lo && t < hi;
           const kv_t* vsrc = v_cache;
@@ -236,9 +236,9 @@ struct TileCopier {
       constexpr int PER_D = NT / VE;
       constexpr int VCOPIES = DV * PER_D;
 #pragma unroll
-      for (int k = 0; k < (VCOPIES + T - 1) / T; ++k) {
-        const unsigned c = tid + k * T;
-        if (VCOPIES % T == 0 || c < VCOPIES) {
+      for (int k = 0; k < (VCOPIES + THREADS - 1) / THREADS; ++k) {
+        const unsigned c = tid + k * THREADS;
+        if (VCOPIES % THREADS == 0 || c < VCOPIES) {
           const int d = c / PER_D, t0 = (c % PER_D) * VE, pos = tbase + t0;
           const int n = min(VE, tok_end - pos);
           const bool valid = n > 0 && pos + VE > tok_begin;
@@ -261,9 +261,9 @@ struct TileCopier {
     if constexpr (S::FP4) {
       unsigned char* fs = stage + S::K_BYTES + S::V_BYTES;
 #pragma unroll
-      for (int k = 0; k < (FCOPIES + T - 1) / T; ++k) {
-        const unsigned c = tid + k * T;
-        if (FCOPIES % T == 0 || c < FCOPIES) {
+      for (int k = 0; k < (FCOPIES + THREADS - 1) / THREADS; ++k) {
+        const unsigned c = tid + k * THREADS;
+        if (FCOPIES % THREADS == 0 || c < FCOPIES) {
           const bool is_v = c >= (unsigned)(NT * FPIECES);
           const unsigned r = is_v ? c - NT * FPIECES : c;
           const int t = r / FPIECES, g0 = (r % FPIECES) * FC;
@@ -290,8 +290,8 @@ struct TileCopier {
       float* ss = reinterpret_cast<float*>(stage + S::K_BYTES + S::V_BYTES);
 #pragma unroll
       for (int k = 0; k < SITERS; ++k) {
-        const unsigned c = tid + k * T;
-        if (SCOPIES % T == 0 || c < SCOPIES) {
+        const unsigned c = tid + k * THREADS;
+        if (SCOPIES % THREADS == 0 || c < SCOPIES) {
           const int t = c % NT;
           const bool valid = t >= lo && t < hi;
           const float* src = k_scale;
@@ -344,7 +344,7 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
   typedef DecodeShape<Cfg> S;
   typedef typename Cfg::kv_t kv_t;
   constexpr int D = S::D, DV = S::DV, G = S::G, VEC = S::VEC, LANES = S::LANES, CPL = S::CPL, OUT = S::OUT;
-  constexpr int HPT = S::HPT, NT = S::NT, TPT = S::TPT, SUB = S::SUB, STAGES = S::STAGES, T = S::T;
+  constexpr int HPT = S::HPT, NT = S::NT, TPT = S::TPT, SUB = S::SUB, STAGES = S::STAGES, THREADS = S::THREADS;
   const bool split = Cfg::SPLIT && max_partitions > 1;
   const int P = partition_tokens;
 
@@ -413,9 +413,9 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
   // softmax of those only, HEAD_LANES lanes sharing a head's. l_part: this lane's share of head
   // hl's sum of weights (its tokens), summed over those lanes after the loop.
   constexpr bool DIST = ((HPT * SUB) & (HPT * SUB - 1)) == 0 && HPT <= LANES;
-  typedef RowGroupSums<LANES, (DIST ? HPT * SUB : 1)> R;
-  constexpr int HEAD_LANES = SUB / R::HELD * R::SPREAD;
-  const int xb = lane / R::SPREAD * R::HELD;
+  typedef RowGroupSums<LANES, (DIST ? HPT * SUB : 1)> Sums;
+  constexpr int HEAD_LANES = SUB / Sums::HELD * Sums::SPREAD;
+  const int xb = lane / Sums::SPREAD * Sums::HELD;
   const int hl = xb / SUB, jb = xb % SUB;
   float l_part = 0.0f;
 
@@ -484,18 +484,18 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
         // The logits summed over the row group by a transpose reduce, which leaves each lane
         // HELD of them (all of one head, hl): the online softmax is computed on those only, the
         // head's tile max over the lanes holding its logits, the weights gathered back at the end.
-        float w[R::HELD];
-        R::reduce(s, w);
+        float w[Sums::HELD];
+        Sums::reduce(s, w);
         float m_loc = KGEN_NEG_INF, sl = slope[0];
 #pragma unroll
         for (int h = 1; h < HPT; ++h) sl = h == hl ? slope[h] : sl;
 #pragma unroll
-        for (int i = 0; i < R::HELD; ++i) {
+        for (int i = 0; i < Sums::HELD; ++i) {
           w[i] = logit(w[i], jb + i, sl);
           m_loc = fmaxf(m_loc, w[i]);
         }
 #pragma unroll
-        for (int offset = R::SPREAD; offset < HEAD_LANES; offset <<= 1)
+        for (int offset = Sums::SPREAD; offset < HEAD_LANES; offset <<= 1)
           m_loc = fmaxf(m_loc, __shfl_xor_sync(0xffffffffu, m_loc, offset, 32));
         // Every lane raises every head's max (one rescale of o per batch); this lane's head's
         // factor and max for its own weights.
@@ -511,12 +511,12 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
         }
         l_part *= f_l;
 #pragma unroll
-        for (int i = 0; i < R::HELD; ++i) {
+        for (int i = 0; i < Sums::HELD; ++i) {
           const float p = softmax.weight(w[i], mb);
           l_part += p;
           w[i] = v_weight(p, jb + i);
         }
-        R::gather(w, s);
+        Sums::gather(w, s);
       } else {
 #pragma unroll
         for (int h = 0; h < HPT; ++h)
@@ -581,7 +581,7 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
 
   if constexpr (DIST) {  // each head's l: the sum of its lanes' shares (each held by SPREAD lanes)
 #pragma unroll
-    for (int offset = R::SPREAD; offset < HEAD_LANES; offset <<= 1)
+    for (int offset = Sums::SPREAD; offset < HEAD_LANES; offset <<= 1)
       l_part += __shfl_xor_sync(0xffffffffu, l_part, offset, 32);
 #pragma unroll
     for (int h = 0; h < HPT; ++h) st[h].l = HPT == 1 ? l_part : __shfl_sync(0xffffffffu, l_part, h * HEAD_LANES, LANES);
@@ -614,7 +614,7 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
   __syncthreads();
 
   // Write out: the final output, or this partition's normalised partial and its (m, l).
-  for (int i = tid; i < G * DV; i += T) {
+  for (int i = tid; i < G * DV; i += THREADS) {
     const int g = i / DV, d = i % DV;
     SoftmaxState blk = SoftmaxState::empty();
     float acc = 0.0f;

@@ -66,7 +66,7 @@ struct DecodeMmaShape {
   static constexpr int VROW = Cfg::V_ROW_BYTES;  // bytes per shared-memory V row
   static constexpr int KC = D / 16;            // k16 chunks of Q K^T
   static constexpr int ONT = DV / 8;           // n8 tiles of the output
-  static constexpr int RR = G <= 8 ? 1 : 2;   // rows a lane holds: g, and g + 8 when the group passes 8
+  static constexpr int LANE_ROWS = G <= 8 ? 1 : 2;   // rows a lane holds: g, and g + 8 when the group passes 8
   static constexpr bool TOKEN_SCALES = SCALES == ScaleMode::per_token_head;
   static constexpr bool V_REF = TOKEN_SCALES && IsSame<T, __half>::value;
   static constexpr int K_BYTES = NT * ROW;     // one K tile
@@ -84,12 +84,12 @@ struct DecodeMmaShape {
   static_assert(STAGES >= 1 && STAGES <= 4, "stages");
 };
 
-// acc += A B on the tensor cores for the lane's rows g (and g + 8 when RR is 2). With RR 1 (a group
+// acc += A B on the tensor cores for the lane's rows g (and g + 8 when LANE_ROWS is 2). With LANE_ROWS 1 (a group
 // of at most 8 heads) rows 8..15 are padding: their accumulators are neither kept nor read, which
 // halves the registers of S and of the output.
-template <class T, int RR>
+template <class T, int LANE_ROWS>
 __device__ __forceinline__ void mma_rows(float (&acc)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-  if constexpr (RR == 2) {
+  if constexpr (LANE_ROWS == 2) {
     mma_m16n8k16<T>(acc, a, b, acc);
   } else {
     const float c[4] = {acc[0], acc[1], 0.0f, 0.0f};
@@ -345,10 +345,10 @@ __device__ __forceinline__ void decode_mma_qk(float (&s)[2][4], const unsigned (
       fp4_word_pairs<T>(r[0], s0, f0, e0);
       fp4_word_pairs<T>(r[1], s1, f1, e1);
       const unsigned a0[2] = {e0[0], e0[1]}, a1[2] = {e1[0], e1[1]}, b0[2] = {e0[2], e0[3]}, b1[2] = {e1[2], e1[3]};
-      mma_rows<T, S::RR>(s[0], qf[2 * c2], a0);
-      mma_rows<T, S::RR>(s[1], qf[2 * c2], a1);
-      mma_rows<T, S::RR>(s[0], qf[2 * c2 + 1], b0);
-      mma_rows<T, S::RR>(s[1], qf[2 * c2 + 1], b1);
+      mma_rows<T, S::LANE_ROWS>(s[0], qf[2 * c2], a0);
+      mma_rows<T, S::LANE_ROWS>(s[1], qf[2 * c2], a1);
+      mma_rows<T, S::LANE_ROWS>(s[0], qf[2 * c2 + 1], b0);
+      mma_rows<T, S::LANE_ROWS>(s[1], qf[2 * c2 + 1], b1);
     }
     return;
   }
@@ -366,8 +366,8 @@ __device__ __forceinline__ void decode_mma_qk(float (&s)[2][4], const unsigned (
       b0[0] = P::two((unsigned short)(r[0] & 0xFFFFu)), b0[1] = P::two((unsigned short)(r[0] >> 16));
       b1[0] = P::two((unsigned short)(r[1] & 0xFFFFu)), b1[1] = P::two((unsigned short)(r[1] >> 16));
     }
-    mma_rows<T, S::RR>(s[0], qf[c], b0);
-    mma_rows<T, S::RR>(s[1], qf[c], b1);
+    mma_rows<T, S::LANE_ROWS>(s[0], qf[c], b0);
+    mma_rows<T, S::LANE_ROWS>(s[1], qf[c], b1);
   }
 }
 
@@ -426,7 +426,7 @@ __device__ __forceinline__ void decode_mma_pv(float (&o)[DecodeMmaShape<Cfg>::ON
           for (int j = 0; j < 4; ++j) {
             const unsigned b[2] = {fp4_column_pair<T>(r[2 * h], j, hab, fa, fb),
                                    fp4_column_pair<T>(r[2 * h + 1], j, hcd, fc, fd)};
-            mma_rows<T, S::RR>(o[8 * q + 4 * h + j], a, b);
+            mma_rows<T, S::LANE_ROWS>(o[8 * q + 4 * h + j], a, b);
           }
         }
       }
@@ -438,8 +438,8 @@ __device__ __forceinline__ void decode_mma_pv(float (&o)[DecodeMmaShape<Cfg>::ON
       unsigned b[4];
       ldmatrix<4, true>(b, v_row + 8 * (nt + lane / 16) * 2);
       const unsigned b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-      mma_rows<T, S::RR>(o[nt], a, b0);
-      mma_rows<T, S::RR>(o[nt + 1], a, b1);
+      mma_rows<T, S::LANE_ROWS>(o[nt], a, b0);
+      mma_rows<T, S::LANE_ROWS>(o[nt + 1], a, b1);
     }
   } else {
     typedef Pair8<typename Cfg::kv_t, T> P;
@@ -455,8 +455,8 @@ __device__ __forceinline__ void decode_mma_pv(float (&o)[DecodeMmaShape<Cfg>::ON
         const unsigned e0 = __byte_perm(r[0], 0, 0x3120u), e1 = __byte_perm(r[1], 0, 0x3120u);
         const unsigned be[2] = {P::two((unsigned short)(e0 & 0xFFFFu)), P::two((unsigned short)(e1 & 0xFFFFu))};
         const unsigned bo[2] = {P::two((unsigned short)(e0 >> 16)), P::two((unsigned short)(e1 >> 16))};
-        mma_rows<T, S::RR>(o[4 * q], a, be);
-        mma_rows<T, S::RR>(o[4 * q + 1], a, bo);
+        mma_rows<T, S::LANE_ROWS>(o[4 * q], a, be);
+        mma_rows<T, S::LANE_ROWS>(o[4 * q + 1], a, bo);
       } else {
         unsigned r[4];
         ldmatrix<4, true>(r, v_row + 32 * q);
@@ -465,8 +465,8 @@ __device__ __forceinline__ void decode_mma_pv(float (&o)[DecodeMmaShape<Cfg>::ON
           const unsigned e0 = __byte_perm(r[2 * h], 0, 0x3120u), e1 = __byte_perm(r[2 * h + 1], 0, 0x3120u);
           const unsigned be[2] = {P::two((unsigned short)(e0 & 0xFFFFu)), P::two((unsigned short)(e1 & 0xFFFFu))};
           const unsigned bo[2] = {P::two((unsigned short)(e0 >> 16)), P::two((unsigned short)(e1 >> 16))};
-          mma_rows<T, S::RR>(o[4 * q + 2 * h], a, be);
-          mma_rows<T, S::RR>(o[4 * q + 2 * h + 1], a, bo);
+          mma_rows<T, S::LANE_ROWS>(o[4 * q + 2 * h], a, be);
+          mma_rows<T, S::LANE_ROWS>(o[4 * q + 2 * h + 1], a, bo);
         }
       }
     }
@@ -530,7 +530,7 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int head = g + 8 * rr;
-    const bool real = (S::RR == 2 || rr == 0) && head < G;
+    const bool real = (S::LANE_ROWS == 2 || rr == 0) && head < G;
     const typename Cfg::q_t* qh = q + seq * q_s_seq + (long long)(q_head0 + (real ? head : 0)) * q_s_head;
 #pragma unroll
     for (int c = 0; c < S::KC; ++c)
@@ -539,7 +539,7 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
         const int k = 2 * t + 8 * hi;
         const int d0 = S::FP4 ? fp4_qk_column(c, k) : 16 * c + qk_column<S::BYTES8>(k);
         const int d1 = S::FP4 ? fp4_qk_column(c, k + 1) : 16 * c + qk_column<S::BYTES8>(k + 1);
-        qf[c][rr + 2 * hi] = S::RR == 1 && rr == 1 ? 0u  // padding rows: constant zeros
+        qf[c][rr + 2 * hi] = S::LANE_ROWS == 1 && rr == 1 ? 0u  // padding rows: constant zeros
                                                    : pack2<T>(real ? to_float(qh[d0]) : 0.0f, real ? to_float(qh[d1]) : 0.0f);
       }
     slope[rr] = Cfg::ALIBI && real ? alibi_slopes[q_head0 + head] : 0.0f;
@@ -611,7 +611,7 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
-      for (int i = 0; i < 2 * S::RR; ++i) {
+      for (int i = 0; i < 2 * S::LANE_ROWS; ++i) {
         const int rr = i >> 1, col = 8 * j + 2 * t + (i & 1), pos = pos_w + col;
         const float y = Logits<Cfg>::of(s[j][i], S::TOKEN_SCALES ? qk_scale * ss[col] : qk_scale, slope[rr], pos,
                                         seq_len - 1);
@@ -620,12 +620,12 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
       }
     float l_tile[2] = {0.0f, 0.0f}, mb[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int rr = 0; rr < S::RR; ++rr)  // the four lanes of a group hold the row's tokens
+    for (int rr = 0; rr < S::LANE_ROWS; ++rr)  // the four lanes of a group hold the row's tokens
       scale_row(o, rr, softmax.raise(st[rr], quad_max(m_tile[rr]), mb[rr]));
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
-      for (int i = 0; i < 2 * S::RR; ++i) {
+      for (int i = 0; i < 2 * S::LANE_ROWS; ++i) {
         const int rr = i >> 1;
         s[j][i] = softmax.weight(s[j][i], mb[rr]);  // exp(logit - m); a masked -inf gives 0
         l_tile[rr] += s[j][i];
@@ -633,15 +633,15 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
       }
     st[0].l += l_tile[0];  // this lane's share; the four lanes' shares add up at the end
     st[1].l += l_tile[1];
-    const unsigned a[4] = {pack2<T>(s[0][0], s[0][1]), S::RR == 2 ? pack2<T>(s[0][2], s[0][3]) : 0u,
-                           pack2<T>(s[1][0], s[1][1]), S::RR == 2 ? pack2<T>(s[1][2], s[1][3]) : 0u};
+    const unsigned a[4] = {pack2<T>(s[0][0], s[0][1]), S::LANE_ROWS == 2 ? pack2<T>(s[0][2], s[0][3]) : 0u,
+                           pack2<T>(s[1][0], s[1][1]), S::LANE_ROWS == 2 ? pack2<T>(s[1][2], s[1][3]) : 0u};
     decode_mma_pv<Cfg>(o, a, v_w, vs_w, lane);
   }
 
   // Merge the warps through shared memory (free once every copy has landed and every thread is
   // past the loop): (m, l) [warp][head], then o [head][d] accumulated warp by warp.
 #pragma unroll
-  for (int rr = 0; rr < S::RR; ++rr) {
+  for (int rr = 0; rr < S::LANE_ROWS; ++rr) {
     st[rr].l = quad_sum(st[rr].l);
   }
   cp_async_wait_all();
@@ -650,7 +650,7 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
   float* ml_s = o_s + G * DV;
   if (t == 0) {
 #pragma unroll
-    for (int rr = 0; rr < S::RR; ++rr) {
+    for (int rr = 0; rr < S::LANE_ROWS; ++rr) {
       const int head = g + 8 * rr;
       if (head < G) ml_s[(warp * G + head) * 2] = st[rr].m, ml_s[(warp * G + head) * 2 + 1] = st[rr].l;
     }
@@ -658,7 +658,7 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
   __syncthreads();
   float f[2];
 #pragma unroll
-  for (int rr = 0; rr < S::RR; ++rr) {
+  for (int rr = 0; rr < S::LANE_ROWS; ++rr) {
     const int head = g + 8 * rr < G ? g + 8 * rr : 0;
     float m = KGEN_NEG_INF;
 #pragma unroll
@@ -671,7 +671,7 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
 #pragma unroll
       for (int nt = 0; nt < S::ONT; ++nt)
 #pragma unroll
-        for (int i = 0; i < 2 * S::RR; ++i) {
+        for (int i = 0; i < 2 * S::LANE_ROWS; ++i) {
           const int head = g + 8 * (i >> 1), d = pv_column<S::BYTES8, S::FP4>(nt, i, t);
           if (head < G) {
             float* dst = o_s + head * DV + d;

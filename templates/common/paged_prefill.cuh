@@ -97,7 +97,7 @@ struct PrefillShape {
   static constexpr int MT = Cfg::M_TILES;                    // m16 row tiles per warp
   static constexpr int WROWS = 16 * MT, ROWS = WROWS * WARPS;  // packed rows per warp, per block
   static constexpr int KT = Cfg::KV_TILE;                    // keys per tile
-  static constexpr int NT = KT / 8;                          // n8 tiles of S
+  static constexpr int N8 = KT / 8;                          // n8 tiles of S
   static constexpr int DK = (D + 15) / 16 * 16;              // QK^T reduction extent (zero padded)
   static constexpr int LD = DK + 16 / (int)sizeof(T);        // smem row stride: +16 bytes spreads ldmatrix rows over banks
   static constexpr int LDV = (DV + 15) / 16 * 16 + 16 / (int)sizeof(T);  // ... of V's rows
@@ -160,11 +160,11 @@ struct PrefillMath<Cfg, true> {
   static constexpr int MT = S::MT;
 
   // s[mt][j] = Q[rows 16mt .. 16mt + 15 of the warp's] . K[keys 8j..8j+7]^T
-  static __device__ __forceinline__ void qk(float (&s)[MT][S::NT][4], const T* q_w, const T* k_s, int lane) {
+  static __device__ __forceinline__ void qk(float (&s)[MT][S::N8][4], const T* q_w, const T* k_s, int lane) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int j = 0; j < S::NT; ++j)
+      for (int j = 0; j < S::N8; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) s[mt][j][i] = 0.0f;
     // this lane's ldmatrix rows; the loops add constants (immediate offsets, no address math)
@@ -176,7 +176,7 @@ struct PrefillMath<Cfg, true> {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) ldmatrix<4, false>(a[mt], q_l + 16 * mt * S::LD + kk * 16);
 #pragma unroll
-      for (int j = 0; j < S::NT; j += 2) {
+      for (int j = 0; j < S::N8; j += 2) {
         unsigned b[4];
         ldmatrix<4, false>(b, k_l + j * 8 * S::LD + kk * 16);
         const unsigned b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
@@ -190,7 +190,7 @@ struct PrefillMath<Cfg, true> {
   }
 
   // o[mt][nt] += P[16 rows of m tile mt, KT keys] . V[keys, columns d0 + 8nt ..]; p holds P as S's C fragments.
-  static __device__ __forceinline__ void pv(float (&o)[MT][S::ONT][4], const float (&p)[MT][S::NT][4], const T* v_s,
+  static __device__ __forceinline__ void pv(float (&o)[MT][S::ONT][4], const float (&p)[MT][S::N8][4], const T* v_s,
                                             int d0, int dn, float*, int lane) {
     const T* v_l = v_s + (((lane / 8) % 2) * 8 + lane % 8) * S::LDV + d0;  // this lane's ldmatrix row
 #pragma unroll
@@ -235,12 +235,12 @@ struct PrefillMath<Cfg, false> {
   typedef typename S::T T;
   static constexpr int MT = S::MT;
 
-  static __device__ __forceinline__ void qk(float (&s)[MT][S::NT][4], const T* q_w, const T* k_s, int lane) {
+  static __device__ __forceinline__ void qk(float (&s)[MT][S::N8][4], const T* q_w, const T* k_s, int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int j = 0; j < S::NT; ++j)
+      for (int j = 0; j < S::N8; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) s[mt][j][i] = 0.0f;
       const T* q0 = q_w + (16 * mt + g) * S::LD;
@@ -248,7 +248,7 @@ struct PrefillMath<Cfg, false> {
       for (int d = 0; d < S::D; ++d) {
         const float a0 = to_float(q0[d]), a1 = to_float(q0[8 * S::LD + d]);
 #pragma unroll
-        for (int j = 0; j < S::NT; ++j)
+        for (int j = 0; j < S::N8; ++j)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const float b = to_float(k_s[(8 * j + 2 * t + e) * S::LD + d]);
@@ -260,13 +260,13 @@ struct PrefillMath<Cfg, false> {
   }
 
   // P goes through the warp's scratch p_w [16 * MT][KT] (fp32): each lane needs whole rows of it.
-  static __device__ __forceinline__ void pv(float (&o)[MT][S::ONT][4], const float (&p)[MT][S::NT][4], const T* v_s,
+  static __device__ __forceinline__ void pv(float (&o)[MT][S::ONT][4], const float (&p)[MT][S::N8][4], const T* v_s,
                                             int d0, int dn, float* p_w, int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int j = 0; j < S::NT; ++j)
+      for (int j = 0; j < S::N8; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) p_w[(16 * mt + g + (i >= 2 ? 8 : 0)) * S::KT + 8 * j + 2 * t + (i & 1)] = p[mt][j][i];
     __syncwarp();
@@ -367,8 +367,9 @@ __device__ __forceinline__ void prefill_load_kv_tile(
         load_row_chunk<KV, VEC, Cfg::V_RUN>(v_cache + phys * v_s_block + (long long)kv_head * v_s_head +
                                                 slot * v_s_token, c * VEC, v_s_run, vf);
       if (S::TOKEN_SCALES && c == 0) {
-        tok_sc[i] = kv_scale_at<ScaleMode::per_token_head>(k_scale, phys, slot, kv_head, ks_s_block, ks_s_head, ks_s_token);
-        tok_sc[S::KT + i] = kv_scale_at<ScaleMode::per_token_head>(v_scale, phys, slot, kv_head, vs_s_block, vs_s_head, vs_s_token);
+        constexpr ScaleMode TOKEN = ScaleMode::per_token_head;
+        tok_sc[i] = kv_scale_at<TOKEN>(k_scale, phys, slot, kv_head, ks_s_block, ks_s_head, ks_s_token);
+        tok_sc[S::KT + i] = kv_scale_at<TOKEN>(v_scale, phys, slot, kv_head, vs_s_block, vs_s_head, vs_s_token);
       }
     } else {
 #pragma unroll
@@ -629,8 +630,8 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   if constexpr (S::TOKEN_SCALES && IsSame<T, __half>::value) {
     float mx = 0.0f;
     for (int key = lo + tid; key < hi; key += S::THREADS)
-      mx = fmaxf(mx, kv_scale_at<ScaleMode::per_token_head>(v_scale, table[key / Cfg::BLOCK_SIZE], key % Cfg::BLOCK_SIZE, kv_head, vs_s_block,
-                                    vs_s_head, vs_s_token));
+      mx = fmaxf(mx, kv_scale_at<ScaleMode::per_token_head>(v_scale, table[key / Cfg::BLOCK_SIZE], key % Cfg::BLOCK_SIZE,
+                                                            kv_head, vs_s_block, vs_s_head, vs_s_token));
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off, 32));
     float* red = reinterpret_cast<float*>(smem);  // the Q tile's first bytes: Q is stored after this
@@ -657,13 +658,13 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   }
 
   // This lane's rows: g and g + 8 of each of the warp's MT m16 tiles (index 2 * mt + rr).
-  constexpr int MT = S::MT, R = 2 * MT;
+  constexpr int MT = S::MT, LANE_ROWS = 2 * MT;
   // row q's packed index in the sequence, and its position (recomputed where needed: fewer live registers)
   auto row_at = [&](int q) { return r0 + warp * S::WROWS + 16 * (q / 2) + g + 8 * (q % 2); };
   auto row_pos = [&](int q) { return pos0 + row_at(q) / G; };
-  float slope[Cfg::ALIBI ? R : 1];
+  float slope[Cfg::ALIBI ? LANE_ROWS : 1];
 #pragma unroll
-  for (int q = 0; q < (Cfg::ALIBI ? R : 1); ++q)
+  for (int q = 0; q < (Cfg::ALIBI ? LANE_ROWS : 1); ++q)
     slope[q] = Cfg::ALIBI && row_at(q) - r0 < rows ? alibi_slopes[kv_head * G + row_at(q) % G] : 0.0f;
   const int warp_rows = rows - warp * S::WROWS;  // <= 0: an idle warp
   const int warp_pos_first = pos0 + (r0 + warp * S::WROWS) / G;
@@ -676,9 +677,9 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   constexpr bool PLAIN = Logits<Cfg>::LINEAR && !S::TOKEN_SCALES;
   const TileSoftmax softmax = TileSoftmax::of(PLAIN ? Logits<Cfg>::raw_scale(qk_scale) : 1.0f);
 
-  SoftmaxState st[R];
+  SoftmaxState st[LANE_ROWS];
 #pragma unroll
-  for (int q = 0; q < R; ++q) st[q] = SoftmaxState::empty();
+  for (int q = 0; q < LANE_ROWS; ++q) st[q] = SoftmaxState::empty();
   float o[MT][S::ONT][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -729,15 +730,15 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
     // Warp-uniform: an idle warp, or (masked tiles) one whose rows see none of this tile's keys, skips it.
     if (warp_rows <= 0 || (masked && Keys::tile_unseen(kv0, KT, warp_pos_first, warp_pos_last)))
       continue;
-    float sm[MT][S::NT][4];
+    float sm[MT][S::N8][4];
     Math::qk(sm, q_s + warp * S::WROWS * S::LD, k_s, lane);
-    float m_tile[R];
+    float m_tile[LANE_ROWS];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      float(&s)[S::NT][4] = sm[mt];
+      float(&s)[S::N8][4] = sm[mt];
       m_tile[2 * mt] = m_tile[2 * mt + 1] = KGEN_NEG_INF;
 #pragma unroll
-      for (int j = 0; j < S::NT; ++j)
+      for (int j = 0; j < S::N8; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int rr = 2 * mt + (i >> 1), col = 8 * j + 2 * t + (i & 1), key = kv0 + col;
@@ -751,7 +752,7 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int j = 0; j < S::NT; ++j)
+        for (int j = 0; j < S::N8; ++j)
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const int rr = 2 * mt + (i >> 1), key = kv0 + 8 * j + 2 * t + (i & 1);
@@ -761,20 +762,20 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int j = 0; j < S::NT; ++j)
+      for (int j = 0; j < S::N8; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) m_tile[2 * mt + (i >> 1)] = fmaxf(m_tile[2 * mt + (i >> 1)], sm[mt][j][i]);
-    float mb[R];  // each row's exponent offset (TileSoftmax)
+    float mb[LANE_ROWS];  // each row's exponent offset (TileSoftmax)
 #pragma unroll
-    for (int rr = 0; rr < R; ++rr)  // the four lanes of a group hold the row's columns
+    for (int rr = 0; rr < LANE_ROWS; ++rr)  // the four lanes of a group hold the row's columns
       scale_row(o[rr / 2], rr % 2, softmax.raise(st[rr], quad_max(m_tile[rr]), mb[rr]));
-    float l_tile[R];  // this lane's share of the row sums; the lanes' shares add up at the end
+    float l_tile[LANE_ROWS];  // this lane's share of the row sums; the lanes' shares add up at the end
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      float(&s)[S::NT][4] = sm[mt];
+      float(&s)[S::N8][4] = sm[mt];
       l_tile[2 * mt] = l_tile[2 * mt + 1] = 0.0f;
 #pragma unroll
-      for (int j = 0; j < S::NT; ++j)
+      for (int j = 0; j < S::N8; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int rr = 2 * mt + (i >> 1);
@@ -783,32 +784,32 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
         }
       if constexpr (S::TOKEN_SCALES) {  // P V sees P times V's scales; l above is that of the real logits
 #pragma unroll
-        for (int j = 0; j < S::NT; ++j)
+        for (int j = 0; j < S::N8; ++j)
 #pragma unroll
           for (int i = 0; i < 4; ++i) s[j][i] *= tok_sc[S::KT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;
       }
     }
 #pragma unroll
-    for (int rr = 0; rr < R; ++rr) st[rr].l += l_tile[rr];
+    for (int rr = 0; rr < LANE_ROWS; ++rr) st[rr].l += l_tile[rr];
     Math::pv(o, sm, v_s, d0, dn, p_w, lane);
   }
 
 #pragma unroll
-  for (int rr = 0; rr < R; ++rr) {
+  for (int rr = 0; rr < LANE_ROWS; ++rr) {
     st[rr].l = quad_sum(st[rr].l);
   }
-  bool row_ok[R];
-  int row_tok[R], row_head[R];
+  bool row_ok[LANE_ROWS];
+  int row_tok[LANE_ROWS], row_head[LANE_ROWS];
 #pragma unroll
-  for (int rr = 0; rr < R; ++rr) {
+  for (int rr = 0; rr < LANE_ROWS; ++rr) {
     const int pr = row_at(rr);
     row_ok[rr] = pr - r0 < rows;
     row_tok[rr] = q_begin + pr / G;
     row_head[rr] = kv_head * G + pr % G;
   }
-  float sink[R];  // single pass: each row's sink once, at the end (a partial holds none)
+  float sink[LANE_ROWS];  // single pass: each row's sink once, at the end (a partial holds none)
 #pragma unroll
-  for (int rr = 0; rr < R; ++rr) {
+  for (int rr = 0; rr < LANE_ROWS; ++rr) {
     sink[rr] = 1.0f;
     if (sinks != nullptr && !split && row_ok[rr]) sink[rr] = st[rr].add_sink(sinks[row_head[rr]]);
   }
@@ -834,7 +835,7 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   }
   if (slice == 0 && t == 0) {
 #pragma unroll
-    for (int rr = 0; rr < R; ++rr) {
+    for (int rr = 0; rr < LANE_ROWS; ++rr) {
       if (!row_ok[rr]) continue;
       write_row_state(st[rr], (long long)row_tok[rr] * Cfg::NUM_Q_HEADS + row_head[rr], part, max_partitions,
                       split, part_ml, lse);

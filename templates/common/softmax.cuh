@@ -1,5 +1,8 @@
-// The online softmax of kgen's attention bodies, once: decode (paged_decode.cuh) and prefill
-// (paged_prefill.cuh) both include it, and their split-KV merge kernels share one body.
+// The online-softmax state of kgen's attention bodies and their split-KV contract, once: every
+// attention source includes it (decode, prefill and MLA), and their merge kernels share one body.
+// How a body updates a row's state tile by tile (one numeric: exp2 with log2(e) folded into the
+// scale) is attention/softmax_tile.cuh's TileSoftmax; which keys a row sees, attention/visibility.cuh;
+// the logit policy (when the scale may fold into the exponent), attention/logits.cuh.
 //
 //   SoftmaxState           running max m and sum l of one row, its merges and its LSE
 //   adjust_logit           a logit's adjustments after the scaled dot product (soft-cap, ALiBi)

@@ -89,8 +89,8 @@ MUTATIONS = [
     ("split_lse_without_max", {}, {"partition_size": 32, "mma_min_group": 0},
      "return m + logf(l);", "return logf(l);", {"mixed_batch_lse"}, {"mixed_batch"}),
     ("last_output_element_unwritten", {}, CUDA_CORES,
-     "for (int i = tid; i < G * DV; i += T) {\n    const int g = i / DV, d = i % DV;\n    SoftmaxState blk",
-     "for (int i = tid; i < G * DV - 1; i += T) {\n    const int g = i / DV, d = i % DV;\n    SoftmaxState blk",
+     "for (int i = tid; i < G * DV; i += THREADS) {\n    const int g = i / DV, d = i % DV;\n    SoftmaxState blk",
+     "for (int i = tid; i < G * DV - 1; i += THREADS) {\n    const int g = i / DV, d = i % DV;\n    SoftmaxState blk",
      {"len_1", "long", "mixed_batch"}, set()),
     # attention sinks (softmax.cuh's add_sink): once per row, at the end or in the merge, as given
     ("sink_added_per_partition", {"attention.sinks": True}, {"partition_size": 32, "mma_min_group": 0},
