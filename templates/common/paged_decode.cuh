@@ -36,6 +36,7 @@
 #include "kgen/attention/visibility.cuh"
 #include "kgen/attention/logits.cuh"
 #include "kgen/attention/softmax_tile.cuh"
+#include "kgen/attention/stage_ring.cuh"
 
 namespace kgen {
 
@@ -373,12 +374,8 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
   auto issue = [&](int tile, int stage) {  // tile `tile` into pipeline stage `stage`
     copier.issue(smem + stage * S::STAGE_BYTES, tile0 + tile * NT, tok_begin, tok_end);
   };
-  // The first STAGES - 1 tiles are requested before anything else is done.
-#pragma unroll
-  for (int t = 0; t < STAGES - 1; ++t) {
-    if (t < ntiles) issue(t, t);
-    cp_async_commit();
-  }
+  // The first STAGES - 1 tiles are requested before anything else is done (attention/stage_ring.cuh).
+  StageRing<STAGES>::start(ntiles, [&](int t) { issue(t, t); });
 
   // This thread's heads (a head past the group repeats the last one; its results are dropped),
   // their queries in registers (dims (c * LANES + lane) * VEC + i), slopes, states, outputs.
@@ -423,19 +420,7 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
   // cur: the stage computed (tile % STAGES); prev: the one computed before, refilled this time.
   int cur = 0, prev = STAGES - 1;
   for (int tile = 0; tile < ntiles; ++tile) {
-    if (STAGES == 1) {
-      __syncthreads();  // everybody is done with the buffer
-      issue(tile, 0);
-      cp_async_commit();
-      cp_async_wait<0>();
-    } else {
-      cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();  // this thread's copies of `tile` have landed
-    }
-    __syncthreads();  // everybody's have; and everybody is done with tile - 1, whose buffer is refilled next
-    if (STAGES > 1) {
-      if (tile + STAGES - 1 < ntiles) issue(tile + STAGES - 1, prev);
-      cp_async_commit();
-    }
+    StageRing<STAGES>::next(tile, ntiles, [&](int t) { issue(t, prev); });  // (STAGES 1: prev is 0)
 
     const unsigned char* stage = smem + cur * S::STAGE_BYTES;
     prev = cur;

@@ -517,11 +517,7 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
                                k_s_run, v_s_block, v_s_head, v_s_token, ks_s_block, ks_s_head, ks_s_token,
                                vs_s_block, vs_s_head, vs_s_token);
   };
-#pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i) {
-    if (i < ntiles) issue(i);
-    cp_async_commit();
-  }
+  StageRing<STAGES>::start(ntiles, issue);  // attention/stage_ring.cuh
 
   // Q's A fragments: rows g and g + 8 (query heads; zeros past the group), reduction index k of
   // chunk c at head_dim column 16c + qk_column(k).
@@ -577,19 +573,7 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
 
   // The loop bound is uniform across the block, so every thread reaches every barrier.
   for (int tile = 0; tile < ntiles; ++tile) {
-    if (STAGES == 1) {
-      __syncthreads();  // everybody is done with the buffer
-      issue(tile);
-      cp_async_commit();
-      cp_async_wait<0>();
-    } else {
-      cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();  // this thread's copies of `tile` have landed
-    }
-    __syncthreads();  // every warp's copies have landed, and every warp is done with tile - 1: refill its stage
-    if (STAGES > 1) {
-      if (tile + STAGES - 1 < ntiles) issue(tile + STAGES - 1);
-      cp_async_commit();
-    }
+    StageRing<STAGES>::next(tile, ntiles, issue);
     const int pos_w = tile0 + tile * NT + 16 * warp;  // the warp's first token
     if (!keys.meets(pos_w, 16)) continue;  // warp-uniform: none of its tokens is seen
     const unsigned char* stage = smem + (tile % STAGES) * S::STAGE_BYTES;

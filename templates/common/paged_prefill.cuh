@@ -48,6 +48,7 @@
 #include "kgen/attention/visibility.cuh"
 #include "kgen/attention/logits.cuh"
 #include "kgen/attention/softmax_tile.cuh"
+#include "kgen/attention/stage_ring.cuh"
 
 namespace kgen {
 
@@ -600,14 +601,9 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
                             v_s_token, v_s_run, ks_s_block, ks_s_head, ks_s_token, vs_s_block, vs_s_head,
                             vs_s_token);
   };
-  // The first STAGES - 1 tiles are requested before anything else is done (Q's loads overlap them).
-  if constexpr (S::PATH != 2) {
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) {
-      if (i < ntiles) issue(i);
-      cp_async_commit();
-    }
-  }
+  // The first STAGES - 1 tiles are requested before anything else is done (Q's loads overlap them;
+  // attention/stage_ring.cuh).
+  if constexpr (S::PATH != 2) StageRing<STAGES>::start(ntiles, issue);
   // K's zero padding past head_dim (columns D .. DK of every K operand tile): copies never touch it.
   if (S::DK > S::D) {
     constexpr int PAD = S::DK - S::D, NK = S::PATH == 0 ? STAGES : 1;
@@ -705,19 +701,7 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
                                 vs_s_head, vs_s_token);
       __syncthreads();
     } else {
-      if (STAGES == 1) {
-        __syncthreads();  // everybody is done with the buffer
-        issue(k);
-        cp_async_commit();
-        cp_async_wait<0>();
-      } else {
-        cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();  // this thread's copies of the tile have landed
-      }
-      __syncthreads();  // everybody's have; Q is stored; everybody is done with tile - 1, whose buffers are refilled next
-      if (STAGES > 1) {
-        if (k + STAGES - 1 < ntiles) issue(k + STAGES - 1);
-        cp_async_commit();
-      }
+      StageRing<STAGES>::next(k, ntiles, issue);  // (its barrier: Q is stored too)
       const unsigned char* stage = stages + (k % STAGES) * S::STAGE_BYTES;
       if constexpr (S::PATH == 0) {
         k_s = reinterpret_cast<const T*>(stage);

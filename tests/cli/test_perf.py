@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 from click.testing import CliRunner
-from conftest import ROOT, TINY_DECODE, run_kgen, write_spec
+from conftest import ROOT, TINY_DECODE, inline_provided, run_kgen, write_spec
 from sass_tools import needs_sass
 
 from benchmarks import static_perf as sp
@@ -25,8 +25,9 @@ LLAMA = ROOT / "specs" / "llama3_8b_decode.yaml"
 PREFILL = ROOT / "specs" / "llama3_8b_prefill.yaml"
 WAIT = "      cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();  // this thread's copies of `tile` have landed\n"
 SERIAL = ("      cp_async_wait<0>();  // serialised: every copy in flight lands before the tile is used\n"
-          "      __syncthreads();\n"
-          "      if (*(volatile const int*)(seq_lens + seq) < 0) return;  // a dependent global read per tile\n")
+          "      __syncthreads();\n")
+NEXT = "    StageRing<STAGES>::next(tile, ntiles, [&](int t) { issue(t, prev); });"  # the CUDA-core body's ring step
+READ = "\n    if (*(volatile const int*)(seq_lens + seq) < 0) return;  // a dependent global read per tile"
 
 
 @needs_sass
@@ -107,9 +108,11 @@ def test_margin_parsing_and_slower_cells():
 def test_require_speed_fails_a_serialised_kernel_and_passes_kgens_own(tmp_path):
     spec = write_spec(tmp_path, yaml.safe_dump(TINY_DECODE))
     own = run_kgen("show", str(spec), "--config", "partition_size=0")  # the ABI's single-pass launch
-    assert own.returncode == 0 and WAIT in own.stdout, own.stderr
+    assert own.returncode == 0, own.stderr
+    ring = inline_provided(own.stdout, "kgen/attention/stage_ring.cuh")  # its wait, as kernel code
+    assert ring.count(WAIT) == 1 and ring.count(NEXT) == 1
     (tmp_path / "own.cu").write_text(own.stdout)
-    (tmp_path / "slow.cu").write_text(own.stdout.replace(WAIT, SERIAL))
+    (tmp_path / "slow.cu").write_text(ring.replace(WAIT, SERIAL).replace(NEXT, NEXT + READ))
     r = run_kgen("verify", str(spec), "--source", str(tmp_path / "own.cu"), "--backend", "cpu", "--require-speed")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "time ratio kgen (ABI launch) / source" in r.stdout and "| 64x4096" in r.stdout

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import inline_provided
 
 import kgen
 from kgen.compile.host import compile_host
@@ -266,8 +267,9 @@ def test_generated_decode_without_a_barrier_is_reported():
     the barrier between the wait for a tile's copies and reading the tile, and it names both lines."""
     spec = kgen.load_spec(SPECS / "llama3_8b_decode.yaml")  # the CUDA-core body (mma_min_group 0)
     kern = kgen.build(spec, backend="cpu", config={"mma_min_group": 0}, verify=False, race_check=True)
-    barrier = kern.source.index("__syncthreads();  // everybody's have")
-    mutant = kern.source[:barrier] + kern.source[barrier + len("__syncthreads();"):]
+    source = inline_provided(kern.source, "kgen/attention/stage_ring.cuh")  # the stage ring, as kernel code
+    barrier = source.index("__syncthreads();  // everybody's have")
+    mutant = source[:barrier] + source[barrier + len("__syncthreads();"):]
     kern.module = CpuModule.from_source(mutant, kern.kernel_names, race_check=True)
     report = verify(kern, seed=1, cases=["len_B+1"])  # the runtime's error is the case's verdict
     assert not report.passed

@@ -32,9 +32,11 @@ def _spec(**overrides):
 
 def _kernel(spec, config=None, old: str | None = None, new: str = "") -> Kernel:
     """kgen's source, with softmax.cuh (the online softmax, split-KV contract and merge body the
-    decode source includes) and attention/visibility.cuh (the key rule) copied in, and with one edit."""
+    decode source includes), attention/visibility.cuh (the key rule) and attention/stage_ring.cuh copied
+    in, and with one edit."""
     r = render(spec, config)
     src = inline_provided(inline_provided(r.source), "kgen/attention/visibility.cuh")
+    src = inline_provided(src, "kgen/attention/stage_ring.cuh")
     if old is not None:
         assert src.count(old) == 1, f"mutation target not found exactly once: {old!r}"
         src = src.replace(old, new)
@@ -120,7 +122,7 @@ MUTATIONS = [
      "if (S::TOKEN_SCALES) s[j][i] *= ss[NT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;", "",
      {"long"}, {"len_1"}),  # one key: v_ref is its own scale, and the output times v_ref is right
     ("mma_stage_refilled_without_barrier", {}, {"mma_min_group": 4},  # fp16 group 4: tensor cores on request
-     "    __syncthreads();  // every warp's copies have landed, and every warp is done with tile - 1: refill its stage\n",
+     "    __syncthreads();  // everybody's have; and everybody is done with tile - 1, whose stage is refilled next\n",
      "", {"len_1"}, set()),  # the race checker stops at the first case (a shared-memory race report)
 ]
 

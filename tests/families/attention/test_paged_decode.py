@@ -269,12 +269,11 @@ def test_reading_a_tile_before_its_copies_land_fails_verification(stages, mid, o
     a tile before its own wait, or before the barrier after everybody's, fails the case matrix."""
     spec = _spec()
     rendered = render(spec, {"stages": stages})
-    source = inline_provided(rendered.source)  # the body as kernel code (a provided header)
+    source = inline_provided(inline_provided(rendered.source), "kgen/attention/stage_ring.cuh")  # body and ring as kernel code
     assert source.count(old) == 1
-    good = kernel_from_source(spec, rendered.source, backend="cpu", config=rendered.config, archs=[])
+    good = kernel_from_source(spec, source, backend="cpu", config=rendered.config, archs=[])
     assert verify(good, seed=3).passed
-    mutant = kernel_from_source(spec, source.replace(old, new), backend="cpu", config=rendered.config,
-                                archs=[])
+    mutant = kernel_from_source(spec, source.replace(old, new), backend="cpu", config=rendered.config, archs=[])
     report = verify(mutant, seed=3)
     assert not report.passed, mid
     # A hand-written source runs with race detection, which stops the matrix at the first case
