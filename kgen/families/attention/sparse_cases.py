@@ -21,6 +21,7 @@ from kgen.families.attention.decode_cases import (
 from kgen.families.attention.mla_cases import make_mla_case
 from kgen.families.attention.serving import prefill_output
 from kgen.families.base import Bench, Case, Config
+from kgen.formats import ds_mla
 from kgen.formats.cache import CacheFormat
 from kgen.formats.dtypes import dtype
 from kgen.verify.judge.bounds import check_output, head_dims
@@ -69,7 +70,10 @@ def poison_unnamed(spec, args: dict, indices: np.ndarray) -> None:
     named = np.zeros(kv.shape[0] * B, dtype=bool)
     named[indices[indices >= 0]] = True
     blocks, offsets = np.divmod(np.nonzero(~named)[0], B)
-    kv[blocks, offsets] = np.asarray(poison(spec.kv_cache.dtype)).astype(kv.dtype)
+    if CacheFormat.of(spec).ds_mla:  # 656-byte rows: NaN bytes in the latent, scale and rope parts
+        kv[blocks, offsets] = ds_mla.poison_rows((blocks.size,))
+    else:
+        kv[blocks, offsets] = np.asarray(poison(spec.kv_cache.dtype)).astype(kv.dtype)
     if CacheFormat.of(spec).per_token:
         args["kv_scale"][blocks, offsets] = np.nan
 

@@ -16,6 +16,7 @@ from kgen.compile.nvrtc import compile_cubin
 from kgen.errors import ArgumentError, SpecError
 from kgen.families.attention.reference import attention_reference
 from kgen.families.attention.sparse_cases import draw_row, make_sparse_case
+from kgen.formats.cache import from_layout
 from kgen.render import render
 from kgen.verify.runner import verify
 from kgen.verify.untrusted.handwritten import kernel_from_source
@@ -271,3 +272,27 @@ def test_bundled_v32_sparse_prefill_example_verifies_and_does_not_spill():
     assert kern.report.passed, kern.report.summary()
     for name, res in kern.resources["sm_90"].items():
         assert res["spill_stores"] == 0 and res["spill_loads"] == 0 and res["registers"] > 0, (name, res)
+
+
+# DeepSeek-V3.2's own combination: sparse attention over its fp8_ds_mla cache (656-byte rows whose
+# unnamed slots the cases fill with NaN bytes in all three parts).
+@pytest.mark.parametrize("kind,partition", [("paged_decode", 32), ("paged_prefill", 0)], ids=["decode-split", "prefill"])
+def test_sparse_over_the_fp8_ds_mla_cache_verifies_on_cpu(kind, partition):
+    spec = _spec(kind=kind, **{"kv_cache.dtype": "fp8_ds_mla", "attention.sparse_topk": 64})
+    config = {"partition_size": partition} if kind == "paged_decode" else {}
+    kern = kgen.build(spec, backend="cpu", verify=False, archs=[], config=config)
+    report = verify(kern, seed=5)
+    assert report.passed, report.summary() + "\n" + "\n".join(c.note or "" for c in report.failed_cases)
+
+
+def test_unnamed_fp8_ds_mla_slots_read_as_nan_and_named_ones_do_not():
+    """The cases' poison reaches every part of a 656-byte row (a uint8 NaN cast would leave zeros)."""
+    spec = _spec(**{"kv_cache.dtype": "fp8_ds_mla", "attention.sparse_topk": 64})
+    args = make_sparse_case(spec, [40, 17], [1, 1], np.random.default_rng(3))
+    k, _ = from_layout(spec, args)  # [N, B, 1, 576] real values
+    flat = k.reshape(-1, k.shape[-1])
+    named = np.zeros(flat.shape[0], dtype=bool)
+    named[args["indices"][args["indices"] >= 0]] = True
+    assert named.any() and (~named).any()
+    assert np.isnan(flat[~named]).all()
+    assert np.isfinite(flat[named]).all()
