@@ -10,8 +10,9 @@ from typing import Any
 
 from kgen.errors import KgenUserError, SpecError
 from kgen.families.registry import family_for, support_problems
-from kgen.fib.schema import Definition
+from kgen.fib.schema import Definition, parse
 from kgen.spec.models import spec_from_dict
+from kgen.version import __version__
 
 DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 FIB_DTYPES = {v: k for k, v in DTYPES.items()}
@@ -91,3 +92,98 @@ def dtype_suffix(spec, name: str) -> str:
 
 def solution_name(spec) -> str:
     return f"kgen_{spec.name}"
+
+
+def paging_inputs(spec) -> dict[str, Any]:
+    """The inputs every paged Definition ends with, in FlashInfer-Bench's order: prefill's qo_indptr,
+    kv_indptr, kv_indices, kv_last_page_len (pages of more than one token), sm_scale."""
+    out: dict[str, Any] = {}
+    if is_prefill(spec):
+        out["qo_indptr"] = {"shape": ["len_indptr"], "dtype": "int32",
+                            "description": "request i owns query rows qo_indptr[i] .. qo_indptr[i+1]-1"}
+    out["kv_indptr"] = {"shape": ["len_indptr"], "dtype": "int32",
+                        "description": "request i owns pages kv_indices[kv_indptr[i]:kv_indptr[i+1]]"}
+    out["kv_indices"] = {"shape": ["num_kv_indices"], "dtype": "int32", "description": "page ids"}
+    if spec.kv_cache.block_size > 1:
+        out["kv_last_page_len"] = {"shape": ["batch_size"], "dtype": "int32",
+                                   "description": "tokens in each request's last page (1..page_size)"}
+    out["sm_scale"] = {"shape": None, "dtype": "float32",
+                       "description": f"softmax scale; kgen's kernel is built for {spec.softmax_scale_value!r}"}
+    return out
+
+
+def paged_definition(spec, name: str, op: str, *, const_axes: dict[str, int], description: str, inputs: dict[str, Any],
+                     out_dim: str, reference: str) -> dict[str, Any]:
+    """The paged Definition `name` (a dict), validated against kgen.fib.schema.Definition: `const_axes`
+    and the paged var axes, the paging constraints, `inputs`, the outputs output [rows, num_qo_heads,
+    `out_dim`] and lse (base 2), the reference source."""
+    prefill = is_prefill(spec)
+    rows = "total_q" if prefill else "batch_size"
+    axes: dict[str, Any] = {name: {"type": "const", "value": value} for name, value in const_axes.items()}
+    for var in (["total_q"] if prefill else []) + ["batch_size", "num_pages", "len_indptr", "num_kv_indices"]:
+        axes[var] = {"type": "var"}
+    constraints = (["total_q == qo_indptr[-1]"] if prefill else []) + [
+        "len_indptr == batch_size + 1", "num_kv_indices == kv_indptr[-1]", f"sm_scale == {spec.softmax_scale_value!r}"]
+    stage = "prefill" if prefill else "decode"
+    doc = {
+        "name": name, "op_type": op,
+        "description": f"{description} Exported by kgen {__version__} from spec '{spec.name}' (kgen fib export).",
+        "tags": ["source:kgen", f"kgen:spec:{spec.name}", f"stage:{stage}"],
+        "axes": axes, "constraints": constraints, "inputs": inputs,
+        "outputs": {"output": {"shape": [rows, "num_qo_heads", out_dim], "dtype": FIB_DTYPES[spec.dtype.resolved_out],
+                               "description": "attention output"},
+                    "lse": {"shape": [rows, "num_qo_heads"], "dtype": "float32",
+                            "description": "base-2 log-sum-exp of the scaled logits (-inf for a row with no key)"}},
+        "reference": reference,
+    }
+    parse(Definition, doc, f"{name} (exported)")  # kgen writes only what its schema accepts
+    return doc
+
+
+def what_it_computes(spec) -> str:
+    """decode, prefill or causal prefill: the stage a Definition's description names."""
+    prefill = is_prefill(spec)
+    return "causal prefill" if prefill and spec.attention.causal else ("prefill" if prefill else "decode")
+
+
+def reference_fields(spec) -> dict[str, Any]:
+    """The format fields both references take: the page size, causality, and the expressions of each
+    request's last-page length and query-row starts."""
+    prefill = is_prefill(spec)
+    return {"page": spec.kv_cache.block_size, "causal": prefill and spec.attention.causal,
+            "last": ("_ints(kv_last_page_len)" if spec.kv_cache.block_size > 1
+                     else "np.minimum(indptr[1:] - indptr[:-1], 1) * PAGE_SIZE  # one token per page"),
+            "q_starts": "_ints(qo_indptr)" if prefill else "np.arange(batch + 1)  # one query row per request"}
+
+
+# The exported references' shared helpers (plain text: every reference is one self-contained file).
+REFERENCE_HELPERS = '''\
+def _f64(x):
+    if hasattr(x, "detach"):
+        x = x.detach().cpu()
+        return (x.double() if x.is_floating_point() else x).numpy().astype(np.float64)
+    return np.asarray(x).astype(np.float64)
+
+
+def _ints(x):
+    if hasattr(x, "detach"):
+        return x.detach().cpu().numpy().astype(np.int64)
+    return np.asarray(x).astype(np.int64)
+
+
+def _weights(logits, causal):
+    """(softmax weights, base-2 lse [q_len, heads]) of one request's logits [heads, q_len, kv_len]; causal:
+    row i of the chunk sits at kv_len - q_len + i and sees the keys up to there; a row with no key:
+    weights 0, lse -inf."""
+    q_len, kv_len = logits.shape[1], logits.shape[2]
+    if causal:
+        visible = np.arange(kv_len)[None, :] <= (kv_len - q_len + np.arange(q_len))[:, None]
+        logits = np.where(visible[None], logits, -np.inf)
+    m = logits.max(axis=-1, keepdims=True)
+    seen = np.isfinite(m)
+    p = np.where(seen, np.exp(logits - np.where(seen, m, 0.0)), 0.0)
+    total = p.sum(axis=-1, keepdims=True)
+    ok = total[..., 0] > 0
+    lse = np.where(ok, (m[..., 0] + np.log(np.where(ok, total[..., 0], 1.0))) / math.log(2.0), -np.inf).T
+    return p / np.where(total > 0, total, 1.0), lse
+'''

@@ -19,15 +19,20 @@ from kgen.fib import mla
 from kgen.fib.common import (
     DTYPES,
     FIB_DTYPES,
+    REFERENCE_HELPERS,
     checked_spec,
     chosen_scale,
     dtype_suffix,
     fib_kind,
     is_prefill,
     op_type,
+    paged_definition,
+    paging_inputs,
+    reference_fields,
     refuse,
     solution_name,
     spec_name,
+    what_it_computes,
 )
 from kgen.fib.schema import Definition, Solution, parse
 from kgen.formats.cache import CacheFormat
@@ -187,8 +192,7 @@ def input_names(spec) -> list[str]:
 
 def _inputs(spec) -> tuple[dict[str, Any], list[str]]:
     """(inputs, names in `run`'s parameter order)."""
-    prefill = is_prefill(spec)
-    rows = "total_q" if prefill else "batch_size"
+    rows = "total_q" if is_prefill(spec) else "batch_size"
     q_t, kv_t = FIB_DTYPES[spec.dtype.q], FIB_DTYPES[spec.kv_cache.dtype]
     cache = (["num_pages", "page_size", "num_kv_heads", "head_dim"] if spec.kv_cache.resolved_order == "NHD"
              else ["num_pages", "num_kv_heads", "page_size", "head_dim"])
@@ -196,18 +200,8 @@ def _inputs(spec) -> tuple[dict[str, Any], list[str]]:
         "q": {"shape": [rows, "num_qo_heads", "head_dim"], "dtype": q_t, "description": "queries"},
         "k_cache": {"shape": cache, "dtype": kv_t, "description": f"paged K cache ({spec.kv_cache.resolved_order})"},
         "v_cache": {"shape": cache, "dtype": kv_t, "description": f"paged V cache ({spec.kv_cache.resolved_order})"},
+        **paging_inputs(spec),
     }
-    if prefill:
-        inputs["qo_indptr"] = {"shape": ["len_indptr"], "dtype": "int32",
-                               "description": "request i owns query rows qo_indptr[i] .. qo_indptr[i+1]-1"}
-    inputs["kv_indptr"] = {"shape": ["len_indptr"], "dtype": "int32",
-                           "description": "request i owns pages kv_indices[kv_indptr[i]:kv_indptr[i+1]]"}
-    inputs["kv_indices"] = {"shape": ["num_kv_indices"], "dtype": "int32", "description": "page ids"}
-    if spec.kv_cache.block_size > 1:
-        inputs["kv_last_page_len"] = {"shape": ["batch_size"], "dtype": "int32",
-                                      "description": "tokens in each request's last page (1..page_size)"}
-    inputs["sm_scale"] = {"shape": None, "dtype": "float32",
-                          "description": f"softmax scale; kgen's kernel is built for {spec.softmax_scale_value!r}"}
     return inputs, list(inputs)
 
 
@@ -217,38 +211,14 @@ def spec_to_definition(spec) -> dict[str, Any]:
     if op_type(spec) == mla.OP_TYPE:
         return mla.spec_to_definition(spec)
     a, kv = spec.attention, spec.kv_cache
-    prefill = is_prefill(spec)
     inputs, params = _inputs(spec)
-    axes: dict[str, Any] = {"num_qo_heads": {"type": "const", "value": a.num_q_heads},
-                            "num_kv_heads": {"type": "const", "value": a.num_kv_heads},
-                            "head_dim": {"type": "const", "value": a.head_dim},
-                            "page_size": {"type": "const", "value": kv.block_size}}
-    for var in (["total_q"] if prefill else []) + ["batch_size", "num_pages", "len_indptr", "num_kv_indices"]:
-        axes[var] = {"type": "var"}
-    rows = "total_q" if prefill else "batch_size"
-    constraints = ["len_indptr == batch_size + 1", "num_kv_indices == kv_indptr[-1]",
-                   f"sm_scale == {spec.softmax_scale_value!r}"]
-    if prefill:
-        constraints.insert(0, "total_q == qo_indptr[-1]")
-    what = "causal prefill" if prefill and a.causal else ("prefill" if prefill else "decode")
-    doc = {
-        "name": definition_name(spec),
-        "op_type": OP_TYPE,
-        "description": (f"Paged GQA {what}: {a.num_q_heads} query heads, {a.num_kv_heads} KV heads, head_dim "
-                        f"{a.head_dim}, {kv.block_size} tokens per page; lse is base 2. Exported by kgen "
-                        f"{__version__} from spec '{spec.name}' (kgen fib export)."),
-        "tags": ["source:kgen", f"kgen:spec:{spec.name}", f"stage:{'prefill' if prefill else 'decode'}"],
-        "axes": axes,
-        "constraints": constraints,
-        "inputs": inputs,
-        "outputs": {"output": {"shape": [rows, "num_qo_heads", "head_dim"], "dtype": FIB_DTYPES[spec.dtype.resolved_out],
-                               "description": "attention output"},
-                    "lse": {"shape": [rows, "num_qo_heads"], "dtype": "float32",
-                            "description": "base-2 log-sum-exp of the scaled logits (-inf for a row with no key)"}},
-        "reference": reference_source(spec, params),
-    }
-    parse(Definition, doc, f"{doc['name']} (exported)")  # kgen writes only what its schema accepts
-    return doc
+    return paged_definition(
+        spec, definition_name(spec), OP_TYPE,
+        const_axes={"num_qo_heads": a.num_q_heads, "num_kv_heads": a.num_kv_heads, "head_dim": a.head_dim,
+                    "page_size": kv.block_size},
+        description=(f"Paged GQA {what_it_computes(spec)}: {a.num_q_heads} query heads, {a.num_kv_heads} KV heads, "
+                     f"head_dim {a.head_dim}, {kv.block_size} tokens per page; lse is base 2."),
+        inputs=inputs, out_dim="head_dim", reference=reference_source(spec, params))
 
 
 _REFERENCE = '''\
@@ -264,18 +234,7 @@ NHD = {nhd}  # cache order: [num_pages, page_size, num_kv_heads, head_dim] (else
 CAUSAL = {causal}
 
 
-def _f64(x):
-    if hasattr(x, "detach"):
-        x = x.detach().cpu()
-        return (x.double() if x.is_floating_point() else x).numpy().astype(np.float64)
-    return np.asarray(x).astype(np.float64)
-
-
-def _ints(x):
-    if hasattr(x, "detach"):
-        return x.detach().cpu().numpy().astype(np.int64)
-    return np.asarray(x).astype(np.int64)
-
+{helpers}
 
 def _gather(cache, pages, kv_len):
     rows = cache[pages]  # [n, page, H, D] or [n, H, page, D]
@@ -304,18 +263,8 @@ def run({params}):
         if r1 == r0 or kv_len == 0:
             continue
         logits = np.einsum("rhd,khd->hrk", qd[r0:r1], k) * scale  # [hq, q_len, kv_len]
-        if CAUSAL:
-            q_len = r1 - r0
-            visible = np.arange(kv_len)[None, :] <= (kv_len - q_len + np.arange(q_len))[:, None]
-            logits = np.where(visible[None], logits, -np.inf)
-        m = logits.max(axis=-1, keepdims=True)
-        seen = np.isfinite(m)
-        p = np.where(seen, np.exp(logits - np.where(seen, m, 0.0)), 0.0)
-        total = p.sum(axis=-1, keepdims=True)
-        o = np.einsum("hrk,khd->rhd", p, v) / np.where(total > 0, total, 1.0).transpose(1, 0, 2)
-        out[r0:r1] = o
-        lse[r0:r1] = np.where(total[..., 0] > 0, (m[..., 0] + np.log(np.where(total[..., 0] > 0, total[..., 0], 1.0)))
-                              / math.log(2.0), -np.inf).T
+        w, lse[r0:r1] = _weights(logits, CAUSAL)
+        out[r0:r1] = np.einsum("hrk,khd->rhd", w, v)
     if hasattr(q, "detach"):
         import torch
 
@@ -325,14 +274,8 @@ def run({params}):
 
 
 def reference_source(spec, params: list[str]) -> str:
-    prefill = is_prefill(spec)
-    page = spec.kv_cache.block_size
-    last = ("_ints(kv_last_page_len)" if page > 1
-            else "np.minimum(indptr[1:] - indptr[:-1], 1) * PAGE_SIZE  # one token per page")
-    q_starts = "_ints(qo_indptr)" if prefill else "np.arange(batch + 1)  # one query row per request"
-    return _REFERENCE.format(name=definition_name(spec), spec=spec.name, page=page,
-                             nhd=spec.kv_cache.resolved_order == "NHD", causal=prefill and spec.attention.causal,
-                             params=", ".join(params), last=last, q_starts=q_starts)
+    return _REFERENCE.format(name=definition_name(spec), spec=spec.name, nhd=spec.kv_cache.resolved_order == "NHD",
+                             params=", ".join(params), helpers=REFERENCE_HELPERS, **reference_fields(spec))
 
 
 _ENTRY = '''\

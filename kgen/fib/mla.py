@@ -23,16 +23,20 @@ from typing import Any
 from kgen.fib.common import (
     DTYPES,
     FIB_DTYPES,
+    REFERENCE_HELPERS,
     checked_spec,
     chosen_scale,
     dtype_suffix,
     fib_kind,
     is_prefill,
+    paged_definition,
+    paging_inputs,
+    reference_fields,
     refuse,
     spec_name,
+    what_it_computes,
 )
-from kgen.fib.schema import Definition, parse
-from kgen.version import __version__
+from kgen.fib.schema import Definition
 
 OP_TYPE = "mla_paged"
 CONST_AXES = ("num_qo_heads", "head_dim_ckv", "head_dim_kpe", "page_size")
@@ -160,54 +164,23 @@ def inputs(spec) -> tuple[dict[str, Any], list[str]]:
                       "description": "paged compressed KV (the latent: K's first part and V)"},
         "kpe_cache": {"shape": ["num_pages", "page_size", "head_dim_kpe"], "dtype": kv_t,
                       "description": "paged rope keys (K's second part)"},
+        **paging_inputs(spec),
     }
-    if is_prefill(spec):
-        out["qo_indptr"] = {"shape": ["len_indptr"], "dtype": "int32",
-                            "description": "request i owns query rows qo_indptr[i] .. qo_indptr[i+1]-1"}
-    out["kv_indptr"] = {"shape": ["len_indptr"], "dtype": "int32",
-                        "description": "request i owns pages kv_indices[kv_indptr[i]:kv_indptr[i+1]]"}
-    out["kv_indices"] = {"shape": ["num_kv_indices"], "dtype": "int32", "description": "page ids"}
-    if spec.kv_cache.block_size > 1:
-        out["kv_last_page_len"] = {"shape": ["batch_size"], "dtype": "int32",
-                                   "description": "tokens in each request's last page (1..page_size)"}
-    out["sm_scale"] = {"shape": None, "dtype": "float32",
-                       "description": f"softmax scale; kgen's kernel is built for {spec.softmax_scale_value!r}"}
     return out, list(out)
 
 
 def spec_to_definition(spec) -> dict[str, Any]:
     """The mla_paged Definition of an exportable MLA spec (a dict, validated against the schema)."""
     a, dv, page = spec.attention, spec.v_head_dim_value, spec.kv_cache.block_size
-    prefill = is_prefill(spec)
     tensors, params = inputs(spec)
-    axes: dict[str, Any] = {"num_qo_heads": {"type": "const", "value": a.num_q_heads},
-                            "head_dim_ckv": {"type": "const", "value": dv},
-                            "head_dim_kpe": {"type": "const", "value": a.head_dim - dv},
-                            "page_size": {"type": "const", "value": page}}
-    for var in (["total_q"] if prefill else []) + ["batch_size", "num_pages", "len_indptr", "num_kv_indices"]:
-        axes[var] = {"type": "var"}
-    rows = "total_q" if prefill else "batch_size"
-    constraints = (["total_q == qo_indptr[-1]"] if prefill else []) + [
-        "len_indptr == batch_size + 1", "num_kv_indices == kv_indptr[-1]", f"sm_scale == {spec.softmax_scale_value!r}"]
-    what = "causal prefill" if prefill and a.causal else ("prefill" if prefill else "decode")
-    doc = {
-        "name": definition_name(spec),
-        "op_type": OP_TYPE,
-        "description": (f"Paged MLA {what} (absorbed): {a.num_q_heads} query heads over one latent row per token, "
-                        f"head_dim_ckv {dv}, head_dim_kpe {a.head_dim - dv}, {page} tokens per page; lse is base 2. "
-                        f"Exported by kgen {__version__} from spec '{spec.name}' (kgen fib export)."),
-        "tags": ["source:kgen", f"kgen:spec:{spec.name}", f"stage:{'prefill' if prefill else 'decode'}"],
-        "axes": axes,
-        "constraints": constraints,
-        "inputs": tensors,
-        "outputs": {"output": {"shape": [rows, "num_qo_heads", "head_dim_ckv"],
-                               "dtype": FIB_DTYPES[spec.dtype.resolved_out], "description": "attention output"},
-                    "lse": {"shape": [rows, "num_qo_heads"], "dtype": "float32",
-                            "description": "base-2 log-sum-exp of the scaled logits (-inf for a row with no key)"}},
-        "reference": reference_source(spec, params),
-    }
-    parse(Definition, doc, f"{doc['name']} (exported)")
-    return doc
+    return paged_definition(
+        spec, definition_name(spec), OP_TYPE,
+        const_axes={"num_qo_heads": a.num_q_heads, "head_dim_ckv": dv, "head_dim_kpe": a.head_dim - dv,
+                    "page_size": page},
+        description=(f"Paged MLA {what_it_computes(spec)} (absorbed): {a.num_q_heads} query heads over one latent "
+                     f"row per token, head_dim_ckv {dv}, head_dim_kpe {a.head_dim - dv}, {page} tokens per page; "
+                     "lse is base 2."),
+        inputs=tensors, out_dim="head_dim_ckv", reference=reference_source(spec, params))
 
 
 _REFERENCE = '''\
@@ -225,18 +198,7 @@ CAUSAL = {causal}
 OUT_DTYPE = "{out_dtype}"
 
 
-def _f64(x):
-    if hasattr(x, "detach"):
-        x = x.detach().cpu()
-        return (x.double() if x.is_floating_point() else x).numpy().astype(np.float64)
-    return np.asarray(x).astype(np.float64)
-
-
-def _ints(x):
-    if hasattr(x, "detach"):
-        return x.detach().cpu().numpy().astype(np.int64)
-    return np.asarray(x).astype(np.int64)
-
+{helpers}
 
 def _tokens(cache, pages, kv_len):
     """One request's rows [kv_len, dim] of a [num_pages, page_size, dim] cache."""
@@ -261,17 +223,8 @@ def run({params}):
             continue
         kc, kp = _tokens(ckv, pages, kv_len), _tokens(kpe, pages, kv_len)
         logits = (np.einsum("rhd,kd->hrk", qn[r0:r1], kc) + np.einsum("rhd,kd->hrk", qp[r0:r1], kp)) * scale
-        if CAUSAL:  # row i of a chunk of q_len sits at kv_len - q_len + i and sees the keys up to there
-            q_len = r1 - r0
-            visible = np.arange(kv_len)[None, :] <= (kv_len - q_len + np.arange(q_len))[:, None]
-            logits = np.where(visible[None], logits, -np.inf)
-        m = logits.max(axis=-1, keepdims=True)
-        seen = np.isfinite(m)
-        p = np.where(seen, np.exp(logits - np.where(seen, m, 0.0)), 0.0)
-        total = p.sum(axis=-1, keepdims=True)
-        out[r0:r1] = np.einsum("hrk,kd->rhd", p, kc) / np.where(total > 0, total, 1.0).transpose(1, 0, 2)
-        ok = total[..., 0] > 0
-        lse[r0:r1] = np.where(ok, (m[..., 0] + np.log(np.where(ok, total[..., 0], 1.0))) / math.log(2.0), -np.inf).T
+        w, lse[r0:r1] = _weights(logits, CAUSAL)
+        out[r0:r1] = np.einsum("hrk,kd->rhd", w, kc)
     if hasattr(q_nope, "detach"):
         import torch
 
@@ -281,15 +234,11 @@ def run({params}):
 
 
 def reference_source(spec, params: list[str]) -> str:
-    prefill = is_prefill(spec)
-    causal = prefill and spec.attention.causal
-    last = ("_ints(kv_last_page_len)" if spec.kv_cache.block_size > 1
-            else "np.minimum(indptr[1:] - indptr[:-1], 1) * PAGE_SIZE  # one token per page")
-    q_starts = "_ints(qo_indptr)" if prefill else "np.arange(batch + 1)  # one query row per request"
-    return _REFERENCE.format(name=definition_name(spec), spec=spec.name, page=spec.kv_cache.block_size,
-                             causal=causal, params=", ".join(params), last=last, q_starts=q_starts,
-                             out_dtype=FIB_DTYPES[spec.dtype.resolved_out],
-                             causal_doc=(", causal with the chunk at the end of the request" if causal else ""))
+    fields = reference_fields(spec)
+    return _REFERENCE.format(name=definition_name(spec), spec=spec.name, params=", ".join(params),
+                             out_dtype=FIB_DTYPES[spec.dtype.resolved_out], helpers=REFERENCE_HELPERS,
+                             causal_doc=(", causal with the chunk at the end of the request" if fields["causal"] else ""),
+                             **fields)
 
 
 _RUN = '''\
