@@ -12,9 +12,10 @@ One size for every sequence also balances a batch of very different lengths: no 
 more than `partition_tokens` keys, a long sequence gets many blocks and a short one a single
 block.
 
-Prefill (kgen/families/attention/prefill.py) plans with the same rule: each (sequence, KV head,
-partition) there is one block per tile of query rows (`weights`), and a chunk's first row sees
-from `seq_len - q_len - window + 1` (a per-sequence `window`).
+Prefill (choose_prefill_split: dense prefill, kgen/families/attention/prefill.py, and mla
+prefill, mla.py) plans with the same rule: each (sequence, KV head, partition) there is one block
+per tile of query rows (`weights`), and a chunk's first row sees from `seq_len - q_len - window + 1`
+(a per-sequence `window`); the size is then evened into whole waves.
 """
 
 from __future__ import annotations
@@ -97,3 +98,37 @@ def _fill_size(lens: np.ndarray, longest: int, num_kv_heads: int, target_blocks:
         else:
             hi = mid - 1
     return max(granule, lo * STEP_TOKENS)
+
+
+def whole_waves(split: Split, lens: np.ndarray, num_kv_heads: int, target: int, granule: int, window,
+                weights) -> Split:
+    """Prefill's split in whole waves of `target` blocks: a block's time is about its keys, so a
+    launch takes about (waves of blocks) x (keys per partition). choose_split reaches the target
+    with the largest partition, which can leave a few blocks for a second wave (a 256-token chunk
+    over 32K keys: 8 row tiles x 8 KV heads x 5 partitions = 320 blocks on 264 slots); of 1 to 2 x
+    its partitions, the count with the least waves x partition (then the fewest) is taken."""
+    longest = int(lens.max())
+    best = None
+    for parts in range(1, 2 * split.max_partitions + 1):
+        size = max(granule, -(-longest // (parts * STEP_TOKENS)) * STEP_TOKENS)
+        blocks = num_kv_heads * working_partitions(lens, size, window, weights)
+        cost = -(-blocks // max(1, target)) * min(size, longest)
+        if best is None or cost < best[0]:
+            best = (cost, size)
+    size = best[1]
+    return Split(0, 1) if size >= longest else Split(size, -(-longest // size))
+
+
+def choose_prefill_split(seq_lens: np.ndarray, q_lens: np.ndarray, heads: int, weights, target: int, granule: int,
+                         window: int = 0, partition_tokens: int | None = None) -> Split:
+    """A prefill call's split (dense and mla): sequences without query rows launch no work;
+    `heads` blocks per (sequence, partition) for each of its `weights[s]` tiles of query rows; a
+    chunk's first row sees from `seq_len - q_len - window + 1` (`window` 0: from key 0); an
+    automatic size is then evened into whole waves (whole_waves)."""
+    check_forced_partition(partition_tokens, granule)
+    live = np.where(q_lens > 0, seq_lens, 0)
+    wins = q_lens + window - 1 if window else 0
+    split = choose_split(live, heads, target, granule, wins, partition_tokens, weights)
+    if partition_tokens is None and split.merged:
+        split = whole_waves(split, live, heads, target, granule, wins, weights)
+    return split

@@ -20,8 +20,9 @@
 //   4. O[16 rows, the warp's columns] += P[16 rows, TILE_TOKENS keys] V[those keys, the columns]
 //      (P by ldmatrix, V by ldmatrix.trans from the same tile rows as K).
 // At the end the warps' shares of l are added through shared memory; each warp writes its columns.
-// Split-KV: partition z of the grid attends keys [z P, (z + 1) P) and writes its normalised partial
-// and (m, l); the merge kernel (softmax.cuh's merge_partitions_body) combines them at V_DIM.
+// Split-KV (decode and prefill): partition z of the grid attends keys [z P, (z + 1) P) and writes its
+// normalised partial and (m, l); the merge kernel (softmax.cuh's merge_partitions_body) combines them at
+// V_DIM.
 //
 // Sparse (SPARSE_TOPK = N > 0): a row's keys are the N entries of its indices row, physical slots
 // block_id * BLOCK_SIZE + offset or -1 (mla_key_row picks the rows; -1 is zero-filled and masked), with
@@ -426,27 +427,30 @@ __device__ __forceinline__ void paged_mla_decode_body(
 }
 
 // Prefill: the chunk of q_len = q_indptr[s+1] - q_indptr[s] query tokens of each sequence, packed by
-// sequence; block (x, s) takes rows [16 ROW_TILES x, ..) of sequence s's q_len * NUM_Q_HEADS (token,
+// sequence; block (x, s, z) takes rows [16 ROW_TILES x, ..) of sequence s's q_len * NUM_Q_HEADS (token,
 // head) rows (token-major: the 16 rows of a tile share few tokens, so its keys end near the
-// same position), over keys 0 .. the last row's position (causal) or all seq_len keys.
-template <class Cfg>
-__device__ __forceinline__ void paged_mla_prefill_body(
-    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
-    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ q_indptr,
-    const int* __restrict__ block_tables, const int* __restrict__ seq_lens, const float* __restrict__ kv_scale,
-    float* __restrict__ lse, int num_seqs, int max_blocks_per_seq, long long q_s_tok, long long q_s_head,
-    long long o_s_tok, long long o_s_head, long long kv_s_block, long long kv_s_token, long long ks_s_block,
-    long long ks_s_token) {
-  const int seq = blockIdx.y;
-  const int q0 = q_indptr[seq], q_len = q_indptr[seq + 1] - q0, seq_len = seq_lens[seq];
+// same position), over keys 0 .. the last row's position (causal) or all seq_len keys; with split-KV
+// only those of partition z (decode's split: split_partitions of the sequence's seq_len, so the
+// merge, paged_prefill_merge_body, reads the same count; a partition past the block's last key
+// writes an empty state). Params: the kernel's parameters (the single-pass kernel's lack the split
+// ones: part_o, part_ml, max_partitions, partition_tokens are then constants, kgen/families/attention/mla.py).
+template <class Cfg, class Params>
+__device__ __forceinline__ void paged_mla_prefill_body(const Params& p) {
+  const int seq = blockIdx.y, part = blockIdx.z;
+  const int q0 = p.q_indptr[seq], q_len = p.q_indptr[seq + 1] - q0, seq_len = p.seq_lens[seq];
   const int first = 16 * Cfg::ROW_TILES * (int)blockIdx.x, count = q_len * Cfg::NUM_Q_HEADS;
   if (first >= count) return;  // block-uniform: this sequence has fewer row tiles than the grid
+  const bool split = Cfg::SPLIT && p.max_partitions > 1;
   const int last_row = min(first + 16 * Cfg::ROW_TILES, count) - 1;
-  const int k_end = Cfg::CAUSAL ? seq_len - q_len + last_row / Cfg::NUM_Q_HEADS + 1 : seq_len;
+  int k_begin = 0, k_end = Cfg::CAUSAL ? seq_len - q_len + last_row / Cfg::NUM_Q_HEADS + 1 : seq_len;
+  if (split) {
+    if (part >= split_partitions(seq_len, p.partition_tokens, p.max_partitions)) return;  // uniform
+    clip_to_partition(part, p.partition_tokens, p.max_partitions, k_begin, k_end);
+  }
   const MlaRows rows{first, count, q_len, seq_len, q0};
-  mla_attend<Cfg>(out, q, kv_cache, block_tables + (long long)seq * max_blocks_per_seq, nullptr, kv_scale, nullptr,
-                  nullptr, lse, rows, 0, k_end, false, 0, 1, q_s_tok, q_s_head, o_s_tok, o_s_head, kv_s_block, kv_s_token,
-                  ks_s_block, ks_s_token);
+  mla_attend<Cfg>(p.out, p.q, p.kv_cache, p.block_tables + (long long)seq * p.max_blocks_per_seq, nullptr, p.kv_scale,
+                  p.part_o, p.part_ml, p.lse, rows, k_begin, k_end, split, part, p.max_partitions, p.q_s_tok,
+                  p.q_s_head, p.o_s_tok, p.o_s_head, p.kv_s_block, p.kv_s_token, p.ks_s_block, p.ks_s_token);
 }
 
 // Sparse decode (SPARSE_TOPK = N): one query token per sequence, attending the N entries of its

@@ -827,17 +827,4 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   }
 }
 
-// The merge kernel: the partitions of one (query token blockIdx.y, query head blockIdx.x) (softmax.cuh).
-template <class Cfg, class Params>
-__device__ __forceinline__ void paged_prefill_merge_body(const Params& p) {
-  const int tok = blockIdx.y;
-  int lo = 0, hi = p.num_seqs;  // the token's sequence: the last s with q_indptr[s] <= tok
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (p.q_indptr[mid] <= tok) lo = mid; else hi = mid;
-  }
-  merge_partitions_body<Cfg>(p.out, p.part_o, p.part_ml, p.lse, tok, p.seq_lens[lo], p.max_partitions,
-                             p.partition_tokens, p.o_s_tok, p.o_s_head, p.sinks);
-}
-
 }  // namespace kgen

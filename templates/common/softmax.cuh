@@ -9,6 +9,7 @@
 //   split_partitions,      the split-KV contract: how many partitions a sequence has and which
 //   clip_to_partition      keys partition z holds (the bodies and the merge agree through these)
 //   merge_partitions_body  the merge kernel body: partitions' (o, m, l) combined by log-sum-exp
+//   paged_prefill_merge_body  the merge kernel of packed query rows (prefill: dense and mla)
 //   run_offset             a head_dim element's offset in a cached row cut into runs (vLLM K)
 //
 // Provided by kgen to both compilers as "kgen/softmax.cuh" (kgen/compile/provided.py); needs
@@ -136,6 +137,20 @@ __device__ __forceinline__ void merge_partitions_body(typename Cfg::out_t* __res
     out[row * o_s_row + (long long)h * o_s_head + d] = from_float<typename Cfg::out_t>(acc * inv);
   }
   if (threadIdx.x == 0 && lse != nullptr) lse[(long long)row * Cfg::NUM_Q_HEADS + h] = tot.lse();
+}
+
+// The merge kernel of packed query rows (q_indptr; dense and mla prefill): the partitions of one
+// (query token blockIdx.y, query head blockIdx.x), as many as its sequence's seq_len gives.
+template <class Cfg, class Params>
+__device__ __forceinline__ void paged_prefill_merge_body(const Params& p) {
+  const int tok = blockIdx.y;
+  int lo = 0, hi = p.num_seqs;  // the token's sequence: the last s with q_indptr[s] <= tok
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (p.q_indptr[mid] <= tok) lo = mid; else hi = mid;
+  }
+  merge_partitions_body<Cfg>(p.out, p.part_o, p.part_ml, p.lse, tok, p.seq_lens[lo], p.max_partitions,
+                             p.partition_tokens, p.o_s_tok, p.o_s_head, p.sinks);
 }
 
 // Offset of head_dim element d in a token row cut into runs of RUN contiguous elements,

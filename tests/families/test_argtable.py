@@ -187,6 +187,33 @@ def test_prefill_and_mla_declarations_are_abi_1(path, overrides, key, bound):
         assert got[spec.name][1] == _old_with_sinks(key, spec) + ", int partition_tokens"
 
 
+# MLA prefill's split form (kgen's split-KV configs; the ABI 1 launch above stays single-pass): the
+# scratch rows and max_partitions where decode and dense prefill have them, partition_tokens last, and
+# dense prefill's merge kernel.
+MLA_PREFILL_SPLIT = """
+    Cfg::out_t* __restrict__ out, const Cfg::q_t* __restrict__ q, const Cfg::kv_t* __restrict__ kv_cache,
+    const int* __restrict__ q_indptr, const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
+    const float* __restrict__ kv_scale, float* __restrict__ part_o, float* __restrict__ part_ml,
+    float* __restrict__ lse, int num_seqs, int max_blocks_per_seq, int max_partitions, long long q_s_tok,
+    long long q_s_head, long long o_s_tok, long long o_s_head, long long kv_s_block, long long kv_s_token,
+    long long ks_s_block, long long ks_s_token, int partition_tokens"""
+
+
+def test_mla_prefill_split_form_declares_the_scratch_and_dense_prefills_merge():
+    spec = _spec("deepseek_v3_mla_prefill.yaml", {})
+    family = family_for(spec)
+    config = resolve_config(family, spec, {"partition_size": 64})
+    got = _bounded_declarations(render(spec, config).source)
+    main = " ".join(re.sub(r"Cfg::\w+", lambda m: {"Cfg::out_t": "__nv_bfloat16", "Cfg::q_t": "__nv_bfloat16",
+                                                    "Cfg::kv_t": "__nv_bfloat16"}[m.group(0)],
+                           MLA_PREFILL_SPLIT).split())
+    assert got == {spec.name: ("__launch_bounds__(256)", main),
+                   f"{spec.name}_merge": ("__launch_bounds__(128)", _old("paged_prefill_merge", spec))}
+    geometry = [k.geometry() for k in family.kernels(spec, config)]
+    assert geometry == ["grid (q_row_blocks, num_seqs, max_partitions), block (256), dynamic shared memory 192512 bytes",
+                        "grid (128, num_q_tokens, 1), block (128), dynamic shared memory 0 bytes"]
+
+
 PINS = ROOT / "tests" / "families" / "abi1_launches.txt"
 
 

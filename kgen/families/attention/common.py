@@ -91,10 +91,7 @@ def attention_arguments(spec, config: Config, rows: Rows) -> list[Arg]:
               "ALiBi slope of each query head" if a.alibi else "null: the spec has no ALiBi", optional=not a.alibi),
         *([array("sinks", "fp32", "input", (Hq,), "sink logit of each query head, used as given: a virtual key "
                  "of value zero in every softmax row")] if a.sinks else []),  # without sinks: the table unchanged
-        array("part_o", "fp32", "scratch", (R, Hq, "max_partitions", DV),
-              "split-KV: each partition's normalised output (null without split)", optional=single_pass),
-        array("part_ml", "fp32", "scratch", (R, Hq, "max_partitions", 2),
-              "split-KV: each partition's (max, sum) of exp (null without split)", optional=single_pass),
+        *split_scratch_args(spec, rows, single_pass),
         array("lse", "fp32", "output", (R, Hq),
               ("natural-log log-sum-exp of the final logits and the sink, sinks[h] for no key" if a.sinks else
                "natural-log log-sum-exp of the final logits, -inf for no key") + " (null unless requested)",
@@ -110,6 +107,16 @@ def attention_arguments(spec, config: Config, rows: Rows) -> list[Arg]:
         *stride_args(),
         *([] if single_pass else [PARTITION_TOKENS]),
     ]
+
+
+def split_scratch_args(spec, rows: Rows, optional: bool) -> list[Arg]:
+    """part_o and part_ml, the split-KV scratch of every attention kind (`optional`: null in a
+    single-pass launch)."""
+    Hq, DV, R = spec.attention.num_q_heads, spec.v_head_dim_value, rows.count
+    return [array("part_o", "fp32", "scratch", (R, Hq, "max_partitions", DV),
+                  "split-KV: each partition's normalised output (null without split)", optional=optional),
+            array("part_ml", "fp32", "scratch", (R, Hq, "max_partitions", 2),
+                  "split-KV: each partition's (max, sum) of exp (null without split)", optional=optional)]
 
 
 def _row_word(rows: Rows) -> str:
@@ -456,6 +463,51 @@ class AttentionBinder(CallBinder):
             "q_s_head": q.strides[1], f"o_s_{rows.axis}": out.strides[0], "o_s_head": out.strides[1],
             **stride_values(st, scale_strides), **tensor_scale_values(self, self.tensor_scales), **extra,
         }
+
+
+def prefill_lengths(spec, lengths: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """seq_lens and q_indptr given to plan a prefill call (kern.plan(seq_lens, q_indptr=...)), checked:
+    q_indptr one longer than seq_lens, from 0, non-decreasing, and no chunk longer than its sequence."""
+    seq_lens, q_indptr = lengths["seq_lens"], lengths.get("q_indptr")
+    extra = sorted(set(lengths) - {"seq_lens", "q_indptr"})
+    if extra:
+        raise ArgumentError(f"{extra[0]}: not a length of a {spec.kind} call (plan it with seq_lens and q_indptr)")
+    if q_indptr is None:
+        raise ArgumentError(f"q_indptr: required to plan a {spec.kind} call: kern.plan(seq_lens, q_indptr=...)")
+    lens = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
+    ind = np.asarray(q_indptr, dtype=np.int64).reshape(-1)
+    if ind.size != lens.size + 1 or ind[0] != 0 or np.any(np.diff(ind) < 0):
+        raise ArgumentError(f"q_indptr: expected {lens.size + 1} non-decreasing offsets from 0 (one more than "
+                            f"seq_lens), got {ind.tolist()!r:.80}")
+    q_lens = np.diff(ind)
+    bad = np.nonzero(q_lens > lens)[0]
+    if bad.size:
+        s = int(bad[0])
+        raise ArgumentError(f"sequence {s}: q_len = {int(q_lens[s])} is larger than seq_lens[{s}] = {int(lens[s])}")
+    return lens, ind
+
+
+def call_lengths(sl: ArrayArg, ind: ArrayArg, num_rows: int, capacity: int) -> dict[str, np.ndarray]:
+    """The lengths a prefill call without a plan is planned for: its own (host arrays), else, for
+    device ones, full tables (`capacity` tokens) with the rows spread evenly over the sequences."""
+    if sl.device == "cpu" and ind.device == "cpu":
+        return {"seq_lens": host_values(sl), "q_indptr": host_values(ind)}
+    S = sl.shape[0]
+    per_seq = -(-num_rows // max(S, 1))
+    return {"seq_lens": np.full(S, max(capacity, per_seq)),
+            "q_indptr": np.minimum(np.arange(S + 1) * per_seq, num_rows)}
+
+
+def planned_rows(plan: Plan | None, num_rows: int) -> int:
+    """The query rows a prefill call's split scratch holds: the plan's (it was made for at most
+    that many), else the call's."""
+    if plan is None:
+        return num_rows
+    planned = plan.sizes["num_q_tokens"]
+    if num_rows > planned:
+        raise ArgumentError(f"plan: made for at most {planned} query rows, the call has {num_rows} "
+                            "(make the plan for the largest batch)")
+    return planned
 
 
 def checked_q_lens(indptr: np.ndarray, num_rows: int) -> np.ndarray:

@@ -13,13 +13,18 @@ from kgen.errors import ArgumentError
 from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
 from kgen.families.attention import mla_cases, sparse_cases
 from kgen.families.attention.common import (
+    BODY_DEFAULTS,
     DECODE_ROWS,
     PARTITION_TOKENS,
     PREFILL_ROWS,
     AttentionBinder,
     c_float,
+    call_lengths,
     checked_q_lens,
     merge_kernel,
+    planned_rows,
+    prefill_lengths,
+    split_scratch_args,
 )
 from kgen.families.attention.mla_geometry import mla_geometry
 from kgen.families.attention.mla_sparse import (
@@ -53,7 +58,7 @@ from kgen.formats.cache import (
 )
 from kgen.formats.dtypes import dtype
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
-from kgen.plan.split import check_forced_partition, choose_split
+from kgen.plan.split import check_forced_partition, choose_prefill_split, choose_split
 
 FP8 = ("fp8_e4m3", "fp8_e5m2")
 
@@ -116,13 +121,19 @@ class MlaAttentionFamily(FamilyBase):
 
     def template_context(self, spec, config: Config) -> dict[str, Any]:
         kernels = self.kernels(spec, config)
-        return {"q_ctype": dtype(spec.dtype.q).ctype, "out_ctype": dtype(spec.dtype.resolved_out).ctype,
+        main_params, merge_params = self.params_structs(spec, kernels)
+        return {"main_params": main_params, "merge_params": merge_params,"q_ctype": dtype(spec.dtype.q).ctype, "out_ctype": dtype(spec.dtype.resolved_out).ctype,
                 "kv_ctype": dtype(spec.kv_cache.dtype).ctype, "softmax_scale": c_float(spec.softmax_scale_value),
                 "scale_mode": SCALE_MODES[spec.kv_cache.scale], "causal": self.causal(spec),
                 "partition_size": config.get("partition_size", 0), "geo": mla_geometry(spec, config)[0],
                 "ds_mla": CacheFormat.of(spec).ds_mla, "sparse_topk": topk(spec),
                 "main": kernels[0], "merge": kernels[1] if len(kernels) > 1 else None, "body": self.body_name(spec, config),
                 "wgmma": self.wgmma(spec, config), "wgeo": wgmma_geometry(spec) if self.wgmma(spec, config) else None}
+
+    def params_structs(self, spec, kernels: list[KernelDecl]) -> tuple[str | None, str | None]:
+        """The Params (and MergeParams) struct of a body that takes `const Params&`; None for
+        positional parameters (the kernel's own, in table order)."""
+        return None, None
 
     def wgmma(self, spec, config: Config) -> bool:
         """Whether the arch being rendered takes the Hopper body (mla decode only)."""
@@ -277,10 +288,7 @@ class MlaDecodeFamily(MlaAttentionFamily):
                                                     "indices bound every row)")]
               if sparse else table_args(DECODE_ROWS)),
             kv_scale_arg(spec, "input", const=True, use="real = stored * scale, for K and V"),
-            array("part_o", "fp32", "scratch", ("num_seqs", Hq, "max_partitions", Dv),
-                  "split-KV: each partition's normalised output (null without split)", optional=single),
-            array("part_ml", "fp32", "scratch", ("num_seqs", Hq, "max_partitions", 2),
-                  "split-KV: each partition's (max, sum) of exp (null without split)", optional=single),
+            *split_scratch_args(spec, DECODE_ROWS, single),
             array("lse", "fp32", "output", ("num_seqs", Hq),
                   "natural-log log-sum-exp of the final logits (null unless requested)", optional=True),
             *([] if sparse else [scalar("max_blocks_per_seq", "int32", "columns of block_tables")]),
@@ -390,15 +398,37 @@ class MlaPrefillFamily(MlaAttentionFamily):
     kind, rows, body = "paged_prefill", PREFILL_ROWS, "paged_mla_prefill_body"
     sparse_body = "paged_mla_sparse_prefill_body"
     sparse_row_text = "each query token (all its heads)"
-    params = dict(GEOMETRY_PARAMS)
+    params = {**GEOMETRY_PARAMS, "partition_size": TunableParam("partition_size", 0)}
     fib_kind = "mla_paged_prefill"  # kgen/fib/mla.py
 
     def causal(self, spec) -> bool:
         return spec.attention.causal and not topk(spec)
 
+    def check_config(self, spec, config: Config) -> list[str]:
+        if topk(spec) and config.get("partition_size", 0):
+            return [f"partition_size {config['partition_size']}: split-KV is not built for sparse mla prefill "
+                    "(attention.sparse_topk; allowed: 0)"]
+        return super().check_config(spec, config)
+
+    def default_space(self, spec) -> dict[str, list[int]]:
+        space = super().default_space(spec)
+        return space if topk(spec) else {**space, "partition_size": [0, 64, 256]}
+
+    def abi_config(self, spec) -> Config:
+        return {"partition_size": 0}  # the hand-written kernel contract: the single-pass launch
+
+    def params_structs(self, spec, kernels: list[KernelDecl]) -> tuple[str | None, str | None]:
+        """The dense prefill body takes `const Params&` (its split-KV parameters are absent from the
+        single-pass table), and its merge the packed-row merge's; the sparse body, positional ones."""
+        if topk(spec):
+            return None, None
+        return (kernels[0].params_struct("Params", PREFILL_ABSENT),
+                kernels[1].params_struct("MergeParams", BODY_DEFAULTS) if len(kernels) > 1 else None)
+
     def arguments(self, spec, config: Config) -> list[Arg]:
         a, d = spec.attention, spec.dtype
         Hq, D, Dv = a.num_q_heads, a.head_dim, spec.v_head_dim_value
+        split = bool(config.get("partition_size", 0)) and not topk(spec)  # the single-pass table is ABI 1's
         return [
             array("out", d.resolved_out, "output", ("num_q_tokens", Hq, Dv), PREFILL_ROWS.out_text),
             array("q", d.q, "input", ("num_q_tokens", Hq, D),
@@ -412,30 +442,44 @@ class MlaPrefillFamily(MlaAttentionFamily):
                                                         "indices bound every row)")]
               if topk(spec) else table_args(PREFILL_ROWS)),
             kv_scale_arg(spec, "input", const=True, use="real = stored * scale, for K and V"),
+            *(split_scratch_args(spec, PREFILL_ROWS, False) if split else []),
             array("lse", "fp32", "output", ("num_q_tokens", Hq),
                   "natural-log log-sum-exp of the final logits, -inf for no key (null unless requested)", optional=True),
             scalar("num_seqs", "int32", "sequences in the batch"),
             *([] if topk(spec) else [scalar("max_blocks_per_seq", "int32", "columns of block_tables")]),
+            *([scalar("max_partitions", "int32", "partitions per sequence (grid z); 1 without split")] if split else []),
             *stride_args(PREFILL_ROWS, "query rows"),
+            *([PARTITION_TOKENS] if split else []),
         ]
 
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
         if topk(spec):  # a block per (query token, head tile): every token is a row of its own
             return [self.main_kernel(spec, config, ("num_q_tokens", row_blocks(spec, config), 1))]
-        return [self.main_kernel(spec, config, ("q_row_blocks", "num_seqs", 1))]
+        split = bool(config["partition_size"])
+        main = self.main_kernel(spec, config, ("q_row_blocks", "num_seqs", "max_partitions" if split else 1))
+        return [main, merge_kernel(spec, list(main.params), PREFILL_ROWS)] if split else [main]
 
     def schedule(self, spec, config: Config, lengths: dict[str, np.ndarray], target_blocks: int,
                  partition_tokens: int | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
         """Launch sizes for these chunks: one block per 16 * row_tiles rows of the longest chunk and
-        sequence (no split-KV for mla prefill yet)."""
-        if partition_tokens:
-            raise ArgumentError(f"partition_tokens {partition_tokens}: mla prefill has no split-KV")
-        ind = np.asarray(lengths.get("q_indptr", [0]), dtype=np.int64).reshape(-1)
-        longest = int(np.diff(ind).max(initial=0))
+        sequence, and (split configs) per partition of the longest sequence (decode's planner,
+        kgen/plan/split.py: a sequence's row blocks stand for its KV heads)."""
         rows = 16 * config["row_tiles"]
-        sizes = {"num_seqs": int(ind.size - 1), "num_q_tokens": int(ind[-1]), "max_partitions": 1,
-                 "partition_tokens": 0, "q_row_blocks": max(1, -(-longest * spec.attention.num_q_heads // rows))}
-        return sizes, self.kernels(spec, config)
+        if topk(spec):
+            if partition_tokens:
+                raise ArgumentError(f"partition_tokens {partition_tokens}: sparse mla prefill has no split-KV")
+            ind = np.asarray(lengths.get("q_indptr", [0]), dtype=np.int64).reshape(-1)
+            sizes = {"num_seqs": int(ind.size - 1), "num_q_tokens": int(ind[-1]), "max_partitions": 1,
+                     "partition_tokens": 0, "q_row_blocks": q_row_blocks(spec, config, ind)}
+            return sizes, self.kernels(spec, config)
+        lens, ind = prefill_lengths(spec, lengths)
+        q_lens = np.diff(ind)
+        split = choose_prefill_split(lens, q_lens, 1, -(-q_lens * spec.attention.num_q_heads // rows), target_blocks,
+                                     config["partition_size"], 0, partition_tokens)
+        sizes = {"num_seqs": int(lens.size), "num_q_tokens": int(ind[-1]), "max_partitions": split.max_partitions,
+                 "partition_tokens": split.partition_tokens, "q_row_blocks": q_row_blocks(spec, config, ind)}
+        kernels = self.kernels(spec, config)
+        return sizes, kernels if split.merged else kernels[:1]
 
     def abi_notes(self, spec) -> list[str]:
         rows = 16 * resolve_config(self, spec, None)["row_tiles"]
@@ -448,7 +492,9 @@ class MlaPrefillFamily(MlaAttentionFamily):
                           f"q_len + j and sees {visible}. A sequence with q_len 0 writes nothing.",
                           ["q", "kv_cache", "q_indptr", "block_tables", "seq_lens"]) + [
             f"Grid x: q_row_blocks = ceil(max q_len * {spec.attention.num_q_heads} / {rows}) tiles of {rows} (token, "
-            "head) rows, token-major, of each sequence (grid y); blocks past a sequence's rows exit."]
+            "head) rows, token-major, of each sequence (grid y); blocks past a sequence's rows exit.",
+            "Split-KV configs add part_o, part_ml, max_partitions and partition_tokens, partitions on grid z and a "
+            "merge kernel; a hand-written kernel implements the single-pass launch below."]
 
     def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan: Plan | None = None,
              target_blocks: int | None = None):
@@ -471,25 +517,34 @@ class MlaPrefillFamily(MlaAttentionFamily):
         scale = take_kv_scale(b, spec, N, "given by the caller")
         out = b.out(q, T)
         lse = b.lse(q, T)
-        if plan is not None:
-            raise ArgumentError("plan: mla prefill has no call-time plan (no split-KV); call it without one")
-        if checked and not topk(spec):
+        if plan is not None and topk(spec):
+            raise ArgumentError("plan: sparse mla prefill has no call-time plan (no split-KV); call it without one")
+        if checked and not topk(spec):  # before planning: the plan trusts q_indptr and seq_lens
             b.check_lengths(sl, bt, N, q_lens=checked_q_lens(host_values(ind), T), min_len=0)
         elif checked:
             checked_q_lens(host_values(ind), T)
-        if ind.device == "cpu":
-            indptr = host_values(ind)
-        else:  # a device q_indptr: as many row blocks as all rows could need
-            indptr = np.asarray([0, T])
-        sizes, kernels = self.schedule(spec, config, {"q_indptr": indptr}, 0)
+        if topk(spec):
+            sizes, kernels = self.schedule(spec, config, {"q_indptr": host_values(ind) if ind.device == "cpu"
+                                                          else np.asarray([0, T])}, 0)
+        elif plan is None:  # host lengths are planned for; device ones by shapes (full tables, rows spread evenly)
+            sizes, kernels = self.schedule(spec, config, call_lengths(sl, ind, T, M * spec.kv_cache.block_size),
+                                           target_blocks or DEFAULT_TARGET_BLOCKS)
+        else:
+            sizes, kernels = b.planned(self, config, plan, S)
+        part_o, part_ml = b.split_scratch(config, plan, q, sizes["max_partitions"], planned_rows(plan, T) if T else 0)
         b.refuse_unknown()
-        b.refuse_aliasing([out, lse], [q, cache, ind, bt, sl, scale, out, lse])
+        written = [out, lse, part_o, part_ml]
+        b.refuse_aliasing(written, [q, cache, ind, bt, sl, scale, *written])
         p = b.pointer
         values = {"out": p(out), "q": p(q), "kv_cache": p(cache), "q_indptr": p(ind), "block_tables": p(bt), "indices": p(bt),
-                  "seq_lens": p(sl), "kv_scale": p(scale), "lse": p(lse), "num_seqs": S, "max_blocks_per_seq": M,
-                  "q_s_tok": q.strides[0], "q_s_head": q.strides[1], "o_s_tok": out.strides[0],
-                  "o_s_head": out.strides[1], **pool_values(spec, cache, scale)}
-        launches = [k.launch({**sizes, "num_seqs": S}, values, reached=[cache.native]) for k in kernels] if T else []
+                  "seq_lens": p(sl), "kv_scale": p(scale), "part_o": p(part_o), "part_ml": p(part_ml), "lse": p(lse),
+                  "num_seqs": S, "max_blocks_per_seq": M, "max_partitions": sizes["max_partitions"],
+                  "partition_tokens": sizes["partition_tokens"], "q_s_tok": q.strides[0], "q_s_head": q.strides[1],
+                  "o_s_tok": out.strides[0], "o_s_head": out.strides[1], **pool_values(spec, cache, scale)}
+        # grid x from the call's own chunks (a plan may be for others; a device q_indptr: all rows in one chunk)
+        grid = {**sizes, "num_seqs": S, "num_q_tokens": T,
+                "q_row_blocks": q_row_blocks(spec, config, host_values(ind) if ind.device == "cpu" else [0, T])}
+        launches = [k.launch(grid, values, reached=[cache.native]) for k in kernels] if T else []
         return launches, ((out.obj, lse.obj) if lse is not None else out.obj)
 
     def cases(self, spec, config: Config, rng: np.random.Generator):
@@ -517,6 +572,17 @@ def decode_geometry(spec, config: Config):
 def row_blocks(spec, config: Config) -> int:
     """Blocks per sequence along grid x: the query heads in tiles of 16 * row_tiles (the Hopper body: 64)."""
     return -(-spec.attention.num_q_heads // decode_geometry(spec, config).rows)
+
+
+def q_row_blocks(spec, config: Config, q_indptr) -> int:
+    """Grid x of dense mla prefill: the row blocks of 16 * row_tiles (token, head) rows of the longest chunk."""
+    longest = int(np.diff(np.asarray(q_indptr, dtype=np.int64).reshape(-1)).max(initial=0))
+    return max(1, -(-longest * spec.attention.num_q_heads // (16 * config["row_tiles"])))
+
+
+# What the dense mla prefill body reads that its single-pass kernel does not take (kgen/families/argtable.py)
+PREFILL_ABSENT = {"part_o": ("float*", "nullptr"), "part_ml": ("float*", "nullptr"), "max_partitions": ("int", "1"),
+                  "partition_tokens": ("int", "0")}
 
 
 MLA_DECODE = MlaDecodeFamily()

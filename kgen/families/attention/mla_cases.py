@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kgen.arrays import args_to_backend, to_backend
+from kgen.arrays import to_backend
 from kgen.families.attention.decode_cases import (
     attention_references,
     judge_outputs,
@@ -20,6 +20,7 @@ from kgen.families.attention.decode_cases import (
 )
 from kgen.families.attention.prefill_cases import (
     check,
+    launch_case,
     make_prefill_case,
     prefill_case_matrix,
     references,
@@ -160,17 +161,12 @@ def make_mla_prefill_case(spec, seq_lens: list[int], q_lens: list[int], rng: np.
 
 
 def run_prefill_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
+    """One prefill case on the latent pool, launched and judged as dense prefill's (guards, seals,
+    the LSE, and a split config's plan and scratch: prefill_cases.launch_case)."""
     spec, p = kernel.spec, case.params
     args = make_mla_prefill_case(spec, p["seq_lens"], p["q_lens"], rng, share_prefix=p.get("share_prefix", False),
                                  padded=p.get("padded", False), q_gain=p.get("q_gain", 1.0), serving=p.get("serving"))
-    ref, lowp = references(spec, args)
-    want_lse = p.get("lse", False)
-    if want_lse:
-        args["lse"] = prefill_output((args["q"].shape[0], spec.attention.num_q_heads), np.float32, rng, stale_mean=4.0)
-    dev = args_to_backend(args, kernel.backend)
-    result = kernel(**dev, return_lse=True) if want_lse else kernel(**dev)
-    out, lse = result if want_lse else (result, None)
-    return check(case.name, spec, args, out, ref, lowp, lse)
+    return launch_case(kernel, case, args, rng)
 
 
 def prefill_bench(spec, bucket: tuple[int, int], rng: np.random.Generator) -> Bench:

@@ -11,15 +11,17 @@ from typing import Any
 
 import numpy as np
 
-from kgen.errors import ArgumentError
 from kgen.families.argtable import KernelDecl
 from kgen.families.attention import prefill_cases
 from kgen.families.attention.common import (
     PREFILL_ROWS,
     AttentionBinder,
     AttentionFamily,
+    call_lengths,
     checked_q_lens,
     merge_kernel,
+    planned_rows,
+    prefill_lengths,
     sinks_note,
     template_context,
 )
@@ -40,13 +42,7 @@ from kgen.families.binding import host_values
 from kgen.formats.cache import CacheFormat, describe, head_dims_text
 from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
 from kgen.plan.arch import smem_limit
-from kgen.plan.split import (
-    STEP_TOKENS,
-    Split,
-    check_forced_partition,
-    choose_split,
-    working_partitions,
-)
+from kgen.plan.split import choose_prefill_split
 
 
 def fitted_to_short_rows(spec, config: Config, max_q_len: int) -> Config:
@@ -178,32 +174,11 @@ class PagedPrefillFamily(AttentionFamily):
         """Launch sizes for these lengths and chunks (the call's seq_lens and q_indptr; decode's
         planner, kgen/plan/split.py: one block per (tile of query rows, KV head,
         partition)) and the kernels launched."""
-        seq_lens, q_indptr = lengths["seq_lens"], lengths.get("q_indptr")
-        extra = sorted(set(lengths) - {"seq_lens", "q_indptr"})
-        if extra:
-            raise ArgumentError(f"{extra[0]}: not a length of a {spec.kind} call (plan it with seq_lens and q_indptr)")
-        if q_indptr is None:
-            raise ArgumentError(f"q_indptr: required to plan a {spec.kind} call: kern.plan(seq_lens, q_indptr=...)")
-        granule = config["partition_size"]
-        check_forced_partition(partition_tokens, granule)
-        lens = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
-        ind = np.asarray(q_indptr, dtype=np.int64).reshape(-1)
-        if ind.size != lens.size + 1 or ind[0] != 0 or np.any(np.diff(ind) < 0):
-            raise ArgumentError(f"q_indptr: expected {lens.size + 1} non-decreasing offsets from 0 (one more than "
-                                f"seq_lens), got {ind.tolist()!r:.80}")
+        lens, ind = prefill_lengths(spec, lengths)
         q_lens = np.diff(ind)
-        bad = np.nonzero(q_lens > lens)[0]
-        if bad.size:
-            s = int(bad[0])
-            raise ArgumentError(f"sequence {s}: q_len = {int(q_lens[s])} is larger than seq_lens[{s}] = {int(lens[s])}")
         row_tiles = -(-q_lens * spec.group_size // prefill_geometry(spec, config).rows)
-        window = spec.attention.sliding_window or 0
-        live = np.where(q_lens > 0, lens, 0)
-        wins = q_lens + window - 1 if window else 0
-        split = choose_split(live, spec.attention.num_kv_heads, target_blocks, granule, wins, partition_tokens,
-                             row_tiles)
-        if partition_tokens is None and split.merged:
-            split = whole_waves(split, live, spec.attention.num_kv_heads, target_blocks, granule, wins, row_tiles)
+        split = choose_prefill_split(lens, q_lens, spec.attention.num_kv_heads, row_tiles, target_blocks,
+                                     config["partition_size"], spec.attention.sliding_window or 0, partition_tokens)
         T = int(ind[-1])
         sizes = {"num_seqs": int(lens.size), "num_q_tokens": T, "max_partitions": split.max_partitions,
                  "partition_tokens": split.partition_tokens, "q_tiles": int(np.sum(row_tiles)) + int(lens.size),
@@ -231,22 +206,12 @@ class PagedPrefillFamily(AttentionFamily):
         if checked:  # before planning: the plan trusts q_indptr and seq_lens
             b.check_lengths(sl, bt, pool.num_blocks, q_lens=checked_q_lens(host_values(ind), T), min_len=0)
         if plan is None:  # host lengths are planned for; device ones by shapes (full tables, rows spread evenly)
-            if sl.device == "cpu" and ind.device == "cpu":
-                lens, indptr = host_values(sl), host_values(ind)
-            else:
-                per_seq = -(-T // max(S, 1))
-                lens, indptr = np.full(S, max(M * B, per_seq)), np.minimum(np.arange(S + 1) * per_seq, T)
-            sizes, kernels = self.schedule(spec, config, {"seq_lens": lens, "q_indptr": indptr},
+            sizes, kernels = self.schedule(spec, config, call_lengths(sl, ind, T, M * B),
                                            target_blocks or DEFAULT_TARGET_BLOCKS)
-            rows_planned = T
         else:
             sizes, kernels = b.planned(self, config, plan, S)
-            rows_planned = plan.sizes["num_q_tokens"]
-            if T > rows_planned:
-                raise ArgumentError(f"plan: made for at most {rows_planned} query rows, the call has {T} "
-                                    "(make the plan for the largest batch)")
         max_parts = sizes["max_partitions"]
-        part_o, part_ml = b.split_scratch(config, plan, q, max_parts, rows_planned if T else 0)
+        part_o, part_ml = b.split_scratch(config, plan, q, max_parts, planned_rows(plan, T) if T else 0)
         b.refuse_unknown()
         written = [out, lse, part_o, part_ml]
         b.refuse_aliasing(written, [q, *pool.caches, ind, bt, sl, ks, vs, alibi, sinks, *written])
@@ -265,25 +230,6 @@ class PagedPrefillFamily(AttentionFamily):
         if bt is None or len(bt.shape) != 2:
             return None
         return int(bt.shape[0]), int(bt.shape[1]) * spec.kv_cache.block_size
-
-
-def whole_waves(split: Split, lens: np.ndarray, num_kv_heads: int, target: int, granule: int, window,
-                weights) -> Split:
-    """Prefill's split in whole waves of `target` blocks: a block's time is about its keys, so a
-    launch takes about (waves of blocks) x (keys per partition). choose_split reaches the target
-    with the largest partition, which can leave a few blocks for a second wave (a 256-token chunk
-    over 32K keys: 8 row tiles x 8 KV heads x 5 partitions = 320 blocks on 264 slots); of 1 to 2 x
-    its partitions, the count with the least waves x partition (then the fewest) is taken."""
-    longest = int(lens.max())
-    best = None
-    for parts in range(1, 2 * split.max_partitions + 1):
-        size = max(granule, -(-longest // (parts * STEP_TOKENS)) * STEP_TOKENS)
-        blocks = num_kv_heads * working_partitions(lens, size, window, weights)
-        cost = -(-blocks // max(1, target)) * min(size, longest)
-        if best is None or cost < best[0]:
-            best = (cost, size)
-    size = best[1]
-    return Split(0, 1) if size >= longest else Split(size, -(-longest // size))
 
 
 PAGED_PREFILL = PagedPrefillFamily()

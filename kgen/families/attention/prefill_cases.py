@@ -163,7 +163,7 @@ def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
     spec, p = kernel.spec, case.params
     steps = p.get("steps", 0)
     if not steps:
-        return _launch(kernel, case, _inputs(spec, p, p["seq_lens"], rng), rng)
+        return launch_case(kernel, case, _inputs(spec, p, p["seq_lens"], rng), rng)
     B = spec.kv_cache.block_size
     incs = [q if spec.tail_masking else B for q in p["q_lens"]]  # tokens a step adds (the contract's multiples)
     last = [n + (steps - 1) * d for n, d in zip(p["seq_lens"], incs, strict=True)]
@@ -175,7 +175,7 @@ def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
         step["q"] = draw_q(rng, args["q"].shape, p["serving"].q_dist, p["serving"].q_dists,
                            args["q_indptr"]).astype(args["q"].dtype)
         step["out"] = prefill_output(args["out"].shape, args["out"].dtype, rng)
-        results = _launch(kernel, Case(case.name, p, lens), step, rng)
+        results = launch_case(kernel, Case(case.name, p, lens), step, rng)
         for r in results:
             r.note = f"step {k + 1} of {steps}" + (f"; {r.note}" if r.note else "")
         if not all(r.passed for r in results):
@@ -188,7 +188,10 @@ def _inputs(spec, p: dict, seq_lens: list[int], rng: np.random.Generator) -> dic
                              padded=p.get("padded", False), q_gain=p.get("q_gain", 1.0), serving=p.get("serving"))
 
 
-def _launch(kernel, case: Case, args: dict, rng: np.random.Generator) -> list[CaseResult]:
+def launch_case(kernel, case: Case, args: dict, rng: np.random.Generator) -> list[CaseResult]:
+    """One call of a case on its host `args` (out among them; dense and mla prefill), judged:
+    out (and LSE, split scratch) inside guards, the inputs sealed, a split config planned with
+    partitions of exactly its partition_size."""
     spec, p = kernel.spec, case.params
     serving, want_lse, sampled = p.get("serving"), p.get("lse", False), p.get("sample", False)
     if not sampled:  # a sampled case's reference is drawn after the call
