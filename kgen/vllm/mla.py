@@ -146,9 +146,6 @@ class KgenMLAMetadataBuilder(KgenMetadataBuilder):
     def _serves(impl) -> bool:
         return isinstance(impl, KgenMLAImpl)
 
-    def _prefill_plan(self, name: str, kernels: LayerKernels, rows):
-        return None  # kgen's mla prefill has no split-KV, so no call-time plan
-
     def build(self, common_prefix_len: int, common_attn_metadata, fast_build: bool = False):
         return _wrapped(super().build(common_prefix_len, common_attn_metadata, fast_build), common_attn_metadata)
 

@@ -11,6 +11,7 @@ from kgen.plan import BLOCKS_PER_SM, target_blocks
 from kgen.plan.split import (
     STEP_TOKENS,
     check_forced_partition,
+    choose_prefill_split,
     choose_split,
     working_partitions,
 )
@@ -77,3 +78,19 @@ def test_sliding_window_counts_only_partitions_with_keys():
     assert working_partitions(np.array([4096]), 256, window=0) == 16
     s = choose_split([32768], num_kv_heads=8, target=264, granule=64, window=8192)
     assert s.merged and blocks(s, [32768], 8, window=8192) >= 264
+
+
+def test_prefill_split_counts_sequences_with_query_rows_only_and_ends_in_whole_waves():
+    """choose_prefill_split (dense and mla prefill): a sequence without query rows adds no block, so
+    its length neither stretches the partitions nor counts toward the target; the automatic size is
+    whole_waves' (at most two waves' worth of partitions, each a multiple of STEP_TOKENS)."""
+    lens, q_lens, weights = np.asarray([4096, 100_000]), np.asarray([2, 0]), np.asarray([1, 0])
+    split = choose_prefill_split(lens, q_lens, 1, weights, 64, 32)
+    assert split.merged and split.max_partitions == -(-4096 // split.partition_tokens)  # the live sequence's
+    assert split.partition_tokens % STEP_TOKENS == 0 and split.partition_tokens >= 32
+    assert working_partitions(np.asarray([4096]), split.partition_tokens, 0) <= 2 * 64
+    forced = choose_prefill_split(lens, q_lens, 1, weights, 64, 32, partition_tokens=512)
+    assert (forced.partition_tokens, forced.max_partitions) == (512, 8)
+    assert not choose_prefill_split(lens, q_lens, 1, np.asarray([64, 0]), 64, 32).merged  # 64 row tiles fill it
+    with pytest.raises(ArgumentError, match="this config never splits"):
+        choose_prefill_split(lens, q_lens, 1, weights, 64, 0, partition_tokens=64)

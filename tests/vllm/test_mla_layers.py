@@ -99,7 +99,8 @@ def test_every_token_is_an_mqa_token_to_vllms_mla_layer(plugin):
     assert meta.slot_mapping.dtype == torch.int32 and meta.slot_mapping.tolist() == common.slot_mapping.tolist()
     name = plugin.builder.kernel_sets and next(iter(plugin.builder.kernel_sets))
     decode_plan, prefill_plan = kgen_rows.plans[name]
-    assert decode_plan is not None and prefill_plan is None  # mla prefill has no split-KV, so no plan
+    assert decode_plan is not None and prefill_plan is not None  # mla prefill is planned as dense prefill is
+    assert prefill_plan.sizes["num_q_tokens"] == 5 and prefill_plan.num_seqs == 1
 
 
 def test_the_layer_type_is_the_one_specs_for_model_derives(plugin):
