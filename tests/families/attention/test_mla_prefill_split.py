@@ -12,6 +12,7 @@ import pytest
 from conftest import full_tier_except, inline_provided
 
 import kgen
+from kgen.arrays import args_to_backend, to_numpy
 from kgen.compile.nvrtc import compile_cubin
 from kgen.errors import KgenUserError
 from kgen.families.attention.mla import MLA_PREFILL
@@ -160,6 +161,29 @@ def test_bad_plans_are_refused(kern):
         kern.plan([100, 40], q_indptr=[0, 5, 55])
     with pytest.raises(kgen.ArgumentError, match="partition_tokens 40: must be a multiple of 16"):
         kern.plan([100], q_indptr=[0, 4], partition_tokens=40)
+
+
+def test_device_lengths_are_planned_from_shapes_on_the_cuda_path(strict_cuda):
+    """The CUDA host path (the strict driver model, tests/strict_cuda/; the bodies run on the CPU
+    backend): a call with device q_indptr and seq_lens plans from shapes (full tables, rows spread
+    evenly, grid x for all rows in one chunk) without reading them, and splits; a planned call
+    allocates, copies and waits for nothing after its first."""
+    spec = _spec()
+    kern = kgen.build(spec, backend="cuda", verify=False, config={"partition_size": 32})
+    host = make_mla_prefill_case(spec, [300, 40], [3, 29], np.random.default_rng(8))
+    dev = args_to_backend(host, "cuda")
+    ref, lowp = references(spec, host)
+    launched = len(strict_cuda.launches)
+    out = kern(**dev)
+    assert [ln.grid for ln in strict_cuda.launches[launched:]][1:] == [(8, 32, 1)]  # split: the merge ran
+    assert all(r.passed for r in check("device", spec, host, to_numpy(out), ref, lowp))
+    plan = kern.plan(host["seq_lens"], q_indptr=host["q_indptr"], num_sms=2, partition_tokens=32)
+    kern(**dev, plan=plan)  # the first call allocates the plan's split-KV scratch
+    before = len(strict_cuda.log)
+    out = kern(**dev, plan=plan)
+    after = strict_cuda.log[before:]
+    assert after and all(kind == "launch" for kind, *_ in after) and len(after) == 2, after
+    assert all(r.passed for r in check("planned", spec, host, to_numpy(out), ref, lowp))
 
 
 def test_a_single_pass_config_plans_without_partitions_and_refuses_scratch():
