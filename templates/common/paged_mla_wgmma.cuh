@@ -1,7 +1,8 @@
-// MLA decode on Hopper (sm_90a): warpgroup MMA (wgmma) with both operands of both products read by
-// the tensor cores from shared memory (docs/mla.md, "The Hopper body"). Same kernel ABI, rows,
-// split-KV partials and merge as paged_mla.cuh's mma.sync decode body, for a 16-bit cache in q's
-// type without scales. Needs kgen/platform.cuh, async_copy.cuh, convert.cuh, softmax.cuh, mma.cuh
+// MLA decode and sparse MLA prefill on Hopper (sm_90a): warpgroup MMA (wgmma) with both operands of
+// both products read by the tensor cores from shared memory (docs/mla.md, "The Hopper body"). Same
+// kernel ABI, rows, split-KV partials and merge as paged_mla.cuh's mma.sync decode and sparse bodies,
+// for a 16-bit cache in q's type without scales. The sparse entries (SPARSE_TOPK > 0) read key j's row
+// at the slot entry j of the row's indices names; -1 is zero-filled and masked. Needs kgen/platform.cuh, async_copy.cuh, convert.cuh, softmax.cuh, mma.cuh
 // (pack2) and hopper.cuh before it.
 //
 // Block (x, seq, z): 64 query heads [64 x, 64 x + 64) of sequence seq (wgmma's M; heads past
@@ -68,20 +69,29 @@ __device__ __forceinline__ int mla_swizzled(int r, int c) {
   return off ^ (((off >> 7) & 7) << 4);
 }
 
-// Copy keys [tbase, tbase + KT) into `stage` (swizzled); keys outside [k_begin, k_end) are
-// zero-filled from a valid address, not read. Thread tid copies chunks tid % TPR, + TPR, .. of
-// key row tid / TPR: one block-table read a tile.
+// Copy keys [tbase, tbase + KT) into `stage` (swizzled); keys outside [k_begin, k_end), and a
+// sparse row's unused entries (-1), are zero-filled from a valid address, not read. Key pos is the
+// sequence's position pos through its block table, or (SPARSE_TOPK > 0) entry pos of the row's
+// indices, a physical slot block_id * BLOCK_SIZE + offset. Thread tid copies chunks tid % TPR,
+// + TPR, .. of key row tid / TPR: one block-table or indices read a tile.
 template <class Cfg>
 __device__ __forceinline__ void mla_wg_issue_tile(unsigned char* __restrict__ stage, int tbase, int k_begin, int k_end,
-                                                  const int* __restrict__ table,
+                                                  const int* __restrict__ table, const int* __restrict__ indices,
                                                   const typename Cfg::kv_t* __restrict__ kv_cache,
                                                   long long kv_s_block, long long kv_s_token) {
   typedef MlaWgmmaShape<Cfg> S;
+  constexpr int B = Cfg::BLOCK_SIZE;
   const int r = threadIdx.x / S::TPR, c0 = threadIdx.x % S::TPR, pos = tbase + r;
-  const bool valid = pos >= k_begin && pos < k_end;
+  bool valid = pos >= k_begin && pos < k_end;
   const typename Cfg::kv_t* src = kv_cache;
-  if (valid) src = kv_cache + (long long)table[(unsigned)pos / Cfg::BLOCK_SIZE] * kv_s_block +
-                   (long long)((unsigned)pos % Cfg::BLOCK_SIZE) * kv_s_token;
+  if constexpr (Cfg::SPARSE_TOPK > 0) {
+    const int slot = valid ? indices[pos] : -1;
+    valid = slot >= 0;
+    if (valid) src = kv_cache + (long long)((unsigned)slot / B) * kv_s_block + (long long)((unsigned)slot % B) * kv_s_token;
+  } else {
+    if (valid) src = kv_cache + (long long)table[(unsigned)pos / B] * kv_s_block +
+                     (long long)((unsigned)pos % B) * kv_s_token;
+  }
 #pragma unroll
   for (int j = 0; j < S::CHUNKS / S::TPR; ++j) {
     const int c = c0 + j * S::TPR;
@@ -89,34 +99,25 @@ __device__ __forceinline__ void mla_wg_issue_tile(unsigned char* __restrict__ st
   }
 }
 
-// Decode: one query token per sequence; block (x, seq, z) takes heads [64 x, 64 x + 64).
+// One block's attention: heads [head0, head0 + 64) of query row `row` (decode: a sequence; sparse
+// prefill: a query token) over keys [k_begin, k_end) of `table` (a block-table row) or of `indices`
+// (a sparse row's SPARSE_TOPK entries); with `split`, partition `part`'s partial and (m, l).
 template <class Cfg>
-__device__ __forceinline__ void paged_mla_decode_wgmma_body(
+__device__ __forceinline__ void mla_wg_attend(
     typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
-    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ block_tables,
-    const int* __restrict__ seq_lens, const float* __restrict__ kv_scale, float* __restrict__ part_o,
-    float* __restrict__ part_ml, float* __restrict__ lse, int max_blocks_per_seq, int max_partitions,
-    long long q_s_seq, long long q_s_head, long long o_s_seq, long long o_s_head, long long kv_s_block,
-    long long kv_s_token, long long ks_s_block, long long ks_s_token, int partition_tokens = 0) {
+    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ table, const int* __restrict__ indices,
+    float* __restrict__ part_o, float* __restrict__ part_ml, float* __restrict__ lse, int row, int head0, int k_begin,
+    int k_end, bool split, int part, int max_partitions, long long q_s_seq, long long q_s_head, long long o_s_seq,
+    long long o_s_head, long long kv_s_block, long long kv_s_token) {
   typedef MlaWgmmaShape<Cfg> S;
   typedef typename S::T T;
   constexpr int D = S::D, HQ = S::HQ, KT = S::KT, STAGES = S::STAGES, NS = S::HALF_KEYS / 2, NO = S::HALF_COLS / 2;
-  constexpr int B = Cfg::BLOCK_SIZE;
+  constexpr bool SPARSE = Cfg::SPARSE_TOPK > 0;
   constexpr float LOG2E = 1.4426950408889634f;
-  (void)kv_scale, (void)ks_s_block, (void)ks_s_token;  // an unscaled cache
   // The warpgroup index broadcast from lane 0: ptxas then knows it is warp-uniform, and so is every
   // branch derived from it (a wgmma in possibly divergent code is serialised: advisory C7520).
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int seq = blockIdx.y, part = blockIdx.z, head0 = 64 * (int)blockIdx.x;
-  const bool split = Cfg::SPLIT && max_partitions > 1;
-  const int seq_len = seq_lens[seq];
-  // Without tail masking the promise is that seq_len is a multiple of B: whole blocks are read.
-  int k_begin = 0, k_end = Cfg::TAIL_MASK ? seq_len : (seq_len + B - 1) / B * B;
-  if (split) {
-    if (part >= split_partitions(seq_len, partition_tokens, max_partitions)) return;  // block-uniform
-    clip_to_partition(part, partition_tokens, max_partitions, k_begin, k_end);
-  }
-  const int* table = block_tables + (long long)seq * max_blocks_per_seq;
+  const int seq = row;
 
   KGEN_DYNAMIC_SMEM(unsigned char, smem_raw);
   unsigned char* base = smem_align_1024(smem_raw);  // the 1024 bytes of slack in SMEM_BYTES
@@ -138,7 +139,7 @@ __device__ __forceinline__ void paged_mla_decode_wgmma_body(
   const int ntiles = k_end > k_begin ? (k_end - tile0 + KT - 1) / KT : 0;
   auto issue = [&](int tile) {
     mla_wg_issue_tile<Cfg>(tiles + (tile % STAGES) * S::TILE_BYTES, tile0 + tile * KT, k_begin, k_end, table,
-                           kv_cache, kv_s_block, kv_s_token);
+                           indices, kv_cache, kv_s_block, kv_s_token);
   };
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
@@ -182,6 +183,17 @@ __device__ __forceinline__ void paged_mla_decode_wgmma_body(
     const int s = tile % STAGES, tbase = tile0 + tile * KT;
     const unsigned long long dk = mla_desc_plus(dk0, s * S::TILE_BYTES), dv = mla_desc_plus(dv0, s * S::TILE_BYTES);
 
+    // A sparse row: which of the thread's NS / 2 keys name a slot (bit 2 j + b: key 8 j + 2 t + b of
+    // the warpgroup's half), read before the products so the loads overlap them.
+    unsigned named = 0;
+    if constexpr (SPARSE) {
+#pragma unroll
+      for (int k = 0; k < NS / 2; ++k) {
+        const int pos = tbase + key_off + 8 * (k >> 1) + 2 * t + (k & 1);
+        named |= (unsigned)(pos >= k_begin && pos < k_end && indices[pos] >= 0) << k;
+      }
+    }
+
     // 1. S = Q K^T for the warpgroup's keys
     wgmma_fence_operand(sacc);
     wgmma_fence();
@@ -199,6 +211,7 @@ __device__ __forceinline__ void paged_mla_decode_wgmma_body(
     for (int e = 0; e < NS; ++e) {
       const int rr = (e >> 1) & 1, pos = tbase + key_off + 8 * (e >> 2) + 2 * t + (e & 1);
       sacc[e] = pos >= k_begin && pos < k_end ? sacc[e] : KGEN_NEG_INF;
+      if constexpr (SPARSE) sacc[e] = (named >> (2 * (e >> 2) + (e & 1))) & 1u ? sacc[e] : KGEN_NEG_INF;
       m_tile[rr] = fmaxf(m_tile[rr], sacc[e]);
     }
 #pragma unroll
@@ -285,6 +298,76 @@ __device__ __forceinline__ void paged_mla_decode_wgmma_body(
       if (lse != nullptr && wg == 0 && t == 0) lse[(long long)seq * HQ + h] = st[rr].lse();
     }
   }
+}
+
+// Decode: one query token per sequence; block (x, seq, z) takes heads [64 x, 64 x + 64).
+template <class Cfg>
+__device__ __forceinline__ void paged_mla_decode_wgmma_body(
+    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
+    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ block_tables,
+    const int* __restrict__ seq_lens, const float* __restrict__ kv_scale, float* __restrict__ part_o,
+    float* __restrict__ part_ml, float* __restrict__ lse, int max_blocks_per_seq, int max_partitions,
+    long long q_s_seq, long long q_s_head, long long o_s_seq, long long o_s_head, long long kv_s_block,
+    long long kv_s_token, long long ks_s_block, long long ks_s_token, int partition_tokens = 0) {
+  constexpr int B = Cfg::BLOCK_SIZE;
+  (void)kv_scale, (void)ks_s_block, (void)ks_s_token;  // an unscaled cache
+  const int seq = blockIdx.y, part = blockIdx.z;
+  const bool split = Cfg::SPLIT && max_partitions > 1;
+  const int seq_len = seq_lens[seq];
+  // Without tail masking the promise is that seq_len is a multiple of B: whole blocks are read.
+  int k_begin = 0, k_end = Cfg::TAIL_MASK ? seq_len : (seq_len + B - 1) / B * B;
+  if (split) {
+    if (part >= split_partitions(seq_len, partition_tokens, max_partitions)) return;  // block-uniform
+    clip_to_partition(part, partition_tokens, max_partitions, k_begin, k_end);
+  }
+  mla_wg_attend<Cfg>(out, q, kv_cache, block_tables + (long long)seq * max_blocks_per_seq, nullptr, part_o, part_ml,
+                     lse, seq, 64 * (int)blockIdx.x, k_begin, k_end, split, part, max_partitions, q_s_seq, q_s_head,
+                     o_s_seq, o_s_head, kv_s_block, kv_s_token);
+}
+
+// Sparse decode (SPARSE_TOPK = N): block (x, seq, z) takes heads [64 x, 64 x + 64) of sequence seq
+// over the N entries of its indices row, with split-KV entries [z P, (z + 1) P) (the merge counts
+// N). seq_lens is not read: the indices bound every row.
+template <class Cfg>
+__device__ __forceinline__ void paged_mla_sparse_decode_wgmma_body(
+    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
+    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ indices,
+    const int* __restrict__ seq_lens, const float* __restrict__ kv_scale, float* __restrict__ part_o,
+    float* __restrict__ part_ml, float* __restrict__ lse, int max_partitions, long long q_s_seq, long long q_s_head,
+    long long o_s_seq, long long o_s_head, long long kv_s_block, long long kv_s_token, long long ks_s_block,
+    long long ks_s_token, int partition_tokens = 0) {
+  constexpr int N = Cfg::SPARSE_TOPK;
+  static_assert(N > 0, "the sparse body needs SPARSE_TOPK");
+  (void)seq_lens, (void)kv_scale, (void)ks_s_block, (void)ks_s_token;
+  const int seq = blockIdx.y, part = blockIdx.z;
+  const bool split = Cfg::SPLIT && max_partitions > 1;
+  int k_begin = 0, k_end = N;
+  if (split) {
+    if (part >= split_partitions(N, partition_tokens, max_partitions)) return;  // block-uniform
+    clip_to_partition(part, partition_tokens, max_partitions, k_begin, k_end);
+  }
+  mla_wg_attend<Cfg>(out, q, kv_cache, nullptr, indices + (long long)seq * N, part_o, part_ml, lse, seq,
+                     64 * (int)blockIdx.x, k_begin, k_end, split, part, max_partitions, q_s_seq, q_s_head, o_s_seq,
+                     o_s_head, kv_s_block, kv_s_token);
+}
+
+// Sparse prefill: every query token is independent (its indices row names what it sees), so block
+// (token, y) takes heads [64 y, 64 y + 64) of query token `token` over the N entries of its indices
+// row. q_indptr, seq_lens and num_seqs are not read.
+template <class Cfg>
+__device__ __forceinline__ void paged_mla_sparse_prefill_wgmma_body(
+    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
+    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ q_indptr,
+    const int* __restrict__ indices, const int* __restrict__ seq_lens, const float* __restrict__ kv_scale,
+    float* __restrict__ lse, int num_seqs, long long q_s_tok, long long q_s_head, long long o_s_tok,
+    long long o_s_head, long long kv_s_block, long long kv_s_token, long long ks_s_block, long long ks_s_token) {
+  constexpr int N = Cfg::SPARSE_TOPK;
+  static_assert(N > 0, "the sparse body needs SPARSE_TOPK");
+  (void)q_indptr, (void)seq_lens, (void)num_seqs, (void)kv_scale, (void)ks_s_block, (void)ks_s_token;
+  const int token = blockIdx.x;
+  mla_wg_attend<Cfg>(out, q, kv_cache, nullptr, indices + (long long)token * N, nullptr, nullptr, lse, token,
+                     64 * (int)blockIdx.y, 0, N, false, 0, 1, q_s_tok, q_s_head, o_s_tok, o_s_head, kv_s_block,
+                     kv_s_token);
 }
 
 }  // namespace kgen

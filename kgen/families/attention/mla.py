@@ -111,18 +111,13 @@ class MlaAttentionFamily(FamilyBase):
     def unsupported(self, spec) -> list[str]:
         return mla_unsupported(spec)
 
-    def check_config(self, spec, config: Config) -> list[str]:
-        p = config.get("partition_size", 0)
-        problems = [f"partition_size must be 0 or a positive multiple of 16 tokens (got {p})"] if p < 0 or p % 16 else []
-        return problems + mla_geometry(spec, config)[1]
-
     def default_space(self, spec) -> dict[str, list[int]]:
         return {"row_tiles": [1, 2], "col_warps": [2, 4]}
 
     def template_context(self, spec, config: Config) -> dict[str, Any]:
         kernels = self.kernels(spec, config)
         main_params, merge_params = self.params_structs(spec, kernels)
-        return {"main_params": main_params, "merge_params": merge_params,"q_ctype": dtype(spec.dtype.q).ctype, "out_ctype": dtype(spec.dtype.resolved_out).ctype,
+        return {"main_params": main_params, "merge_params": merge_params, "q_ctype": dtype(spec.dtype.q).ctype, "out_ctype": dtype(spec.dtype.resolved_out).ctype,
                 "kv_ctype": dtype(spec.kv_cache.dtype).ctype, "softmax_scale": c_float(spec.softmax_scale_value),
                 "scale_mode": SCALE_MODES[spec.kv_cache.scale], "causal": self.causal(spec),
                 "partition_size": config.get("partition_size", 0), "geo": mla_geometry(spec, config)[0],
@@ -135,12 +130,41 @@ class MlaAttentionFamily(FamilyBase):
         positional parameters (the kernel's own, in table order)."""
         return None, None
 
+    # ---- the body of the arch being rendered (kgen/families/attention/mla_wgmma.py) ----------
+    wgmma_body = ""  # the Hopper body's function (paged_mla_wgmma.cuh); "" where there is none
+    wgmma_sparse_body = ""  # the same for a sparse spec
+
     def wgmma(self, spec, config: Config) -> bool:
-        """Whether the arch being rendered takes the Hopper body (mla decode only)."""
-        return False
+        """Whether the arch being rendered takes the Hopper body."""
+        return path_of(spec, config) == "wgmma"
 
     def body_name(self, spec, config: Config) -> str:
+        if self.wgmma(spec, config):
+            return self.wgmma_sparse_body if topk(spec) else self.wgmma_body
         return self.sparse_body if topk(spec) else self.body
+
+    def check_config(self, spec, config: Config) -> list[str]:
+        problems = path_problems(spec, config)
+        p = config.get("partition_size", 0)
+        problems += [f"partition_size must be 0 or a positive multiple of 16 tokens (got {p})"] if p < 0 or p % 16 else []
+        if problems or self.wgmma(spec, config):
+            return problems
+        return problems + mla_geometry(spec, config)[1]
+
+    def body_choice(self, spec, config: Config) -> tuple[str, str] | None:
+        """(body, why) of the arch being rendered (`spec.targets`, one arch: kgen/bodies.py); None for
+        a family with no Hopper body for this kind of spec (dense mla prefill)."""
+        if not (self.wgmma_sparse_body if topk(spec) else self.wgmma_body):
+            return None
+        if self.wgmma(spec, config):
+            geo = wgmma_geometry(spec)
+            rows = "a query token" if spec.kind == "paged_prefill" else "a sequence"
+            return "wgmma", (f"Hopper body: {spec.dtype.q} q and cache, head_dim {spec.attention.head_dim}, "
+                             f"v_head_dim {spec.v_head_dim_value}: {geo.rows} heads of {rows} a block in two "
+                             f"warpgroups, {geo.kv_tile}-key tiles x {geo.stages} stages; compiled for sm_90a")
+        if config.get("path", 0) == 1:
+            return "mma.sync", "path 1 (mma) in the config"
+        return "mma.sync", f"not the Hopper body: {wgmma_refusal(spec)}"
 
     def main_kernel(self, spec, config: Config, grid: tuple) -> KernelDecl:
         if self.wgmma(spec, config):
@@ -237,35 +261,11 @@ def pool_values(spec, cache, scale) -> dict[str, int]:
 class MlaDecodeFamily(MlaAttentionFamily):
     kind, rows, body = "paged_decode", DECODE_ROWS, "paged_mla_decode_body"
     sparse_body = "paged_mla_sparse_decode_body"
+    wgmma_body, wgmma_sparse_body = "paged_mla_decode_wgmma_body", "paged_mla_sparse_decode_wgmma_body"
     sparse_row_text = "each sequence's query token (all its heads)"
     perf_model, fib_kind = PerfModel.LATENT, "mla_paged_decode"  # kgen/perf/mla_model.py; kgen/fib/mla.py
     params = {**GEOMETRY_PARAMS, "partition_size": TunableParam("partition_size", 0),
               "path": TunableParam("path", 0)}  # kgen/families/attention/mla_wgmma.py's PATHS: 0 auto, 1 mma, 2 wgmma
-
-    # ---- the body of the arch being rendered (kgen/families/attention/mla_wgmma.py) ----------
-    def wgmma(self, spec, config: Config) -> bool:
-        return path_of(spec, config) == "wgmma"
-
-    def body_name(self, spec, config: Config) -> str:
-        return "paged_mla_decode_wgmma_body" if self.wgmma(spec, config) else super().body_name(spec, config)
-
-    def check_config(self, spec, config: Config) -> list[str]:
-        problems = path_problems(spec, config)
-        if problems or not self.wgmma(spec, config):
-            return problems + super().check_config(spec, config)
-        p = config.get("partition_size", 0)
-        return [f"partition_size must be 0 or a positive multiple of 16 tokens (got {p})"] if p < 0 or p % 16 else []
-
-    def body_choice(self, spec, config: Config) -> tuple[str, str]:
-        """(body, why) of the arch being rendered (`spec.targets`, one arch: kgen/bodies.py)."""
-        if self.wgmma(spec, config):
-            geo = wgmma_geometry(spec)
-            return "wgmma", (f"Hopper body: {spec.dtype.q} q and cache, head_dim {spec.attention.head_dim}, "
-                             f"v_head_dim {spec.v_head_dim_value}: {geo.rows} heads a block in two warpgroups, "
-                             f"{geo.kv_tile}-key tiles x {geo.stages} stages; compiled for sm_90a")
-        if config.get("path", 0) == 1:
-            return "mma.sync", "path 1 (mma) in the config"
-        return "mma.sync", f"not the Hopper body: {wgmma_refusal(spec)}"
 
     def default_space(self, spec) -> dict[str, list[int]]:
         return {**super().default_space(spec), "partition_size": [0, 64, 256]}
@@ -397,8 +397,10 @@ class MlaDecodeFamily(MlaAttentionFamily):
 class MlaPrefillFamily(MlaAttentionFamily):
     kind, rows, body = "paged_prefill", PREFILL_ROWS, "paged_mla_prefill_body"
     sparse_body = "paged_mla_sparse_prefill_body"
+    wgmma_sparse_body = "paged_mla_sparse_prefill_wgmma_body"  # dense prefill has no Hopper body
     sparse_row_text = "each query token (all its heads)"
-    params = {**GEOMETRY_PARAMS, "partition_size": TunableParam("partition_size", 0)}
+    params = {**GEOMETRY_PARAMS, "partition_size": TunableParam("partition_size", 0),
+              "path": TunableParam("path", 0)}  # path: sparse specs' body, mla_wgmma.py's PATHS
     fib_kind = "mla_paged_prefill"  # kgen/fib/mla.py
 
     def causal(self, spec) -> bool:
@@ -415,7 +417,9 @@ class MlaPrefillFamily(MlaAttentionFamily):
         return space if topk(spec) else {**space, "partition_size": [0, 64, 256]}
 
     def abi_config(self, spec) -> Config:
-        return {"partition_size": 0}  # the hand-written kernel contract: the single-pass launch
+        # the hand-written kernel contract: the single-pass launch of the mma.sync body (its rows a block),
+        # also on sm_90
+        return {"partition_size": 0, "path": 1}
 
     def params_structs(self, spec, kernels: list[KernelDecl]) -> tuple[str | None, str | None]:
         """The dense prefill body takes `const Params&` (its split-KV parameters are absent from the
@@ -454,7 +458,7 @@ class MlaPrefillFamily(MlaAttentionFamily):
 
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
         if topk(spec):  # a block per (query token, head tile): every token is a row of its own
-            return [self.main_kernel(spec, config, ("num_q_tokens", row_blocks(spec, config), 1))]
+            return [self.main_kernel(spec, config, ("num_q_tokens", row_blocks(spec, config, self), 1))]
         split = bool(config["partition_size"])
         main = self.main_kernel(spec, config, ("q_row_blocks", "num_seqs", "max_partitions" if split else 1))
         return [main, merge_kernel(spec, list(main.params), PREFILL_ROWS)] if split else [main]
@@ -563,15 +567,17 @@ class MlaPrefillFamily(MlaAttentionFamily):
         return mla_cases.prefill_bench(spec, bucket, rng)
 
 
-def decode_geometry(spec, config: Config):
-    """The geometry of the decode body the arch being rendered takes: MlaWgmmaGeometry (the Hopper
-    body) or MlaGeometry (mma.sync); both give rows, threads, stages, tile_tokens and smem_bytes."""
-    return wgmma_geometry(spec) if MLA_DECODE.wgmma(spec, config) else mla_geometry(spec, config)[0]
+def decode_geometry(spec, config: Config, family: MlaAttentionFamily | None = None):
+    """The geometry of the body the arch being rendered takes (of `family`, mla decode unless given):
+    MlaWgmmaGeometry (the Hopper body) or MlaGeometry (mma.sync); both give rows, threads, stages,
+    tile_tokens and smem_bytes."""
+    return wgmma_geometry(spec) if (family or MLA_DECODE).wgmma(spec, config) else mla_geometry(spec, config)[0]
 
 
-def row_blocks(spec, config: Config) -> int:
-    """Blocks per sequence along grid x: the query heads in tiles of 16 * row_tiles (the Hopper body: 64)."""
-    return -(-spec.attention.num_q_heads // decode_geometry(spec, config).rows)
+def row_blocks(spec, config: Config, family: MlaAttentionFamily | None = None) -> int:
+    """Blocks per row (decode: sequence; sparse prefill: token) along the head axis: the query heads
+    in tiles of 16 * row_tiles (the Hopper body: 64)."""
+    return -(-spec.attention.num_q_heads // decode_geometry(spec, config, family).rows)
 
 
 def q_row_blocks(spec, config: Config, q_indptr) -> int:

@@ -1,5 +1,6 @@
-"""The Hopper (wgmma) body of mla decode (templates/common/paged_mla_wgmma.cuh, docs/mla.md): when an
-arch's render takes it, why not otherwise, and its launch geometry: 64 query heads a block in two
+"""The Hopper (wgmma) body of mla decode and sparse mla prefill (templates/common/paged_mla_wgmma.cuh,
+docs/mla.md): when an arch's render takes it, why not otherwise, and its launch geometry: 64 query
+heads a block (decode: of a sequence; sparse prefill: of a query token) in two
 warpgroups of 128 threads, key tiles of 64 in a ring of two stages (at head_dim 576, 231,424 bytes
 of shared memory: the largest mla row the spec allows fits sm_90's 232,448)."""
 
@@ -51,8 +52,8 @@ def wgmma_refusal(spec) -> str | None:
         if target != "sm_90":
             return ("no wgmma before sm_90" if int(target.removeprefix("sm_")) < 90 else
                     f"{target} has no wgmma (an sm_90a instruction)")
-    if spec.attention.sparse_topk:
-        return "a sparse spec (attention.sparse_topk) takes the mma.sync body (no Hopper sparse body yet)"
+    if spec.kind == "paged_prefill" and not spec.attention.sparse_topk:
+        return "dense mla prefill has no Hopper body (only a sparse one: attention.sparse_topk)"
     kv, q = spec.kv_cache, spec.dtype.q
     if q not in ("fp16", "bf16"):
         return f"wgmma takes fp16 or bf16 operands (q is {q})"

@@ -31,6 +31,12 @@ def _spec(**overrides):
     return kgen.spec_from_dict(BASE).with_overrides(**overrides)
 
 
+def _mma(config):
+    """The config with path 1: the mma.sync body (on sm_90 a 16-bit sparse spec takes the Hopper one,
+    test_mla_sparse_wgmma.py)."""
+    return {**config, "path": 1}
+
+
 DECODE = [
     ({}, {}),
     ({"attention.num_q_heads": 128, "kv_cache.block_size": 64, "attention.sparse_topk": 80},
@@ -47,7 +53,7 @@ DECODE = [
 @pytest.mark.parametrize("overrides,config", full_tier_except(DECODE, {0, 2, 3, 4}),
                          ids=["h16", "h128-b64-r2c4s1", "split", "fp8-token-split", "fp16-b1"])
 def test_sparse_decode_verifies_on_cpu(overrides, config):
-    kern = kgen.build(_spec(**overrides), backend="cpu", verify=False, archs=[], config=config)
+    kern = kgen.build(_spec(**overrides), backend="cpu", verify=False, archs=[], config=_mma(config))
     report = verify(kern, seed=11)
     assert report.passed, report.summary() + "\n" + "\n".join(c.note or "" for c in report.failed_cases)
     names = {c.name for c in report.cases}
@@ -64,7 +70,8 @@ PREFILL = [
 
 @pytest.mark.parametrize("overrides,config", PREFILL, ids=["h16", "h16-r2", "fp8-tensor-causal-false"])
 def test_sparse_prefill_verifies_on_cpu(overrides, config):
-    kern = kgen.build(_spec(kind="paged_prefill", **overrides), backend="cpu", verify=False, archs=[], config=config)
+    kern = kgen.build(_spec(kind="paged_prefill", **overrides), backend="cpu", verify=False, archs=[],
+                      config=_mma(config))
     report = verify(kern, seed=13)
     assert report.passed, report.summary() + "\n" + "\n".join(c.note or "" for c in report.failed_cases)
     assert {"chunk", "chunk_lse", "shared_prefix", "mixed_batch", "padded_pool"} <= {c.name for c in report.cases}
@@ -87,7 +94,7 @@ MUTANTS = [
 def test_verifier_rejects_mutant(old, new, overrides):
     spec = _spec(**overrides)
     config = {"partition_size": 32} if spec.kind == "paged_decode" else {}
-    rendered = render(spec, config)
+    rendered = render(spec, _mma(config))
     source = inline_provided(rendered.source)  # the body as kernel code (a provided header)
     assert source.count(old) == 1, old
     kern = kernel_from_source(spec, source.replace(old, new), backend="cpu", config=rendered.config, archs=[])
@@ -240,7 +247,7 @@ def test_abi_text_takes_indices_in_place_of_the_block_table():
 ], ids=["default", "v32-decode", "fp8-token-split", "v32-prefill"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_nvrtc_compiles_without_spills(overrides, config, arch):
-    rendered = render(_spec(**overrides), config)
+    rendered = render(_spec(**overrides), _mma(config))
     for name, res in compile_cubin(rendered.source, arch).resources.items():
         assert res.spill_stores == res.spill_loads == res.stack_frame == 0, (name, res)
 
