@@ -1,7 +1,7 @@
 """Sparse mla attention on the Hopper (wgmma) body (templates/common/paged_mla_wgmma.cuh's sparse decode
 and prefill entries, kgen/families/attention/mla_wgmma.py): which render takes it and why the others do
 not, CPU-backend verification with kgen's sparse cases (NaN in every slot no row names; split-KV over
-the entries), mutants of the row selection the verifier must catch, the sm_90a compile (no spills, no
+the entries; race mode), mutants of the row selection the verifier must catch, the sm_90a compile (no spills, no
 advisories, the wgmma ordering rules kept) and the mma.sync launch the ABI keeps."""
 
 from __future__ import annotations
@@ -87,6 +87,12 @@ def test_sparse_decode_verifies_on_cpu(overrides, config):
     report = verify(kern, seed=11)
     assert report.passed, report.summary() + "\n" + "\n".join(c.note or "" for c in report.failed_cases)
     assert SPARSE_CASES <= {c.name for c in report.cases}
+
+
+def test_sparse_decode_verifies_in_race_mode():
+    kern = kgen.build(_spec(), backend="cpu", config={"partition_size": 32}, archs=[], race_check=True, seed=5)
+    assert kern.artifacts["bodies"]["sm_90"].body == "wgmma"
+    assert kern.report.passed, kern.report.summary()
 
 
 PREFILL = [
