@@ -33,23 +33,35 @@
 
 namespace kgen {
 
+template <class A, class B> struct MlaWgSame { static constexpr bool value = false; };
+template <class A> struct MlaWgSame<A, A> { static constexpr bool value = true; };
+
 template <class Cfg>
 struct MlaWgmmaShape {
   typedef typename Cfg::q_t T;
   static constexpr int D = Cfg::HEAD_DIM, DV = Cfg::V_DIM, HQ = Cfg::NUM_Q_HEADS;
   static constexpr int THREADS = 256, ROWS = 64, KT = Cfg::KV_TILE, STAGES = Cfg::STAGES;
   static constexpr int HALF_KEYS = KT / 2, HALF_COLS = DV / 2;  // each warpgroup's share of S and of O
-  static constexpr int Q_BYTES = ROWS * D * 2, TILE_BYTES = KT * D * 2, P_BYTES = ROWS * 128;
+  // fp8_ds_mla (Cfg::DS_MLA): a stage holds KT rows as stored (656 bytes each), and one pass a tile
+  // dequantizes them into the 16-bit operand tile [KT x D] the products read (OP_BYTES after the stages).
+  static constexpr bool DS = Cfg::DS_MLA;
+  static constexpr int STORED = DS ? DsMlaRow::BYTES : D * 2;  // bytes of a row as stored (and staged)
+  static constexpr int Q_BYTES = ROWS * D * 2, OPERAND_BYTES = KT * D * 2, P_BYTES = ROWS * 128;
+  static constexpr int TILE_BYTES = DS ? KT * STORED : OPERAND_BYTES;  // one stage
+  static constexpr int OP_BYTES = DS ? OPERAND_BYTES : 0;
   static constexpr int RED_BYTES = 2 * 2 * ROWS * 4;  // row maxima and row sums of both warpgroups
-  static constexpr int SMEM_BYTES = 1024 + Q_BYTES + STAGES * TILE_BYTES + P_BYTES + RED_BYTES;  // + alignment slack
-  static constexpr int CHUNKS = D / 8;           // 16-byte copies of a row
+  static constexpr int SMEM_BYTES = 1024 + Q_BYTES + STAGES * TILE_BYTES + OP_BYTES + P_BYTES + RED_BYTES;  // + slack
+  static constexpr int CHUNKS = STORED / 16;     // 16-byte copies of a key row as stored
+  static constexpr int Q_CHUNKS = D / 8;         // 16-byte copies of a query row
   static constexpr int TPR = THREADS / KT;       // threads copying one key row
   static constexpr bool CAUSAL = Cfg::CAUSAL;    // moot in decode: the query is the last key
-  static_assert(sizeof(T) == 2 && sizeof(typename Cfg::kv_t) == 2 && Cfg::SCALE_MODE == 0,
-                "the Hopper MLA body reads a 16-bit cache in q's type, unscaled");
+  static_assert(sizeof(T) == 2 && ((sizeof(typename Cfg::kv_t) == 2 && !DS) ||
+                                   (DS && D == DsMlaRow::HEAD_DIM && MlaWgSame<T, __nv_bfloat16>::value)) &&
+                    Cfg::SCALE_MODE == 0,
+                "the Hopper MLA body reads a 16-bit cache in q's type, unscaled, or fp8_ds_mla rows with bf16 q");
   static_assert(D % 64 == 0 && DV % 128 == 0 && DV <= D && HALF_COLS <= 256, "head dims: 128-byte column blocks");
   static_assert(KT == 32 || KT == 64, "KV_TILE: 32 or 64 keys (one P column block)");
-  static_assert(CHUNKS % TPR == 0, "a key row's copies split evenly over its threads");
+  static_assert(DS || CHUNKS % TPR == 0, "a key row's copies split evenly over its threads");
   static_assert(STAGES >= 1 && STAGES <= 4, "stages");
   static_assert(Cfg::NUM_THREADS == THREADS, "two warpgroups");
   static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's geometry and the template disagree");
@@ -92,10 +104,31 @@ __device__ __forceinline__ void mla_wg_issue_tile(unsigned char* __restrict__ st
     if (valid) src = kv_cache + (long long)table[(unsigned)pos / B] * kv_s_block +
                      (long long)((unsigned)pos % B) * kv_s_token;
   }
+  if constexpr (S::DS) {  // as stored, row after row (656 bytes: 41 copies over TPR threads)
+    const unsigned char* bytes = reinterpret_cast<const unsigned char*>(src);
 #pragma unroll
-  for (int j = 0; j < S::CHUNKS / S::TPR; ++j) {
-    const int c = c0 + j * S::TPR;
-    cp_async<16>(stage + mla_swizzled<S::KT>(r, 8 * c), src + 8 * c, valid ? 16 : 0);
+    for (int j = 0; j < (S::CHUNKS + S::TPR - 1) / S::TPR; ++j) {
+      const int c = c0 + j * S::TPR;
+      if (c < S::CHUNKS) cp_async<16>(stage + r * S::STORED + 16 * c, bytes + 16 * c, valid ? 16 : 0);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < S::CHUNKS / S::TPR; ++j) {
+      const int c = c0 + j * S::TPR;
+      cp_async<16>(stage + mla_swizzled<S::KT>(r, 8 * c), src + 8 * c, valid ? 16 : 0);
+    }
+  }
+}
+
+// fp8_ds_mla: dequantize a landed stage of stored rows into the swizzled bf16 operand tile
+// (ds_mla_row.cuh: e4m3 * tile scale, one rounding; rope copied). A zero-filled row reads as zeros.
+template <class Cfg>
+__device__ __forceinline__ void mla_wg_dequant_tile(unsigned char* __restrict__ op, const unsigned char* __restrict__ stage) {
+  typedef MlaWgmmaShape<Cfg> S;
+  constexpr int PER_ROW = S::D / 8;
+  for (int i = threadIdx.x; i < S::KT * PER_ROW; i += S::THREADS) {
+    const int r = i / PER_ROW, c = i % PER_ROW;
+    *reinterpret_cast<uint4*>(op + mla_swizzled<S::KT>(r, 8 * c)) = ds_mla_dequant8(stage + r * S::STORED, 8 * c);
   }
 }
 
@@ -123,13 +156,14 @@ __device__ __forceinline__ void mla_wg_attend(
   unsigned char* base = smem_align_1024(smem_raw);  // the 1024 bytes of slack in SMEM_BYTES
   unsigned char* q_s = base;
   unsigned char* tiles = base + S::Q_BYTES;
-  unsigned char* p_s = tiles + STAGES * S::TILE_BYTES;
+  unsigned char* op_s = tiles + STAGES * S::TILE_BYTES;  // fp8_ds_mla: the dequantized tile (OP_BYTES)
+  unsigned char* p_s = op_s + S::OP_BYTES;
   float* red_m = reinterpret_cast<float*>(p_s + S::P_BYTES);  // [2][64]: each warpgroup's tile maxima
   float* red_l = red_m + 2 * S::ROWS;                          // [2][64]: each warpgroup's row sums
 
   // Q of the block's heads (zeros past NUM_Q_HEADS), in the first copy group.
-  for (int i = tid; i < S::ROWS * S::CHUNKS; i += S::THREADS) {
-    const int r = i / S::CHUNKS, c = i % S::CHUNKS, h = head0 + r;
+  for (int i = tid; i < S::ROWS * S::Q_CHUNKS; i += S::THREADS) {
+    const int r = i / S::Q_CHUNKS, c = i % S::Q_CHUNKS, h = head0 + r;
     const bool valid = h < HQ;
     const T* src = q;
     if (valid) src = q + (long long)seq * q_s_seq + (long long)h * q_s_head + 8 * c;
@@ -160,8 +194,9 @@ __device__ __forceinline__ void mla_wg_attend(
   // Descriptors made once: Q and K K-major (8-row groups 1024 bytes apart), P K-major, V MN-major
   // (the next 64 columns KT * 128 bytes on, the next 8 keys 1024 bytes on).
   const unsigned long long dq = wgmma_desc(q_s, 16, 1024, 128);
-  const unsigned long long dk0 = wgmma_desc(tiles + key_off * 128, 16, 1024, 128);
-  const unsigned long long dv0 = wgmma_desc(tiles + (col_off / 64) * (KT * 128), KT * 128, 1024, 128);
+  unsigned char* operand = S::DS ? op_s : tiles;  // K and V: the stage itself, or the dequantized tile
+  const unsigned long long dk0 = wgmma_desc(operand + key_off * 128, 16, 1024, 128);
+  const unsigned long long dv0 = wgmma_desc(operand + (col_off / 64) * (KT * 128), KT * 128, 1024, 128);
   const unsigned long long dp = wgmma_desc(p_s, 16, 1024, 128);
   const float scale = Cfg::SOFTMAX_SCALE, c_exp = Cfg::SOFTMAX_SCALE * LOG2E;
 
@@ -181,7 +216,15 @@ __device__ __forceinline__ void mla_wg_attend(
       cp_async_commit();
     }
     const int s = tile % STAGES, tbase = tile0 + tile * KT;
-    const unsigned long long dk = mla_desc_plus(dk0, s * S::TILE_BYTES), dv = mla_desc_plus(dv0, s * S::TILE_BYTES);
+    const int op_off = S::DS ? 0 : s * S::TILE_BYTES;  // fp8_ds_mla: one operand tile, rewritten a tile
+    const unsigned long long dk = mla_desc_plus(dk0, op_off), dv = mla_desc_plus(dv0, op_off);
+    if constexpr (S::DS) {
+      // Everybody is done with the previous tile's operands (each warpgroup waited on its P V before
+      // the barrier above), so the tile may be rewritten; its generic stores fenced for the wgmma.
+      mla_wg_dequant_tile<Cfg>(op_s, tiles + s * S::TILE_BYTES);
+      fence_proxy_async_shared();
+      __syncthreads();
+    }
 
     // A sparse row: which of the thread's NS / 2 keys name a slot (bit 2 j + b: key 8 j + 2 t + b of
     // the warpgroup's half), read before the products so the loads overlap them.

@@ -159,7 +159,8 @@ class MlaAttentionFamily(FamilyBase):
         if self.wgmma(spec, config):
             geo = wgmma_geometry(spec)
             rows = "a query token" if spec.kind == "paged_prefill" else "a sequence"
-            return "wgmma", (f"Hopper body: {spec.dtype.q} q and cache, head_dim {spec.attention.head_dim}, "
+            cache = "cache" if spec.kv_cache.dtype == spec.dtype.q else f"{spec.kv_cache.dtype} cache"
+            return "wgmma", (f"Hopper body: {spec.dtype.q} q and {cache}, head_dim {spec.attention.head_dim}, "
                              f"v_head_dim {spec.v_head_dim_value}: {geo.rows} heads of {rows} a block in two "
                              f"warpgroups, {geo.kv_tile}-key tiles x {geo.stages} stages; compiled for sm_90a")
         if config.get("path", 0) == 1:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kgen.families.base import Config
+from kgen.formats.cache import CacheFormat
+from kgen.formats.ds_mla import ROW_BYTES as DS_ROW_BYTES
 from kgen.plan.arch import smem_limit
 
 PATHS = ("auto", "mma", "wgmma")  # the `path` parameter's values (its index): auto = wgmma where it builds
@@ -18,11 +20,15 @@ KV_TILE = 64  # keys a stage
 STAGES = 2  # one tile in flight while one is computed; more does not fit at head_dim 576
 
 
+DS_KV_TILE = 32  # fp8_ds_mla: stored stages plus the dequantized tile; 64-key tiles do not fit
+
+
 @dataclass(frozen=True)
 class MlaWgmmaGeometry:
     head_dim: int
     kv_tile: int
     stages: int
+    stored_row: int = 0  # fp8_ds_mla: the bytes of a row as stored and staged (656); 0: the 16-bit row itself
 
     rows = ROWS
     threads = THREADS
@@ -34,13 +40,23 @@ class MlaWgmmaGeometry:
     @property
     def smem_bytes(self) -> int:
         """MlaWgmmaShape's: 1024 bytes of alignment slack, Q [64 x head_dim], `stages` tiles
-        [kv_tile x head_dim], P [64 x 64], the row maxima and sums of both warpgroups (fp32)."""
-        return 1024 + 2 * ROWS * self.head_dim + self.stages * 2 * self.kv_tile * self.head_dim + ROWS * 128 + 4 * ROWS * 4
+        [kv_tile x head_dim] (fp8_ds_mla: `stages` tiles of stored rows, then the dequantized tile),
+        P [64 x 64], the row maxima and sums of both warpgroups (fp32)."""
+        operand = 2 * self.kv_tile * self.head_dim
+        stage = self.kv_tile * self.stored_row if self.stored_row else operand
+        return (1024 + 2 * ROWS * self.head_dim + self.stages * stage + (operand if self.stored_row else 0)
+                + ROWS * 128 + 4 * ROWS * 4)
+
+
+def _geometry(spec) -> MlaWgmmaGeometry:
+    if CacheFormat.of(spec).ds_mla:
+        return MlaWgmmaGeometry(spec.attention.head_dim, DS_KV_TILE, STAGES, DS_ROW_BYTES)
+    return MlaWgmmaGeometry(spec.attention.head_dim, KV_TILE, STAGES)
 
 
 def wgmma_geometry(spec) -> MlaWgmmaGeometry | None:
     """The Hopper body's geometry for `spec`, or None where it does not fit the targets' shared memory."""
-    geo = MlaWgmmaGeometry(spec.attention.head_dim, KV_TILE, STAGES)
+    geo = _geometry(spec)
     return geo if geo.smem_bytes <= smem_limit(spec.targets) else None
 
 
@@ -57,7 +73,9 @@ def wgmma_refusal(spec) -> str | None:
     kv, q = spec.kv_cache, spec.dtype.q
     if q not in ("fp16", "bf16"):
         return f"wgmma takes fp16 or bf16 operands (q is {q})"
-    if kv.dtype != q or kv.scale not in (None, "none"):
+    if kv.dtype == "fp8_ds_mla" and not spec.attention.sparse_topk:
+        return "a dense spec over the fp8_ds_mla cache takes the mma.sync body (the Hopper body reads it for sparse specs)"
+    if kv.dtype != q and kv.dtype != "fp8_ds_mla" or kv.scale not in (None, "none"):
         return (f"it reads a cache in q's type ({q}) without scales (this one is {kv.dtype}, scale {kv.scale}); "
                 "fp8 caches take the mma.sync body")
     D, Dv = spec.attention.head_dim, spec.v_head_dim_value
@@ -65,7 +83,7 @@ def wgmma_refusal(spec) -> str | None:
         return (f"head_dim must be a multiple of 64 and v_head_dim a multiple of 128 up to 512 and head_dim "
                 f"(two warpgroups of wgmma n <= 256 in 64-column blocks; got {D} and {Dv})")
     if wgmma_geometry(spec) is None:
-        geo = MlaWgmmaGeometry(D, KV_TILE, STAGES)
+        geo = _geometry(spec)
         return (f"head_dim {D}: {STAGES} stages of {KV_TILE}-key tiles need {geo.smem_bytes} bytes of shared memory, "
                 f"more than {smem_limit(spec.targets)}")
     return None

@@ -287,7 +287,7 @@ def test_bundled_v32_sparse_prefill_example_verifies_and_does_not_spill():
 def test_sparse_over_the_fp8_ds_mla_cache_verifies_on_cpu(kind, partition):
     spec = _spec(kind=kind, **{"kv_cache.dtype": "fp8_ds_mla", "attention.sparse_topk": 64})
     config = {"partition_size": partition} if kind == "paged_decode" else {}
-    kern = kgen.build(spec, backend="cpu", verify=False, archs=[], config=config)
+    kern = kgen.build(spec, backend="cpu", verify=False, archs=[], config=_mma(config))
     report = verify(kern, seed=5)
     assert report.passed, report.summary() + "\n" + "\n".join(c.note or "" for c in report.failed_cases)
 

@@ -46,13 +46,23 @@ def test_sm90_sparse_takes_the_hopper_body_and_sm80_the_mma_one(kind, body):
     assert forced.body == "mma.sync" and f"{body.replace('_wgmma', '')}<Cfg>" in forced.source
 
 
+DS = {"kv_cache.dtype": "fp8_ds_mla", "attention.head_dim": 576, "attention.v_head_dim": 512}
+
+
 @pytest.mark.parametrize("kind", ["paged_decode", "paged_prefill"])
-def test_the_fp8_ds_mla_cache_keeps_the_mma_body_with_the_reason(kind):
-    spec = _spec(kind=kind, **{"kv_cache.dtype": "fp8_ds_mla", "attention.head_dim": 576, "attention.v_head_dim": 512})
-    rendered = render(spec)
-    assert rendered.body == "mma.sync" and "fp8 caches take the mma.sync body" in rendered.why, rendered.why
+def test_the_fp8_ds_mla_cache_takes_the_hopper_body_with_32_key_tiles(kind):
+    rendered = render(_spec(kind=kind, **DS))
+    assert rendered.body == "wgmma" and "fp8_ds_mla cache" in rendered.why and "32-key tiles" in rendered.why
+
+
+def test_other_fp8_caches_and_dense_fp8_ds_mla_keep_the_mma_body_with_the_reason():
+    fp8 = render(_spec(**{"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_tensor"}))
+    assert fp8.body == "mma.sync" and "fp8 caches take the mma.sync body" in fp8.why, fp8.why
+    dense = kgen.spec_from_dict({**BASE, "attention": {k: v for k, v in BASE["attention"].items()
+                                                       if k != "sparse_topk"}}).with_overrides(**DS)
+    assert render(dense).body == "mma.sync" and "dense spec over the fp8_ds_mla cache" in render(dense).why
     with pytest.raises(KgenUserError, match=r"path 2 \(wgmma\) cannot build for sm_90: .*fp8_ds_mla"):
-        render(spec, {"path": 2})
+        render(dense, {"path": 2})
 
 
 def test_dense_mla_prefill_has_no_hopper_body():
@@ -76,11 +86,13 @@ DECODE = [
       "kv_cache.dtype": "fp16"}, {}),  # two head tiles, fp16
     ({"attention.num_q_heads": 128, "attention.head_dim": 576, "attention.v_head_dim": 512,
       "kv_cache.block_size": 64, "attention.sparse_topk": 160}, {"partition_size": 64}),  # V3.2's dims
+    ({**DS, "attention.sparse_topk": 100}, {"partition_size": 32}),  # stored rows dequantized a tile
 ]
 
 
 # V3.2's dims (128 heads: two 64-head blocks a sequence) in the full tier; the small rows prove the body
-@pytest.mark.parametrize("overrides,config", full_tier_except(DECODE, {0, 1, 2}), ids=["h16", "split", "h72-fp16-b1", "v32"])
+@pytest.mark.parametrize("overrides,config", full_tier_except(DECODE, {0, 1, 2, 4}),
+                         ids=["h16", "split", "h72-fp16-b1", "v32", "fp8-ds-mla-split"])
 def test_sparse_decode_verifies_on_cpu(overrides, config):
     kern = kgen.build(_spec(**overrides), backend="cpu", verify=False, archs=[], config=config)
     assert kern.artifacts["bodies"]["sm_90"].body == "wgmma"
@@ -98,10 +110,11 @@ def test_sparse_decode_verifies_in_race_mode():
 PREFILL = [
     ({}, {}),
     ({"attention.num_q_heads": 72, "attention.sparse_topk": 70}, {}),  # two head tiles, a partial last key tile
+    (DS, {}),
 ]
 
 
-@pytest.mark.parametrize("overrides,config", PREFILL, ids=["h16", "h72-k70"])
+@pytest.mark.parametrize("overrides,config", PREFILL, ids=["h16", "h72-k70", "fp8-ds-mla"])
 def test_sparse_prefill_verifies_on_cpu(overrides, config):
     kern = kgen.build(_spec(kind="paged_prefill", **overrides), backend="cpu", verify=False, archs=[], config=config)
     assert kern.artifacts["bodies"]["sm_90"].body == "wgmma"
@@ -119,6 +132,10 @@ MUTANTS = [
     ("last entry dropped", "int k_begin = 0, k_end = N;", "int k_begin = 0, k_end = N - 1;", {}),
     ("prefill: a neighbour token's indices", "indices + (long long)token * N",
      "indices + (long long)(token / 2 * 2) * N", {"kind": "paged_prefill"}),
+    ("fp8_ds_mla: the rope read from the latent", "ds_mla_dequant8(stage + r * S::STORED, 8 * c)",
+     "ds_mla_dequant8(stage + r * S::STORED, 8 * (c % 64))", DS),
+    ("fp8_ds_mla: the last 16 stored bytes not copied", "if (c < S::CHUNKS) cp_async<16>",
+     "if (c < S::CHUNKS - 1) cp_async<16>", DS),
 ]
 
 
@@ -136,11 +153,13 @@ def test_verifier_rejects_mutant(old, new, overrides):
 
 
 @needs_cuobjdump
-@pytest.mark.parametrize("kind,config", [("paged_decode", {"partition_size": 256}), ("paged_decode", {}),
-                                         ("paged_prefill", {})], ids=["decode-split", "decode", "prefill"])
-def test_v32_sparse_compiles_for_sm90a_without_spills_advisories_or_order_problems(kind, config):
+@pytest.mark.parametrize("kind,config,cache", [
+    ("paged_decode", {"partition_size": 256}, "bf16"), ("paged_decode", {}, "bf16"), ("paged_prefill", {}, "bf16"),
+    ("paged_decode", {"partition_size": 256}, "fp8_ds_mla"), ("paged_prefill", {}, "fp8_ds_mla"),
+], ids=["decode-split", "decode", "prefill", "ds-decode-split", "ds-prefill"])
+def test_v32_sparse_compiles_for_sm90a_without_spills_advisories_or_order_problems(kind, config, cache):
     spec = _spec(kind=kind, **{"attention.num_q_heads": 128, "attention.head_dim": 576, "attention.v_head_dim": 512,
-                               "kv_cache.block_size": 64, "attention.sparse_topk": 2048})
+                               "kv_cache.block_size": 64, "attention.sparse_topk": 2048, "kv_cache.dtype": cache})
     rendered = render(spec, config)
     cache = ArtifactCache()
     art = compile_cubin(rendered.source, "sm_90", cache=cache)

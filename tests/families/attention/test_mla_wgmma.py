@@ -107,8 +107,8 @@ MUTANTS = [
      "    __syncthreads();", "fence_proxy_async_shared();"),
     ("own maximum only", "const float m = fmaxf(red_m[row], red_m[S::ROWS + row]) * scale;",
      "const float m = red_m[wg * S::ROWS + row] * scale;"),
-    ("V from the rope end", "wgmma_desc(tiles + (col_off / 64) * (KT * 128)",
-     "wgmma_desc(tiles + (col_off / 64 + 1) * (KT * 128)"),
+    ("V from the rope end", "wgmma_desc(operand + (col_off / 64) * (KT * 128)",
+     "wgmma_desc(operand + (col_off / 64 + 1) * (KT * 128)"),
     ("tail key not masked", "sacc[e] = pos >= k_begin && pos < k_end ? sacc[e] : KGEN_NEG_INF;",
      "sacc[e] = pos >= k_begin && pos <= k_end ? sacc[e] : KGEN_NEG_INF;"),
 ]
