@@ -101,8 +101,10 @@ def test_sparse_decode_verifies_on_cpu(overrides, config):
     assert SPARSE_CASES <= {c.name for c in report.cases}
 
 
-def test_sparse_decode_verifies_in_race_mode():
-    kern = kgen.build(_spec(), backend="cpu", config={"partition_size": 32}, archs=[], race_check=True, seed=5)
+@pytest.mark.parametrize("overrides", [{}, DS], ids=["bf16", "fp8-ds-mla"])  # fp8_ds_mla: the dequantized tile's barrier
+def test_sparse_decode_verifies_in_race_mode(overrides):
+    kern = kgen.build(_spec(**overrides), backend="cpu", config={"partition_size": 32}, archs=[], race_check=True,
+                      seed=5)
     assert kern.artifacts["bodies"]["sm_90"].body == "wgmma"
     assert kern.report.passed, kern.report.summary()
 
@@ -136,6 +138,9 @@ MUTANTS = [
      "ds_mla_dequant8(stage + r * S::STORED, 8 * (c % 64))", DS),
     ("fp8_ds_mla: the last 16 stored bytes not copied", "if (c < S::CHUNKS) cp_async<16>",
      "if (c < S::CHUNKS - 1) cp_async<16>", DS),
+    ("fp8_ds_mla: no barrier after the dequantizing pass",  # the untrusted CPU build runs race detection
+     "mla_wg_dequant_tile<Cfg>(op_s, tiles + s * S::TILE_BYTES);\n      fence_proxy_async_shared();\n      __syncthreads();",
+     "mla_wg_dequant_tile<Cfg>(op_s, tiles + s * S::TILE_BYTES);\n      fence_proxy_async_shared();", DS),
 ]
 
 
