@@ -80,8 +80,9 @@ def test_no_family_source_holds_another_familys_body(path):
         body = {"paged_decode": "paged_mla_decode_body", "paged_prefill": "paged_mla_prefill_body"}[spec.kind]
         if spec.attention.sparse_topk:  # the sparse bodies: each row's keys are the slots its indices name
             body = body.replace("paged_mla_", "paged_mla_sparse_")
-        if "kgen::paged_mla_decode_wgmma_body<" in src:  # its Hopper body (templates/common/paged_mla_wgmma.cuh)
-            body = "paged_mla_decode_wgmma_body"
+        hopper = body.replace("_body", "_wgmma_body")  # its Hopper body (templates/common/paged_mla_wgmma.cuh)
+        if f"kgen::{hopper}<" in src:
+            body = hopper
     assert f"kgen::{body}<" in src or f"kgen::{body}(" in src
     assert [body for kind, body in BODIES.items() if kind != spec.kind and body in src] == []
     assert "struct SoftmaxState" not in src
