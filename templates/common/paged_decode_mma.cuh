@@ -564,7 +564,13 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
   }
 
   SoftmaxState st[2] = {SoftmaxState::empty(), SoftmaxState::empty()};
-  const TileSoftmax softmax = TileSoftmax::of(1.0f);  // the logits are scaled (attention/softmax_tile.cuh)
+  // FOLD: the logit is the product (times its per-token K scale) times a positive compile-time
+  // scale (attention/logits.cuh's LINEAR, no runtime K scale whose sign could flip the order): the
+  // products stay raw, a row's max is scaled once and exp2 takes the scale in its FFMA
+  // (attention/softmax_tile.cuh).
+  constexpr bool FOLD = Logits<Cfg>::LINEAR && Cfg::SOFTMAX_SCALE > 0.0f &&
+                        (S::SCALES == ScaleMode::none || S::SCALES == ScaleMode::per_token_head);
+  const TileSoftmax softmax = TileSoftmax::of(FOLD ? Cfg::SOFTMAX_SCALE : 1.0f);
   float o[S::ONT][4];
 #pragma unroll
   for (int nt = 0; nt < S::ONT; ++nt)
@@ -592,33 +598,40 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
 
     // s[j][i]: head g + 8 (i >> 1), token 8j + 2t + (i & 1) of the warp's 16.
     float m_tile[2] = {KGEN_NEG_INF, KGEN_NEG_INF};
+    const int lane_pos = pos_w + 2 * t;  // the position of this lane's first column (2t)
+    const KeyRange seen{tok_begin - lane_pos, tok_end - lane_pos};  // its column 2t + c is seen: c in seen
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int i = 0; i < 2 * S::LANE_ROWS; ++i) {
         const int rr = i >> 1, col = 8 * j + 2 * t + (i & 1), pos = pos_w + col;
-        const float y = Logits<Cfg>::of(s[j][i], S::TOKEN_SCALES ? qk_scale * ss[col] : qk_scale, slope[rr], pos,
-                                        seq_len - 1);
-        s[j][i] = keys.contains(pos) ? y : KGEN_NEG_INF;
+        const float y = FOLD ? (S::TOKEN_SCALES ? s[j][i] * ss[col] : s[j][i])
+                             : Logits<Cfg>::of(s[j][i], S::TOKEN_SCALES ? qk_scale * ss[col] : qk_scale, slope[rr],
+                                               pos, seq_len - 1);
+        s[j][i] = seen.contains(8 * j + (i & 1)) ? y : KGEN_NEG_INF;
         m_tile[rr] = fmaxf(m_tile[rr], s[j][i]);
       }
-    float l_tile[2] = {0.0f, 0.0f}, mb[2] = {0.0f, 0.0f};
+    float mb[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int rr = 0; rr < S::LANE_ROWS; ++rr)  // the four lanes of a group hold the row's tokens
       scale_row(o, rr, softmax.raise(st[rr], quad_max(m_tile[rr]), mb[rr]));
+    // Each pair of weights packed into P's A fragment as soon as it is made, and added to the row's
+    // sum there (no per-tile sums): ptxas allocates 2 to 4 fewer registers this way
+    // (docs/decode-family.md, "Registers of the softmax update").
+    unsigned a[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
-      for (int i = 0; i < 2 * S::LANE_ROWS; ++i) {
-        const int rr = i >> 1;
-        s[j][i] = softmax.weight(s[j][i], mb[rr]);  // exp(logit - m); a masked -inf gives 0
-        l_tile[rr] += s[j][i];
-        if (S::TOKEN_SCALES) s[j][i] *= ss[NT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;  // P V sees P times V's scales
+      for (int rr = 0; rr < S::LANE_ROWS; ++rr) {
+        float p[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          p[e] = softmax.weight(s[j][2 * rr + e], mb[rr]);  // exp(logit - m); a masked -inf gives 0
+          st[rr].l += p[e];  // this lane's share; the four lanes' shares add up at the end
+          if (S::TOKEN_SCALES) p[e] *= ss[NT + 8 * j + 2 * t + e] * v_inv_ref;  // P V sees P times V's scales
+        }
+        a[2 * j + rr] = pack2<T>(p[0], p[1]);
       }
-    st[0].l += l_tile[0];  // this lane's share; the four lanes' shares add up at the end
-    st[1].l += l_tile[1];
-    const unsigned a[4] = {pack2<T>(s[0][0], s[0][1]), S::LANE_ROWS == 2 ? pack2<T>(s[0][2], s[0][3]) : 0u,
-                           pack2<T>(s[1][0], s[1][1]), S::LANE_ROWS == 2 ? pack2<T>(s[1][2], s[1][3]) : 0u};
     decode_mma_pv<Cfg>(o, a, v_w, vs_w, lane);
   }
 

@@ -112,14 +112,15 @@ MUTATIONS = [
      set()),
     # the tensor-core body (templates/common/paged_decode_mma.cuh; BASE's group 4 takes it by default)
     ("mma_tail_mask_dropped", {}, {"mma_min_group": 4},  # fp16 group 4: tensor cores on request
-     "s[j][i] = keys.contains(pos) ? y : KGEN_NEG_INF;", "s[j][i] = pos >= tok_begin ? y : KGEN_NEG_INF;",
+     "s[j][i] = seen.contains(8 * j + (i & 1)) ? y : KGEN_NEG_INF;",
+     "s[j][i] = 8 * j + (i & 1) >= seen.begin ? y : KGEN_NEG_INF;",
      {"len_B-1", "len_B+1"}, {"len_B"}),
     ("mma_q_k_permutation_wrong", {"kv_cache.dtype": "int8", "kv_cache.scale": "per_head"}, None,
      "  if (!BYTES8) return k;\n", "  return k;\n", {"len_B+1", "long"}, {"len_1"}),  # one key: weight 1 whatever its logit
     ("mma_v_columns_unpermuted", {"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_tensor"}, None,
      "return 32 * (nt / 4) + 16 * (k / 2) + 2 * n + k % 2;", "return 8 * nt + n;", {"len_1", "long"}, set()),
     ("mma_token_v_scale_dropped", {"kv_cache.dtype": "fp8_e5m2", "kv_cache.scale": "per_token_head"}, None,
-     "if (S::TOKEN_SCALES) s[j][i] *= ss[NT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;", "",
+     "if (S::TOKEN_SCALES) p[e] *= ss[NT + 8 * j + 2 * t + e] * v_inv_ref;", "",
      {"long"}, {"len_1"}),  # one key: v_ref is its own scale, and the output times v_ref is right
     ("mma_stage_refilled_without_barrier", {}, {"mma_min_group": 4},  # fp16 group 4: tensor cores on request
      "    __syncthreads();  // everybody's have; and everybody is done with tile - 1, whose stage is refilled next\n",

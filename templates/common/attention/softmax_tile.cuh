@@ -9,7 +9,8 @@
 // where x is the logit (x_scale 1) or, for a LINEAR logit (attention/logits.cuh), the raw product
 // (x_scale the positive logit scale: the max is taken on raw products and scaled once a row).
 // A masked logit is -inf and weighs 0 with no test; a row with no key seen yet (m = -inf, all its
-// logits -inf) takes mb = 0, never the NaN of -inf - -inf. The row's sum of weights l is added by
+// logits -inf) takes a finite mb (-FLT_MAX: one FMNMX, no test), never the NaN of -inf - -inf;
+// every other row's mb is m log2(e) itself. The row's sum of weights l is added by
 // the caller (each lane its share; quad_sum adds an MMA row's lanes' shares at the end).
 //
 //   quad_max, quad_sum   over the four lanes of an m16n8 C fragment's row (lanes 4g .. 4g + 3)
@@ -32,7 +33,7 @@ struct TileSoftmax {
   // for the row's accumulators and sets mb, the exponent's offset for its weights.
   __device__ __forceinline__ float raise(SoftmaxState& st, float m_x, float& mb) const {
     const float f = st.raise_max(m_x * x_scale);
-    mb = st.m == KGEN_NEG_INF ? 0.0f : st.m * LOG2E;
+    mb = fmaxf(st.m * LOG2E, -3.402823466e38f);  // -FLT_MAX where m = -inf
     return f;
   }
 

@@ -137,3 +137,30 @@ def test_nvrtc_compiles_without_spills(overrides, arch):
     assert "TENSOR_CORES = true;" in rendered.source
     res = compile_cubin(rendered.source, arch).resources[spec.name]
     assert res.spill_stores == res.spill_loads == res.stack_frame == 0, res
+
+
+def test_negative_dequant_scale_keeps_the_largest_logit():
+    """Where the body folds the softmax scale into exp2 it takes a row's max on raw q . k products,
+    which is right only for a positive scale: a runtime K scale may be negative (it flips which
+    product is the largest), so it stays out of that fold. Negating a head's K scale is the same
+    attention as negating its group's queries; the float64 reference checks the result itself."""
+    import numpy as np
+    from kgen.families.attention.decode_cases import attention_references, make_decode_case
+
+    spec = _spec(**{"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_head"})
+    config = {"mma_min_group": 1, "partition_size": 0}
+    assert _tensor_cores(spec, config)
+    kern = kgen.build(spec, backend="cpu", config=config, verify=False, archs=[])
+    args = make_decode_case(spec, [37, 20], np.random.default_rng(5))
+    G = spec.attention.num_q_heads // spec.attention.num_kv_heads
+    neg_scale = {**args, "k_scale": args["k_scale"] * np.float32([-1.0, 1.0])}  # KV head 0's K scale < 0
+    q = args["q"].copy()
+    q[:, :G] = -q[:, :G]  # KV head 0's queries negated instead
+    neg_q = {**args, "q": q}
+    got = kern(**{k: v.copy() for k, v in neg_scale.items()}).astype(np.float64)
+    same = kern(**{k: v.copy() for k, v in neg_q.items()}).astype(np.float64)
+    plain = kern(**{k: v.copy() for k, v in args.items()}).astype(np.float64)
+    np.testing.assert_array_equal(got, same)
+    assert not np.allclose(got[:, :G], plain[:, :G], atol=1e-2)  # the sign mattered
+    ref, _ = attention_references(spec, neg_scale)
+    np.testing.assert_allclose(got, ref.out, atol=2e-2, rtol=2e-2)
