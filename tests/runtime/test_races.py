@@ -267,7 +267,7 @@ def test_generated_decode_without_a_barrier_is_reported():
     the barrier between the wait for a tile's copies and reading the tile, and it names both lines."""
     spec = kgen.load_spec(SPECS / "llama3_8b_decode.yaml")  # the CUDA-core body (mma_min_group 0)
     kern = kgen.build(spec, backend="cpu", config={"mma_min_group": 0}, verify=False, race_check=True)
-    source = inline_provided(kern.source, "kgen/attention/stage_ring.cuh")  # the stage ring, as kernel code
+    source = inline_provided(inline_provided(kern.source), "kgen/attention/stage_ring.cuh")  # body and ring as kernel code
     barrier = source.index("__syncthreads();  // everybody's have")
     mutant = source[:barrier] + source[barrier + len("__syncthreads();"):]
     kern.module = CpuModule.from_source(mutant, kern.kernel_names, race_check=True)
