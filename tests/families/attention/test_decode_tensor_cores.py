@@ -145,7 +145,11 @@ def test_negative_dequant_scale_keeps_the_largest_logit():
     product is the largest), so it stays out of that fold. Negating a head's K scale is the same
     attention as negating its group's queries; the float64 reference checks the result itself."""
     import numpy as np
-    from kgen.families.attention.decode_cases import attention_references, make_decode_case
+
+    from kgen.families.attention.decode_cases import (
+        attention_references,
+        make_decode_case,
+    )
 
     spec = _spec(**{"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_head"})
     config = {"mma_min_group": 1, "partition_size": 0}
