@@ -25,6 +25,7 @@ from pathlib import Path
 from kgen.build import compile_cubins
 from kgen.cache import ArtifactCache
 from kgen.compile.cuda_headers import cuda_include_dir
+from kgen.compile.provided import kgen_headers
 from kgen.render import render
 from kgen.spec.models import load_spec
 
@@ -68,10 +69,13 @@ def main() -> None:
 
     src_dir = Path(tempfile.mkdtemp())
     (src_dir / "kernel.cu").write_text(render(spec).source)
+    for name, text in kgen_headers().items():  # kgen's provided headers, where nvcc's -I finds them
+        (src_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (src_dir / name).write_text(text)
     nvcc = shutil.which("nvcc")
     nvcc_t: list[float] = []
     if nvcc:
-        cmd = [nvcc, "-cubin", "-arch=sm_90", "-std=c++17", f"-I{cuda_include_dir()}", "-o",
+        cmd = [nvcc, "-cubin", "-arch=sm_90", "-std=c++17", f"-I{cuda_include_dir()}", f"-I{src_dir}", "-o",
                str(src_dir / "k.cubin"), str(src_dir / "kernel.cu")]
         nvcc_t = timed(lambda: subprocess.run(cmd, check=True, capture_output=True), args.reps)
 
