@@ -21,7 +21,9 @@ from kgen.spec.models import LAYOUTS
 
 ROOT = Path(__file__).resolve().parents[1]
 KGEN = ROOT / "kgen"
-HEAVY = {"torch", "cupy", "cupyx", "ray", "matplotlib", "vllm", "transformers"}
+# ml_dtypes is a required dependency, but its extension module alone takes longer to import than the
+# rest of `import kgen` (docs/pipeline.md): kgen.formats.dtypes imports it on first use.
+HEAVY = {"torch", "cupy", "cupyx", "ray", "matplotlib", "vllm", "transformers", "ml_dtypes"}
 KINDS = tuple(FAMILIES)  # every registered kind: a new family is covered by the rules below
 
 

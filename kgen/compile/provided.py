@@ -9,7 +9,11 @@ kernel may name (the source policy refuses every other `#include`).
 from __future__ import annotations
 
 import hashlib
+import itertools
+import os
 import re
+import time
+from functools import lru_cache
 from pathlib import Path
 
 from kgen.paths import templates_dir
@@ -79,17 +83,55 @@ RESERVED_MACROS = {
 }
 
 
-def kgen_headers() -> dict[str, str]:
-    """{include name: text} of kgen's provided headers."""
-    root = templates_dir()
-    return {name: (root / rel).read_text() for name, rel in PROVIDED_HEADERS.items()}
+# A header written this recently may be written again within its file system's timestamp granularity
+# (up to a second or two), unseen by its stamps: it is read afresh until it is older (git's "racily clean").
+_RACY_NS = 2_000_000_000
+_fresh = itertools.count()
 
 
-def kgen_headers_digest() -> str:
+@lru_cache(maxsize=4)
+def _header_paths(root: Path) -> tuple[str, ...]:
+    return tuple(str(root / rel) for rel in PROVIDED_HEADERS.values())
+
+
+def _stamps(root: Path) -> tuple[tuple[int, ...], ...]:
+    """Each provided header's (mtime, ctime, size, inode), what an edit of the file changes; plus a
+    token never seen before when one was modified within _RACY_NS (so the memo below is not used)."""
+    stats = [os.stat(path) for path in _header_paths(root)]
+    stamps = tuple((s.st_mtime_ns, s.st_ctime_ns, s.st_size, s.st_ino) for s in stats)
+    if time.time_ns() - max(s.st_mtime_ns for s in stats) < _RACY_NS:
+        return (*stamps, (next(_fresh),))
+    return stamps
+
+
+# Memoised on the files' stamps: a warm build asks for the headers' digest once per arch, and reading
+# and hashing every provided header each time was about a third of it (docs/pipeline.md). An edited
+# header has new stamps, so it is read again and the digest (part of every compile cache key) changes.
+@lru_cache(maxsize=4)
+def _read_headers(root: Path, _stamps: tuple[tuple[int, ...], ...]) -> tuple[tuple[str, str], ...]:
+    return tuple((name, (root / rel).read_text()) for name, rel in PROVIDED_HEADERS.items())
+
+
+@lru_cache(maxsize=4)
+def _digest(root: Path, stamps: tuple[tuple[int, ...], ...]) -> str:
     h = hashlib.sha256()
-    for name, text in sorted(kgen_headers().items()):
+    for name, text in sorted(_read_headers(root, stamps)):
         h.update(name.encode() + b"\0" + text.encode() + b"\0")
     return h.hexdigest()
+
+
+def kgen_headers(root: Path | None = None) -> dict[str, str]:
+    """{include name: text} of kgen's provided headers (a fresh dict: the caller may change it), read
+    from `root` (a templates folder; default kgen's)."""
+    root = root or templates_dir()
+    return dict(_read_headers(root, _stamps(root)))
+
+
+def kgen_headers_digest(root: Path | None = None) -> str:
+    """sha256 over kgen's provided headers (names and texts) in `root` (default kgen's templates):
+    part of every compile cache key."""
+    root = root or templates_dir()
+    return _digest(root, _stamps(root))
 
 
 def write_kgen_headers(include_dir: Path) -> Path:

@@ -12,8 +12,9 @@ the layout and the read side, shared by the reference, the verification pools an
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
+
+from kgen.formats.dtypes import ml_dtype
 
 HEAD_DIM, V_HEAD_DIM = 576, 512  # the row's elements; the latent part (V)
 LATENT, ROPE = 512, 64
@@ -23,7 +24,7 @@ SCALES_AT = LATENT  # byte offset of the scales
 ROPE_AT = SCALES_AT + 4 * TILES  # byte offset of the rope part: 528
 ROW_BYTES = ROPE_AT + 2 * ROPE  # 656
 
-POISON_BYTES = {"latent": 0x7F, "scale": np.float32(np.nan), "rope": ml_dtypes.bfloat16(np.nan)}
+POISON_BYTES = {"latent": 0x7F, "scale": np.float32(np.nan), "rope": np.uint16(0x7FC0)}  # rope: bf16 NaN bits
 
 
 def split_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -33,8 +34,8 @@ def split_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if rows.shape[-1:] != (ROW_BYTES,) or rows.dtype != np.uint8:
         raise ValueError(f"fp8_ds_mla rows are uint8 [..., {ROW_BYTES}] (got {rows.dtype} {list(rows.shape)})")
     rows = np.ascontiguousarray(rows)
-    return (rows[..., :SCALES_AT].view(ml_dtypes.float8_e4m3fn), rows[..., SCALES_AT:ROPE_AT].view(np.float32),
-            rows[..., ROPE_AT:].view(ml_dtypes.bfloat16))
+    return (rows[..., :SCALES_AT].view(ml_dtype("float8_e4m3fn")), rows[..., SCALES_AT:ROPE_AT].view(np.float32),
+            rows[..., ROPE_AT:].view(ml_dtype("bfloat16")))
 
 
 def dequantize_rows(rows: np.ndarray) -> np.ndarray:

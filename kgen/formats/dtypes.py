@@ -1,13 +1,17 @@
 """kgen's element types as rows of one table: width in bits (sub-byte included), whether a cache of
 it is quantized (real = stored * scale) and the largest magnitude it stores, the oldest arch with
 native support, the C++ type of generated source and the header that declares it, and the numpy
-and torch counterparts. Everything that asks "what is this dtype" reads this table."""
+and torch counterparts. Everything that asks "what is this dtype" reads this table.
+
+The numpy types of bf16 and fp8 come from ml_dtypes, imported when one is first asked for, not with
+kgen: its extension module alone took longer to import than the rest of `import kgen`
+(docs/pipeline.md)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache, lru_cache
 
-import ml_dtypes
 import numpy as np
 
 
@@ -15,7 +19,7 @@ import numpy as np
 class DType:
     name: str  # kgen name, as in specs
     ctype: str  # C++ type in generated source
-    numpy: np.dtype  # the host element (a packed sub-byte type: its storage byte)
+    host: np.dtype | str  # the host element (a packed sub-byte type: its storage byte); a str names an ml_dtypes type
     torch_name: str  # attribute of the torch module
     bits: int  # width of one element; 4 for a packed type (two per byte)
     quantized: bool = False  # a cache of it stores real / scale
@@ -23,6 +27,11 @@ class DType:
     min_sm: int = 0  # oldest arch with native support (0: every target)
     header: str = ""  # the CUDA header that declares ctype ("" for C++ and kgen's own types)
     row_format: bool = False  # a byte of a self-describing row (values and scales together): not an array dtype
+
+    @property
+    def numpy(self) -> np.dtype:
+        """The host element as a numpy dtype (an ml_dtypes type is imported here, on first use)."""
+        return self.host if isinstance(self.host, np.dtype) else ml_dtype(self.host)
 
     @property
     def packed(self) -> bool:
@@ -48,11 +57,11 @@ class DType:
 
 _TABLE = [
     DType("fp16", "__half", np.dtype(np.float16), "float16", 16, header="cuda_fp16.h"),
-    DType("bf16", "__nv_bfloat16", np.dtype(ml_dtypes.bfloat16), "bfloat16", 16, min_sm=80, header="cuda_bf16.h"),
+    DType("bf16", "__nv_bfloat16", "bfloat16", "bfloat16", 16, min_sm=80, header="cuda_bf16.h"),
     DType("fp32", "float", np.dtype(np.float32), "float32", 32),
-    DType("fp8_e4m3", "__nv_fp8_e4m3", np.dtype(ml_dtypes.float8_e4m3fn), "float8_e4m3fn", 8, quantized=True,
+    DType("fp8_e4m3", "__nv_fp8_e4m3", "float8_e4m3fn", "float8_e4m3fn", 8, quantized=True,
           qmax=448.0, min_sm=89, header="cuda_fp8.h"),
-    DType("fp8_e5m2", "__nv_fp8_e5m2", np.dtype(ml_dtypes.float8_e5m2), "float8_e5m2", 8, quantized=True,
+    DType("fp8_e5m2", "__nv_fp8_e5m2", "float8_e5m2", "float8_e5m2", 8, quantized=True,
           qmax=57344.0, min_sm=89, header="cuda_fp8.h"),
     DType("int8", "kgen::i8", np.dtype(np.int8), "int8", 8, quantized=True, qmax=127.0),
     # NVFP4 (docs/abi.md): e2m1 values two a byte (element 2i in the low nibble) with e4m3 scales per 16
@@ -63,11 +72,35 @@ _TABLE = [
 ]
 
 BY_NAME = {d.name: d for d in _TABLE}
-BY_NUMPY = {d.numpy: d for d in _TABLE if not d.packed and not d.row_format}
 BY_TORCH = {d.torch_name: d for d in _TABLE if not d.packed and not d.row_format}
 QUANTIZED = {d.name for d in _TABLE if d.quantized}
 QMAX = {d.name: d.qmax for d in _TABLE if d.quantized}
 MIN_SM = {d.name: d.min_sm for d in _TABLE if d.min_sm}
+
+
+def ml_dtypes():
+    """The ml_dtypes module (bfloat16, the fp8 types, their finfo), imported on first use (above)."""
+    import ml_dtypes  # heavy: see the module's docstring
+
+    return ml_dtypes
+
+
+@cache
+def ml_dtype(name: str) -> np.dtype:
+    """ml_dtypes' type `name` ("bfloat16", "float8_e4m3fn") as a numpy dtype."""
+    return np.dtype(getattr(ml_dtypes(), name))
+
+
+@lru_cache(maxsize=1)
+def _by_numpy() -> dict[np.dtype, DType]:
+    return {d.numpy: d for d in _TABLE if not d.packed and not d.row_format}
+
+
+def __getattr__(name: str):
+    """BY_NUMPY ({numpy dtype: row}) is built on first use: its keys need ml_dtypes (PEP 562)."""
+    if name == "BY_NUMPY":
+        return _by_numpy()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def dtype(name: str) -> DType:
@@ -83,7 +116,7 @@ def dtype_label(dt) -> str:
     torch has keeps torch's name.
     """
     if isinstance(dt, np.dtype):
-        known = BY_NUMPY.get(dt)
+        known = _by_numpy().get(dt)
         return known.name if known else str(dt)
     name = str(dt).removeprefix("torch.")
     known = BY_TORCH.get(name)

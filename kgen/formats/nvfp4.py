@@ -19,8 +19,9 @@ and the element stores ±6. Element 2i of a row is the low nibble of byte i, 2i+
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
+
+from kgen.formats.dtypes import ml_dtype
 
 GROUP = 16  # elements per e4m3 block scale
 E2M1_MAX = 6.0
@@ -53,11 +54,11 @@ def e2m1_decode(nibbles: np.ndarray) -> np.ndarray:
 def e4m3_rn_sat(x: np.ndarray) -> np.ndarray:
     """fp32 -> e4m3 bits (uint8), round to nearest even, saturated to ±448 (NaN stays NaN)."""
     x = np.clip(np.asarray(x, dtype=np.float32), -E4M3_MAX, E4M3_MAX)
-    return x.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    return x.astype(ml_dtype("float8_e4m3fn")).view(np.uint8)
 
 
 def e4m3_decode(bits: np.ndarray) -> np.ndarray:
-    return np.asarray(bits, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    return np.asarray(bits, dtype=np.uint8).view(ml_dtype("float8_e4m3fn")).astype(np.float32)
 
 
 def _check_rows(x: np.ndarray) -> None:

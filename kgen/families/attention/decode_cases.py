@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 
-import ml_dtypes
 import numpy as np
 
 from kgen.arrays import to_backend, to_numpy
@@ -43,7 +42,7 @@ from kgen.families.attention.serving import (
 from kgen.families.attention.strata import decode_joint_cases
 from kgen.families.base import Bench, Case, Config
 from kgen.formats.cache import CacheFormat, block_scale_copy, scale_to_layout, to_layout
-from kgen.formats.dtypes import dtype
+from kgen.formats.dtypes import dtype, ml_dtypes
 from kgen.verify.judge.bounds import check_lse, check_output, head_dims
 from kgen.verify.judge.guards import Guarded, guarded, seal, tripwires
 from kgen.verify.judge.report import CaseResult
@@ -87,7 +86,7 @@ def cast_values(values: np.ndarray, name: str) -> np.ndarray:
     if name == "int8":
         return np.clip(np.rint(values), -127, 127).astype(np.int8)
     if name.startswith("fp8"):
-        limit = float(ml_dtypes.finfo(d).max)
+        limit = float(ml_dtypes().finfo(d).max)
         return np.clip(values, -limit, limit).astype(d)
     return values.astype(d)
 

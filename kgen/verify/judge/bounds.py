@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import math
 
-import ml_dtypes
 import numpy as np
 
-from kgen.formats.dtypes import dtype
+from kgen.formats.dtypes import dtype, ml_dtypes
 from kgen.verify.judge.report import CaseResult
 
 K_FACTOR = 2.0
@@ -72,7 +71,7 @@ def row_floor(ref: np.ndarray, out_dtype: str, seq_lens, magnitude: np.ndarray |
     growth = 64.0 + C_LENGTH * np.sqrt(lens)
     if logit_magnitude is not None:
         growth = growth + C_LOGIT * math.sqrt(_logit_length(head_dim, logit_magnitude)) * logit_magnitude
-    eps_out = float(ml_dtypes.finfo(dtype(out_dtype).numpy).eps)
+    eps_out = float(ml_dtypes().finfo(dtype(out_dtype).numpy).eps)
     return np.maximum(EPS_FP32 * growth * acc + eps_out * ref_mag, 1e-30)
 
 
@@ -177,7 +176,7 @@ def check_output(name: str, seq_lens: list[int], out: np.ndarray, ref: np.ndarra
     rows = Rows(seq_lens, q_indptr)
     got, ref, lowp = _only_judged(np.asarray(out).astype(np.float64), ref, lowp, judged)
     floor = row_floor(ref, out_dtype, rows.lengths, magnitude, logit_magnitude, head_dim, v_head_dim)
-    tiny = float(ml_dtypes.finfo(dtype(out_dtype).numpy).tiny)
+    tiny = float(ml_dtypes().finfo(dtype(out_dtype).numpy).tiny)
     return _judge(name, seq_lens, got, ref, np.asarray(lowp, dtype=np.float64), floor, "out", rows, tiny)
 
 

@@ -14,10 +14,9 @@ seals' (kgen/verify/judge/guards.py), which cover every byte whatever the sample
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
-from kgen.formats.dtypes import dtype
+from kgen.formats.dtypes import dtype, ml_dtypes
 from kgen.verify.judge.report import CaseResult
 
 REF_BUDGET = 1 << 17  # (query head, key) products of the reference a sampled case computes, about
@@ -76,7 +75,7 @@ def check_every_row(result: CaseResult, output: str, got: np.ndarray, before: np
             seq = np.asarray(row_seq, dtype=np.int64)
             lo_r = np.repeat(lo[seq], group, axis=1)  # [rows, Hq, D]
             hi_r = np.repeat(hi[seq], group, axis=1)
-            eps = sum(float(ml_dtypes.finfo(dtype(t).numpy).eps) for t in types) or 2.0 ** -10
+            eps = sum(float(ml_dtypes().finfo(dtype(t).numpy).eps) for t in types) or 2.0 ** -10
             tol = HULL_SLACK * eps * np.maximum(np.abs(lo_r), np.abs(hi_r)) + 1e-30
             outside = ((wide < lo_r - tol) | (wide > hi_r + tol)).any(axis=-1) & ~bad_finite
     for mask, why in ((bad_finite, f"NaN/inf in {output}"), (unwritten, f"{output} never written (it still holds "
