@@ -56,13 +56,16 @@ def tree_files(folders: tuple[str, ...], rev: str | None = None, root: Path = RO
 
 def code_lines(text: str, python: bool) -> list[tuple[int, str]]:
     """(1-based line number, line with white space folded) of each code line of `text`."""
-    out, in_doc, in_block = [], False, False
+    out, in_doc, in_block, in_import = [], False, False, False
     for n, raw in enumerate(text.splitlines(), 1):
         line = " ".join(raw.split())
         if python:
             quotes = line.count('"""') + line.count("'''")
             if in_doc or (quotes and line.lstrip("rbuRBU").startswith(('"""', "'''"))):
                 in_doc = in_doc != (quotes % 2 == 1)  # a one-line docstring opens and closes
+                continue
+            if in_import or (_IMPORT.match(line) and line.endswith("(")):  # a parenthesised import list
+                in_import = ")" not in line
                 continue
             if line.startswith("#"):
                 continue

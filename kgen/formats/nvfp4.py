@@ -1,6 +1,7 @@
 """NVFP4 (docs/abi.md, NVFP4 caches): the exact numpy model of kgen's nvfp4 cache writes, and the
-decoding the golden reads. templates/common/nvfp4.cuh does the same on the device; the verifier
-compares the two bit for bit, so a change on one side must be made on the other.
+decoding the golden reads. templates/common/cache_write.cuh (writes) and convert.cuh (decoding) do
+the same on the device; the verifier compares the two bit for bit, so a change on one side must be
+made on the other.
 
 A row of head_dim values is cut into groups of GROUP = 16. All arithmetic is fp32 with IEEE
 round-to-nearest-even division and products:

@@ -1,16 +1,25 @@
-// The online-softmax state of kgen's attention bodies and their split-KV contract, once: every
-// attention source includes it (decode, prefill and MLA), and their merge kernels share one body.
-// How a body updates a row's state tile by tile (one numeric: exp2 with log2(e) folded into the
-// scale) is attention/softmax_tile.cuh's TileSoftmax; which keys a row sees, attention/visibility.cuh;
-// the logit policy (when the scale may fold into the exponent), attention/logits.cuh.
+// The online-softmax state of kgen's attention bodies, the logit adjustments, the split-KV contract
+// and the merge kernels' bodies. Every attention source includes it (decode, prefill and MLA).
 //
-//   SoftmaxState           running max m and sum l of one row, its merges and its LSE
+//   SoftmaxState           running max m and sum l of one row and its merges: merge (two states:
+//                          lanes, warps, KV partitions), add (one logit; the SoftmaxState test's,
+//                          no body calls it), raise_max (a tile's max raises m: the first half of
+//                          a tile update), add_sink, inv_sum, lse. Their factors are __expf of a
+//                          difference, with a guard for an empty state (rescale).
 //   adjust_logit           a logit's adjustments after the scaled dot product (soft-cap, ALiBi)
 //   split_partitions,      the split-KV contract: how many partitions a sequence has and which
 //   clip_to_partition      keys partition z holds (the bodies and the merge agree through these)
 //   merge_partitions_body  the merge kernel body: partitions' (o, m, l) combined by log-sum-exp
 //   paged_prefill_merge_body  the merge kernel of packed query rows (prefill: dense and mla)
 //   run_offset             a head_dim element's offset in a cached row cut into runs (vLLM K)
+//
+// Not here: the per-tile update (a tile's row max, raise m, rescale O, weigh each logit, the row
+// sum) is attention/softmax_tile.cuh's TileSoftmax, one numeric (exp2 with log2(e) folded into the
+// scale, one FFMA a logit); the dense decode, decode-mma, prefill and Hopper prefill bodies use it.
+// The MLA bodies (paged_mla.cuh, paged_mla_wgmma.cuh) call raise_max here and still weigh their
+// logits themselves (__expf with a -inf test; exp2 of a folded scale). Which keys a row sees is
+// attention/visibility.cuh; the logit policy (when the scale may fold into the exponent),
+// attention/logits.cuh.
 //
 // Provided by kgen to both compilers as "kgen/softmax.cuh" (kgen/compile/provided.py); needs
 // kgen/platform.cuh (KGEN_NEG_INF, from_float) before it.

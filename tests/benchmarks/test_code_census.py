@@ -33,6 +33,8 @@ def test_runs_shorter_than_the_minimum_and_prose_do_not_count():
     assert repeated_runs({"a.cuh": prose, "b.cuh": prose}) == []
     doc = '"""\n' + "\n".join(f"same docstring line {i}" for i in range(10)) + '\n"""\nx = 1\n'
     assert code_lines(doc, python=True) == [(13, "x = 1")]
+    names = "from kgen.x import (\n" + "".join(f"    name_{i},\n" for i in range(8)) + ")\ny = 2\n"
+    assert code_lines(names, python=True) == [(11, "y = 2")]
 
 
 def test_body_functions_measure_definitions_not_calls():
