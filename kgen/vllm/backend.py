@@ -34,7 +34,13 @@ from kgen.errors import KgenError
 from kgen.model_specs import LayerAttention, kgen_dtype, layer_specs
 from kgen.model_specs import kv_cache_dtype as kgen_kv_dtype
 from kgen.settings import KGEN_VLLM_MIXED
-from kgen.vllm.kernels import LayerKernels, count_launch, kernels_for, serving_backend
+from kgen.vllm.kernels import (
+    LayerKernels,
+    count_launch,
+    kernels_for,
+    serve_regions,
+    serving_backend,
+)
 from kgen.vllm.metadata import KgenAttentionMetadata, translate
 from kgen.vllm.names import backend_names
 
@@ -347,37 +353,29 @@ class KgenAttentionImpl(AttentionImpl):
             common["alibi_slopes"] = self._persistent("alibi_slopes", query.device)
         if self.sinks is not None:  # the model's bf16 weights as the ABI's fp32, converted once
             common["sinks"] = self._persistent("sinks", query.device)
-        decode_plan, prefill_plan = attn_metadata.plans.get(self.kernels.name, (None, None))
-        if (rows := attn_metadata.decode) is not None:
-            self.kernels.decode(q=query[rows.row_start:rows.row_end], out=output[rows.row_start:rows.row_end],
-                                block_tables=rows.block_tables, seq_lens=rows.seq_lens, plan=decode_plan, **common)
-            count_launch(self.layer_name, "decode")
-        if (rows := attn_metadata.drafts) is not None:
-            self.kernels.drafts(q=query[rows.row_start:rows.row_end], out=output[rows.row_start:rows.row_end],
-                                q_indptr=rows.q_indptr, block_tables=rows.block_tables, seq_lens=rows.seq_lens,
-                                plan=attn_metadata.draft_plans.get(self.kernels.name), **common)
-            count_launch(self.layer_name, "drafts")
-        if (rows := attn_metadata.prefill) is not None:
-            self.kernels.prefill(q=query[rows.row_start:rows.row_end], out=output[rows.row_start:rows.row_end],
-                                 q_indptr=rows.q_indptr, block_tables=rows.block_tables, seq_lens=rows.seq_lens,
-                                 plan=prefill_plan, **common)
-            count_launch(self.layer_name, "prefill")
+        serve_regions(self.kernels, self.layer_name, attn_metadata, query, output, common)
         return output
 
 
 def _int32_slots(layer_name: str, slot_mapping: torch.Tensor) -> torch.Tensor:
     """The builder's int32 copy of this step's slot mapping when vLLM's forward context has it
     (one narrowing per step, not per layer), else vLLM's own (the kernel narrows it)."""
-    if not is_forward_context_available():  # a direct call
-        return slot_mapping
+    meta = step_metadata(layer_name, KgenAttentionMetadata)
+    if meta is not None and meta.slot_mapping.shape[0] == int(slot_mapping.shape[0]):
+        return meta.slot_mapping
+    return slot_mapping
+
+
+def step_metadata(layer_name: str, kind: type):
+    """This step's metadata of the layer (an instance of `kind`) when vLLM's forward context holds
+    it, else None (a direct call, outside a model step)."""
+    if not is_forward_context_available():
+        return None
     metadata = get_forward_context().attn_metadata
     if isinstance(metadata, list):  # speculative decoding: the base model's first
         metadata = metadata[0] if metadata else None
     meta = metadata.get(layer_name) if isinstance(metadata, dict) else None
-    n = int(slot_mapping.shape[0])
-    if isinstance(meta, KgenAttentionMetadata) and meta.slot_mapping.shape[0] == n:
-        return meta.slot_mapping
-    return slot_mapping
+    return meta if isinstance(meta, kind) else None
 
 
 def _explained(reason: str, given: dict, table: dict | None = None) -> str:

@@ -166,6 +166,23 @@ def count_launch(layer_name: str, kind: str) -> None:
     _LAUNCHES[(layer_name, kind)] += 1
 
 
+def serve_regions(kernels: LayerKernels, layer_name: str, meta, q, out, common: dict) -> None:
+    """One launch per row group of a step's metadata (kgen/vllm/metadata.py's KgenAttentionMetadata):
+    the decode rows, the draft-verification requests, the prompt chunks, each with the builder's plan,
+    reading rows [row_start, row_end) of `q` and writing those of `out`; `common`: the layer's other
+    arguments (its cache, scales, slopes, sinks)."""
+    decode_plan, prefill_plan = meta.plans.get(kernels.name, (None, None))
+    for kind, rows, plan in (("decode", meta.decode, decode_plan),
+                             ("drafts", meta.drafts, meta.draft_plans.get(kernels.name)),
+                             ("prefill", meta.prefill, prefill_plan)):
+        if rows is None:
+            continue
+        packed = {} if kind == "decode" else {"q_indptr": rows.q_indptr}  # decode: one row per sequence
+        getattr(kernels, kind)(q=q[rows.row_start:rows.row_end], out=out[rows.row_start:rows.row_end], **packed,
+                               block_tables=rows.block_tables, seq_lens=rows.seq_lens, plan=plan, **common)
+        count_launch(layer_name, kind)
+
+
 def launch_counts() -> dict[str, dict[str, int]]:
     """{layer name: {"cache_write" | "decode" | "drafts" | "prefill": launches}} in this process: the proof that
     kgen's kernels, not vLLM's, served each layer."""

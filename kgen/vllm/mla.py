@@ -20,6 +20,7 @@ serve it yet (SPARSE_MLA_REFUSAL says what the plugin would need).
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -40,8 +41,16 @@ from kgen.vllm.backend import (
     KgenMetadataBuilder,
     _constructing_layer_name,
     _explained,
+    step_metadata,
 )
-from kgen.vllm.kernels import LayerKernels, count_launch, kernels_for, serving_backend
+from kgen.vllm.buffers import StepBuffers
+from kgen.vllm.kernels import (
+    LayerKernels,
+    count_launch,
+    kernels_for,
+    serve_regions,
+    serving_backend,
+)
 from kgen.vllm.metadata import KgenAttentionMetadata
 from kgen.vllm.names import SPARSE_MLA_REFUSAL, backend_names
 
@@ -126,6 +135,7 @@ class KgenMLAMetadata:
     num_decodes: int
     num_decode_tokens: int
     decode: KgenAttentionMetadata
+    buffers: StepBuffers  # the builder's: the joined query, the latent output, the new cache rows
     num_prefills: int = 0
     prefill: Any = None  # vLLM's forward_mha path: never taken
     causal: bool = True
@@ -138,6 +148,10 @@ class KgenMLAMetadataBuilder(KgenMetadataBuilder):
 
     drafts_supported: ClassVar[bool] = False
 
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.buffers = StepBuffers(self._slots.shape[0])  # as many rows as the slot buffer: a step's most tokens
+
     @staticmethod
     def _check_cache_spec(kv_cache_spec, layer_names) -> None:
         return None  # one latent row per token (head_size_v 0): kgen's spec rules check its width
@@ -147,17 +161,17 @@ class KgenMLAMetadataBuilder(KgenMetadataBuilder):
         return isinstance(impl, KgenMLAImpl)
 
     def build(self, common_prefix_len: int, common_attn_metadata, fast_build: bool = False):
-        return _wrapped(super().build(common_prefix_len, common_attn_metadata, fast_build), common_attn_metadata)
+        return self._wrapped(super().build(common_prefix_len, common_attn_metadata, fast_build), common_attn_metadata)
 
     def build_for_cudagraph_capture(self, common_attn_metadata):
-        return _wrapped(super().build_for_cudagraph_capture(common_attn_metadata), common_attn_metadata)
+        return self._wrapped(super().build_for_cudagraph_capture(common_attn_metadata), common_attn_metadata)
 
-
-def _wrapped(meta: KgenAttentionMetadata, common) -> KgenMLAMetadata:
-    return KgenMLAMetadata(num_actual_tokens=meta.num_actual_tokens, num_reqs=int(common.num_reqs),
-                           max_query_len=int(common.max_query_len), max_seq_len=int(common.max_seq_len),
-                           query_start_loc=common.query_start_loc, slot_mapping=meta.slot_mapping,
-                           num_decodes=int(common.num_reqs), num_decode_tokens=meta.num_actual_tokens, decode=meta)
+    def _wrapped(self, meta: KgenAttentionMetadata, common) -> KgenMLAMetadata:
+        return KgenMLAMetadata(num_actual_tokens=meta.num_actual_tokens, num_reqs=int(common.num_reqs),
+                               max_query_len=int(common.max_query_len), max_seq_len=int(common.max_seq_len),
+                               query_start_loc=common.query_start_loc, slot_mapping=meta.slot_mapping,
+                               num_decodes=int(common.num_reqs), num_decode_tokens=meta.num_actual_tokens, decode=meta,
+                               buffers=self.buffers)
 
 
 class KgenMLAImpl(MLAAttentionImpl):
@@ -230,30 +244,24 @@ class KgenMLAImpl(MLAAttentionImpl):
         n = int(slot_mapping.shape[0])
         if n == 0 or kv_cache.numel() == 0:
             return
-        rows = torch.cat((kv_c_normed[:n], k_pe[:n].reshape(n, -1)), dim=-1)  # [T, kv_lora_rank + rope]
+        meta = step_metadata(self.layer_name, KgenMLAMetadata)
+        parts = (kv_c_normed[:n], k_pe[:n].reshape(n, -1))
+        rows = _joined(meta, "cache_rows", parts)  # [T, kv_lora_rank + rope]
         scale = {"kv_scale": k_scale} if self.layer.kv_dtype.startswith("fp8") else {}
-        self.kernels.cache_write(kv=rows, kv_cache=_pool(kv_cache), slot_mapping=_slots(self.layer_name, slot_mapping, n),
-                                 **scale)
+        # the builder's int32 copy of this step's slots (one narrowing per step, as in the dense impl), else vLLM's
+        slots = meta.slot_mapping if meta is not None and meta.slot_mapping.shape[0] == n else slot_mapping.flatten()[:n]
+        self.kernels.cache_write(kv=rows, kv_cache=_pool(kv_cache), slot_mapping=slots, **scale)
         count_launch(self.layer_name, "cache_write")
 
     def forward_mqa(self, q, kv_c_and_k_pe_cache: torch.Tensor, attn_metadata: KgenMLAMetadata, layer):
         """The absorbed attention of every token: q [T, heads, kv_lora_rank + rope] (or its two parts)
         -> the latent output [T, heads, kv_lora_rank], and no LSE."""
         if isinstance(q, tuple):
-            q = torch.cat(q, dim=-1)
-        meta = attn_metadata.decode
-        out = torch.empty(q.shape[0], q.shape[1], self.kv_lora_rank, dtype=q.dtype, device=q.device)
+            q = _joined(attn_metadata, "q", q)
+        shape = (q.shape[0], q.shape[1], self.kv_lora_rank)
+        out = attn_metadata.buffers.take("out", shape, q.dtype, q.device)  # read by the layer before the next's call
         common = {"kv_cache": _pool(kv_c_and_k_pe_cache), **self._scale(layer)}
-        decode_plan, prefill_plan = meta.plans.get(self.kernels.name, (None, None))
-        if (rows := meta.decode) is not None:
-            self.kernels.decode(q=q[rows.row_start:rows.row_end], out=out[rows.row_start:rows.row_end],
-                                block_tables=rows.block_tables, seq_lens=rows.seq_lens, plan=decode_plan, **common)
-            count_launch(self.layer_name, "decode")
-        if (rows := meta.prefill) is not None:
-            self.kernels.prefill(q=q[rows.row_start:rows.row_end], out=out[rows.row_start:rows.row_end],
-                                 q_indptr=rows.q_indptr, block_tables=rows.block_tables, seq_lens=rows.seq_lens,
-                                 plan=prefill_plan, **common)
-            count_launch(self.layer_name, "prefill")
+        serve_regions(self.kernels, self.layer_name, attn_metadata.decode, q, out, common)
         return out, None
 
 
@@ -264,16 +272,12 @@ def _pool(kv_cache: torch.Tensor) -> torch.Tensor:
     return kv_cache.view(torch.uint8) if kv_cache.element_size() == 1 else kv_cache
 
 
-def _slots(layer_name: str, slot_mapping: torch.Tensor, n: int) -> torch.Tensor:
-    """The builder's int32 copy of this step's slots when vLLM's forward context has this layer's
-    metadata (one narrowing per step, as in the dense impl), else vLLM's own."""
-    from vllm.forward_context import get_forward_context, is_forward_context_available
 
-    if is_forward_context_available():
-        metadata = get_forward_context().attn_metadata
-        if isinstance(metadata, list):  # speculative decoding: the base model's first
-            metadata = metadata[0] if metadata else None
-        meta = metadata.get(layer_name) if isinstance(metadata, dict) else None
-        if isinstance(meta, KgenMLAMetadata) and meta.slot_mapping.shape[0] == n:
-            return meta.slot_mapping
-    return slot_mapping.flatten()[:n]
+def _joined(meta: KgenMLAMetadata | None, name: str, parts: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """`parts` joined on their last dimension into the builder's buffer `name` (a new tensor outside a
+    model step, where there is no builder's metadata)."""
+    if meta is None:
+        return torch.cat(parts, dim=-1)
+    shape = (*parts[0].shape[:-1], sum(int(p.shape[-1]) for p in parts))
+    dtype = functools.reduce(torch.promote_types, (p.dtype for p in parts))  # torch.cat's own result type
+    return torch.cat(parts, dim=-1, out=meta.buffers.take(name, shape, dtype, parts[0].device))

@@ -14,6 +14,7 @@ from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 from kgen.vllm.backend import KgenAttentionImpl, KgenMetadataBuilder
+from kgen.vllm.kernels import LayerKernels
 
 HQ, H, D, B = 4, 2, 32, 16
 
@@ -86,6 +87,29 @@ def common_metadata(query_lens, seq_lens, tables, slots, device="cpu", upper_bou
                                               dtype=torch.int32))
 
 
+class Recorder:
+    """A layer's kernel that records its calls instead of running them (meta tensors hold no
+    data); planning, its spec and its backend are the real kernel's."""
+
+    def __init__(self, kernel, calls: list):
+        self.kernel, self.calls = kernel, calls
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+    def __call__(self, **arguments):
+        self.calls.append((self.kernel.spec.kind, arguments))
+
+
+def recording(plugin) -> list:
+    """Every layer's kernels of `plugin` (a Plugin or an MlaPlugin) replaced by Recorders: their calls, in order."""
+    calls: list = []
+    for layer in plugin.layers.values():
+        k = layer.impl.kernels
+        layer.impl.kernels = LayerKernels(k.layer, *(Recorder(x, calls) for x in (k.cache_write, k.decode, k.prefill)))
+    return calls
+
+
 class DeviceTraffic(TorchDispatchMode):
     """Counts what torch ops do on `device`: new allocations (an output whose storage no input has)
     and copies onto it from another device."""
@@ -123,12 +147,13 @@ class MlaPlugin:
     [num_blocks, B, MLA_D] (bf16), driven as vLLM's MLAAttention.forward_impl drives the impl: the
     KV-cache update, then forward_mqa with every token (the builder counts every one as MQA)."""
 
-    def __init__(self, layers: int = 1, num_blocks: int = 16, max_tokens: int = 256):
+    def __init__(self, layers: int = 1, num_blocks: int = 16, max_tokens: int = 256, device: str = "cpu"):
         from vllm.v1.attention.backend import AttentionType
         from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
         from kgen.vllm.mla import KgenMLAImpl, KgenMLAMetadataBuilder
 
+        self.device = torch.device(device)
         self.config = VllmConfig()
         self.config.scheduler_config.max_num_batched_tokens = max_tokens
         self.config.cache_config.block_size = B
@@ -139,11 +164,12 @@ class MlaPlugin:
                 impl = KgenMLAImpl(MLA_HEADS, MLA_D, MLA_SCALE, 1, None, None, "auto", None, AttentionType.DECODER,
                                    None, q_lora_rank=None, kv_lora_rank=MLA_RANK, qk_nope_head_dim=16,
                                    qk_rope_head_dim=MLA_ROPE, qk_head_dim=16 + MLA_ROPE, v_head_dim=16, kv_b_proj=None)
-                layer = Layer(impl, torch.device("cpu"))
+                layer = Layer(impl, self.device)
                 self.layers[name] = self.config.compilation_config.static_forward_context[name] = layer
         spec = MLAAttentionSpec(block_size=B, num_kv_heads=1, head_size=MLA_D, dtype=torch.bfloat16)
-        self.builder = KgenMLAMetadataBuilder(spec, self.names, self.config, torch.device("cpu"))
-        self.pages = {n: torch.zeros(num_blocks, B, MLA_D, dtype=torch.bfloat16) for n in self.names}
+        self.builder = KgenMLAMetadataBuilder(spec, self.names, self.config, self.device)
+        self.pages = {n: torch.zeros(num_blocks, B, MLA_D, dtype=torch.bfloat16, device=self.device)
+                      for n in self.names}
 
     def step(self, common: CommonAttentionMetadata, q, kv_c, k_pe) -> dict[str, torch.Tensor]:
         """One step: q [T, heads, MLA_D] (absorbed), kv_c [T, MLA_RANK], k_pe [T, 1, MLA_ROPE]; the
@@ -155,9 +181,10 @@ class MlaPlugin:
             for name, layer in self.layers.items():
                 layer.impl.do_kv_cache_update(kv_c, k_pe, self.pages[name], common.slot_mapping[:n], "auto",
                                               layer._k_scale)
-                outs[name], lse = layer.impl.forward_mqa((q[:, :, :MLA_RANK], q[:, :, MLA_RANK:]), self.pages[name],
-                                                         meta, layer)
+                out, lse = layer.impl.forward_mqa((q[:, :, :MLA_RANK], q[:, :, MLA_RANK:]), self.pages[name], meta,
+                                                  layer)
                 assert lse is None
+                outs[name] = out.clone()  # vLLM's layer projects it at once: the buffer is the next layer's
         return outs
 
 

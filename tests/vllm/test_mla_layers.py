@@ -15,9 +15,11 @@ from plugin_harness import (  # noqa: E402
     MLA_ROPE,
     MLA_SCALE,
     B,
+    DeviceTraffic,
     MlaPlugin,
     common_metadata,
     mla_reference,
+    recording,
 )
 from vllm.forward_context import set_forward_context  # noqa: E402
 
@@ -101,6 +103,44 @@ def test_every_token_is_an_mqa_token_to_vllms_mla_layer(plugin):
     decode_plan, prefill_plan = kgen_rows.plans[name]
     assert decode_plan is not None and prefill_plan is not None  # mla prefill is planned as dense prefill is
     assert prefill_plan.sizes["num_q_tokens"] == 5 and prefill_plan.num_seqs == 1
+
+
+def test_a_steady_state_mla_decode_step_allocates_nothing_on_the_device():
+    """After a warm-up step: joining the query's two parts and the new cache rows, and the latent
+    output, reuse the builder's buffers (one of each for both layers, every step); nothing is
+    allocated or copied onto the device (meta tensors: a host read would raise)."""
+    meta_device = torch.device("meta")
+    plugin = MlaPlugin(layers=2, device="meta")
+    plugin.builder.split_decodes = True
+    calls = recording(plugin)
+
+    def step(seed: int, traffic=None):
+        lens = [20 + seed, 33 + seed, 25 + seed]
+        common = common_metadata([1, 1, 1], lens, TABLES, slots_of(TABLES, [n - 1 for n in lens], lens),
+                                 device=meta_device)
+        q, kv_c, k_pe = (x.to(meta_device) for x in inputs(3, seed))  # made by vLLM before the layers run
+        meta = plugin.builder.build(0, common)
+        with set_forward_context({n: meta for n in plugin.names}, plugin.config), traffic or DeviceTraffic(meta_device):
+            for name, layer in plugin.layers.items():
+                layer.impl.do_kv_cache_update(kv_c, k_pe, plugin.pages[name], common.slot_mapping, "auto",
+                                              layer._k_scale)
+                out, _ = layer.impl.forward_mqa((q[:, :, :MLA_RANK], q[:, :, MLA_RANK:]), plugin.pages[name], meta,
+                                                layer)
+                assert tuple(out.shape) == (3, MLA_HEADS, MLA_RANK) and out.device == meta_device
+
+    step(0)
+    traffic = DeviceTraffic(meta_device)
+    step(1, traffic)
+    assert traffic.allocations == [] and traffic.copies_in == [], (traffic.allocations, traffic.copies_in)
+    assert [kind for kind, _ in calls] == ["cache_write", "paged_decode"] * 4
+
+    def storages(kind: str, argument: str) -> set:
+        return {a[argument].untyped_storage()._cdata for k, a in calls if k == kind}
+
+    # one buffer each, for both layers and both steps: the cache rows, the joined query, the output
+    assert len(storages("cache_write", "kv")) == len(storages("paged_decode", "q")) == 1
+    assert len(storages("paged_decode", "out")) == 1
+    assert [tuple(a["kv"].shape) for k, a in calls if k == "cache_write"] == [(3, MLA_D)] * 4
 
 
 def test_the_layer_type_is_the_one_specs_for_model_derives(plugin):
