@@ -41,6 +41,25 @@ def chosen_scale(d: Definition, given: float | None, origin: str = "") -> float 
     return given if given is not None else fixed
 
 
+def definition_is_prefill(d: Definition) -> bool:
+    return "qo_indptr" in d.inputs or "_prefill" in d.name
+
+
+def io_problems(d: Definition, needed: list[str], what: str) -> list[str]:
+    """The inputs and outputs of `d` that an op type's import misses or does not know: `needed` (the
+    inputs it requires for `what`, e.g. "MLA prefill"), sm_scale and kv_last_page_len besides; the
+    output `output` (and lse)."""
+    known = set(needed) | {"sm_scale", "kv_last_page_len"}
+    problems = [f"inputs.{n}: required for {what}" for n in needed if n not in d.inputs]
+    problems += [f"inputs.{n}: kgen does not know this input (known: {', '.join(sorted(known))})"
+                 for n in d.inputs if n not in known]
+    if "output" not in d.outputs:
+        problems.append("outputs.output: required")
+    problems += [f"outputs.{n}: kgen does not know this output (known: output, lse)"
+                 for n in d.outputs if n not in ("output", "lse")]
+    return problems
+
+
 def spec_name(definition_name: str) -> str:
     name = re.sub(r"\W", "_", definition_name)
     return name if re.match(r"^[A-Za-z_]", name) else f"fib_{name}"
@@ -88,6 +107,19 @@ def dtype_suffix(spec, name: str) -> str:
     """FlashInfer-Bench's datasets are bf16: other dtypes are appended to the definition's name."""
     dtypes = {spec.dtype.q, spec.dtype.resolved_out, spec.kv_cache.dtype}
     return name if dtypes == {"bf16"} else f"{name}_{'_'.join(sorted(dtypes))}"
+
+
+def export_format_problems(spec, op: str, exported: str) -> list[str]:
+    """What no exported `op` Definition carries (dequantization scales; lengths that are multiples of the
+    block size): `exported` names the cache dtypes the op's export takes."""
+    problems = []
+    if spec.kv_cache.dtype not in FIB_DTYPES:
+        problems.append(f"kv_cache.dtype {spec.kv_cache.dtype}: exported are {exported} (FlashInfer-Bench's "
+                        f"{op} definitions carry no dequantization scales)")
+    if not spec.tail_masking:
+        problems.append("tail_masking: false promises lengths that are multiples of block_size, which "
+                        "FlashInfer-Bench's workloads do not keep")
+    return problems
 
 
 def solution_name(spec) -> str:
@@ -146,14 +178,24 @@ def what_it_computes(spec) -> str:
     return "causal prefill" if prefill and spec.attention.causal else ("prefill" if prefill else "decode")
 
 
+# The start of every exported reference's `run`, after its tensors are read as float64: the paging as numpy.
+_REFERENCE_PAGING = """\
+    indptr, indices = _ints(kv_indptr), _ints(kv_indices)
+    batch = len(indptr) - 1
+    last = {last}
+    q_starts = {q_starts}
+    scale = float(sm_scale)"""
+
+
 def reference_fields(spec) -> dict[str, Any]:
-    """The format fields both references take: the page size, causality, and the expressions of each
-    request's last-page length and query-row starts."""
+    """The format fields both references take: the page size, causality, and `paging`, the lines of
+    `run` that read the page table, each request's last-page length and query-row starts, and sm_scale."""
     prefill = is_prefill(spec)
+    last = ("_ints(kv_last_page_len)" if spec.kv_cache.block_size > 1
+            else "np.minimum(indptr[1:] - indptr[:-1], 1) * PAGE_SIZE  # one token per page")
+    q_starts = "_ints(qo_indptr)" if prefill else "np.arange(batch + 1)  # one query row per request"
     return {"page": spec.kv_cache.block_size, "causal": prefill and spec.attention.causal,
-            "last": ("_ints(kv_last_page_len)" if spec.kv_cache.block_size > 1
-                     else "np.minimum(indptr[1:] - indptr[:-1], 1) * PAGE_SIZE  # one token per page"),
-            "q_starts": "_ints(qo_indptr)" if prefill else "np.arange(batch + 1)  # one query row per request"}
+            "paging": _REFERENCE_PAGING.format(last=last, q_starts=q_starts)}
 
 
 # The exported references' shared helpers (plain text: every reference is one self-contained file).

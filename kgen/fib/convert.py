@@ -22,8 +22,11 @@ from kgen.fib.common import (
     REFERENCE_HELPERS,
     checked_spec,
     chosen_scale,
+    definition_is_prefill,
     dtype_suffix,
+    export_format_problems,
     fib_kind,
+    io_problems,
     is_prefill,
     op_type,
     paged_definition,
@@ -58,14 +61,7 @@ def definition_problems(d: Definition) -> list[str]:
             problems.append(f"axes.{axis}: required as a const axis (kgen specializes on it)")
     prefill = definition_is_prefill(d)
     needed = ["q", "k_cache", "v_cache", "kv_indptr", "kv_indices"] + (["qo_indptr"] if prefill else [])
-    known = set(needed) | {"sm_scale", "kv_last_page_len"}
-    problems += [f"inputs.{n}: required for {'prefill' if prefill else 'decode'}" for n in needed if n not in d.inputs]
-    problems += [f"inputs.{n}: kgen does not know this input (known: {', '.join(sorted(known))})"
-                 for n in d.inputs if n not in known]
-    if "output" not in d.outputs:
-        problems.append("outputs.output: required")
-    problems += [f"outputs.{n}: kgen does not know this output (known: output, lse)"
-                 for n in d.outputs if n not in ("output", "lse")]
+    problems += io_problems(d, needed, "prefill" if prefill else "decode")
     for n in ("q", "k_cache", "v_cache"):
         if n in d.inputs and d.inputs[n].dtype not in DTYPES:
             why = (" (kgen's fp8 caches need a dequantization scale, which this definition does not carry)"
@@ -83,10 +79,6 @@ def definition_problems(d: Definition) -> list[str]:
     if "q" in d.inputs and (d.inputs["q"].shape or [])[1:] != ["num_qo_heads", "head_dim"]:
         problems.append(f"inputs.q.shape: expected [rows, num_qo_heads, head_dim], got {d.inputs['q'].shape}")
     return problems
-
-
-def definition_is_prefill(d: Definition) -> bool:
-    return "qo_indptr" in d.inputs or "_prefill" in d.name
 
 
 def cache_order(d: Definition) -> str:
@@ -160,13 +152,7 @@ def export_problems(spec) -> list[str]:
     if not CacheFormat.of(spec).separate:
         problems.append(f"kv_cache.layout {kv.layout}: FlashInfer-Bench's definitions keep separate k_cache and "
                         "v_cache arrays (layout: separate)")
-    if kv.dtype not in FIB_DTYPES:
-        problems.append(f"kv_cache.dtype {kv.dtype}: exported are fp16, bf16 and fp32 caches (FlashInfer-Bench's "
-                        "gqa_paged definitions carry no dequantization scales)")
-    if not spec.tail_masking:
-        problems.append("tail_masking: false promises lengths that are multiples of block_size, which "
-                        "FlashInfer-Bench's workloads do not keep")
-    return problems
+    return problems + export_format_problems(spec, OP_TYPE, "fp16, bf16 and fp32 caches")
 
 
 def definition_name(spec) -> str:
@@ -245,11 +231,7 @@ def _gather(cache, pages, kv_len):
 
 def run({params}):
     qd, kd, vd = _f64(q), _f64(k_cache), _f64(v_cache)
-    indptr, indices = _ints(kv_indptr), _ints(kv_indices)
-    batch = len(indptr) - 1
-    last = {last}
-    q_starts = {q_starts}
-    scale = float(sm_scale)
+{paging}
     rows, hq, dim = qd.shape
     group = hq // kd.shape[2 if NHD else 1]
     out = np.zeros((rows, hq, dim))

@@ -26,8 +26,11 @@ from kgen.fib.common import (
     REFERENCE_HELPERS,
     checked_spec,
     chosen_scale,
+    definition_is_prefill,
     dtype_suffix,
+    export_format_problems,
     fib_kind,
+    io_problems,
     is_prefill,
     paged_definition,
     paging_inputs,
@@ -48,10 +51,6 @@ def is_mla_definition(d: Definition) -> bool:
     return d.op_type == OP_TYPE or (d.op_type == "mla" and d.name.startswith(f"{OP_TYPE}_"))
 
 
-def definition_is_prefill(d: Definition) -> bool:
-    return "qo_indptr" in d.inputs or "_prefill" in d.name
-
-
 # ---- import ------------------------------------------------------------------------------------------
 def definition_problems(d: Definition, sm_scale: float | None, origin: str = "") -> list[str]:
     """Why kgen cannot build this mla_paged Definition (empty: it can); each names its field."""
@@ -59,15 +58,7 @@ def definition_problems(d: Definition, sm_scale: float | None, origin: str = "")
                 if d.const(a) is None]
     prefill = definition_is_prefill(d)
     needed = ["q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indptr", "kv_indices"] + (["qo_indptr"] if prefill else [])
-    known = set(needed) | {"sm_scale", "kv_last_page_len"}
-    problems += [f"inputs.{n}: required for MLA {'prefill' if prefill else 'decode'}" for n in needed
-                 if n not in d.inputs]
-    problems += [f"inputs.{n}: kgen does not know this input (known: {', '.join(sorted(known))})"
-                 for n in d.inputs if n not in known]
-    if "output" not in d.outputs:
-        problems.append("outputs.output: required")
-    problems += [f"outputs.{n}: kgen does not know this output (known: output, lse)"
-                 for n in d.outputs if n not in ("output", "lse")]
+    problems += io_problems(d, needed, f"MLA {'prefill' if prefill else 'decode'}")
     for n in ("q_nope", "q_pe", "ckv_cache", "kpe_cache"):
         t = d.inputs.get(n)
         if t is not None and t.dtype not in FLOAT_DTYPES:
@@ -131,18 +122,11 @@ def definition_to_spec(d: Definition, origin: str, sm_scale: float | None = None
 def export_problems(spec) -> list[str]:
     """Why an MLA spec has no mla_paged Definition (empty: it has one). What kgen's MLA family refuses to
     build (windows, soft caps, sinks, fp32) never gets here."""
-    kv = spec.kv_cache
     problems = []
     if getattr(spec.attention, "sparse_topk", None):
         problems.append("attention.sparse_topk: FlashInfer-Bench's mla_paged definitions attend densely (its top-k "
                         "attention is op_type dsa_paged, which kgen does not export)")
-    if kv.dtype not in FIB_DTYPES:
-        problems.append(f"kv_cache.dtype {kv.dtype}: exported are fp16 and bf16 latent caches (FlashInfer-Bench's "
-                        "mla_paged definitions carry no dequantization scales)")
-    if not spec.tail_masking:
-        problems.append("tail_masking: false promises lengths that are multiples of block_size, which "
-                        "FlashInfer-Bench's workloads do not keep")
-    return problems
+    return problems + export_format_problems(spec, OP_TYPE, "fp16 and bf16 latent caches")
 
 
 def definition_name(spec) -> str:
@@ -207,11 +191,7 @@ def _tokens(cache, pages, kv_len):
 
 def run({params}):
     qn, qp, ckv, kpe = _f64(q_nope), _f64(q_pe), _f64(ckv_cache), _f64(kpe_cache)
-    indptr, indices = _ints(kv_indptr), _ints(kv_indices)
-    batch = len(indptr) - 1
-    last = {last}
-    q_starts = {q_starts}
-    scale = float(sm_scale)
+{paging}
     rows, heads, dim = qn.shape
     out = np.zeros((rows, heads, dim))
     lse = np.full((rows, heads), -np.inf)
