@@ -430,7 +430,12 @@ def judge_outputs(spec, name: str, lens: list[int], outputs: dict, ref, lowp, bu
 def bench(spec, bucket: tuple[int, int], rng: np.random.Generator) -> Bench:
     """`batch` sequences of `context` tokens each; the timed launches' output is checked like a case."""
     lens = [bucket[1]] * bucket[0]
-    args = make_decode_case(spec, lens, rng)
+    return checked_bench(spec, lens, make_decode_case(spec, lens, rng))
+
+
+def checked_bench(spec, lens: list[int], args: dict) -> Bench:
+    """The tuner's benchmark of one-row-per-sequence `args` (`lens`: their lengths): the timed launches'
+    out checked against the reference like a case's."""
 
     def check(got: dict) -> CaseResult:
         ref, lowp = attention_references(spec, args)

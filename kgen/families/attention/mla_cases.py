@@ -13,6 +13,7 @@ import numpy as np
 from kgen.arrays import to_backend
 from kgen.families.attention.decode_cases import (
     attention_references,
+    checked_bench,
     judge_outputs,
     make_decode_case,
     padded_rows_lengths,
@@ -22,15 +23,14 @@ from kgen.families.attention.prefill_cases import (
     check,
     launch_case,
     make_prefill_case,
-    prefill_case_matrix,
     references,
+    served_matrix,
 )
 from kgen.families.attention.serving import draw_serving, prefill_output
 from kgen.families.base import Bench, Case, Config
 from kgen.formats import ds_mla
 from kgen.formats.cache import CacheFormat
 from kgen.formats.dtypes import dtype
-from kgen.verify.judge.bounds import check_output, head_dims
 from kgen.verify.judge.guards import Guarded, guarded, seal
 from kgen.verify.judge.report import CaseResult
 
@@ -96,24 +96,32 @@ def run_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
 
 
 def _launch(kernel, case: Case, args: dict, rng: np.random.Generator) -> list[CaseResult]:
-    spec, name = kernel.spec, case.name
     lens = [int(n) for n in args["seq_lens"]]
-    S, Hq, Dv = len(lens), spec.attention.num_q_heads, spec.v_head_dim_value
-    ref, lowp = attention_references(spec, args)
     P = kernel.config.get("partition_size", 0)
     plan = kernel.plan(lens, partition_tokens=P) if P else None
-    out_np = dtype(spec.dtype.resolved_out).numpy
+    return launch_judged(kernel, case.name, args, lens, len(lens), plan, bool(case.params.get("lse")), rng)
+
+
+def launch_judged(kernel, name: str, args: dict, lens: list[int], rows: int, plan, lse: bool,
+                  rng: np.random.Generator) -> list[CaseResult]:
+    """One call of `kernel` on the host arguments `args` (without out) into guarded outputs of `rows`
+    query rows: out, lse when `lse`, and the split-KV partials when `plan` has more than one partition;
+    judged row by row against the reference (`lens`: the keys each row attends), with the tripwires of
+    the guarded buffers and the sealed inputs."""
+    spec = kernel.spec
+    Hq, Dv = spec.attention.num_q_heads, spec.v_head_dim_value
+    ref, lowp = attention_references(spec, args)
 
     def buffer(bname, shape, np_dtype, stale_mean=0.0) -> Guarded:
         return guarded(bname, shape, np_dtype, rng, content=prefill_output(shape, np_dtype, rng, stale_mean))
 
-    buffers = [buffer("out", (S, Hq, Dv), out_np)]
-    if case.params.get("lse"):
-        buffers.append(buffer("lse", (S, Hq), np.float32, stale_mean=4.0))
+    buffers = [buffer("out", (rows, Hq, Dv), dtype(spec.dtype.resolved_out).numpy)]
+    if lse:
+        buffers.append(buffer("lse", (rows, Hq), np.float32, stale_mean=4.0))
     parts = plan.sizes["max_partitions"] if plan is not None else 1
     if parts > 1:
-        buffers += [buffer("part_o", (S, Hq, parts, Dv), np.float32),
-                    buffer("part_ml", (S, Hq, parts, 2), np.float32, stale_mean=2.0)]
+        buffers += [buffer("part_o", (rows, Hq, parts, Dv), np.float32),
+                    buffer("part_ml", (rows, Hq, parts, 2), np.float32, stale_mean=2.0)]
     seals = [seal(n, x) for n, x in args.items() if isinstance(x, np.ndarray)]
     given = {n: to_backend(x, kernel.backend) for n, x in args.items()}
     outputs = {g.name: to_backend(g.view, kernel.backend) for g in buffers}
@@ -124,14 +132,7 @@ def _launch(kernel, case: Case, args: dict, rng: np.random.Generator) -> list[Ca
 def bench(spec, bucket: tuple[int, int], rng: np.random.Generator) -> Bench:
     """`batch` sequences of `context` tokens each; the timed launches' output is checked like a case."""
     lens = [bucket[1]] * bucket[0]
-    args = make_mla_case(spec, lens, rng)
-
-    def check(got: dict) -> CaseResult:
-        ref, lowp = attention_references(spec, args)
-        return check_output("tuning", lens, got["out"], ref.out, lowp.out, spec.dtype.resolved_out,
-                            ref.magnitude, ref.logit_magnitude, **head_dims(spec))
-
-    return Bench(args, ["out"], check)
+    return checked_bench(spec, lens, make_mla_case(spec, lens, rng))
 
 
 # ---- prefill ----------------------------------------------------------------------------------
@@ -139,13 +140,7 @@ def prefill_matrix_cases(spec, config: Config, rng: np.random.Generator) -> list
     """Prefill's matrix (kgen/families/attention/prefill_cases.py: chunks at and inside block edges,
     a whole prompt, a long prefix, sharp rows, a mixed batch with empty chunks, a shared prefix, a
     padded pool, decode rows), each with a serving look."""
-    cases = []
-    for c in prefill_case_matrix(spec, config, rng):
-        look = draw_serving(rng)
-        if "q_gain" in c:
-            look.q_dist = "normal"
-        cases.append(Case(c["name"], {**c, "serving": look}, list(c["seq_lens"])))
-    return cases
+    return served_matrix(spec, config, rng)
 
 
 def make_mla_prefill_case(spec, seq_lens: list[int], q_lens: list[int], rng: np.random.Generator,

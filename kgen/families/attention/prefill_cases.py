@@ -119,17 +119,22 @@ def prefill_case_matrix(spec, config: Config, rng: np.random.Generator) -> list[
 
 
 def matrix_cases(spec, config: Config, rng: np.random.Generator) -> list[Case]:
+    """The matrix of prefill_case_matrix with its serving looks (served_matrix), then the serving cases."""
+    cases = served_matrix(spec, config, rng)
+    serving = serving_prefill_cases(spec, rng) + prefill_joint_cases(spec, rng)
+    return cases + [Case(name, {"name": name, **p}, list(p["seq_lens"])) for name, p in serving]
+
+
+def served_matrix(spec, config: Config, rng: np.random.Generator) -> list[Case]:
     """The matrix of prefill_case_matrix, each case with its serving look drawn from `rng`
-    (kgen/families/attention/serving.py; sharp_rows keeps its unit-normal queries), then the
-    serving cases."""
+    (kgen/families/attention/serving.py; sharp_rows keeps its unit-normal queries)."""
     cases = []
     for c in prefill_case_matrix(spec, config, rng):
         look = draw_serving(rng)
         if "q_gain" in c:
             look.q_dist = "normal"
         cases.append(Case(c["name"], {**c, "serving": look}, list(c["seq_lens"])))
-    serving = serving_prefill_cases(spec, rng) + prefill_joint_cases(spec, rng)
-    return cases + [Case(name, {"name": name, **p}, list(p["seq_lens"])) for name, p in serving]
+    return cases
 
 
 def references(spec, args: dict, units: np.ndarray | None = None) -> tuple[Reference, Reference]:

@@ -11,21 +11,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from kgen.arrays import to_backend
 from kgen.families.attention.adversarial_cases import poison
 from kgen.families.attention.decode_cases import (
     attention_references,
     cast_values,
-    judge_outputs,
 )
-from kgen.families.attention.mla_cases import make_mla_case
-from kgen.families.attention.serving import prefill_output
+from kgen.families.attention.mla_cases import launch_judged, make_mla_case
 from kgen.families.base import Bench, Case, Config
 from kgen.formats import ds_mla
 from kgen.formats.cache import CacheFormat
 from kgen.formats.dtypes import dtype
 from kgen.verify.judge.bounds import check_output, head_dims
-from kgen.verify.judge.guards import Guarded, guarded, seal
 from kgen.verify.judge.report import CaseResult
 
 
@@ -142,27 +138,10 @@ def _run(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
                             p.get("padded", False))
     args.pop("out", None)
     rows = args["q"].shape[0]
-    Hq, Dv = spec.attention.num_q_heads, spec.v_head_dim_value
     lens = [int(n) for n in (args["indices"] >= 0).sum(axis=1)]  # the keys each row attends
-    ref, lowp = attention_references(spec, args)
     P = kernel.config.get("partition_size", 0)
     plan = kernel.plan([spec.attention.sparse_topk] * rows, partition_tokens=P) if P and rows else None
-
-    def buffer(name, shape, np_dtype, stale_mean=0.0) -> Guarded:
-        return guarded(name, shape, np_dtype, rng, content=prefill_output(shape, np_dtype, rng, stale_mean))
-
-    buffers = [buffer("out", (rows, Hq, Dv), dtype(spec.dtype.resolved_out).numpy)]
-    if p.get("lse"):
-        buffers.append(buffer("lse", (rows, Hq), np.float32, stale_mean=4.0))
-    parts = plan.sizes["max_partitions"] if plan is not None else 1
-    if parts > 1:
-        buffers += [buffer("part_o", (rows, Hq, parts, Dv), np.float32),
-                    buffer("part_ml", (rows, Hq, parts, 2), np.float32, stale_mean=2.0)]
-    seals = [seal(n, x) for n, x in args.items() if isinstance(x, np.ndarray)]
-    given = {n: to_backend(x, kernel.backend) for n, x in args.items()}
-    outputs = {g.name: to_backend(g.view, kernel.backend) for g in buffers}
-    kernel(**given, **outputs, **({"plan": plan} if plan is not None else {}))
-    return judge_outputs(spec, case.name, lens, outputs, ref, lowp, buffers, seals, given)
+    return launch_judged(kernel, case.name, args, lens, rows, plan, bool(p.get("lse")), rng)
 
 
 def run_decode_case(kernel, case: Case, rng: np.random.Generator) -> list[CaseResult]:
