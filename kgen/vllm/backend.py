@@ -72,15 +72,27 @@ def registered_name() -> str:
     return backend_names()["dense"]
 
 
-class KgenAttentionBackend(AttentionBackend):
-    forward_includes_kv_cache_update: bool = False
-    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
-    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "float16", "bfloat16", "fp8", "fp8_e4m3",
-                                                       "fp8_e5m2"]
+class KgenBackendRules:
+    """What kgen's dense and MLA backends answer alike (mixed in before vLLM's backend class)."""
 
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int]:
         return list(BLOCK_SIZES)
+
+    @classmethod
+    def supports_compute_capability(cls, capability) -> bool:
+        return capability is None or capability.major >= MIN_COMPUTE_CAPABILITY[0]
+
+    @classmethod
+    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
+        return False  # the plans are made from the host's lengths (no device-to-host copy per step)
+
+
+class KgenAttentionBackend(KgenBackendRules, AttentionBackend):
+    forward_includes_kv_cache_update: bool = False
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "float16", "bfloat16", "fp8", "fp8_e4m3",
+                                                       "fp8_e5m2"]
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
@@ -103,18 +115,10 @@ class KgenAttentionBackend(AttentionBackend):
         return True
 
     @classmethod
-    def supports_compute_capability(cls, capability) -> bool:
-        return capability is None or capability.major >= MIN_COMPUTE_CAPABILITY[0]
-
-    @classmethod
     def supports_kv_connector(cls) -> bool:
         # A page holds each (block, KV head)'s K rows, then its V rows; vLLM's GPU backends store
         # [K | V] per token, so a connector or a non-kgen peer would read one layout as the other.
         return False
-
-    @classmethod
-    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
-        return False  # the plans are made from the host's lengths (no device-to-host copy per step)
 
     @classmethod
     def supports_combination(cls, head_size, dtype, kv_cache_dtype, block_size, use_mla, has_sink, use_sparse,

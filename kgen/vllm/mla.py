@@ -37,7 +37,7 @@ from kgen.model_specs import kv_cache_dtype as kgen_kv_dtype
 from kgen.vllm.backend import (
     _ACCEPTED,
     _VALIDATE_PARAMETERS,
-    BLOCK_SIZES,
+    KgenBackendRules,
     KgenMetadataBuilder,
     _constructing_layer_name,
     _explained,
@@ -70,17 +70,13 @@ _MLA_ACCEPTED = _ACCEPTED | {
 }
 
 
-class KgenMLABackend(MLACommonBackend):
+class KgenMLABackend(KgenBackendRules, MLACommonBackend):
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]  # kgen's mla kernels: 16-bit q
     supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 
     @staticmethod
     def get_name() -> str:
         return registered_mla_name()
-
-    @staticmethod
-    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int]:
-        return list(BLOCK_SIZES)
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
@@ -95,16 +91,8 @@ class KgenMLABackend(MLACommonBackend):
         return KgenMLAMetadataBuilder
 
     @classmethod
-    def supports_compute_capability(cls, capability) -> bool:
-        return capability is None or capability.major >= 8
-
-    @classmethod
     def supports_kv_connector(cls) -> bool:
         return False  # nothing has checked a connector's reading of these pages against kgen's
-
-    @classmethod
-    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
-        return False  # the plans are made from the host's lengths
 
     @classmethod
     def supports_combination(cls, head_size, dtype, kv_cache_dtype, block_size, use_mla, has_sink, use_sparse,
