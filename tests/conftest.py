@@ -168,12 +168,12 @@ def inline_prefill_body(source: str) -> str:
     return source.replace(include, body)
 
 
-def inlined_prefill_kernel(spec, config, mutations=()):
+def inlined_prefill_kernel(spec, config, mutations=(), parts=()):
     """The rendered kernel with templates/common/paged_prefill.cuh copied in (as kernel code: the MMA
-    switch is 1 for sm_80+ and the CPU backend alike) and `mutations` (old, new) applied to the copy,
-    built for the CPU backend."""
+    switch is 1 for sm_80+ and the CPU backend alike), then the provided attention `parts` it includes,
+    and `mutations` (old, new) applied to the copy, built for the CPU backend."""
     rendered = render(spec, config)
-    source = inline_prefill_body(rendered.source)
+    source = inline_provided(inline_prefill_body(rendered.source), parts)
     for old, new in mutations:
         assert source.count(old) == 1, old
         source = source.replace(old, new)

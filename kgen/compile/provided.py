@@ -53,6 +53,7 @@ PROVIDED_HEADERS = {"kgen/platform.cuh": "common/platform.cuh", "kgen/async_copy
                     "kgen/attention/logits.cuh": "common/attention/logits.cuh",
                     "kgen/attention/softmax_tile.cuh": "common/attention/softmax_tile.cuh",
                     "kgen/attention/stage_ring.cuh": "common/attention/stage_ring.cuh",
+                    "kgen/attention/kv_format.cuh": "common/attention/kv_format.cuh",
                     **ABI1_HEADERS}
 ALLOWED_INCLUDES = (*CUDA_HEADERS, *PROVIDED_HEADERS)
 

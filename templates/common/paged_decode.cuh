@@ -37,6 +37,7 @@
 #include "kgen/attention/logits.cuh"
 #include "kgen/attention/softmax_tile.cuh"
 #include "kgen/attention/stage_ring.cuh"
+#include "kgen/attention/kv_format.cuh"
 
 namespace kgen {
 
@@ -47,8 +48,8 @@ struct DecodeShape {
   static constexpr int DV = Cfg::V_HEAD_DIM;  // V and out
   static constexpr int G = Cfg::GROUP;
   static constexpr int THREADS = Cfg::NUM_THREADS;
-  static constexpr int ES = (int)sizeof(kv_t);
-  static constexpr int PER = ElemsPer<kv_t>::value;  // elements per kv_t (2: nvfp4's packed pairs)
+  typedef KvFormat<Cfg> F;  // the cache's format (attention/kv_format.cuh)
+  static constexpr int ES = F::ES, PER = F::PER;
   static constexpr int VEC = Cfg::VEC;
   static constexpr int CHUNKS = D / VEC, V_CHUNKS = DV / VEC;
   static constexpr int LANES = Cfg::LANES;  // lanes of a row group
@@ -67,14 +68,12 @@ struct DecodeShape {
   static constexpr int V_ROW = Cfg::V_ROW;               // elements per smem V row (vLLM)
   static constexpr int K_COPY = Cfg::K_COPY;  // bytes per K copy (and V copy unless V_BY_TOKEN)
   static constexpr int V_COPY = Cfg::V_COPY;  // bytes per V copy
-  static constexpr ScaleMode SCALES = ScaleModeOf<Cfg>::value;
-  static constexpr bool TOKEN_SCALES = SCALES == ScaleMode::per_token_head;
-  static constexpr bool FP4 = SCALES == ScaleMode::block;  // nvfp4: an e4m3 scale per 16 elements of a row
-  static constexpr int GROUPS = D / 16;               // ... GROUPS bytes a row, [K | V][token][group] in a stage
-  static constexpr int align16(int x) { return (x + 15) / 16 * 16; }
-  static constexpr int K_BYTES = align16(NT * D / PER * ES);
-  static constexpr int V_BYTES = align16((V_BY_TOKEN ? DV * V_ROW : NT * DV) / PER * ES);
-  static constexpr int S_BYTES = TOKEN_SCALES ? align16(2 * NT * 4) : FP4 ? align16(2 * NT * GROUPS) : 0;
+  static constexpr ScaleMode SCALES = F::SCALES;
+  static constexpr bool TOKEN_SCALES = F::TOKEN_SCALES, FP4 = F::FP4;
+  static constexpr int GROUPS = F::GROUPS;  // nvfp4: [K | V][token][group] scales in a stage
+  static constexpr int K_BYTES = F::bytes(NT * D);
+  static constexpr int V_BYTES = F::bytes(V_BY_TOKEN ? DV * V_ROW : NT * DV);
+  static constexpr int S_BYTES = F::scale_bytes(NT);
   static constexpr int STAGE_BYTES = K_BYTES + V_BYTES + S_BYTES;
   static constexpr int SCRATCH_BYTES = SLOTS * G * (DV + 2) * 4;  // the token slots' (o, m, l)
   static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES > SCRATCH_BYTES ? STAGES * STAGE_BYTES : SCRATCH_BYTES;
@@ -163,14 +162,6 @@ struct TileCopier {
   static constexpr int COPIES = NT * PER_ROW, V_COPIES = NT * V_PER_ROW;
   static constexpr int ITERS = (COPIES + THREADS - 1) / THREADS;
   static constexpr bool V_WITH_K = !S::V_BY_TOKEN && DV == D;  // V's copies ride along K's
-  // Per-token scales: copy c = tid + k * THREADS of [0, NT) K, [NT, 2 NT) V.
-  static constexpr int SCOPIES = S::TOKEN_SCALES ? 2 * NT : 0;
-  static constexpr int SITERS = (SCOPIES + THREADS - 1) / THREADS;
-  // nvfp4 block scales: FC bytes a copy (16, 8, 4; 1: plain byte copies), copy c = tid + k * THREADS lands at
-  // byte c * FC of the stage's [K | V][token][group] scales.
-  static constexpr int FC = Cfg::S_COPY;
-  static constexpr int FPIECES = S::GROUPS / FC;
-  static constexpr int FCOPIES = S::FP4 ? 2 * NT * FPIECES : 0;
 
   const int* __restrict__ table;
   const kv_t* __restrict__ k_cache;
@@ -258,70 +249,17 @@ struct TileCopier {
       }
     }
 
-    // nvfp4 block scales: the rows of the tile's tokens, K then V (masked tokens' zero-filled).
-    if constexpr (S::FP4) {
-      unsigned char* fs = stage + S::K_BYTES + S::V_BYTES;
-#pragma unroll
-      for (int k = 0; k < (FCOPIES + THREADS - 1) / THREADS; ++k) {
-        const unsigned c = tid + k * THREADS;
-        if (FCOPIES % THREADS == 0 || c < FCOPIES) {
-          const bool is_v = c >= (unsigned)(NT * FPIECES);
-          const unsigned r = is_v ? c - NT * FPIECES : c;
-          const int t = r / FPIECES, g0 = (r % FPIECES) * FC;
-          const bool valid = t >= lo && t < hi;
-          const unsigned char* src = reinterpret_cast<const unsigned char*>(k_scale.block);
-          if (valid) {
-            const long long phys = ONE_BLOCK ? phys0 : table[first + t / B];
-            const int slot = slot0 + t % B;
-            src = reinterpret_cast<const unsigned char*>(
-                      is_v ? v_scale.block + phys * vs_s_block + kv_head * vs_s_head + slot * vs_s_token
-                           : k_scale.block + phys * ks_s_block + kv_head * ks_s_head + slot * ks_s_token) + g0;
-          }
-          if constexpr (FC >= 4) {
-            cp_async<(FC >= 4 ? FC : 4)>(fs + c * FC, src, valid ? FC : 0);
-          } else {  // rows of fewer than 4 bytes a piece: a plain copy, landed at issue
-            fs[c] = valid ? src[0] : (unsigned char)0;
-          }
-        }
-      }
-    }
-
-    // Per-token scales: [0, NT) K, [NT, 2 NT) V.
-    if constexpr (S::TOKEN_SCALES) {
-      float* ss = reinterpret_cast<float*>(stage + S::K_BYTES + S::V_BYTES);
-#pragma unroll
-      for (int k = 0; k < SITERS; ++k) {
-        const unsigned c = tid + k * THREADS;
-        if (SCOPIES % THREADS == 0 || c < SCOPIES) {
-          const int t = c % NT;
-          const bool valid = t >= lo && t < hi;
-          const float* src = k_scale;
-          if (valid) {
-            const long long phys = ONE_BLOCK ? phys0 : table[first + t / B];
-            const int slot = slot0 + t % B;
-            src = c < NT ? k_scale + phys * ks_s_block + kv_head * ks_s_head + slot * ks_s_token
-                         : v_scale + phys * vs_s_block + kv_head * vs_s_head + slot * vs_s_token;
-          }
-          cp_async<4>(ss + c, src, valid ? 4 : 0);
-        }
-      }
-    }
+    // The tile's per-token scales or nvfp4 block-scale rows (attention/kv_format.cuh; masked tokens'
+    // zero-filled).
+    S::F::template issue_scales<NT, THREADS, true>(
+        stage + S::K_BYTES + S::V_BYTES, k_scale, v_scale, ks_s_block, ks_s_head, ks_s_token, vs_s_block, vs_s_head,
+        vs_s_token, kv_head, [&](int t) { return t >= lo && t < hi; },
+        [&](int t, long long& phys, int& slot) {
+          phys = ONE_BLOCK ? phys0 : table[first + t / B];
+          slot = slot0 + t % B;
+        });
   }
 };
-
-// VEC elements [e, e + VEC) of token t's row in a stage's K or V rows, as floats; nvfp4: times their
-// group's e4m3 scale from `scales` ([token][group] bytes), e2m1 * e4m3 exactly (convert.cuh).
-// W: the rows' width (head_dim for K, v_head_dim for V).
-template <class Cfg, int VEC, int W = DecodeShape<Cfg>::D>
-__device__ __forceinline__ void load_row_chunk(const typename Cfg::kv_t* rows, const unsigned char* scales, int t,
-                                               int e, float* dst) {
-  typedef DecodeShape<Cfg> S;
-  if constexpr (S::FP4) {
-    load_fp4_as_float<VEC>(rows + (t * W + e) / S::PER, scales[t * (W / 16) + e / 16], dst);
-  } else {
-    load_as_float<typename Cfg::kv_t, VEC>(rows + t * W + e, dst);
-  }
-}
 
 template <class Cfg, class Params>
 __device__ __forceinline__ void paged_decode_body(const Params& p) {
@@ -399,11 +337,9 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
 #pragma unroll
     for (int i = 0; i < OUT; ++i) o[h][i] = 0.0f;
   }
-  // Per-tensor / per-head dequantisation scales (per-token ones come with each tile).
-  float k_sc = 1.0f, v_sc = 1.0f;
-  if constexpr (S::SCALES == ScaleMode::per_tensor) k_sc = k_scale[0], v_sc = v_scale[0];
-  if constexpr (S::SCALES == ScaleMode::per_head) k_sc = k_scale[kv_head], v_sc = v_scale[kv_head];
-  if constexpr (S::FP4) k_sc = *k_scale.tensor, v_sc = *v_scale.tensor;  // the block scales come with the tiles
+  // Per-tensor / per-head dequantisation scales (per-token ones and nvfp4's block scales come with each tile).
+  const typename S::F::Scales kv_sc = S::F::tensor_scales(k_scale, v_scale, kv_head);
+  const float k_sc = kv_sc.k, v_sc = kv_sc.v;
 
   // Where a batch's logits are a power of two (DIST), the transpose reduce (RowGroupSums) leaves
   // each lane HELD logits of one head, hl: tokens [jb, jb + HELD) of each batch; it computes the
@@ -447,7 +383,7 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
           const int chunk = c * LANES + lane;
           if (S::CHUNKS % LANES == 0 || chunk < S::CHUNKS) {
             float kf[VEC];
-            load_row_chunk<Cfg, VEC>(ks, fs, t1 + j, chunk * VEC, kf);
+            kv_staged_chunk<Cfg, VEC, D>(ks, fs, t1 + j, chunk * VEC, kf);
 #pragma unroll
             for (int h = 0; h < HPT; ++h)
 #pragma unroll
@@ -539,7 +475,7 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
             const int chunk = c * LANES + lane;
             if (S::V_CHUNKS % LANES == 0 || chunk < S::V_CHUNKS) {
               float vf[VEC];
-              load_row_chunk<Cfg, VEC, DV>(vs, fs + NT * S::GROUPS, t1 + j, chunk * VEC, vf);
+              kv_staged_chunk<Cfg, VEC, DV>(vs, fs + NT * S::GROUPS, t1 + j, chunk * VEC, vf);
 #pragma unroll
               for (int h = 0; h < HPT; ++h)
 #pragma unroll

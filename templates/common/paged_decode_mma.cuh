@@ -53,12 +53,12 @@ struct DecodeMmaShape {
   static constexpr int WARPS = Cfg::WARPS, THREADS = 32 * WARPS;
   static constexpr int NT = Cfg::TILE_TOKENS;  // tokens per tile, 16 a warp
   static constexpr int STAGES = Cfg::STAGES;
-  static constexpr int ES = (int)sizeof(KV);
-  static constexpr int PER = ElemsPer<KV>::value;  // elements per KV (2: nvfp4)
-  static constexpr ScaleMode SCALES = ScaleModeOf<Cfg>::value;
-  static constexpr bool FP4 = SCALES == ScaleMode::block;  // nvfp4: converted in registers, with block scales
+  typedef KvFormat<Cfg> F;  // the cache's format (attention/kv_format.cuh)
+  static constexpr int ES = F::ES, PER = F::PER;
+  static constexpr ScaleMode SCALES = F::SCALES;
+  static constexpr bool FP4 = F::FP4;  // nvfp4: converted in registers, with block scales
   static constexpr bool BYTES8 = ES == 1 && !FP4;  // an 8-bit cache: converted in registers
-  static constexpr int GROUPS = D / 16;        // nvfp4 block scales per row
+  static constexpr int GROUPS = F::GROUPS;     // nvfp4 block scales per row
   // nvfp4 with fp16 operands: they are e2m1 x e4m3 x 2^-7 (fp4_half_pairs), the 2^7 restored outside
   static constexpr bool FP4_HALF = FP4 && IsSame<T, __half>::value;
   static constexpr float FP4_UNIT = FP4_HALF ? 128.0f : 1.0f;
@@ -67,11 +67,11 @@ struct DecodeMmaShape {
   static constexpr int KC = D / 16;            // k16 chunks of Q K^T
   static constexpr int ONT = DV / 8;           // n8 tiles of the output
   static constexpr int LANE_ROWS = G <= 8 ? 1 : 2;   // rows a lane holds: g, and g + 8 when the group passes 8
-  static constexpr bool TOKEN_SCALES = SCALES == ScaleMode::per_token_head;
+  static constexpr bool TOKEN_SCALES = F::TOKEN_SCALES;
   static constexpr bool V_REF = TOKEN_SCALES && IsSame<T, __half>::value;
   static constexpr int K_BYTES = NT * ROW;     // one K tile
   static constexpr int V_BYTES = NT * VROW;    // one V tile, after it
-  static constexpr int STAGE_BYTES = K_BYTES + V_BYTES + (TOKEN_SCALES ? 8 * NT : 0) + (FP4 ? 2 * NT * GROUPS : 0);
+  static constexpr int STAGE_BYTES = K_BYTES + V_BYTES + F::scale_bytes(NT);
   static constexpr int MERGE_BYTES = G * DV * 4 + WARPS * G * 8;  // o [G][DV], then (m, l) [warp][G]
   static constexpr int RED_BYTES = V_REF ? 128 : 0;
   static constexpr int BODY_BYTES = STAGES * STAGE_BYTES > MERGE_BYTES ? STAGES * STAGE_BYTES : MERGE_BYTES;
@@ -79,7 +79,7 @@ struct DecodeMmaShape {
   static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's geometry and the template disagree");
   static_assert(NT == 16 * WARPS && THREADS == Cfg::NUM_THREADS && WARPS <= 32, "warps");
   static_assert(D % 16 == 0 && DV % 16 == 0 && G <= 16 && ES <= 2 && sizeof(T) == 2, "tensor-core decode combo");
-  static_assert(ROW % 16 == 0 && ROW >= D / PER * ES && VROW % 16 == 0 && VROW >= DV / PER * ES &&
+  static_assert(ROW % 16 == 0 && ROW >= F::bytes(D) && VROW % 16 == 0 && VROW >= F::bytes(DV) &&
                 (!FP4 || (D % 32 == 0 && DV == D)), "rows");
   static_assert(STAGES >= 1 && STAGES <= 4, "stages");
 };
@@ -114,121 +114,6 @@ __device__ __forceinline__ int qk_column(int k) {
 __device__ __forceinline__ int fp4_qk_column(int c, int k) {
   return 32 * (c / 2) + 8 * ((k % 8) / 2) + 4 * (c % 2) + 2 * (k / 8) + k % 2;
 }
-
-// Two nibbles at bits 12..15 and 28..31 of v as a half2 of 2^-14 x their e2m1 values (exact; e = 0
-// lands on the subnormal 2^-15 m): the sign stays, e1 e0 m move to bits 9..11 (one shift, one LOP3).
-__device__ __forceinline__ unsigned fp4_place(unsigned v) {
-  return (v & 0x80008000u) | ((v >> 3) & 0x0E000E00u);
-}
-
-__device__ __forceinline__ unsigned hmul2_bits(unsigned h, __half2 f) {
-  __half2 v;
-  memcpy(&v, &h, 4);
-  v = __hmul2(v, f);
-  unsigned r;
-  memcpy(&r, &v, 4);
-  return r;
-}
-
-// Two nvfp4 group factors for fp16 operands, e4m3 a and b (bytes) as the half2 (a x 2^7, b x 2^7),
-// <= 57344, so that 2^-14 e2m1 times one is e2m1 x e4m3 x 2^-7, exact (6 significant bits, at least
-// 2^-17: fp16 subnormals included). Bits placed as halves of 2^-8 x their values (subnormals too;
-// 0x7F / 0xFF get an all-ones exponent: NaN), then one HMUL2 by 2^15.
-__device__ __forceinline__ __half2 fp4_half_factors(unsigned a, unsigned b) {
-  const unsigned u = a | (b << 16);
-  const unsigned mag = u & 0x007F007Fu;
-  const unsigned nan = ((mag + 0x00010001u) & 0x00800080u) >> 7;  // 1 where the low 7 bits are all ones
-  const unsigned h = ((u & 0x00800080u) << 8) | (mag << 7) | nan * 0x7C00u;
-  __half2 v;
-  memcpy(&v, &h, 4);
-  return __hmul2(v, __float2half2_rn(32768.0f));
-}
-
-// Four bytes of nvfp4 (elements 2b, 2b + 1 in byte b), all of one group, as four registers of two
-// elements of T. fp16: each byte's nibbles placed by one byte permute (w's byte b high nibble and
-// w << 4's) and fp4_place, times the factor f (fp4_half_factor) in one HMUL2: e2m1 x e4m3 x 2^-7.
-// bf16: through fp32 (fp4x2_scaled times fp4_group_factor): e2m1 x e4m3. Both exact.
-template <class T>
-__device__ __forceinline__ void fp4_word_pairs(unsigned w, unsigned char scale, __half2 f, unsigned (&out)[4]) {
-  if constexpr (IsSame<T, __half>::value) {
-    const unsigned x = w << 4;
-#pragma unroll
-    for (int b = 0; b < 4; ++b) out[b] = hmul2_bits(fp4_place(__byte_perm(w, x, (b << 12) | ((4 + b) << 4))), f);
-  } else {
-    const float f = fp4_group_factor(scale);
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const float2 e = fp4x2_scaled((w >> (8 * b)) & 0xFFu);
-      out[b] = pack2<T>(e.x * f, e.y * f);
-    }
-  }
-}
-
-// nvfp4 V: nibble j of each 16-bit half of w (column 4g + j of two tokens) as two elements of T, times
-// the tokens' factors (fp16: fp4_half_factor, the pair's; bf16: fp4_group_factor's).
-template <class T>
-__device__ __forceinline__ unsigned fp4_column_pair(unsigned w, int j, __half2 hf, float f_lo, float f_hi) {
-  const unsigned h = fp4_place(w << (12 - 4 * j));  // nibble j of each half to bits 12..15
-  if constexpr (IsSame<T, __half>::value) {
-    return hmul2_bits(h, hf);
-  } else {
-    __half2 v;
-    memcpy(&v, &h, 4);
-    const float2 e = __half22float2(v);
-    return pack2<T>(e.x * f_lo, e.y * f_hi);
-  }
-}
-
-// Two 8-bit cache elements (the low and high byte of `two`) as two elements of T in one register,
-// exactly (fp8 and int8 values are exact in fp16 and bf16).
-template <class KV, class T> struct Pair8;
-template <__nv_fp8_interpretation_t KIND>
-__device__ __forceinline__ unsigned fp8x2_to_half2_bits(unsigned short two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, KIND);  // cvt.rn.f16x2.e4m3x2 / e5m2x2 on sm_89+
-  unsigned r;
-  memcpy(&r, &h, 4);
-  return r;
-}
-template <__nv_fp8_interpretation_t KIND>
-struct Pair8Fp8Half {
-  static __device__ __forceinline__ unsigned two(unsigned short x) { return fp8x2_to_half2_bits<KIND>(x); }
-};
-template <__nv_fp8_interpretation_t KIND>
-struct Pair8Fp8Bf16 {  // via half2 and float2: exact (fp8's values are bf16 values)
-  static __device__ __forceinline__ unsigned two(unsigned short x) {
-    const unsigned h = fp8x2_to_half2_bits<KIND>(x);
-    __half2 hh;
-    memcpy(&hh, &h, 4);
-    const float2 f = __half22float2(hh);
-    return pack2<__nv_bfloat16>(f.x, f.y);
-  }
-};
-template <> struct Pair8<__nv_fp8_e4m3, __half> : Pair8Fp8Half<__NV_E4M3> {};
-template <> struct Pair8<__nv_fp8_e5m2, __half> : Pair8Fp8Half<__NV_E5M2> {};
-template <> struct Pair8<__nv_fp8_e4m3, __nv_bfloat16> : Pair8Fp8Bf16<__NV_E4M3> {};
-template <> struct Pair8<__nv_fp8_e5m2, __nv_bfloat16> : Pair8Fp8Bf16<__NV_E5M2> {};
-template <> struct Pair8<i8, __half> {
-  // 0x6400 | (x + 128) is the half 1024 + 128 + x exactly; subtracting 1152 gives x.
-  static __device__ __forceinline__ unsigned two(unsigned short x) {
-    const unsigned u = (unsigned)x ^ 0x8080u;
-    const unsigned bits = __byte_perm(u, 0x64646464u, 0x4140u);
-    __half2 h;
-    memcpy(&h, &bits, 4);
-    h = __hsub2(h, __floats2half2_rn(1152.0f, 1152.0f));
-    unsigned r;
-    memcpy(&r, &h, 4);
-    return r;
-  }
-};
-template <> struct Pair8<i8, __nv_bfloat16> {
-  // bf16's 8-bit significand cannot hold 128 + x over a power of two: through fp32's magic number.
-  static __device__ __forceinline__ unsigned two(unsigned short x) {
-    const unsigned u = (unsigned)x ^ 0x8080u;
-    const float lo = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440u)) - 8388736.0f;
-    const float hi = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7441u)) - 8388736.0f;
-    return pack2<__nv_bfloat16>(lo, hi);
-  }
-};
 
 // Issue the cp.async copies of one tile (tokens [tbase, tbase + NT)) into `stage`: K rows, V rows
 // (ROW bytes apart), then the per-token scales (K's NT, V's NT). Tokens outside
@@ -281,44 +166,14 @@ __device__ __forceinline__ void decode_mma_issue_tile(
       }
     }
   }
-  if constexpr (S::FP4) {  // block scales, [K | V][token][group] after the rows (masked tokens' zero-filled)
-    constexpr int FC = Cfg::S_COPY, PIECES = S::GROUPS / FC;
-    unsigned char* fs = stage + S::K_BYTES + S::V_BYTES;
-    for (unsigned c = tid; c < 2 * NT * PIECES; c += T) {
-      const bool is_v = c >= (unsigned)(NT * PIECES);
-      const unsigned r = is_v ? c - NT * PIECES : c;
-      const int t = r / PIECES, g0 = (r % PIECES) * FC, pos = tbase + t;
-      const bool valid = pos >= tok_begin && pos < tok_end;
-      const unsigned char* src = reinterpret_cast<const unsigned char*>(k_scale.block);
-      if (valid) {
-        const long long phys = table[(unsigned)pos / B];
-        const int slot = (unsigned)pos % B;
-        src = reinterpret_cast<const unsigned char*>(
-                  is_v ? v_scale.block + phys * vs_s_block + kv_head * vs_s_head + slot * vs_s_token
-                       : k_scale.block + phys * ks_s_block + kv_head * ks_s_head + slot * ks_s_token) + g0;
-      }
-      if constexpr (FC >= 4) {
-        cp_async<(FC >= 4 ? FC : 4)>(fs + c * FC, src, valid ? FC : 0);
-      } else {  // pieces under 4 bytes: a plain copy, landed at issue
-        fs[c] = valid ? src[0] : (unsigned char)0;
-      }
-    }
-  }
-  if constexpr (S::TOKEN_SCALES) {
-    float* ss = reinterpret_cast<float*>(stage + S::K_BYTES + S::V_BYTES);
-    for (unsigned c = tid; c < 2 * NT; c += T) {
-      const int t = c % NT, pos = tbase + t;
-      const bool valid = pos >= tok_begin && pos < tok_end;
-      const float* src = k_scale;
-      if (valid) {
-        const long long phys = table[(unsigned)pos / B];
-        const int slot = (unsigned)pos % B;
-        src = c < NT ? k_scale + phys * ks_s_block + kv_head * ks_s_head + slot * ks_s_token
-                     : v_scale + phys * vs_s_block + kv_head * vs_s_head + slot * vs_s_token;
-      }
-      cp_async<4>(ss + c, src, valid ? 4 : 0);
-    }
-  }
+  // the per-token scales or nvfp4 block-scale rows after the rows (attention/kv_format.cuh)
+  S::F::template issue_scales<NT, T, false>(
+      stage + S::K_BYTES + S::V_BYTES, k_scale, v_scale, ks_s_block, ks_s_head, ks_s_token, vs_s_block, vs_s_head,
+      vs_s_token, kv_head, [&](int t) { return tbase + t >= tok_begin && tbase + t < tok_end; },
+      [&](int t, long long& phys, int& slot) {
+        phys = table[(unsigned)(tbase + t) / B];
+        slot = (unsigned)(tbase + t) % B;
+      });
 }
 
 // s[j] += Q . K[tokens 8j .. 8j + 7]^T over head_dim, for the warp's 16 tokens of a tile (k_w: the
@@ -362,7 +217,7 @@ __device__ __forceinline__ void decode_mma_qk(float (&s)[2][4], const unsigned (
     } else {
       unsigned r[2];  // tokens 0-7 and 8-15 of the chunk: lane (g, t) gets bytes 4t .. 4t + 3 of token g
       ldmatrix<2, false>(r, k_w + (lane % 16) * S::ROW + c * 16);
-      typedef Pair8<typename Cfg::kv_t, T> P;
+      typedef KvPair<typename Cfg::kv_t, T> P;
       b0[0] = P::two((unsigned short)(r[0] & 0xFFFFu)), b0[1] = P::two((unsigned short)(r[0] >> 16));
       b1[0] = P::two((unsigned short)(r[1] & 0xFFFFu)), b1[1] = P::two((unsigned short)(r[1] >> 16));
     }
@@ -442,7 +297,7 @@ __device__ __forceinline__ void decode_mma_pv(float (&o)[DecodeMmaShape<Cfg>::ON
       mma_rows<T, S::LANE_ROWS>(o[nt + 1], a, b1);
     }
   } else {
-    typedef Pair8<typename Cfg::kv_t, T> P;
+    typedef KvPair<typename Cfg::kv_t, T> P;
     // matrices: tokens 0-7 and 8-15 of bytes [32q, 32q + 16), then of [32q + 16, 32q + 32)
     const unsigned char* v_row = v_w + (lane % 8 + ((lane / 8) % 2) * 8) * S::VROW + 16 * (lane / 16);
 #pragma unroll
@@ -541,27 +396,15 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
     slope[rr] = Cfg::ALIBI && real ? alibi_slopes[q_head0 + head] : 0.0f;
   }
 
-  // Scales outside the products.
-  float qk_scale = Cfg::SOFTMAX_SCALE, v_out = 1.0f, v_inv_ref = 1.0f;
-  if constexpr (S::SCALES == ScaleMode::per_tensor) qk_scale *= k_scale[0], v_out = v_scale[0];
-  if constexpr (S::SCALES == ScaleMode::per_head) qk_scale *= k_scale[kv_head], v_out = v_scale[kv_head];
-  if constexpr (S::FP4) {  // block scales: in the operands (fp16 ones carry 2^-7 more)
-    qk_scale *= *k_scale.tensor * S::FP4_UNIT, v_out = *v_scale.tensor * S::FP4_UNIT;
-  }
-  if constexpr (S::V_REF) {  // fp16 P: V's per-token scales relative to their largest over the block's keys
-    float mx = 0.0f;
-    for (int pos = tok_begin + tid; pos < tok_end; pos += S::THREADS)
-      mx = fmaxf(mx, v_scale[table[pos / B] * vs_s_block + kv_head * vs_s_head + (pos % B) * vs_s_token]);
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off, 32));
-    float* red = reinterpret_cast<float*>(smem + S::BODY_BYTES);
-    if (lane == 0) red[warp] = mx;
-    __syncthreads();
-    mx = 0.0f;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, red[w]);
-    if (mx > 0.0f && mx < 3.0e38f) v_out = mx, v_inv_ref = 1.0f / mx;  // (all zero or not finite: no rescaling)
-  }
+  // Scales outside the products (attention/kv_format.cuh): per tensor or head, K's folds into the
+  // softmax scale and V's multiplies the output; nvfp4's block scales are in the operands (fp16
+  // ones carry 2^-7 more).
+  const typename S::F::Scales kv_sc = S::F::tensor_scales(k_scale, v_scale, kv_head, S::FP4_UNIT);
+  float qk_scale = Cfg::SOFTMAX_SCALE * kv_sc.k, v_out = kv_sc.v, v_inv_ref = 1.0f;
+  if constexpr (S::V_REF)  // fp16 P: V's per-token scales relative to their largest over the block's keys
+    S::F::template v_reference<S::THREADS>(v_scale, table, tok_begin, tok_end, kv_head, vs_s_block, vs_s_head,
+                                           vs_s_token, reinterpret_cast<float*>(smem + S::BODY_BYTES), v_out,
+                                           v_inv_ref);
 
   SoftmaxState st[2] = {SoftmaxState::empty(), SoftmaxState::empty()};
   // FOLD: the logit is the product (times its per-token K scale) times a positive compile-time

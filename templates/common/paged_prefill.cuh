@@ -49,6 +49,7 @@
 #include "kgen/attention/logits.cuh"
 #include "kgen/attention/softmax_tile.cuh"
 #include "kgen/attention/stage_ring.cuh"
+#include "kgen/attention/kv_format.cuh"
 
 namespace kgen {
 
@@ -114,21 +115,19 @@ struct PrefillShape {
   // of the stored bytes into STAGES staging tiles, then one dequantizing pass into the operand tile;
   // PATH_GATHER, plain loads that dequantize on the way (a row chunk not contiguous in memory: vLLM's V).
   typedef typename Cfg::kv_t KV;
-  static constexpr int PER = ElemsPer<KV>::value;  // elements per KV (2: nvfp4's packed pairs)
+  typedef KvFormat<Cfg> F;  // the cache's format (attention/kv_format.cuh)
+  static constexpr int PER = F::PER;
   static constexpr int PATH = Cfg::KV_PATH, STAGES = PATH == 2 ? 1 : Cfg::STAGES;
   static constexpr int COPY = VEC / PER * (int)sizeof(KV);  // bytes per cp.async
-  static constexpr ScaleMode SCALES = ScaleModeOf<Cfg>::value;
-  static constexpr bool TOKEN_SCALES = SCALES == ScaleMode::per_token_head;
-  static constexpr bool FP4 = SCALES == ScaleMode::block;  // nvfp4: an e4m3 scale per 16 elements of a row
-  static constexpr int GROUPS = D / 16;              // ... GROUPS bytes a row, [K | V][key][group] in a stage
-  static constexpr int align16(int x) { return (x + 15) / 16 * 16; }
+  static constexpr ScaleMode SCALES = F::SCALES;
+  static constexpr bool TOKEN_SCALES = F::TOKEN_SCALES, FP4 = F::FP4;
+  static constexpr int GROUPS = F::GROUPS;  // nvfp4: [K | V][key][group] scales in a stage
   static constexpr int Q_BYTES = ROWS * LD * (int)sizeof(T);
   static constexpr int TILE_BYTES = KT * LD * (int)sizeof(T);            // one K operand tile
   static constexpr int V_TILE_BYTES = KT * LDV * (int)sizeof(T);         // one V operand tile
-  static constexpr int RAW_BYTES = align16(KT * D / PER * (int)sizeof(KV));     // one staged K tile, as stored
-  static constexpr int V_RAW_BYTES = align16(KT * DV / PER * (int)sizeof(KV));  // one staged V tile
-  // a tile's scales: per token, K's KT floats then V's; nvfp4, K's KT block-scale rows then V's
-  static constexpr int SCALE_BYTES = TOKEN_SCALES ? 8 * KT : FP4 ? align16(2 * KT * GROUPS) : 0;
+  static constexpr int RAW_BYTES = F::bytes(KT * D);     // one staged K tile, as stored
+  static constexpr int V_RAW_BYTES = F::bytes(KT * DV);  // one staged V tile
+  static constexpr int SCALE_BYTES = F::scale_bytes(KT);  // a tile's scales
   // A stage: PATH_COPY the two operand tiles; PATH_STAGE K and V as stored, then the scales;
   // PATH_GATHER (one stage) only the scales, written by the plain loads.
   static constexpr int STAGE_BYTES = PATH == 0   ? TILE_BYTES + V_TILE_BYTES
@@ -309,17 +308,6 @@ __device__ __forceinline__ void store_vec_from_float(T* dst, const float (&src)[
   }
 }
 
-// Dequantisation scale of one (physical block, slot, KV head) for the spec's granularity.
-template <ScaleMode MODE>
-__device__ __forceinline__ float kv_scale_at(const float* __restrict__ scale, long long phys, int slot,
-                                             int kv_head, long long s_block, long long s_head,
-                                             long long s_token) {
-  if (MODE == ScaleMode::none) return 1.0f;
-  if (MODE == ScaleMode::per_tensor) return scale[0];
-  if (MODE == ScaleMode::per_head) return scale[kv_head];
-  return scale[phys * s_block + kv_head * s_head + slot * s_token];  // per_token_head
-}
-
 // VEC elements [d0, d0 + VEC) of one cached row as floats; the row is stored in runs of RUN
 // elements run_stride apart (the vLLM K layout; RUN = head_dim for every other layout).
 template <class T, int VEC, int RUN>
@@ -443,63 +431,16 @@ __device__ __forceinline__ void prefill_issue_tile(
     if (has_k) cp_async<S::COPY>(ks + (i * ROW + d0) / S::PER, ksrc, valid ? S::COPY : 0);
     if (has_v) cp_async<S::COPY>(vs + (i * V_ROW + d0) / S::PER, vsrc, valid ? S::COPY : 0);
   }
-  if constexpr (S::FP4) {  // the keys' block-scale rows, K then V, zero-filled past kv_end like the values
-    constexpr int FC = Cfg::S_COPY, PIECES = S::GROUPS / FC;
-    unsigned char* fs = stage + S::SCALES_AT;
-    for (int c = threadIdx.x; c < 2 * KT * PIECES; c += S::THREADS) {
-      const bool is_v = c >= KT * PIECES;
-      const int r = is_v ? c - KT * PIECES : c, key = kv0 + r / PIECES, g0 = (r % PIECES) * FC;
-      const bool valid = key < kv_end;
-      const unsigned char* src = reinterpret_cast<const unsigned char*>(k_scale.block);
-      if (valid) {
-        const long long phys = table[key / B];
-        const int slot = key % B;
-        src = reinterpret_cast<const unsigned char*>(
-                  is_v ? v_scale.block + phys * vs_s_block + (long long)kv_head * vs_s_head + slot * vs_s_token
-                       : k_scale.block + phys * ks_s_block + (long long)kv_head * ks_s_head + slot * ks_s_token) + g0;
-      }
-      if constexpr (FC >= 4) {
-        cp_async<(FC >= 4 ? FC : 4)>(fs + c * FC, src, valid ? FC : 0);
-      } else {  // rows of fewer than 4 bytes a piece: a plain copy, landed at issue
-        fs[c] = valid ? src[0] : (unsigned char)0;
-      }
-    }
-  }
-  if constexpr (!COPY && S::TOKEN_SCALES) {
-    float* ss = reinterpret_cast<float*>(stage + S::SCALES_AT);
-    for (int c = threadIdx.x; c < 2 * KT; c += S::THREADS) {
-      const int key = kv0 + c % KT;
-      const bool valid = key < kv_end;
-      const float* src = k_scale;
-      if (valid) {
-        const long long phys = table[key / B];
-        const int slot = key % B;
-        src = c < KT ? k_scale + phys * ks_s_block + (long long)kv_head * ks_s_head + slot * ks_s_token
-                     : v_scale + phys * vs_s_block + (long long)kv_head * vs_s_head + slot * vs_s_token;
-      }
-      cp_async<4>(ss + c, src, valid ? 4 : 0);
-    }
-  }
-}
-
-// VEC elements [d0, d0 + VEC) of staged row i as floats; nvfp4: times their groups' e4m3 block
-// scales (`scales`: the tile's [key][group] bytes), e2m1 * e4m3 exactly (convert.cuh), a piece of
-// at most one group at a time.
-// W: the rows' width (head_dim for K, v_head_dim for V).
-template <class Cfg, int W>
-__device__ __forceinline__ void prefill_staged_chunk(const typename Cfg::kv_t* rows, const unsigned char* scales,
-                                                     int i, int d0, float* dst) {
-  typedef PrefillShape<Cfg> S;
-  if constexpr (S::FP4) {
-    constexpr int PIECE = S::VEC < 16 ? S::VEC : 16;
-#pragma unroll
-    for (int p = 0; p < S::VEC; p += PIECE) {
-      const int e = d0 + p;
-      load_fp4_as_float<PIECE>(rows + (i * W + e) / S::PER, scales[i * (W / 16) + e / 16], dst + p);
-    }
-  } else {
-    load_as_float<typename Cfg::kv_t, S::VEC>(rows + i * W + d0, dst);
-  }
+  // the keys' per-token scales or block-scale rows, zero-filled past kv_end like the values
+  // (attention/kv_format.cuh; the copy path has none)
+  if constexpr (!COPY)
+    S::F::template issue_scales<KT, S::THREADS, true>(
+        stage + S::SCALES_AT, k_scale, v_scale, ks_s_block, ks_s_head, ks_s_token, vs_s_block, vs_s_head, vs_s_token,
+        kv_head, [&](int t) { return kv0 + t < kv_end; },
+        [&](int t, long long& phys, int& slot) {
+          phys = table[(kv0 + t) / B];
+          slot = (kv0 + t) % B;
+        });
 }
 
 // PATH_STAGE: convert a landed staging tile into the operand tiles (packed conversions), values as
@@ -519,11 +460,11 @@ __device__ __forceinline__ void prefill_convert_tile(typename Cfg::q_t* k_s, typ
     const int i = idx / MC, c = idx % MC, d0 = c * VEC;
     float kf[VEC], vf[VEC];
     if (S::CHUNKS == MC || c < S::CHUNKS) {
-      prefill_staged_chunk<Cfg, S::D>(ks, fs, i, d0, kf);
+      kv_staged_chunk<Cfg, VEC, S::D>(ks, fs, i, d0, kf);
       store_vec_from_float<typename Cfg::q_t, VEC>(k_s + i * S::LD + d0, kf);
     }
     if (S::V_CHUNKS == MC || c < S::V_CHUNKS) {
-      prefill_staged_chunk<Cfg, S::DV>(vs, fs + KT * S::GROUPS, i, d0, vf);
+      kv_staged_chunk<Cfg, VEC, S::DV>(vs, fs + KT * S::GROUPS, i, d0, vf);
       store_vec_from_float<typename Cfg::q_t, VEC>(v_s + i * S::LDV + d0, vf);
     }
   }
@@ -613,31 +554,17 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
       k_tile[(r / PAD) * S::LD + S::D + r % PAD] = from_float<T>(0.0f);
     }
   }
-  // The scales outside the products: per tensor / per head, K's folds into the softmax scale and
-  // V's multiplies the output; per token, each tile's come with it (K's and V's KT floats in the
-  // stage). P times V's per-token scales is rounded to q's type: for fp16 (whose range is narrow)
-  // they are taken relative to v_ref, their largest over the block's keys (the output is
-  // multiplied by v_ref): P * ratio <= 1 cannot overflow, and a tiny ratio loses to fp16's
-  // subnormals at most 2^-25 * v_ref per stored unit. bf16 and fp32 have fp32's range: no v_ref.
-  float qk_scale = Cfg::SOFTMAX_SCALE, v_out = 1.0f, v_inv_ref = 1.0f;
-  if constexpr (S::SCALES == ScaleMode::per_tensor) qk_scale *= k_scale[0], v_out = v_scale[0];
-  if constexpr (S::SCALES == ScaleMode::per_head) qk_scale *= k_scale[kv_head], v_out = v_scale[kv_head];
-  if constexpr (S::FP4) qk_scale *= *k_scale.tensor, v_out = *v_scale.tensor;  // the block scales are in the tiles
+  // The scales outside the products (attention/kv_format.cuh): per tensor / per head, K's folds into
+  // the softmax scale and V's multiplies the output (nvfp4: the tensor scales; the block scales are
+  // in the tiles); per token, each tile's come with it (K's and V's KT floats in the stage), and
+  // for fp16 q V's are taken relative to their largest over the block's keys (v_reference; bf16 and
+  // fp32 have fp32's range: no v_ref).
+  const typename S::F::Scales kv_sc = S::F::tensor_scales(k_scale, v_scale, kv_head);
+  float qk_scale = Cfg::SOFTMAX_SCALE * kv_sc.k, v_out = kv_sc.v, v_inv_ref = 1.0f;
   if constexpr (S::TOKEN_SCALES && IsSame<T, __half>::value) {
-    float mx = 0.0f;
-    for (int key = lo + tid; key < hi; key += S::THREADS)
-      mx = fmaxf(mx, kv_scale_at<ScaleMode::per_token_head>(v_scale, table[key / Cfg::BLOCK_SIZE], key % Cfg::BLOCK_SIZE,
-                                                            kv_head, vs_s_block, vs_s_head, vs_s_token));
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off, 32));
-    float* red = reinterpret_cast<float*>(smem);  // the Q tile's first bytes: Q is stored after this
-    if (lane == 0) red[warp] = mx;
-    __syncthreads();
-    mx = 0.0f;
-#pragma unroll
-    for (int w = 0; w < S::WARPS; ++w) mx = fmaxf(mx, red[w]);
-    __syncthreads();  // everybody has read red before Q overwrites it
-    if (mx > 0.0f && mx < 3.0e38f) v_out = mx, v_inv_ref = 1.0f / mx;  // (all zero or not finite: no rescaling)
+    S::F::template v_reference<S::THREADS>(v_scale, table, lo, hi, kv_head, vs_s_block, vs_s_head, vs_s_token,
+                                           reinterpret_cast<float*>(smem), v_out, v_inv_ref);  // Q's first bytes
+    __syncthreads();  // everybody has read them before Q overwrites them
   }
   // A negative scale's sign goes into Q (negating is exact), so qk_scale > 0: a row's largest raw
   // product is then its largest logit, and exp2 can take the scale in one FFMA (PLAIN below).

@@ -39,6 +39,7 @@
 #include "kgen/attention/visibility.cuh"
 #include "kgen/attention/logits.cuh"
 #include "kgen/attention/softmax_tile.cuh"
+#include "kgen/attention/kv_format.cuh"
 
 namespace kgen {
 
@@ -48,11 +49,13 @@ struct WgmmaPrefillShape {
   static constexpr int D = Cfg::HEAD_DIM, DV = Cfg::V_HEAD_DIM, G = Cfg::GROUP;
   static constexpr int CONSUMERS = Cfg::WARPS / 4, THREADS = 128 * (1 + CONSUMERS);
   static constexpr int ROWS = 64 * CONSUMERS, KT = Cfg::KV_TILE, STAGES = Cfg::STAGES;
-  static constexpr int Q_BYTES = ROWS * D * 2, K_BYTES = KT * D * 2, V_BYTES = KT * DV * 2;
+  typedef KvFormat<Cfg> F;  // the cache's format (attention/kv_format.cuh): q's type, no scales
+  static constexpr int Q_BYTES = ROWS * D * 2, K_BYTES = F::bytes(KT * D), V_BYTES = F::bytes(KT * DV);
   static constexpr int STAGE_BYTES = K_BYTES + V_BYTES;
   static constexpr int SMEM_BYTES = 1024 + Q_BYTES + STAGES * STAGE_BYTES;  // + the alignment slack
   static_assert(sizeof(T) == 2, "wgmma takes fp16 or bf16 operands");
-  static_assert(IsSame<typename Cfg::kv_t, T>::value && Cfg::KV_PATH == 0, "the Hopper path copies a cache in q's type");
+  static_assert(IsSame<typename Cfg::kv_t, T>::value && F::SCALES == ScaleMode::none && Cfg::KV_PATH == 0,
+                "the Hopper path copies an unscaled cache in q's type");
   static_assert(Cfg::WARPS == 4 || Cfg::WARPS == 8, "one or two consumer warpgroups");
   static_assert(D % 64 == 0 && DV % 64 == 0 && D <= 256 && DV <= 256, "head dims in 128-byte column blocks, N <= 256");
   static_assert(KT % 16 == 0 && KT >= 16 && KT <= 256, "KV_TILE is wgmma's N for S");

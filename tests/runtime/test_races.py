@@ -267,7 +267,8 @@ def test_generated_decode_without_a_barrier_is_reported():
     the barrier between the wait for a tile's copies and reading the tile, and it names both lines."""
     spec = kgen.load_spec(SPECS / "llama3_8b_decode.yaml")  # the CUDA-core body (mma_min_group 0)
     kern = kgen.build(spec, backend="cpu", config={"mma_min_group": 0}, verify=False, race_check=True)
-    source = inline_provided(inline_provided(kern.source), "kgen/attention/stage_ring.cuh")  # body and ring as kernel code
+    # the body, the ring and the KV-format part as kernel code
+    source = inline_provided(inline_provided(kern.source), ("kgen/attention/stage_ring.cuh", "kgen/attention/kv_format.cuh"))
     barrier = source.index("__syncthreads();  // everybody's have")
     mutant = source[:barrier] + source[barrier + len("__syncthreads();"):]
     kern.module = CpuModule.from_source(mutant, kern.kernel_names, race_check=True)
@@ -277,6 +278,6 @@ def test_generated_decode_without_a_barrier_is_reported():
     assert "shared-memory race on __shared__ 'smem'" in msg, msg
     lines = mutant.splitlines()
     write = next(i for i, ln in enumerate(lines, 1) if "cp_async<S::K_COPY>(ks" in ln)  # the copy's issue
-    read = next(i for i, ln in enumerate(lines, 1) if "load_as_float<typename Cfg::kv_t, VEC>(rows + t * W" in ln)
+    read = next(i for i, ln in enumerate(lines, 1) if "load_as_float<typename Cfg::kv_t, N>(rows + t * W" in ln)
     assert "kernel 'llama3_8b_decode' block (" in msg
     assert f"kernel.cu:{write}" in msg and f"kernel.cu:{read}" in msg, msg

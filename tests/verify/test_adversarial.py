@@ -60,7 +60,7 @@ K_ROW = ("ksrc = k_cache + phys * k_s_block + kv_head * k_s_head + slot * k_s_to
 V_ROW = "vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0 / S::PER;"
 KV_ROWS = K_ROW + "\n          " + V_ROW  # the K loop's (V rows of their own width have a loop of their own)
 LSE_WRITE = "lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = blk.lse();"
-SCALES = "  // Per-tensor / per-head dequantisation scales (per-token ones come with each tile).\n"
+SCALES = "  // Per-tensor / per-head dequantisation scales (per-token ones and nvfp4's block scales come with each tile).\n"
 WRITE_OUT = "  // Write out: the final output, or this partition's normalised partial and its (m, l).\n"
 O_ACC = "for (int i = 0; i < VEC; ++i) o[h][c * VEC + i] += s[h][j] * vf[i];"
 NTILES = "const int ntiles = tok_end > tok_begin ? (tok_end - tile0 + NT - 1) / NT : 0;"

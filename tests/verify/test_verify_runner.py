@@ -32,11 +32,11 @@ def _spec(**overrides):
 
 def _kernel(spec, config=None, old: str | None = None, new: str = "") -> Kernel:
     """kgen's source, with softmax.cuh (the online softmax, split-KV contract and merge body the
-    decode source includes), attention/visibility.cuh (the key rule) and attention/stage_ring.cuh copied
-    in, and with one edit."""
+    decode source includes), attention/visibility.cuh (the key rule), attention/stage_ring.cuh and
+    attention/kv_format.cuh (the scales) copied in, and with one edit."""
     r = render(spec, config)
     src = inline_provided(inline_provided(r.source), "kgen/attention/visibility.cuh")
-    src = inline_provided(src, "kgen/attention/stage_ring.cuh")
+    src = inline_provided(src, ("kgen/attention/stage_ring.cuh", "kgen/attention/kv_format.cuh"))
     if old is not None:
         assert src.count(old) == 1, f"mutation target not found exactly once: {old!r}"
         src = src.replace(old, new)
@@ -53,7 +53,7 @@ MUTATIONS = [
     ("k_scale_dropped", {"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_tensor"}, CUDA_CORES,
      "ksj * Cfg::SOFTMAX_SCALE", "Cfg::SOFTMAX_SCALE", {"long"}, {"len_1"}),
     ("per_head_scale_of_head_0", {"kv_cache.dtype": "int8", "kv_cache.scale": "per_head"}, CUDA_CORES,
-     "k_sc = k_scale[kv_head], v_sc = v_scale[kv_head];", "k_sc = k_scale[0], v_sc = v_scale[0];",
+     "s = Scales{k_scale[kv_head], v_scale[kv_head]};", "s = Scales{k_scale[0], v_scale[0]};",
      {"len_1", "long"}, set()),
     ("per_token_scale_strides_swapped", {"kv_cache.dtype": "fp8_e5m2", "kv_cache.scale": "per_token_head"}, CUDA_CORES,
      "? k_scale + phys * ks_s_block + kv_head * ks_s_head + slot * ks_s_token",

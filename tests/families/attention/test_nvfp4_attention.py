@@ -166,18 +166,17 @@ def test_mla_stays_refused_with_the_reason():
 # mutants of the rendered source the verifier must reject: (mma_min_group, old, new)
 MUTANTS = [
     # CUDA cores: the block-scale copies read past the sequence: the tails' NaN scales reach the V weights
-    (0, "const bool valid = t >= lo && t < hi;\n          const unsigned char* src",
-     "const bool valid = t >= lo && t < hi + 8;\n          const unsigned char* src"),
-    # CUDA cores: every element of a row scaled by its first group's scale
-    (0, "scales[t * (W / 16) + e / 16]", "scales[t * (W / 16)]"),
+    (0, "[&](int t) { return t >= lo && t < hi; }", "[&](int t) { return t >= lo && t < hi + 8; }"),
+    # CUDA cores: every element of a row scaled by its first group's scale (attention/kv_format.cuh)
+    (0, "scales[t * (W / 16) + x / 16]", "scales[t * (W / 16)]"),
     # CUDA cores: V dequantized with K's block scales
-    (0, "load_row_chunk<Cfg, VEC, DV>(vs, fs + NT * S::GROUPS,", "load_row_chunk<Cfg, VEC, DV>(vs, fs,"),
+    (0, "kv_staged_chunk<Cfg, VEC, DV>(vs, fs + NT * S::GROUPS,", "kv_staged_chunk<Cfg, VEC, DV>(vs, fs,"),
     # tensor cores: the same over-read of the tail's block scales
-    (2, "const bool valid = pos >= tok_begin && pos < tok_end;\n      const unsigned char* src",
-     "const bool valid = pos >= tok_begin && pos < tok_end + 8;\n      const unsigned char* src"),
+    (2, "return tbase + t >= tok_begin && tbase + t < tok_end; }",
+     "return tbase + t >= tok_begin && tbase + t < tok_end + 8; }"),
     # tensor cores: K's elements 8t .. 8t + 7 given the span's first group whatever t
     (2, "const int grp = 2 * c2 + (t >> 1);", "const int grp = 2 * c2;"),
-    # tensor cores: V's nibble j taken from the wrong end of the byte pair
+    # tensor cores: V's nibble j taken from the wrong end of the byte pair (attention/kv_format.cuh)
     (2, "fp4_place(w << (12 - 4 * j))", "fp4_place(w << (4 * j))"),
 ]
 
@@ -189,7 +188,8 @@ MUTANTS = [
 def test_mutants_fail_verification(mma, old, new):
     spec = variant(q="fp16", block=8)
     rendered = render(spec, {"partition_size": 0, "mma_min_group": mma})
-    source = inline_provided(rendered.source)  # the body as kernel code (a provided header)
+    # the body and the KV-format part as kernel code (provided headers)
+    source = inline_provided(inline_provided(rendered.source), "kgen/attention/kv_format.cuh")
     assert source.count(old) == 1, old
     mutant = kernel_from_source(spec, source.replace(old, new), backend="cpu", config=rendered.config,
                                 archs=[])
@@ -302,19 +302,18 @@ def test_prefill_smem_and_raw_tiles_follow_the_bits():
 
 # mutants of the prefill source the verifier must reject: (old, new)
 PREFILL_MUTANTS = [
-    # every element of a row scaled by its first group's scale
-    ("scales[i * (W / 16) + e / 16]", "scales[i * (W / 16)]"),
+    # every element of a row scaled by its first group's scale (attention/kv_format.cuh)
+    ("scales[t * (W / 16) + x / 16]", "scales[t * (W / 16)]"),
     # V dequantized with K's block scales
-    ("prefill_staged_chunk<Cfg, S::DV>(vs, fs + KT * S::GROUPS, i, d0, vf)",
-     "prefill_staged_chunk<Cfg, S::DV>(vs, fs, i, d0, vf)"),
+    ("kv_staged_chunk<Cfg, VEC, S::DV>(vs, fs + KT * S::GROUPS, i, d0, vf)",
+     "kv_staged_chunk<Cfg, VEC, S::DV>(vs, fs, i, d0, vf)"),
     # the block-scale copies read past the sequence: the tail's NaN scales reach the tiles
-    ("const bool valid = key < kv_end;\n      const unsigned char* src",
-     "const bool valid = key < kv_end + 8;\n      const unsigned char* src"),
-    # the tensor scale forgotten on K
-    ("qk_scale *= *k_scale.tensor, v_out", "v_out"),
+    ("[&](int t) { return kv0 + t < kv_end; }", "[&](int t) { return kv0 + t < kv_end + 8; }"),
+    # the tensor scale forgotten on K (attention/kv_format.cuh)
+    ("s = Scales{*k_scale.tensor * unit,", "s = Scales{unit,"),
     # the nibbles of each byte swapped
-    ("prefill_staged_chunk<Cfg, S::D>(ks, fs, i, d0, kf);",
-     "prefill_staged_chunk<Cfg, S::D>(ks, fs, i, d0, kf);\n      for (int e = 0; e < VEC; e += 2) { const float x = kf[e]; "
+    ("kv_staged_chunk<Cfg, VEC, S::D>(ks, fs, i, d0, kf);",
+     "kv_staged_chunk<Cfg, VEC, S::D>(ks, fs, i, d0, kf);\n      for (int e = 0; e < VEC; e += 2) { const float x = kf[e]; "
      "kf[e] = kf[e + 1]; kf[e + 1] = x; }"),
 ]
 
@@ -327,7 +326,9 @@ PREFILL_MUTANTS = [
 def test_prefill_mutants_fail_verification(mutation):
     # the prefill body is a provided header: the mutants edit a copy inlined into the source
     spec = prefill_variant()
-    report = verify(inlined_prefill_kernel(spec, {"partition_size": 64}, [mutation] if mutation else []), seed=5)
+    kernel = inlined_prefill_kernel(spec, {"partition_size": 64}, [mutation] if mutation else [],
+                                    parts=("kgen/attention/kv_format.cuh",))
+    report = verify(kernel, seed=5)
     assert report.passed == (mutation is None), report.summary()
 
 

@@ -169,11 +169,11 @@ def test_an_int8_per_token_head_prefill_verifies(config):
 # The defect this file was written for, put back into the staged path of a per_token_head cache: K and
 # V scaled before their conversion to q's type, and no scale outside the products.
 ROUND_DEQUANTIZED = [
-    ("      prefill_staged_chunk<Cfg, S::D>(ks, fs, i, d0, kf);\n",
-     "      prefill_staged_chunk<Cfg, S::D>(ks, fs, i, d0, kf);\n"
+    ("      kv_staged_chunk<Cfg, VEC, S::D>(ks, fs, i, d0, kf);\n",
+     "      kv_staged_chunk<Cfg, VEC, S::D>(ks, fs, i, d0, kf);\n"
      "      for (int e = 0; e < VEC; ++e) kf[e] *= reinterpret_cast<const float*>(stage + S::SCALES_AT)[i];\n"),
-    ("      prefill_staged_chunk<Cfg, S::DV>(vs, fs + KT * S::GROUPS, i, d0, vf);\n",
-     "      prefill_staged_chunk<Cfg, S::DV>(vs, fs + KT * S::GROUPS, i, d0, vf);\n"
+    ("      kv_staged_chunk<Cfg, VEC, S::DV>(vs, fs + KT * S::GROUPS, i, d0, vf);\n",
+     "      kv_staged_chunk<Cfg, VEC, S::DV>(vs, fs + KT * S::GROUPS, i, d0, vf);\n"
      "      for (int e = 0; e < VEC; ++e) vf[e] *= reinterpret_cast<const float*>(stage + S::SCALES_AT)[KT + i];\n"),
     ("S::TOKEN_SCALES ? qk_scale * tok_sc[col] : qk_scale", "qk_scale"),  # the logit scale (attention/logits.cuh)
     ("s[j][i] *= tok_sc[S::KT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;", ";"),  # (bf16 q: v_inv_ref is 1)
