@@ -350,7 +350,6 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
   typedef DecodeMmaShape<Cfg> S;
   typedef typename S::T T;
   constexpr int DV = S::DV, G = S::G, NT = S::NT, STAGES = S::STAGES, WARPS = S::WARPS;
-  constexpr int B = Cfg::BLOCK_SIZE;
   const bool split = Cfg::SPLIT && max_partitions > 1;
   const int P = partition_tokens;
   const int kv_head = blockIdx.x, seq = blockIdx.y, part = blockIdx.z;
