@@ -35,13 +35,22 @@
 // while l sums the unscaled P. fp8_ds_mla rows (Cfg::DS_MLA, ds_mla_row.cuh) are staged as their 656
 // bytes and the same pass dequantizes them (e4m3 * tile scale, rounded once to bf16; rope copied).
 //
+// Shared parts (kgen/attention/): the stage ring (StageRing), which keys a row sees (MlaKeys: the
+// causal KeyRule over positions, or a sparse row's ListedKeys over its entries), the logit and
+// when its scale folds into the exponent (Logits), the per-tile softmax update (TileSoftmax) and
+// the cache's ScaleMode. Every kernel fills a Params struct generated from its argument table.
+//
 // Needs kgen/platform.cuh, async_copy.cuh, softmax.cuh and mma.cuh before it.
 #pragma once
 
+#include "kgen/attention/traits.cuh"
+#include "kgen/attention/visibility.cuh"
+#include "kgen/attention/logits.cuh"
+#include "kgen/attention/softmax_tile.cuh"
+#include "kgen/attention/stage_ring.cuh"
+
 namespace kgen {
 
-template <class A, class B> struct MlaSame { static constexpr bool value = false; };
-template <class A> struct MlaSame<A, A> { static constexpr bool value = true; };
 template <class KV> struct MlaFp8Kind;
 template <> struct MlaFp8Kind<__nv_fp8_e4m3> { static constexpr __nv_fp8_interpretation_t value = __NV_E4M3; };
 template <> struct MlaFp8Kind<__nv_fp8_e5m2> { static constexpr __nv_fp8_interpretation_t value = __NV_E5M2; };
@@ -57,7 +66,8 @@ struct MlaShape {
   static constexpr int DW = DV / C;              // output columns of a warp
   static constexpr int OT = DW / 8;              // n8 output tiles of a warp
   static constexpr bool KV8 = sizeof(typename Cfg::kv_t) == 1;  // fp8: staged as stored, then converted
-  static constexpr bool TOKEN_SCALES = Cfg::SCALE_MODE == 3;
+  static constexpr ScaleMode SCALES = ScaleModeOf<Cfg>::value;
+  static constexpr bool TOKEN_SCALES = SCALES == ScaleMode::per_token_head;
   static constexpr int RAW_ROW = Cfg::RAW_ROW_BYTES;  // a staged fp8 row
   static constexpr int STORED = Cfg::DS_MLA ? DsMlaRow::BYTES : D * (int)sizeof(typename Cfg::kv_t);  // bytes a row
   static constexpr int Q_BYTES = 16 * R * ROW;   // Q [16 R rows][ROW]
@@ -71,12 +81,22 @@ struct MlaShape {
   static_assert(THREADS == Cfg::NUM_THREADS && NT == 16 * C, "warps");
   static_assert(sizeof(T) == 2 && (KV8 || sizeof(typename Cfg::kv_t) == 2), "mla: 16-bit q, 16-bit or fp8 cache");
   static_assert(!KV8 || (RAW_ROW % 16 == 0 && RAW_ROW >= STORED), "staged rows");
-  static_assert(!Cfg::DS_MLA || (D == DsMlaRow::HEAD_DIM && MlaSame<T, __nv_bfloat16>::value && Cfg::SCALE_MODE == 0),
+  static_assert(SCALES == ScaleMode::none || SCALES == ScaleMode::per_tensor || TOKEN_SCALES, "mla: kv_scale modes");
+  static_assert(!Cfg::DS_MLA || (D == DsMlaRow::HEAD_DIM && IsSame<T, __nv_bfloat16>::value && SCALES == ScaleMode::none),
                 "fp8_ds_mla: 576-element rows, bf16 q, no kv_scale");
   static_assert(D % 16 == 0 && DV % (16 * C) == 0 && DV < D, "head dims");
   static_assert(ROW % 16 == 0 && ROW >= 2 * D && PROW % 16 == 0 && PROW >= 2 * NT, "rows");
   static_assert(STAGES >= 1 && STAGES <= 4, "stages");
 };
+
+// Which keys a row sees (attention/visibility.cuh): a dense row the sequence's positions by the
+// causal rule (decode's query is the last key: DecodeKeys), a sparse row the entries of its index
+// list that name a slot (ListedKeys).
+template <class Cfg, bool SPARSE = (Cfg::SPARSE_TOPK > 0)> struct MlaKeys {
+  typedef typename PrefillKeys<Cfg>::type prefill;
+  typedef typename DecodeKeys<Cfg>::type decode;
+};
+template <class Cfg> struct MlaKeys<Cfg, true> { typedef ListedKeys prefill, decode; };
 
 // The block's part of the sequence: its rows, their positions and the keys they see.
 struct MlaRows {
@@ -98,7 +118,7 @@ __device__ __forceinline__ long long mla_key_row(int pos, const int* __restrict_
   constexpr int B = Cfg::BLOCK_SIZE;
   if constexpr (Cfg::SPARSE_TOPK > 0) {
     const int slot = indices[pos];
-    return slot < 0 ? -1LL : (long long)((unsigned)slot / B) * s_block + ((unsigned)slot % B) * s_token;
+    return !ListedKeys::listed(slot) ? -1LL : (long long)((unsigned)slot / B) * s_block + ((unsigned)slot % B) * s_token;
   } else {
     return (long long)table[(unsigned)pos / B] * s_block + (pos % B) * s_token;
   }
@@ -147,7 +167,7 @@ __device__ __forceinline__ void mla_issue_tile(unsigned char* __restrict__ stage
 template <class KV, class T>
 __device__ __forceinline__ unsigned mla_fp8x2(unsigned short two) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, MlaFp8Kind<KV>::value);
-  if constexpr (MlaSame<T, __half>::value) {
+  if constexpr (IsSame<T, __half>::value) {
     unsigned r;
     memcpy(&r, &h, 4);
     return r;
@@ -181,9 +201,10 @@ __device__ __forceinline__ void mla_convert_tile(unsigned char* __restrict__ op,
 }
 
 // The attention of the block's 16 * ROW_TILES rows over keys [k_begin, k_end) of one sequence (its
-// block-table row `table`), or of one sparse row (`indices`: its SPARSE_TOPK entries; see mla_key_row).
-// split: write the normalised partial and (m, l) of partition `part` instead of out and lse.
-template <class Cfg>
+// block-table row `table`), or of one sparse row (`indices`: its SPARSE_TOPK entries; see mla_key_row),
+// each row masked by Keys (MlaKeys). split: write the normalised partial and (m, l) of partition
+// `part` instead of out and lse.
+template <class Cfg, class Keys>
 __device__ __forceinline__ void mla_attend(
     typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
     const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ table, const int* __restrict__ indices,
@@ -219,28 +240,26 @@ __device__ __forceinline__ void mla_attend(
     mla_issue_tile<Cfg>(tiles + (tile % STAGES) * S::STAGE_BYTES, tile0 + tile * NT, k_begin, k_end, table, indices,
                         kv_cache, kv_scale, kv_s_block, kv_s_token, ks_s_block, ks_s_token);
   };
-#pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i) {
-    if (i < ntiles) issue(i);
-    cp_async_commit();
-  }
+  StageRing<STAGES>::start(ntiles, issue);  // attention/stage_ring.cuh
 
-  // The lane's two rows (g and g + 8 of the warp's tile): the last key each sees (its position when
-  // causal; a row past the sequence's sees nothing).
+  // The positions of the lane's two rows (g and g + 8 of the warp's tile), whose keys Keys::sees
+  // (within the block's [k_begin, k_end)). A row past the sequence's is a zero query whose logits
+  // are 0 and whose results are dropped: it needs no mask of its own.
   int qpos[2];
 #pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int row = rows.first + 16 * rt + g + 8 * rr;
-    const int last_key = Cfg::CAUSAL ? rows.seq_len - rows.q_len + row / HQ : rows.seq_len - 1;
-    qpos[rr] = row < rows.count ? last_key : -1;
-  }
+  for (int rr = 0; rr < 2; ++rr) qpos[rr] = rows.seq_len - rows.q_len + (rows.first + 16 * rt + g + 8 * rr) / HQ;
   const unsigned char* q_w = q_s + 16 * rt * S::ROW;
   unsigned char* p_w = p_s + 16 * rt * S::PROW;
 
   // A per-tensor scale outside the products: K's into the logits, V's onto the output.
-  const float qk_scale = Cfg::SOFTMAX_SCALE * (Cfg::SCALE_MODE == 1 ? kv_scale[0] : 1.0f);
-  const float v_out = Cfg::SCALE_MODE == 1 ? kv_scale[0] : 1.0f;
-  SoftmaxState st[2] = {SoftmaxState::empty(), SoftmaxState::empty()};  // l: this warp's keys only
+  const float k_tensor = S::SCALES == ScaleMode::per_tensor ? kv_scale[0] : 1.0f;
+  const float qk_scale = Cfg::SOFTMAX_SCALE * k_tensor, v_out = k_tensor;
+  // FOLD: the logit is the product (times its per-token scale) times a positive compile-time scale
+  // (attention/logits.cuh's LINEAR): the row's max is taken on the raw products and the scale goes
+  // into the exponent's FFMA (attention/softmax_tile.cuh).
+  constexpr bool FOLD = Logits<Cfg>::LINEAR && Cfg::SOFTMAX_SCALE > 0.0f && S::SCALES != ScaleMode::per_tensor;
+  const TileSoftmax softmax = TileSoftmax::of(FOLD ? Cfg::SOFTMAX_SCALE : 1.0f);
+  SoftmaxState st[2] = {SoftmaxState::empty(), SoftmaxState::empty()};  // l: this lane's keys only
   float o[S::OT][4];
 #pragma unroll
   for (int nt = 0; nt < S::OT; ++nt)
@@ -249,19 +268,7 @@ __device__ __forceinline__ void mla_attend(
 
   // The loop bound is uniform across the block, so every thread reaches every barrier.
   for (int tile = 0; tile < ntiles; ++tile) {
-    if (STAGES == 1) {
-      __syncthreads();  // everybody is done with the buffer
-      issue(tile);
-      cp_async_commit();
-      cp_async_wait<0>();
-    } else {
-      cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();  // this thread's copies of `tile` (and Q) have landed
-    }
-    __syncthreads();  // every warp's copies have landed; every warp is done with tile - 1, its P and maxima
-    if (STAGES > 1) {
-      if (tile + STAGES - 1 < ntiles) issue(tile + STAGES - 1);
-      cp_async_commit();
-    }
+    StageRing<STAGES>::next(tile, ntiles, issue);  // (and Q); every warp is done with tile - 1, its P and maxima
     const unsigned char* raw = tiles + (tile % STAGES) * S::STAGE_BYTES;
     const float* ss = reinterpret_cast<const float*>(raw + S::SCALES_AT);  // per-token scales of the tile
     if constexpr (S::KV8) {
@@ -278,7 +285,7 @@ __device__ __forceinline__ void mla_attend(
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int pos = tbase + 16 * cw + 8 * j + 2 * t + c;
-          named[j][c] = pos >= k_begin && pos < k_end && indices[pos] >= 0;
+          named[j][c] = pos >= k_begin && pos < k_end && ListedKeys::listed(indices[pos]);
         }
     }
 
@@ -294,42 +301,39 @@ __device__ __forceinline__ void mla_attend(
       mma_m16n8k16<T>(s[0], a, b0, s[0]);
       mma_m16n8k16<T>(s[1], a, b1, s[1]);
     }
-    // 2. scale, mask, and the row tile's maximum over its warps
+    // 2. logits (raw products when FOLD), mask, and the row tile's maximum over its warps
     float m_tile[2] = {KGEN_NEG_INF, KGEN_NEG_INF};
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int rr = i >> 1, col = 16 * cw + 8 * j + 2 * t + (i & 1), pos = tbase + col;
-        const bool seen = pos >= k_begin && pos < k_end && pos <= qpos[rr] && named[j][i & 1];
-        const float x = S::TOKEN_SCALES ? s[j][i] * (qk_scale * ss[col]) : s[j][i] * qk_scale;
-        s[j][i] = seen ? x : KGEN_NEG_INF;
+        const float x = FOLD ? (S::TOKEN_SCALES ? s[j][i] * ss[col] : s[j][i])
+                             : Logits<Cfg>::of(s[j][i], S::TOKEN_SCALES ? qk_scale * ss[col] : qk_scale, 0.0f, pos, 0);
+        s[j][i] = pos >= k_begin && Keys::sees(pos, qpos[rr], k_end) && named[j][i & 1] ? x : KGEN_NEG_INF;
         m_tile[rr] = fmaxf(m_tile[rr], s[j][i]);
       }
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 1, 32));
-      m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 2, 32));
-      if (t == 0) red_m[(rt * C + cw) * 16 + g + 8 * rr] = m_tile[rr];
+    for (int rr = 0; rr < 2; ++rr) {  // the four lanes of a group hold the row's keys
+      const float m = quad_max(m_tile[rr]);
+      if (t == 0) red_m[(rt * C + cw) * 16 + g + 8 * rr] = m;
     }
     __syncthreads();
+    float mb[2];
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       float m = KGEN_NEG_INF;
 #pragma unroll
       for (int w = 0; w < C; ++w) m = fmaxf(m, red_m[(rt * C + w) * 16 + g + 8 * rr]);
-      const float f = st[rr].raise_max(m);  // the same m and factor in every warp of the row tile
-#pragma unroll
-      for (int nt = 0; nt < S::OT; ++nt) o[nt][2 * rr] *= f, o[nt][2 * rr + 1] *= f;
+      scale_row(o, rr, softmax.raise(st[rr], m, mb[rr]));  // the same m and factor in every warp of the row tile
     }
-    // 3. P = exp(S - m) into shared memory as T; l adds the unrounded values
+    // 3. P = exp(logit - m) into shared memory as T; l adds the unrounded values
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int rr = i >> 1;
-        s[j][i] = s[j][i] == KGEN_NEG_INF ? 0.0f : __expf(s[j][i] - st[rr].m);
-        st[rr].l += s[j][i];
+        s[j][i] = softmax.weight(s[j][i], mb[i >> 1]);  // a masked -inf gives 0
+        st[i >> 1].l += s[j][i];
         if (S::TOKEN_SCALES) s[j][i] *= ss[16 * cw + 8 * j + 2 * t + (i & 1)];  // P V sees P times V's scales
       }
 #pragma unroll
@@ -359,8 +363,7 @@ __device__ __forceinline__ void mla_attend(
   cp_async_wait_all();
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
-    st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 1, 32);
-    st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 2, 32);
+    st[rr].l = quad_sum(st[rr].l);
     if (t == 0) red_l[(rt * C + cw) * 16 + g + 8 * rr] = st[rr].l;
   }
   __syncthreads();
@@ -401,39 +404,33 @@ __device__ __forceinline__ void mla_attend(
   }
 }
 
-// Decode: one query token per sequence; block (x, seq, z) takes rows [16 ROW_TILES x, ..) = heads.
-template <class Cfg>
-__device__ __forceinline__ void paged_mla_decode_body(
-    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
-    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ block_tables,
-    const int* __restrict__ seq_lens, const float* __restrict__ kv_scale, float* __restrict__ part_o,
-    float* __restrict__ part_ml, float* __restrict__ lse, int max_blocks_per_seq, int max_partitions,
-    long long q_s_seq, long long q_s_head, long long o_s_seq, long long o_s_head, long long kv_s_block,
-    long long kv_s_token, long long ks_s_block, long long ks_s_token, int partition_tokens = 0) {
-  constexpr int B = Cfg::BLOCK_SIZE;
+// The entries. Each kernel fills a Params struct generated from its argument table (a single-pass
+// kernel's lacks part_o, part_ml, max_partitions and partition_tokens: constants there,
+// kgen/families/attention/mla.py) and passes it here.
+
+// Decode: one query token per sequence; block (x, seq, z) takes rows [16 ROW_TILES x, ..) = heads,
+// over the keys its query sees in partition z (attention/visibility.cuh's decode_key_range).
+template <class Cfg, class Params>
+__device__ __forceinline__ void paged_mla_decode_body(const Params& p) {
   const int seq = blockIdx.y, part = blockIdx.z;
-  const bool split = Cfg::SPLIT && max_partitions > 1;
-  const int seq_len = seq_lens[seq];
-  // Without tail masking the promise is that seq_len is a multiple of B: whole blocks are read.
-  int k_begin = 0, k_end = Cfg::TAIL_MASK ? seq_len : (seq_len + B - 1) / B * B;
-  if (split) {
-    if (part >= split_partitions(seq_len, partition_tokens, max_partitions)) return;
-    clip_to_partition(part, partition_tokens, max_partitions, k_begin, k_end);
-  }
+  const bool split = Cfg::SPLIT && p.max_partitions > 1;
+  const int seq_len = p.seq_lens[seq];
+  int k_begin, k_end;
+  if (!decode_key_range<Cfg>(seq_len, part, p.partition_tokens, p.max_partitions, split, k_begin, k_end)) return;
   const MlaRows rows{16 * Cfg::ROW_TILES * (int)blockIdx.x, Cfg::NUM_Q_HEADS, 1, seq_len, seq};
-  mla_attend<Cfg>(out, q, kv_cache, block_tables + (long long)seq * max_blocks_per_seq, nullptr, kv_scale, part_o,
-                  part_ml, lse, rows, k_begin, k_end, split, part, max_partitions, q_s_seq, q_s_head, o_s_seq, o_s_head,
-                  kv_s_block, kv_s_token, ks_s_block, ks_s_token);
+  mla_attend<Cfg, typename MlaKeys<Cfg>::decode>(
+      p.out, p.q, p.kv_cache, p.block_tables + (long long)seq * p.max_blocks_per_seq, nullptr, p.kv_scale, p.part_o,
+      p.part_ml, p.lse, rows, k_begin, k_end, split, part, p.max_partitions, p.q_s_seq, p.q_s_head, p.o_s_seq,
+      p.o_s_head, p.kv_s_block, p.kv_s_token, p.ks_s_block, p.ks_s_token);
 }
 
 // Prefill: the chunk of q_len = q_indptr[s+1] - q_indptr[s] query tokens of each sequence, packed by
 // sequence; block (x, s, z) takes rows [16 ROW_TILES x, ..) of sequence s's q_len * NUM_Q_HEADS (token,
 // head) rows (token-major: the 16 rows of a tile share few tokens, so its keys end near the
-// same position), over keys 0 .. the last row's position (causal) or all seq_len keys; with split-KV
-// only those of partition z (decode's split: split_partitions of the sequence's seq_len, so the
-// merge, paged_prefill_merge_body, reads the same count; a partition past the block's last key
-// writes an empty state). Params: the kernel's parameters (the single-pass kernel's lack the split
-// ones: part_o, part_ml, max_partitions, partition_tokens are then constants, kgen/families/attention/mla.py).
+// same position), over the keys some row sees (KeyRule: 0 .. the last row's position when causal, else
+// all seq_len keys); with split-KV only those of partition z (decode's split: split_partitions of
+// the sequence's seq_len, so the merge, paged_prefill_merge_body, reads the same count; a partition
+// past the block's last key writes an empty state).
 template <class Cfg, class Params>
 __device__ __forceinline__ void paged_mla_prefill_body(const Params& p) {
   const int seq = blockIdx.y, part = blockIdx.z;
@@ -441,65 +438,56 @@ __device__ __forceinline__ void paged_mla_prefill_body(const Params& p) {
   const int first = 16 * Cfg::ROW_TILES * (int)blockIdx.x, count = q_len * Cfg::NUM_Q_HEADS;
   if (first >= count) return;  // block-uniform: this sequence has fewer row tiles than the grid
   const bool split = Cfg::SPLIT && p.max_partitions > 1;
-  const int last_row = min(first + 16 * Cfg::ROW_TILES, count) - 1;
-  int k_begin = 0, k_end = Cfg::CAUSAL ? seq_len - q_len + last_row / Cfg::NUM_Q_HEADS + 1 : seq_len;
+  const int last_row = min(first + 16 * Cfg::ROW_TILES, count) - 1, pos0 = seq_len - q_len;
+  typedef typename MlaKeys<Cfg>::prefill Keys;
+  const KeyRange keys = Keys::rows_keys(pos0 + first / Cfg::NUM_Q_HEADS, pos0 + last_row / Cfg::NUM_Q_HEADS, seq_len);
+  int k_begin = keys.begin, k_end = keys.end;
   if (split) {
     if (part >= split_partitions(seq_len, p.partition_tokens, p.max_partitions)) return;  // uniform
     clip_to_partition(part, p.partition_tokens, p.max_partitions, k_begin, k_end);
   }
   const MlaRows rows{first, count, q_len, seq_len, q0};
-  mla_attend<Cfg>(p.out, p.q, p.kv_cache, p.block_tables + (long long)seq * p.max_blocks_per_seq, nullptr, p.kv_scale,
-                  p.part_o, p.part_ml, p.lse, rows, k_begin, k_end, split, part, p.max_partitions, p.q_s_tok,
-                  p.q_s_head, p.o_s_tok, p.o_s_head, p.kv_s_block, p.kv_s_token, p.ks_s_block, p.ks_s_token);
+  mla_attend<Cfg, Keys>(p.out, p.q, p.kv_cache, p.block_tables + (long long)seq * p.max_blocks_per_seq, nullptr,
+                        p.kv_scale, p.part_o, p.part_ml, p.lse, rows, k_begin, k_end, split, part, p.max_partitions,
+                        p.q_s_tok, p.q_s_head, p.o_s_tok, p.o_s_head, p.kv_s_block, p.kv_s_token, p.ks_s_block,
+                        p.ks_s_token);
 }
 
 // Sparse decode (SPARSE_TOPK = N): one query token per sequence, attending the N entries of its
-// indices row (no block table, no mask but the unused entries); block (x, seq, z) takes rows [16
-// ROW_TILES x, ..) = heads, and with split-KV the entries [z P, (z + 1) P). seq_lens is not read:
-// the indices bound every row.
-template <class Cfg>
-__device__ __forceinline__ void paged_mla_sparse_decode_body(
-    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
-    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ indices,
-    const int* __restrict__ seq_lens, const float* __restrict__ kv_scale, float* __restrict__ part_o,
-    float* __restrict__ part_ml, float* __restrict__ lse, int max_partitions, long long q_s_seq, long long q_s_head,
-    long long o_s_seq, long long o_s_head, long long kv_s_block, long long kv_s_token, long long ks_s_block,
-    long long ks_s_token, int partition_tokens = 0) {
+// indices row (ListedKeys: no block table, no mask but the unused entries); block (x, seq, z) takes
+// rows [16 ROW_TILES x, ..) = heads, and with split-KV the entries [z P, (z + 1) P). seq_lens is not
+// read: the indices bound every row.
+template <class Cfg, class Params>
+__device__ __forceinline__ void paged_mla_sparse_decode_body(const Params& p) {
   constexpr int N = Cfg::SPARSE_TOPK;
   static_assert(N > 0, "the sparse body needs SPARSE_TOPK");
-  (void)seq_lens;
   const int seq = blockIdx.y, part = blockIdx.z;
-  const bool split = Cfg::SPLIT && max_partitions > 1;
+  const bool split = Cfg::SPLIT && p.max_partitions > 1;
   int k_begin = 0, k_end = N;
   if (split) {
-    if (part >= split_partitions(N, partition_tokens, max_partitions)) return;
-    clip_to_partition(part, partition_tokens, max_partitions, k_begin, k_end);
+    if (part >= split_partitions(N, p.partition_tokens, p.max_partitions)) return;
+    clip_to_partition(part, p.partition_tokens, p.max_partitions, k_begin, k_end);
   }
   const MlaRows rows{16 * Cfg::ROW_TILES * (int)blockIdx.x, Cfg::NUM_Q_HEADS, 1, N, seq};
-  mla_attend<Cfg>(out, q, kv_cache, nullptr, indices + (long long)seq * N, kv_scale, part_o, part_ml, lse, rows,
-                  k_begin, k_end, split, part, max_partitions, q_s_seq, q_s_head, o_s_seq, o_s_head, kv_s_block,
-                  kv_s_token, ks_s_block, ks_s_token);
+  mla_attend<Cfg, ListedKeys>(p.out, p.q, p.kv_cache, nullptr, p.indices + (long long)seq * N, p.kv_scale, p.part_o,
+                              p.part_ml, p.lse, rows, k_begin, k_end, split, part, p.max_partitions, p.q_s_seq,
+                              p.q_s_head, p.o_s_seq, p.o_s_head, p.kv_s_block, p.kv_s_token, p.ks_s_block,
+                              p.ks_s_token);
 }
 
 // Sparse prefill: every query token is a row of its own (no causal mask: its indices row names what
 // it sees), so block (token, y) takes heads [16 ROW_TILES y, ..) of query token `token` over the N
 // entries of its indices row (tokens on grid x: a prompt may have more than grid y's 65,535).
 // q_indptr, seq_lens and num_seqs are not read: the indices bound every row.
-template <class Cfg>
-__device__ __forceinline__ void paged_mla_sparse_prefill_body(
-    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
-    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ q_indptr,
-    const int* __restrict__ indices, const int* __restrict__ seq_lens, const float* __restrict__ kv_scale,
-    float* __restrict__ lse, int num_seqs, long long q_s_tok, long long q_s_head, long long o_s_tok,
-    long long o_s_head, long long kv_s_block, long long kv_s_token, long long ks_s_block, long long ks_s_token) {
+template <class Cfg, class Params>
+__device__ __forceinline__ void paged_mla_sparse_prefill_body(const Params& p) {
   constexpr int N = Cfg::SPARSE_TOPK;
   static_assert(N > 0, "the sparse body needs SPARSE_TOPK");
-  (void)q_indptr, (void)seq_lens, (void)num_seqs;
   const int token = blockIdx.x;
   const MlaRows rows{16 * Cfg::ROW_TILES * (int)blockIdx.y, Cfg::NUM_Q_HEADS, 1, N, token};
-  mla_attend<Cfg>(out, q, kv_cache, nullptr, indices + (long long)token * N, kv_scale, nullptr, nullptr, lse, rows, 0,
-                  N, false, 0, 1, q_s_tok, q_s_head, o_s_tok, o_s_head, kv_s_block, kv_s_token, ks_s_block,
-                  ks_s_token);
+  mla_attend<Cfg, ListedKeys>(p.out, p.q, p.kv_cache, nullptr, p.indices + (long long)token * N, p.kv_scale, nullptr,
+                              nullptr, p.lse, rows, 0, N, false, 0, 1, p.q_s_tok, p.q_s_head, p.o_s_tok, p.o_s_head,
+                              p.kv_s_block, p.kv_s_token, p.ks_s_block, p.ks_s_token);
 }
 
 }  // namespace kgen

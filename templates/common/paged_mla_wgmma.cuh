@@ -29,12 +29,18 @@
 // Ordering (PTX ISA, wgmma.fence): accumulators are written only outside the fence .. wait_group
 // window, and register fences keep the compiler from moving their accesses into it (no C7520
 // serialisation: kgen/compile/wgmma_order.py checks the PTX and SASS).
+// Shared parts (kgen/attention/): the stage ring (StageRing, its landed hook the fence above), the
+// keys a row sees (the decode KeyRule or a sparse row's ListedKeys), the softmax scale folded into
+// the exponent (Logits, TileSoftmax). Every kernel fills a Params struct from its argument table.
 #pragma once
 
-namespace kgen {
+#include "kgen/attention/traits.cuh"
+#include "kgen/attention/visibility.cuh"
+#include "kgen/attention/logits.cuh"
+#include "kgen/attention/softmax_tile.cuh"
+#include "kgen/attention/stage_ring.cuh"
 
-template <class A, class B> struct MlaWgSame { static constexpr bool value = false; };
-template <class A> struct MlaWgSame<A, A> { static constexpr bool value = true; };
+namespace kgen {
 
 template <class Cfg>
 struct MlaWgmmaShape {
@@ -56,14 +62,15 @@ struct MlaWgmmaShape {
   static constexpr int TPR = THREADS / KT;       // threads copying one key row
   static constexpr bool CAUSAL = Cfg::CAUSAL;    // moot in decode: the query is the last key
   static_assert(sizeof(T) == 2 && ((sizeof(typename Cfg::kv_t) == 2 && !DS) ||
-                                   (DS && D == DsMlaRow::HEAD_DIM && MlaWgSame<T, __nv_bfloat16>::value)) &&
-                    Cfg::SCALE_MODE == 0,
+                                   (DS && D == DsMlaRow::HEAD_DIM && IsSame<T, __nv_bfloat16>::value)) &&
+                    ScaleModeOf<Cfg>::value == ScaleMode::none,
                 "the Hopper MLA body reads a 16-bit cache in q's type, unscaled, or fp8_ds_mla rows with bf16 q");
   static_assert(D % 64 == 0 && DV % 128 == 0 && DV <= D && HALF_COLS <= 256, "head dims: 128-byte column blocks");
   static_assert(KT == 32 || KT == 64, "KV_TILE: 32 or 64 keys (one P column block)");
   static_assert(DS || CHUNKS % TPR == 0, "a key row's copies split evenly over its threads");
   static_assert(STAGES >= 1 && STAGES <= 4, "stages");
   static_assert(Cfg::NUM_THREADS == THREADS, "two warpgroups");
+  static_assert(Logits<Cfg>::LINEAR && Cfg::SOFTMAX_SCALE > 0.0f, "the scale folds into the exponent");
   static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's geometry and the template disagree");
 };
 
@@ -98,7 +105,7 @@ __device__ __forceinline__ void mla_wg_issue_tile(unsigned char* __restrict__ st
   const typename Cfg::kv_t* src = kv_cache;
   if constexpr (Cfg::SPARSE_TOPK > 0) {
     const int slot = valid ? indices[pos] : -1;
-    valid = slot >= 0;
+    valid = ListedKeys::listed(slot);
     if (valid) src = kv_cache + (long long)((unsigned)slot / B) * kv_s_block + (long long)((unsigned)slot % B) * kv_s_token;
   } else {
     if (valid) src = kv_cache + (long long)table[(unsigned)pos / B] * kv_s_block +
@@ -134,8 +141,10 @@ __device__ __forceinline__ void mla_wg_dequant_tile(unsigned char* __restrict__ 
 
 // One block's attention: heads [head0, head0 + 64) of query row `row` (decode: a sequence; sparse
 // prefill: a query token) over keys [k_begin, k_end) of `table` (a block-table row) or of `indices`
-// (a sparse row's SPARSE_TOPK entries); with `split`, partition `part`'s partial and (m, l).
-template <class Cfg>
+// (a sparse row's SPARSE_TOPK entries: ListedKeys); with `split`, partition `part`'s partial and (m, l).
+// Keys: which keys the rows see (no causal mask here: decode's query is the last key, and a sparse
+// row's list is what it sees), within [k_begin, k_end).
+template <class Cfg, class Keys>
 __device__ __forceinline__ void mla_wg_attend(
     typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
     const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ table, const int* __restrict__ indices,
@@ -146,7 +155,6 @@ __device__ __forceinline__ void mla_wg_attend(
   typedef typename S::T T;
   constexpr int D = S::D, HQ = S::HQ, KT = S::KT, STAGES = S::STAGES, NS = S::HALF_KEYS / 2, NO = S::HALF_COLS / 2;
   constexpr bool SPARSE = Cfg::SPARSE_TOPK > 0;
-  constexpr float LOG2E = 1.4426950408889634f;
   // The warpgroup index broadcast from lane 0: ptxas then knows it is warp-uniform, and so is every
   // branch derived from it (a wgmma in possibly divergent code is serialised: advisory C7520).
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -175,11 +183,7 @@ __device__ __forceinline__ void mla_wg_attend(
     mla_wg_issue_tile<Cfg>(tiles + (tile % STAGES) * S::TILE_BYTES, tile0 + tile * KT, k_begin, k_end, table,
                            indices, kv_cache, kv_s_block, kv_s_token);
   };
-#pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i) {
-    if (i < ntiles) issue(i);
-    cp_async_commit();
-  }
+  StageRing<STAGES>::start(ntiles, issue);  // attention/stage_ring.cuh
 
   // The thread's two rows (of the warpgroup's 64, the wgmma accumulator layout) and its keys and
   // output columns: warpgroup wg's half of each tile's keys and of the output.
@@ -198,23 +202,15 @@ __device__ __forceinline__ void mla_wg_attend(
   const unsigned long long dk0 = wgmma_desc(operand + key_off * 128, 16, 1024, 128);
   const unsigned long long dv0 = wgmma_desc(operand + (col_off / 64) * (KT * 128), KT * 128, 1024, 128);
   const unsigned long long dp = wgmma_desc(p_s, 16, 1024, 128);
-  const float scale = Cfg::SOFTMAX_SCALE, c_exp = Cfg::SOFTMAX_SCALE * LOG2E;
+  // Raw products: the positive softmax scale folds into the exponent (attention/softmax_tile.cuh).
+  const TileSoftmax softmax = TileSoftmax::of(Cfg::SOFTMAX_SCALE);
+  // The keys the block's rows see (its rows share a query position: one range for all).
+  const KeyRange keys = Keys::row_keys(k_end - 1, k_end), seen{max(k_begin, keys.begin), keys.end};
 
   for (int tile = 0; tile < ntiles; ++tile) {
-    if (STAGES == 1) {
-      __syncthreads();  // everybody is done with the stage
-      issue(tile);
-      cp_async_commit();
-      cp_async_wait<0>();
-    } else {
-      cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();  // this thread's copies of `tile` (and Q) landed
-    }
-    fence_proxy_async_shared();  // ... and are visible to the tensor cores' (async-proxy) reads
-    __syncthreads();             // everybody's copies landed; everybody is done with tile - 1
-    if (STAGES > 1) {
-      if (tile + STAGES - 1 < ntiles) issue(tile + STAGES - 1);
-      cp_async_commit();
-    }
+    // Every thread's copies of `tile` (and Q) landed and fenced for the tensor cores' (async-proxy)
+    // reads; everybody is done with tile - 1.
+    StageRing<STAGES>::next(tile, ntiles, issue, [] { fence_proxy_async_shared(); });
     const int s = tile % STAGES, tbase = tile0 + tile * KT;
     const int op_off = S::DS ? 0 : s * S::TILE_BYTES;  // fp8_ds_mla: one operand tile, rewritten a tile
     const unsigned long long dk = mla_desc_plus(dk0, op_off), dv = mla_desc_plus(dv0, op_off);
@@ -233,7 +229,7 @@ __device__ __forceinline__ void mla_wg_attend(
 #pragma unroll
       for (int k = 0; k < NS / 2; ++k) {
         const int pos = tbase + key_off + 8 * (k >> 1) + 2 * t + (k & 1);
-        named |= (unsigned)(pos >= k_begin && pos < k_end && indices[pos] >= 0) << k;
+        named |= (unsigned)(seen.contains(pos) && ListedKeys::listed(indices[pos])) << k;
       }
     }
 
@@ -248,39 +244,34 @@ __device__ __forceinline__ void mla_wg_attend(
     wgmma_wait<0>();
     wgmma_fence_operand(sacc);
 
-    // 2. mask the keys outside [k_begin, k_end); the rows' maxima over both warpgroups
+    // 2. mask the keys the rows do not see; the rows' maxima over both warpgroups
     float m_tile[2] = {KGEN_NEG_INF, KGEN_NEG_INF};
 #pragma unroll
     for (int e = 0; e < NS; ++e) {
       const int rr = (e >> 1) & 1, pos = tbase + key_off + 8 * (e >> 2) + 2 * t + (e & 1);
-      sacc[e] = pos >= k_begin && pos < k_end ? sacc[e] : KGEN_NEG_INF;
+      sacc[e] = seen.contains(pos) ? sacc[e] : KGEN_NEG_INF;
       if constexpr (SPARSE) sacc[e] = (named >> (2 * (e >> 2) + (e & 1))) & 1u ? sacc[e] : KGEN_NEG_INF;
       m_tile[rr] = fmaxf(m_tile[rr], sacc[e]);
     }
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {  // the four lanes of a group hold the row's keys
-      m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 1, 32));
-      m_tile[rr] = fmaxf(m_tile[rr], __shfl_xor_sync(0xffffffffu, m_tile[rr], 2, 32));
-      if (t == 0) red_m[wg * S::ROWS + row0 + 8 * rr] = m_tile[rr];
+      const float m = quad_max(m_tile[rr]);
+      if (t == 0) red_m[wg * S::ROWS + row0 + 8 * rr] = m;
     }
     __syncthreads();
     float mb[2];
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int row = row0 + 8 * rr;
-      // raw products: the softmax scale is positive, so it multiplies the maximum afterwards
-      const float m = fmaxf(red_m[row], red_m[S::ROWS + row]) * scale;
-      const float f = st[rr].raise_max(m);  // the same m and factor in both warpgroups
-#pragma unroll
-      for (int nt = 0; nt < NO / 4; ++nt) o[4 * nt + 2 * rr] *= f, o[4 * nt + 2 * rr + 1] *= f;
-      mb[rr] = st[rr].m == KGEN_NEG_INF ? 0.0f : st[rr].m * LOG2E;
+      const float m = fmaxf(red_m[row], red_m[S::ROWS + row]);  // of raw products
+      scale_row(o, rr, softmax.raise(st[rr], m, mb[rr]));  // the same m and factor in both warpgroups
     }
 
-    // 3. P = exp(S - m) (exp2 of a masked -inf is 0) into the shared P tile as T; l adds the unrounded values
+    // 3. P = exp(logit - m) (a masked -inf gives 0) into the shared P tile as T; l adds the unrounded values
     float l_tile[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int e = 0; e < NS; ++e) {
-      sacc[e] = fast_exp2(sacc[e] * c_exp - mb[(e >> 1) & 1]);
+      sacc[e] = softmax.weight(sacc[e], mb[(e >> 1) & 1]);
       l_tile[(e >> 1) & 1] += sacc[e];
     }
     st[0].l += l_tile[0];
@@ -308,8 +299,7 @@ __device__ __forceinline__ void mla_wg_attend(
   cp_async_wait_all();
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
-    st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 1, 32);
-    st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 2, 32);
+    st[rr].l = quad_sum(st[rr].l);
     if (t == 0) red_l[wg * S::ROWS + row0 + 8 * rr] = st[rr].l;
   }
   __syncthreads();
@@ -343,74 +333,55 @@ __device__ __forceinline__ void mla_wg_attend(
   }
 }
 
-// Decode: one query token per sequence; block (x, seq, z) takes heads [64 x, 64 x + 64).
-template <class Cfg>
-__device__ __forceinline__ void paged_mla_decode_wgmma_body(
-    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
-    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ block_tables,
-    const int* __restrict__ seq_lens, const float* __restrict__ kv_scale, float* __restrict__ part_o,
-    float* __restrict__ part_ml, float* __restrict__ lse, int max_blocks_per_seq, int max_partitions,
-    long long q_s_seq, long long q_s_head, long long o_s_seq, long long o_s_head, long long kv_s_block,
-    long long kv_s_token, long long ks_s_block, long long ks_s_token, int partition_tokens = 0) {
-  constexpr int B = Cfg::BLOCK_SIZE;
-  (void)kv_scale, (void)ks_s_block, (void)ks_s_token;  // an unscaled cache
+// The entries. Each kernel fills a Params struct generated from its argument table (a single-pass
+// kernel's lacks part_o, part_ml, max_partitions and partition_tokens: constants there,
+// kgen/families/attention/mla.py) and passes it here. kv_scale is not read: an unscaled cache.
+
+// Decode: one query token per sequence; block (x, seq, z) takes heads [64 x, 64 x + 64), over the
+// keys its query sees in partition z (attention/visibility.cuh's decode_key_range).
+template <class Cfg, class Params>
+__device__ __forceinline__ void paged_mla_decode_wgmma_body(const Params& p) {
   const int seq = blockIdx.y, part = blockIdx.z;
-  const bool split = Cfg::SPLIT && max_partitions > 1;
-  const int seq_len = seq_lens[seq];
-  // Without tail masking the promise is that seq_len is a multiple of B: whole blocks are read.
-  int k_begin = 0, k_end = Cfg::TAIL_MASK ? seq_len : (seq_len + B - 1) / B * B;
-  if (split) {
-    if (part >= split_partitions(seq_len, partition_tokens, max_partitions)) return;  // block-uniform
-    clip_to_partition(part, partition_tokens, max_partitions, k_begin, k_end);
-  }
-  mla_wg_attend<Cfg>(out, q, kv_cache, block_tables + (long long)seq * max_blocks_per_seq, nullptr, part_o, part_ml,
-                     lse, seq, 64 * (int)blockIdx.x, k_begin, k_end, split, part, max_partitions, q_s_seq, q_s_head,
-                     o_s_seq, o_s_head, kv_s_block, kv_s_token);
+  const bool split = Cfg::SPLIT && p.max_partitions > 1;
+  int k_begin, k_end;
+  if (!decode_key_range<Cfg>(p.seq_lens[seq], part, p.partition_tokens, p.max_partitions, split, k_begin, k_end))
+    return;  // block-uniform
+  mla_wg_attend<Cfg, typename DecodeKeys<Cfg>::type>(
+      p.out, p.q, p.kv_cache, p.block_tables + (long long)seq * p.max_blocks_per_seq, nullptr, p.part_o, p.part_ml,
+      p.lse, seq, 64 * (int)blockIdx.x, k_begin, k_end, split, part, p.max_partitions, p.q_s_seq, p.q_s_head,
+      p.o_s_seq, p.o_s_head, p.kv_s_block, p.kv_s_token);
 }
 
 // Sparse decode (SPARSE_TOPK = N): block (x, seq, z) takes heads [64 x, 64 x + 64) of sequence seq
 // over the N entries of its indices row, with split-KV entries [z P, (z + 1) P) (the merge counts
 // N). seq_lens is not read: the indices bound every row.
-template <class Cfg>
-__device__ __forceinline__ void paged_mla_sparse_decode_wgmma_body(
-    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
-    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ indices,
-    const int* __restrict__ seq_lens, const float* __restrict__ kv_scale, float* __restrict__ part_o,
-    float* __restrict__ part_ml, float* __restrict__ lse, int max_partitions, long long q_s_seq, long long q_s_head,
-    long long o_s_seq, long long o_s_head, long long kv_s_block, long long kv_s_token, long long ks_s_block,
-    long long ks_s_token, int partition_tokens = 0) {
+template <class Cfg, class Params>
+__device__ __forceinline__ void paged_mla_sparse_decode_wgmma_body(const Params& p) {
   constexpr int N = Cfg::SPARSE_TOPK;
   static_assert(N > 0, "the sparse body needs SPARSE_TOPK");
-  (void)seq_lens, (void)kv_scale, (void)ks_s_block, (void)ks_s_token;
   const int seq = blockIdx.y, part = blockIdx.z;
-  const bool split = Cfg::SPLIT && max_partitions > 1;
+  const bool split = Cfg::SPLIT && p.max_partitions > 1;
   int k_begin = 0, k_end = N;
   if (split) {
-    if (part >= split_partitions(N, partition_tokens, max_partitions)) return;  // block-uniform
-    clip_to_partition(part, partition_tokens, max_partitions, k_begin, k_end);
+    if (part >= split_partitions(N, p.partition_tokens, p.max_partitions)) return;  // block-uniform
+    clip_to_partition(part, p.partition_tokens, p.max_partitions, k_begin, k_end);
   }
-  mla_wg_attend<Cfg>(out, q, kv_cache, nullptr, indices + (long long)seq * N, part_o, part_ml, lse, seq,
-                     64 * (int)blockIdx.x, k_begin, k_end, split, part, max_partitions, q_s_seq, q_s_head, o_s_seq,
-                     o_s_head, kv_s_block, kv_s_token);
+  mla_wg_attend<Cfg, ListedKeys>(p.out, p.q, p.kv_cache, nullptr, p.indices + (long long)seq * N, p.part_o, p.part_ml,
+                                 p.lse, seq, 64 * (int)blockIdx.x, k_begin, k_end, split, part, p.max_partitions,
+                                 p.q_s_seq, p.q_s_head, p.o_s_seq, p.o_s_head, p.kv_s_block, p.kv_s_token);
 }
 
 // Sparse prefill: every query token is independent (its indices row names what it sees), so block
 // (token, y) takes heads [64 y, 64 y + 64) of query token `token` over the N entries of its indices
 // row. q_indptr, seq_lens and num_seqs are not read.
-template <class Cfg>
-__device__ __forceinline__ void paged_mla_sparse_prefill_wgmma_body(
-    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
-    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ q_indptr,
-    const int* __restrict__ indices, const int* __restrict__ seq_lens, const float* __restrict__ kv_scale,
-    float* __restrict__ lse, int num_seqs, long long q_s_tok, long long q_s_head, long long o_s_tok,
-    long long o_s_head, long long kv_s_block, long long kv_s_token, long long ks_s_block, long long ks_s_token) {
+template <class Cfg, class Params>
+__device__ __forceinline__ void paged_mla_sparse_prefill_wgmma_body(const Params& p) {
   constexpr int N = Cfg::SPARSE_TOPK;
   static_assert(N > 0, "the sparse body needs SPARSE_TOPK");
-  (void)q_indptr, (void)seq_lens, (void)num_seqs, (void)kv_scale, (void)ks_s_block, (void)ks_s_token;
   const int token = blockIdx.x;
-  mla_wg_attend<Cfg>(out, q, kv_cache, nullptr, indices + (long long)token * N, nullptr, nullptr, lse, token,
-                     64 * (int)blockIdx.y, 0, N, false, 0, 1, q_s_tok, q_s_head, o_s_tok, o_s_head, kv_s_block,
-                     kv_s_token);
+  mla_wg_attend<Cfg, ListedKeys>(p.out, p.q, p.kv_cache, nullptr, p.indices + (long long)token * N, nullptr, nullptr,
+                                 p.lse, token, 64 * (int)blockIdx.y, 0, N, false, 0, 1, p.q_s_tok, p.q_s_head,
+                                 p.o_s_tok, p.o_s_head, p.kv_s_block, p.kv_s_token);
 }
 
 }  // namespace kgen

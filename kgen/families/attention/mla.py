@@ -50,7 +50,6 @@ from kgen.families.base import (
 from kgen.families.binding import host_values
 from kgen.families.pool import kv_scale_arg, take_kv_scale
 from kgen.formats.cache import (
-    SCALE_MODES,
     CacheFormat,
     cache_rows,
     cache_shapes,
@@ -119,16 +118,16 @@ class MlaAttentionFamily(FamilyBase):
         main_params, merge_params = self.params_structs(spec, kernels)
         return {"main_params": main_params, "merge_params": merge_params, "q_ctype": dtype(spec.dtype.q).ctype, "out_ctype": dtype(spec.dtype.resolved_out).ctype,
                 "kv_ctype": dtype(spec.kv_cache.dtype).ctype, "softmax_scale": c_float(spec.softmax_scale_value),
-                "scale_mode": SCALE_MODES[spec.kv_cache.scale], "causal": self.causal(spec),
+                "scale_mode": CacheFormat.of(spec).scale_mode, "causal": self.causal(spec),
                 "partition_size": config.get("partition_size", 0), "geo": mla_geometry(spec, config)[0],
                 "ds_mla": CacheFormat.of(spec).ds_mla, "sparse_topk": topk(spec),
                 "main": kernels[0], "merge": kernels[1] if len(kernels) > 1 else None, "body": self.body_name(spec, config),
                 "wgmma": self.wgmma(spec, config), "wgeo": wgmma_geometry(spec) if self.wgmma(spec, config) else None}
 
-    def params_structs(self, spec, kernels: list[KernelDecl]) -> tuple[str | None, str | None]:
-        """The Params (and MergeParams) struct of a body that takes `const Params&`; None for
-        positional parameters (the kernel's own, in table order)."""
-        return None, None
+    def params_structs(self, spec, kernels: list[KernelDecl]) -> tuple[str, str | None]:
+        """The Params struct every mla body takes (`const Params&`), and the merge's MergeParams
+        (None: decode's merge takes positional parameters)."""
+        return kernels[0].params_struct("Params", BODY_ABSENT), None
 
     # ---- the body of the arch being rendered (kgen/families/attention/mla_wgmma.py) ----------
     wgmma_body = ""  # the Hopper body's function (paged_mla_wgmma.cuh); "" where there is none
@@ -422,12 +421,9 @@ class MlaPrefillFamily(MlaAttentionFamily):
         # also on sm_90
         return {"partition_size": 0, "path": 1}
 
-    def params_structs(self, spec, kernels: list[KernelDecl]) -> tuple[str | None, str | None]:
-        """The dense prefill body takes `const Params&` (its split-KV parameters are absent from the
-        single-pass table), and its merge the packed-row merge's; the sparse body, positional ones."""
-        if topk(spec):
-            return None, None
-        return (kernels[0].params_struct("Params", PREFILL_ABSENT),
+    def params_structs(self, spec, kernels: list[KernelDecl]) -> tuple[str, str | None]:
+        """Dense prefill's merge is the packed-row merge, which takes MergeParams."""
+        return (kernels[0].params_struct("Params", BODY_ABSENT),
                 kernels[1].params_struct("MergeParams", BODY_DEFAULTS) if len(kernels) > 1 else None)
 
     def arguments(self, spec, config: Config) -> list[Arg]:
@@ -587,8 +583,8 @@ def q_row_blocks(spec, config: Config, q_indptr) -> int:
     return max(1, -(-longest * spec.attention.num_q_heads // (16 * config["row_tiles"])))
 
 
-# What the dense mla prefill body reads that its single-pass kernel does not take (kgen/families/argtable.py)
-PREFILL_ABSENT = {"part_o": ("float*", "nullptr"), "part_ml": ("float*", "nullptr"), "max_partitions": ("int", "1"),
+# What the mla bodies read that a single-pass kernel does not take (kgen/families/argtable.py)
+BODY_ABSENT = {"part_o": ("float*", "nullptr"), "part_ml": ("float*", "nullptr"), "max_partitions": ("int", "1"),
                   "partition_tokens": ("int", "0")}
 
 

@@ -11,6 +11,11 @@
 // issue(i) issues the copies of tile i into its stage (the caller knows which: i % STAGES, or a
 // counter of its own). next() holds a block barrier: every thread calls it with the same tile and
 // ntiles. STAGES 1: no prefetch; the one stage is refilled after a barrier and waited for at once.
+//   StageRing<STAGES>::next(tile, ntiles, issue, landed)
+//                                                 the same, with landed() run by every thread after
+//                                                 its wait and before the barrier (a wgmma body's
+//                                                 fence.proxy.async: the landed copies made visible
+//                                                 to the tensor cores' async-proxy reads)
 //
 // Provided by kgen to both compilers as "kgen/attention/stage_ring.cuh" (kgen/compile/provided.py);
 // needs kgen/async_copy.cuh before it.
@@ -33,6 +38,11 @@ struct StageRing {
 
   template <class Issue>
   static __device__ __forceinline__ void next(int tile, int ntiles, Issue&& issue) {
+    next(tile, ntiles, issue, [] {});
+  }
+
+  template <class Issue, class Landed>
+  static __device__ __forceinline__ void next(int tile, int ntiles, Issue&& issue, Landed&& landed) {
     if (STAGES == 1) {
       __syncthreads();  // everybody is done with the stage
       issue(tile);
@@ -41,6 +51,7 @@ struct StageRing {
     } else {
       cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();  // this thread's copies of `tile` have landed
     }
+    landed();
     __syncthreads();  // everybody's have; and everybody is done with tile - 1, whose stage is refilled next
     if (STAGES > 1) {
       if (tile + STAGES - 1 < ntiles) issue(tile + STAGES - 1);

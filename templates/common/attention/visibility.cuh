@@ -14,8 +14,12 @@
 //   KeyRule::full_tiles        the tiles every row of a block sees whole (they need no mask)
 //   decode_key_range           a decode block's keys, narrowed to its KV partition (softmax.cuh)
 //
-// Sparse attention (a row's own key list) plugs in as another rule with these members: sees() for
-// the mask, rows_keys() for the range a block walks, tile_unseen() and full_tiles() for the tiles.
+// Sparse attention: a row's keys are the entries [0, N) of its own index list, entry k naming a
+// cache slot or -1 (none). The list is what the row sees, so over entries the rule is KeyRule<false,
+// 0> (every entry below end: no causal mask, no window), and an entry that names no slot is masked
+// as a key past end is: ListedKeys, whose listed() tests the entry a body reads with the tile.
+//
+//   ListedKeys                 KeyRule<false, 0> over a row's entries, and listed(slot)
 //
 // Provided by kgen to both compilers as "kgen/attention/visibility.cuh" (kgen/compile/provided.py);
 // needs kgen/softmax.cuh (the split-KV contract) before it.
@@ -64,6 +68,11 @@ struct KeyRule {
     b = full_end > lo ? min(ntiles, (full_end - lo) / KT) : 0;
     b = max(a, b);
   }
+};
+
+// A sparse row's rule over the entries of its index list (above).
+struct ListedKeys : KeyRule<false, 0> {
+  static __device__ __forceinline__ bool listed(int slot) { return slot >= 0; }
 };
 
 // The rule of a Cfg's rows: prefill's by its spec; decode's query is the last key (no causal test).

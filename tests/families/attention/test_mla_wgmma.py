@@ -105,12 +105,11 @@ MUTANTS = [
      "st[rr].l = red_l[wg * S::ROWS + row0 + 8 * rr];"),
     ("no barrier before P V", "fence_proxy_async_shared();  // P's generic stores before the wgmma's reads\n"
      "    __syncthreads();", "fence_proxy_async_shared();"),
-    ("own maximum only", "const float m = fmaxf(red_m[row], red_m[S::ROWS + row]) * scale;",
-     "const float m = red_m[wg * S::ROWS + row] * scale;"),
+    ("own maximum only", "const float m = fmaxf(red_m[row], red_m[S::ROWS + row]);",
+     "const float m = red_m[wg * S::ROWS + row];"),
     ("V from the rope end", "wgmma_desc(operand + (col_off / 64) * (KT * 128)",
      "wgmma_desc(operand + (col_off / 64 + 1) * (KT * 128)"),
-    ("tail key not masked", "sacc[e] = pos >= k_begin && pos < k_end ? sacc[e] : KGEN_NEG_INF;",
-     "sacc[e] = pos >= k_begin && pos <= k_end ? sacc[e] : KGEN_NEG_INF;"),
+    ("tail key not masked", "seen{max(k_begin, keys.begin), keys.end};", "seen{max(k_begin, keys.begin), keys.end + 1};"),
 ]
 
 
