@@ -54,6 +54,7 @@ PROVIDED_HEADERS = {"kgen/platform.cuh": "common/platform.cuh", "kgen/async_copy
                     "kgen/attention/softmax_tile.cuh": "common/attention/softmax_tile.cuh",
                     "kgen/attention/stage_ring.cuh": "common/attention/stage_ring.cuh",
                     "kgen/attention/kv_format.cuh": "common/attention/kv_format.cuh",
+                    "kgen/attention/epilogue.cuh": "common/attention/epilogue.cuh",
                     **ABI1_HEADERS}
 ALLOWED_INCLUDES = (*CUDA_HEADERS, *PROVIDED_HEADERS)
 

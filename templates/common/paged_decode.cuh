@@ -38,6 +38,7 @@
 #include "kgen/attention/softmax_tile.cuh"
 #include "kgen/attention/stage_ring.cuh"
 #include "kgen/attention/kv_format.cuh"
+#include "kgen/attention/epilogue.cuh"
 
 namespace kgen {
 
@@ -263,19 +264,14 @@ struct TileCopier {
 
 template <class Cfg, class Params>
 __device__ __forceinline__ void paged_decode_body(const Params& p) {
-  // The parameters (Params: generated from the kernel's argument table) under the names the body
-  // uses; ABI 1's positional signature is templates/abi1/'s, which fills a Params and calls this.
-  auto* __restrict__ out = p.out;
+  // The parameters (Params: generated from the kernel's argument table): the output side is the
+  // epilogue's (attention/epilogue.cuh), the rest bound here under the names the body uses; ABI 1's
+  // positional signature is templates/abi1/'s, which fills a Params and calls this.
   const auto* __restrict__ q = p.q;
   const auto* __restrict__ k_cache = p.k_cache;
   const auto* __restrict__ v_cache = p.v_cache;
-  const int *__restrict__ block_tables = p.block_tables, *__restrict__ seq_lens = p.seq_lens;
   const typename Cfg::scale_arg_t k_scale = p.k_scale, v_scale = p.v_scale;
-  const float *__restrict__ alibi_slopes = p.alibi_slopes, *__restrict__ sinks = p.sinks;
-  float *__restrict__ part_o = p.part_o, *__restrict__ part_ml = p.part_ml, *__restrict__ lse = p.lse;
-  const int max_blocks_per_seq = p.max_blocks_per_seq, max_partitions = p.max_partitions;
-  const int partition_tokens = p.partition_tokens;
-  const long long q_s_seq = p.q_s_seq, q_s_head = p.q_s_head, o_s_seq = p.o_s_seq, o_s_head = p.o_s_head;
+  const long long q_s_seq = p.q_s_seq, q_s_head = p.q_s_head;
   const long long k_s_block = p.k_s_block, k_s_head = p.k_s_head, k_s_token = p.k_s_token, k_s_run = p.k_s_run;
   const long long v_s_block = p.v_s_block, v_s_head = p.v_s_head, v_s_token = p.v_s_token, v_s_run = p.v_s_run;
   const long long ks_s_block = p.ks_s_block, ks_s_head = p.ks_s_head, ks_s_token = p.ks_s_token;
@@ -284,12 +280,9 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
   typedef typename Cfg::kv_t kv_t;
   constexpr int D = S::D, DV = S::DV, G = S::G, VEC = S::VEC, LANES = S::LANES, CPL = S::CPL, OUT = S::OUT;
   constexpr int HPT = S::HPT, NT = S::NT, TPT = S::TPT, SUB = S::SUB, STAGES = S::STAGES, THREADS = S::THREADS;
-  const bool split = Cfg::SPLIT && max_partitions > 1;
-  const int P = partition_tokens;
-
+  const Epilogue<Cfg> ep = Epilogue<Cfg>::of(p, p.o_s_seq, blockIdx.z);  // the output side, partition blockIdx.z
   const int kv_head = blockIdx.x;
   const int seq = blockIdx.y;
-  const int part = blockIdx.z;
   const int tid = threadIdx.x;
   const int lane = (unsigned)tid % LANES;               // lane within the row group
   const unsigned group = (unsigned)tid / LANES;         // row group
@@ -298,14 +291,15 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
   const int slot = counted ? group / S::HEAD_SETS : S::SLOTS - 1;
   const int q_head0 = kv_head * G;
 
-  const int seq_len = seq_lens[seq];
+  const int seq_len = p.seq_lens[seq];
   int tok_begin, tok_end;
-  if (!decode_key_range<Cfg>(seq_len, part, P, max_partitions, split, tok_begin, tok_end)) return;
+  if (!decode_key_range<Cfg>(seq_len, ep.part, p.partition_tokens, p.max_partitions, ep.split, tok_begin, tok_end))
+    return;
   const int tile0 = tok_begin / NT * NT;  // tiles are aligned to NT tokens
   const int ntiles = tok_end > tok_begin ? (tok_end - tile0 + NT - 1) / NT : 0;
 
   __shared__ __align__(16) unsigned char smem[S::SMEM_BYTES];
-  const int* table = block_tables + (long long)seq * max_blocks_per_seq;
+  const int* table = p.block_tables + (long long)seq * p.max_blocks_per_seq;
   const TileCopier<Cfg> copier{table, k_cache, v_cache, k_scale, v_scale, k_s_block, k_s_head, k_s_token,
                                k_s_run, v_s_block, v_s_head, v_s_token, v_s_run, ks_s_block, ks_s_head,
                                ks_s_token, vs_s_block, vs_s_head, vs_s_token, kv_head};
@@ -332,7 +326,7 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) qr[h][c * VEC + i] = chunk < S::CHUNKS ? to_float(qh[chunk * VEC + i]) : 0.0f;
     }
-    slope[h] = Cfg::ALIBI ? alibi_slopes[q_head0 + g] : 0.0f;
+    slope[h] = Cfg::ALIBI ? p.alibi_slopes[q_head0 + g] : 0.0f;
     st[h] = SoftmaxState::empty();
 #pragma unroll
     for (int i = 0; i < OUT; ++i) o[h][i] = 0.0f;
@@ -545,18 +539,7 @@ __device__ __forceinline__ void paged_decode_body(const Params& p) {
       acc = acc * f.self + o_s[(z * G + g) * DV + d] * f.other;
     }
     const int h = q_head0 + g;
-    if (split) {
-      part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * DV + d] = acc * blk.inv_sum();
-      if (d == 0) {
-        float* ml = part_ml + (((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * 2;
-        ml[0] = blk.m;
-        ml[1] = blk.l;
-      }
-    } else {
-      if (sinks != nullptr) acc *= blk.add_sink(sinks[h]);  // single pass: the sink once, at the end
-      out[seq * o_s_seq + (long long)h * o_s_head + d] = from_float<typename Cfg::out_t>(acc * blk.inv_sum());
-      if (d == 0 && lse != nullptr) lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = blk.lse();
-    }
+    ep.finish(blk, seq, h, d, acc);  // (single pass: the sink once, at the end)
   }
 }
 

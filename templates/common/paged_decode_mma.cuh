@@ -330,19 +330,14 @@ __device__ __forceinline__ void decode_mma_pv(float (&o)[DecodeMmaShape<Cfg>::ON
 
 template <class Cfg, class Params>
 __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
-  // The parameters (Params: generated from the kernel's argument table) under the names the body
-  // uses; ABI 1's positional signature is templates/abi1/'s, which fills a Params and calls this.
-  auto* __restrict__ out = p.out;
+  // The parameters (Params: generated from the kernel's argument table): the output side is the
+  // epilogue's (attention/epilogue.cuh), the rest bound here under the names the body uses; ABI 1's
+  // positional signature is templates/abi1/'s, which fills a Params and calls this.
   const auto* __restrict__ q = p.q;
   const auto* __restrict__ k_cache = p.k_cache;
   const auto* __restrict__ v_cache = p.v_cache;
-  const int *__restrict__ block_tables = p.block_tables, *__restrict__ seq_lens = p.seq_lens;
   const typename Cfg::scale_arg_t k_scale = p.k_scale, v_scale = p.v_scale;
-  const float *__restrict__ alibi_slopes = p.alibi_slopes, *__restrict__ sinks = p.sinks;
-  float *__restrict__ part_o = p.part_o, *__restrict__ part_ml = p.part_ml, *__restrict__ lse = p.lse;
-  const int max_blocks_per_seq = p.max_blocks_per_seq, max_partitions = p.max_partitions;
-  const int partition_tokens = p.partition_tokens;
-  const long long q_s_seq = p.q_s_seq, q_s_head = p.q_s_head, o_s_seq = p.o_s_seq, o_s_head = p.o_s_head;
+  const long long q_s_seq = p.q_s_seq, q_s_head = p.q_s_head;
   const long long k_s_block = p.k_s_block, k_s_head = p.k_s_head, k_s_token = p.k_s_token, k_s_run = p.k_s_run;
   const long long v_s_block = p.v_s_block, v_s_head = p.v_s_head, v_s_token = p.v_s_token, v_s_run = p.v_s_run;
   const long long ks_s_block = p.ks_s_block, ks_s_head = p.ks_s_head, ks_s_token = p.ks_s_token;
@@ -350,21 +345,21 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
   typedef DecodeMmaShape<Cfg> S;
   typedef typename S::T T;
   constexpr int DV = S::DV, G = S::G, NT = S::NT, STAGES = S::STAGES, WARPS = S::WARPS;
-  const bool split = Cfg::SPLIT && max_partitions > 1;
-  const int P = partition_tokens;
-  const int kv_head = blockIdx.x, seq = blockIdx.y, part = blockIdx.z;
+  const Epilogue<Cfg> ep = Epilogue<Cfg>::of(p, p.o_s_seq, blockIdx.z);  // the output side, partition blockIdx.z
+  const int kv_head = blockIdx.x, seq = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int q_head0 = kv_head * G;
 
-  const int seq_len = seq_lens[seq];
+  const int seq_len = p.seq_lens[seq];
   int tok_begin, tok_end;  // attention/visibility.cuh
-  if (!decode_key_range<Cfg>(seq_len, part, P, max_partitions, split, tok_begin, tok_end)) return;
+  if (!decode_key_range<Cfg>(seq_len, ep.part, p.partition_tokens, p.max_partitions, ep.split, tok_begin, tok_end))
+    return;
   const KeyRange keys{tok_begin, tok_end};
   const int tile0 = tok_begin / NT * NT;
   const int ntiles = tok_end > tok_begin ? (tok_end - tile0 + NT - 1) / NT : 0;
 
   __shared__ __align__(16) unsigned char smem[S::SMEM_BYTES];
-  const int* table = block_tables + (long long)seq * max_blocks_per_seq;
+  const int* table = p.block_tables + (long long)seq * p.max_blocks_per_seq;
   auto issue = [&](int tile) {
     decode_mma_issue_tile<Cfg>(smem + (tile % STAGES) * S::STAGE_BYTES, tile0 + tile * NT, tok_begin, tok_end,
                                kv_head, table, k_cache, v_cache, k_scale, v_scale, k_s_block, k_s_head, k_s_token,
@@ -392,7 +387,7 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
         qf[c][rr + 2 * hi] = S::LANE_ROWS == 1 && rr == 1 ? 0u  // padding rows: constant zeros
                                                    : pack2<T>(real ? to_float(qh[d0]) : 0.0f, real ? to_float(qh[d1]) : 0.0f);
       }
-    slope[rr] = Cfg::ALIBI && real ? alibi_slopes[q_head0 + head] : 0.0f;
+    slope[rr] = Cfg::ALIBI && real ? p.alibi_slopes[q_head0 + head] : 0.0f;
   }
 
   // Scales outside the products (attention/kv_format.cuh): per tensor or head, K's folds into the
@@ -527,20 +522,7 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
     SoftmaxState blk = SoftmaxState::empty();
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) blk.merge(SoftmaxState{ml_s[(w * G + head) * 2], ml_s[(w * G + head) * 2 + 1]});
-    const int h = q_head0 + head;
-    const float sink = sinks != nullptr && !split ? blk.add_sink(sinks[h]) : 1.0f;  // single pass: once, at the end
-    const float x = o_s[i] * sink * blk.inv_sum() * v_out;
-    if (split) {
-      part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * DV + d] = x;
-      if (d == 0) {
-        float* ml = part_ml + (((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * 2;
-        ml[0] = blk.m;
-        ml[1] = blk.l;
-      }
-    } else {
-      out[seq * o_s_seq + (long long)h * o_s_head + d] = from_float<typename Cfg::out_t>(x);
-      if (d == 0 && lse != nullptr) lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = blk.lse();
-    }
+    ep.finish(blk, seq, q_head0 + head, d, o_s[i], v_out);  // (single pass: the sink once, at the end)
   }
 }
 

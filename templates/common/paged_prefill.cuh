@@ -50,6 +50,7 @@
 #include "kgen/attention/softmax_tile.cuh"
 #include "kgen/attention/stage_ring.cuh"
 #include "kgen/attention/kv_format.cuh"
+#include "kgen/attention/epilogue.cuh"
 
 namespace kgen {
 
@@ -74,19 +75,6 @@ __device__ __forceinline__ bool block_seq_tile(const int* q_indptr, int num_seqs
     first += n;
   }
   return false;
-}
-
-// A finished row's softmax state: (m, l) of its partition for the merge (split), else its LSE when
-// asked for. Shared by the mma.sync and the Hopper bodies.
-template <class State>
-__device__ __forceinline__ void write_row_state(const State& st, long long row, int part, int max_partitions,
-                                                bool split, float* part_ml, float* lse) {
-  if (split) {
-    part_ml[(row * max_partitions + part) * 2] = st.m;
-    part_ml[(row * max_partitions + part) * 2 + 1] = st.l;
-  } else if (lse != nullptr) {
-    lse[row] = st.lse();
-  }
 }
 
 
@@ -472,20 +460,14 @@ __device__ __forceinline__ void prefill_convert_tile(typename Cfg::q_t* k_s, typ
 
 template <class Cfg, class Params>
 __device__ __forceinline__ void paged_prefill_body(const Params& p) {
-  // The parameters (Params: generated from the kernel's argument table) under the names the body
-  // uses; ABI 1's positional signature is templates/abi1/'s, which fills a Params and calls this.
-  auto* __restrict__ out = p.out;
+  // The parameters (Params: generated from the kernel's argument table): the output side is the
+  // epilogue's (attention/epilogue.cuh, below), the rest bound here under the names the body uses;
+  // ABI 1's positional signature is templates/abi1/'s, which fills a Params and calls this.
   const auto* __restrict__ q = p.q;
   const auto* __restrict__ k_cache = p.k_cache;
   const auto* __restrict__ v_cache = p.v_cache;
-  const int *__restrict__ q_indptr = p.q_indptr, *__restrict__ block_tables = p.block_tables;
-  const int* __restrict__ seq_lens = p.seq_lens;
   const typename Cfg::scale_arg_t k_scale = p.k_scale, v_scale = p.v_scale;
-  const float *__restrict__ alibi_slopes = p.alibi_slopes, *__restrict__ sinks = p.sinks;
-  float *__restrict__ part_o = p.part_o, *__restrict__ part_ml = p.part_ml, *__restrict__ lse = p.lse;
-  const int num_seqs = p.num_seqs, max_blocks_per_seq = p.max_blocks_per_seq, max_partitions = p.max_partitions;
-  const int partition_tokens = p.partition_tokens;
-  const long long q_s_tok = p.q_s_tok, q_s_head = p.q_s_head, o_s_tok = p.o_s_tok, o_s_head = p.o_s_head;
+  const long long q_s_tok = p.q_s_tok, q_s_head = p.q_s_head;
   const long long k_s_block = p.k_s_block, k_s_head = p.k_s_head, k_s_token = p.k_s_token, k_s_run = p.k_s_run;
   const long long v_s_block = p.v_s_block, v_s_head = p.v_s_head, v_s_token = p.v_s_token, v_s_run = p.v_s_run;
   const long long ks_s_block = p.ks_s_block, ks_s_head = p.ks_s_head, ks_s_token = p.ks_s_token;
@@ -494,15 +476,14 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   typedef typename S::T T;
   typedef PrefillMath<Cfg, S::MMA> Math;
   constexpr int G = S::G, ROWS = S::ROWS, KT = S::KT, STAGES = S::STAGES;
-  const bool split = Cfg::SPLIT && max_partitions > 1;
-  const int P = partition_tokens;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int kv_head = blockIdx.y;
-  const int slice = blockIdx.z % S::SLICES, part = blockIdx.z / S::SLICES;
+  const int slice = blockIdx.z % S::SLICES;
+  const Epilogue<Cfg> ep = Epilogue<Cfg>::of(p, p.o_s_tok, blockIdx.z / S::SLICES);  // partition blockIdx.z / SLICES
 
   int seq, tile;
-  if (!block_seq_tile<G, ROWS>(q_indptr, num_seqs, seq, tile)) return;  // uniform: the grid has spare tiles
-  const int q_begin = q_indptr[seq], q_len = q_indptr[seq + 1] - q_begin, kv_len = seq_lens[seq];
+  if (!block_seq_tile<G, ROWS>(p.q_indptr, p.num_seqs, seq, tile)) return;  // uniform: the grid has spare tiles
+  const int q_begin = p.q_indptr[seq], q_len = p.q_indptr[seq + 1] - q_begin, kv_len = p.seq_lens[seq];
   const int r0 = tile * ROWS, rows = min(ROWS, q_len * G - r0);
   const int pos0 = kv_len - q_len;  // absolute position of the chunk's first token
   typedef typename PrefillKeys<Cfg>::type Keys;  // attention/visibility.cuh
@@ -510,9 +491,10 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   // Keys some row of the block sees: [lo, hi).
   const KeyRange keys = Keys::rows_keys(pos_first, pos_last, kv_len);
   int lo = keys.begin, hi = keys.end;
-  if (split) {  // partition `part` holds keys [part * P, (part + 1) * P), the last one the rest
-    if (part >= split_partitions(kv_len, P, max_partitions)) return;  // uniform; the merge reads the same count
-    clip_to_partition(part, P, max_partitions, lo, hi);
+  if (ep.split) {  // partition `part` holds keys [part * P, (part + 1) * P), the last one the rest
+    const int part = ep.part, P = p.partition_tokens;
+    if (part >= split_partitions(kv_len, P, p.max_partitions)) return;  // uniform; the merge reads the same count
+    clip_to_partition(part, P, p.max_partitions, lo, hi);
   }
   const int ntiles = hi > lo ? (hi - lo + KT - 1) / KT : 0;  // tile i: keys lo + i * KT ..
   // Tiles [t_a, t_b) are full: every row of the block sees all their keys, so they need no mask.
@@ -532,7 +514,7 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   T* v_op = k_op + KT * S::LD;
   unsigned char* stages = smem + S::Q_BYTES + S::OPERAND_BYTES;
   float* p_w = reinterpret_cast<float*>(smem + S::Q_BYTES + S::KV_BYTES) + warp * S::WROWS * KT;  // fp32 math only
-  const int* table = block_tables + (long long)seq * max_blocks_per_seq;
+  const int* table = p.block_tables + (long long)seq * p.max_blocks_per_seq;
   // the KV head's rows, offset once: fewer 64-bit values live through the tile loop
   const typename Cfg::kv_t* k_head = k_cache + (long long)kv_head * k_s_head;
   const typename Cfg::kv_t* v_head = v_cache + (long long)kv_head * v_s_head;
@@ -588,7 +570,7 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   float slope[Cfg::ALIBI ? LANE_ROWS : 1];
 #pragma unroll
   for (int q = 0; q < (Cfg::ALIBI ? LANE_ROWS : 1); ++q)
-    slope[q] = Cfg::ALIBI && row_at(q) - r0 < rows ? alibi_slopes[kv_head * G + row_at(q) % G] : 0.0f;
+    slope[q] = Cfg::ALIBI && row_at(q) - r0 < rows ? p.alibi_slopes[kv_head * G + row_at(q) % G] : 0.0f;
   const int warp_rows = rows - warp * S::WROWS;  // <= 0: an idle warp
   const int warp_pos_first = pos0 + (r0 + warp * S::WROWS) / G;
   const int warp_pos_last = pos0 + (r0 + min(rows, warp * S::WROWS + S::WROWS) - 1) / G;
@@ -720,10 +702,7 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   }
   float sink[LANE_ROWS];  // single pass: each row's sink once, at the end (a partial holds none)
 #pragma unroll
-  for (int rr = 0; rr < LANE_ROWS; ++rr) {
-    sink[rr] = 1.0f;
-    if (sinks != nullptr && !split && row_ok[rr]) sink[rr] = st[rr].add_sink(sinks[row_head[rr]]);
-  }
+  for (int rr = 0; rr < LANE_ROWS; ++rr) sink[rr] = row_ok[rr] ? ep.sink(st[rr], row_head[rr]) : 1.0f;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const float inv[2] = {st[2 * mt].inv_sum() * sink[2 * mt] * v_out,  // V's scale too
@@ -734,23 +713,14 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int rr = 2 * mt + (i >> 1), d = d0 + 8 * nt + 2 * t + (i & 1);
-        if (!row_ok[rr]) continue;
-        const float x = o[mt][nt][i] * inv[i >> 1];
-        if (split)
-          part_o[(((long long)row_tok[rr] * Cfg::NUM_Q_HEADS + row_head[rr]) * max_partitions + part) * S::DV + d] = x;
-        else
-          out[(long long)row_tok[rr] * o_s_tok + (long long)row_head[rr] * o_s_head + d] =
-              from_float<typename Cfg::out_t>(x);
+        if (row_ok[rr]) ep.element(row_tok[rr], row_head[rr], d, o[mt][nt][i] * inv[i >> 1]);
       }
     }
   }
   if (slice == 0 && t == 0) {
 #pragma unroll
-    for (int rr = 0; rr < LANE_ROWS; ++rr) {
-      if (!row_ok[rr]) continue;
-      write_row_state(st[rr], (long long)row_tok[rr] * Cfg::NUM_Q_HEADS + row_head[rr], part, max_partitions,
-                      split, part_ml, lse);
-    }
+    for (int rr = 0; rr < LANE_ROWS; ++rr)
+      if (row_ok[rr]) ep.state(st[rr], row_tok[rr], row_head[rr]);
   }
 }
 

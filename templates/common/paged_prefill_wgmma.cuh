@@ -40,6 +40,7 @@
 #include "kgen/attention/logits.cuh"
 #include "kgen/attention/softmax_tile.cuh"
 #include "kgen/attention/kv_format.cuh"
+#include "kgen/attention/epilogue.cuh"
 
 namespace kgen {
 
@@ -128,19 +129,14 @@ __device__ __forceinline__ void wg_softmax_tile(float (&s)[NS], float (&o)[NO], 
 
 template <class Cfg, class Params>
 __device__ __forceinline__ void paged_prefill_wgmma_body(const Params& p) {
-  // The parameters (Params: generated from the kernel's argument table) under the names the body
-  // uses; ABI 1's positional signature is templates/abi1/'s, which fills a Params and calls this.
-  auto* __restrict__ out = p.out;
+  // The parameters (Params: generated from the kernel's argument table): the output side is the
+  // epilogue's (attention/epilogue.cuh), the rest bound here under the names the body uses; ABI 1's
+  // positional signature is templates/abi1/'s, which fills a Params and calls this.
+  const Epilogue<Cfg> ep = Epilogue<Cfg>::of(p, p.o_s_tok, blockIdx.z);  // DV <= 256: blockIdx.z is the partition
   const auto* __restrict__ q = p.q;
   const auto* __restrict__ k_cache = p.k_cache;
   const auto* __restrict__ v_cache = p.v_cache;
-  const int *__restrict__ q_indptr = p.q_indptr, *__restrict__ block_tables = p.block_tables;
-  const int* __restrict__ seq_lens = p.seq_lens;
-  const float *__restrict__ alibi_slopes = p.alibi_slopes, *__restrict__ sinks = p.sinks;
-  float *__restrict__ part_o = p.part_o, *__restrict__ part_ml = p.part_ml, *__restrict__ lse = p.lse;
-  const int num_seqs = p.num_seqs, max_blocks_per_seq = p.max_blocks_per_seq, max_partitions = p.max_partitions;
-  const int partition_tokens = p.partition_tokens;
-  const long long q_s_tok = p.q_s_tok, q_s_head = p.q_s_head, o_s_tok = p.o_s_tok, o_s_head = p.o_s_head;
+  const long long q_s_tok = p.q_s_tok, q_s_head = p.q_s_head;
   const long long k_s_block = p.k_s_block, k_s_head = p.k_s_head, k_s_token = p.k_s_token;
   const long long v_s_block = p.v_s_block, v_s_head = p.v_s_head, v_s_token = p.v_s_token;
   typedef WgmmaPrefillShape<Cfg> S;
@@ -148,24 +144,23 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(const Params& p) {
   constexpr int G = S::G, ROWS = S::ROWS, KT = S::KT, D = S::D, DV = S::DV, W = Cfg::SLIDING_WINDOW;
   constexpr int STAGES = S::STAGES, ONT = DV / 8;
   constexpr bool CAUSAL = Cfg::CAUSAL;
-  const bool split = Cfg::SPLIT && max_partitions > 1;
   // The warpgroup index broadcast from lane 0: ptxas then knows it is warp-uniform, and so is every
   // branch and loop bound derived from it, which keeps the consumers' wgmma in uniform control flow
   // (a wgmma ptxas must assume divergent is serialised: advisory C7520).
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0), lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int kv_head = blockIdx.y, part = blockIdx.z;  // DV <= 256: one output slice
+  const int kv_head = blockIdx.y;
 
   int seq, tile;
-  if (!block_seq_tile<G, ROWS>(q_indptr, num_seqs, seq, tile)) return;  // uniform: the grid has spare tiles
-  const int q_begin = q_indptr[seq], q_len = q_indptr[seq + 1] - q_begin, kv_len = seq_lens[seq];
+  if (!block_seq_tile<G, ROWS>(p.q_indptr, p.num_seqs, seq, tile)) return;  // uniform: the grid has spare tiles
+  const int q_begin = p.q_indptr[seq], q_len = p.q_indptr[seq + 1] - q_begin, kv_len = p.seq_lens[seq];
   const int r0 = tile * ROWS, rows = min(ROWS, q_len * G - r0);
   const int pos0 = kv_len - q_len;
   typedef typename PrefillKeys<Cfg>::type Keys;
   const KeyRange keys = Keys::rows_keys(pos0 + r0 / G, pos0 + (r0 + rows - 1) / G, kv_len);
   int lo = keys.begin, hi = keys.end;
-  if (split) {
-    if (part >= split_partitions(kv_len, partition_tokens, max_partitions)) return;  // uniform
-    clip_to_partition(part, partition_tokens, max_partitions, lo, hi);
+  if (ep.split) {
+    if (ep.part >= split_partitions(kv_len, p.partition_tokens, p.max_partitions)) return;  // uniform
+    clip_to_partition(ep.part, p.partition_tokens, p.max_partitions, lo, hi);
   }
   const int ntiles = hi > lo ? (hi - lo + KT - 1) / KT : 0;
 
@@ -191,7 +186,7 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(const Params& p) {
   fence_proxy_async_shared();  // Q's generic stores before the wgmma's async-proxy reads
   __syncthreads();             // the only block-wide barrier: the roles part here
 
-  const int* table = block_tables + (long long)seq * max_blocks_per_seq;
+  const int* table = p.block_tables + (long long)seq * p.max_blocks_per_seq;
   if (wg == 0) {  // ---- producer: gathers K/V tiles through the block table ----
     if constexpr (Cfg::SETMAXNREG) setmaxnreg_dec<40>();  // its registers go to the consumers
     // Thread tid copies chunks CH * (tid % TPR) .. + CH - 1 (16 bytes each; TPR threads a row of
@@ -270,7 +265,7 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(const Params& p) {
     row_tok[rr] = q_begin + pr / G;
     row_head[rr] = kv_head * G + pr % G;
     row_pos[rr] = pos0 + pr / G;
-    slope[rr] = Cfg::ALIBI && row_ok[rr] ? alibi_slopes[row_head[rr]] : 0.0f;
+    slope[rr] = Cfg::ALIBI && row_ok[rr] ? p.alibi_slopes[row_head[rr]] : 0.0f;
   }
   const int wg_rows = rows - rb;  // <= 0: an idle warpgroup (it still takes part in the barriers)
   const int wg_pos_first = pos0 + (r0 + rb) / G;
@@ -340,31 +335,21 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(const Params& p) {
     st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 1, 32);
     st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 2, 32);
   }
-  float sink[2] = {1.0f, 1.0f};  // single pass: each row's sink once, at the end (a partial holds none)
+  float sink[2];  // single pass: each row's sink once, at the end (a partial holds none)
 #pragma unroll
-  for (int rr = 0; rr < 2; ++rr)
-    if (sinks != nullptr && !split && row_ok[rr]) sink[rr] = st[rr].add_sink(sinks[row_head[rr]]);
+  for (int rr = 0; rr < 2; ++rr) sink[rr] = row_ok[rr] ? ep.sink(st[rr], row_head[rr]) : 1.0f;
   const float inv[2] = {st[0].inv_sum() * sink[0], st[1].inv_sum() * sink[1]};
 #pragma unroll
   for (int nt = 0; nt < ONT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int rr = e >> 1, d = 8 * nt + 2 * t + (e & 1);
-      if (!row_ok[rr]) continue;
-      const float x = o[4 * nt + e] * inv[rr];
-      if (split)
-        part_o[(((long long)row_tok[rr] * Cfg::NUM_Q_HEADS + row_head[rr]) * max_partitions + part) * DV + d] = x;
-      else
-        out[(long long)row_tok[rr] * o_s_tok + (long long)row_head[rr] * o_s_head + d] =
-            from_float<typename Cfg::out_t>(x);
+      if (row_ok[rr]) ep.element(row_tok[rr], row_head[rr], d, o[4 * nt + e] * inv[rr]);
     }
   if (t == 0) {
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      if (!row_ok[rr]) continue;
-      write_row_state(st[rr], (long long)row_tok[rr] * Cfg::NUM_Q_HEADS + row_head[rr], part, max_partitions,
-                      split, part_ml, lse);
-    }
+    for (int rr = 0; rr < 2; ++rr)
+      if (row_ok[rr]) ep.state(st[rr], row_tok[rr], row_head[rr]);
   }
 }
 

@@ -54,19 +54,20 @@ def _run(kernel, names: set[str]):
     return verify(kernel, seed=SEED, cases=sorted({n.removesuffix("_lse") for n in names}))
 
 
-OUT_WRITE = "out[seq * o_s_seq + (long long)h * o_s_head + d] = from_float<typename Cfg::out_t>(acc * blk.inv_sum());"
+OUT_WRITE = "out[row * o_s_row + (long long)h * o_s_head + d] = from_float<out_t>(x);"  # attention/epilogue.cuh
 K_ROW = ("ksrc = k_cache + phys * k_s_block + kv_head * k_s_head + slot * k_s_token +\n"
          "                 run_offset<Cfg::K_RUN>(d0, k_s_run) / S::PER;")
 V_ROW = "vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0 / S::PER;"
 KV_ROWS = K_ROW + "\n          " + V_ROW  # the K loop's (V rows of their own width have a loop of their own)
-LSE_WRITE = "lse[(long long)seq * Cfg::NUM_Q_HEADS + h] = blk.lse();"
+LSE_WRITE = "lse[(long long)row * Cfg::NUM_Q_HEADS + h] = st.lse();"  # attention/epilogue.cuh
 SCALES = "  // Per-tensor / per-head dequantisation scales (per-token ones and nvfp4's block scales come with each tile).\n"
 WRITE_OUT = "  // Write out: the final output, or this partition's normalised partial and its (m, l).\n"
 O_ACC = "for (int i = 0; i < VEC; ++i) o[h][c * VEC + i] += s[h][j] * vf[i];"
 NTILES = "const int ntiles = tok_end > tok_begin ? (tok_end - tile0 + NT - 1) / NT : 0;"
 
 # (id, spec overrides, config, old, new, cases that must fail, cases that must pass, words of the failure);
-# the mutants edit the CUDA-core body (paged_decode.cuh): split configs pin it with mma_min_group 0
+# the mutants edit the CUDA-core body (paged_decode.cuh) and the epilogue part it writes through
+# (attention/epilogue.cuh: OUT_WRITE, LSE_WRITE, the partials): split configs pin it with mma_min_group 0
 MUTANTS = [
     ("no_max_subtraction", {}, None, "    const float m_new = fmaxf(m, m_tile);\n    const float f = rescale(",
      "    const float m_new = 0.0f;\n    const float f = rescale(",
@@ -85,7 +86,7 @@ MUTANTS = [
      "q + ((long long)seq * Cfg::NUM_Q_HEADS + q_head0 + g) * Cfg::HEAD_DIM;",
      {"strided_q_out"}, {"long", "mixed_batch", "large_logits"}, ()),
     ("ignores_out_strides", {}, None, OUT_WRITE,
-     OUT_WRITE.replace("seq * o_s_seq + (long long)h * o_s_head + d", "((long long)seq * Cfg::NUM_Q_HEADS + h) * D + d"),
+     OUT_WRITE.replace("row * o_s_row + (long long)h * o_s_head + d", "((long long)row * Cfg::NUM_Q_HEADS + h) * DV + d"),
      {"strided_q_out"}, {"long", "mixed_batch"}, ("outside 'out'",)),
     ("int32_pool_offsets", {}, None, K_ROW,
      K_ROW.replace("k_cache + phys", "k_cache + (int)(phys").replace("slot * k_s_token +", "slot * k_s_token) +"),
@@ -98,18 +99,17 @@ MUTANTS = [
      KV_ROWS + "\n          if (d0 == 0 && t == hi - 1 && slot + 1 < B) const_cast<kv_t*>(ksrc)[k_s_token] = ksrc[0];",
      {"len_1", "len_B+1"}, {"len_B"}, ("input 'k_cache'",)),
     ("writes_past_out", {}, None, WRITE_OUT,
-     "  if (!split && tid == 0 && seq == (int)gridDim.y - 1 && kv_head == (int)gridDim.x - 1)\n"
-     "    out[seq * o_s_seq + (long long)Cfg::NUM_Q_HEADS * o_s_head] = from_float<typename Cfg::out_t>(0.0f);\n"
+     "  if (!ep.split && tid == 0 && seq == (int)gridDim.y - 1 && kv_head == (int)gridDim.x - 1)\n"
+     "    p.out[seq * p.o_s_seq + (long long)Cfg::NUM_Q_HEADS * p.o_s_head] = from_float<typename Cfg::out_t>(0.0f);\n"
      + WRITE_OUT,
      {"len_1", "long"}, set(), ("past the end of 'out'",)),
     ("lse_of_one_head_unwritten", {}, None, LSE_WRITE, f"if (h != 1) {LSE_WRITE}",
      {"mixed_batch_lse"}, {"mixed_batch"}, ("lse[",)),
     ("split_scratch_written_one_partition_late", {}, {"partition_size": 32, "mma_min_group": 0},
-     "part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part) * DV + d]",
-     "part_o[(((long long)seq * Cfg::NUM_Q_HEADS + h) * max_partitions + part + 1) * DV + d]",
+     "part_o[partial(row, h) * DV + d]", "part_o[(partial(row, h) + 1) * DV + d]",
      {"len_P+1"}, set(), ("outside 'part_o'",)),
     ("one_head_one_percent_off", {}, None, OUT_WRITE,
-     OUT_WRITE.replace("acc * blk.inv_sum())", "acc * blk.inv_sum() * (h == Cfg::NUM_Q_HEADS - 1 ? 1.01f : 1.0f))"),
+     OUT_WRITE.replace("from_float<out_t>(x)", "from_float<out_t>(x * (h == Cfg::NUM_Q_HEADS - 1 ? 1.01f : 1.0f))"),
      {"long", "mixed_batch"}, set(), ("head 7",)),
 ]
 
@@ -240,7 +240,7 @@ def test_cli_names_case_sequence_head_length_element_expected_and_got(tmp_path):
     spec = kgen.load_spec(spec_path)
     src = inline_provided(render(spec, {"partition_size": 0, "mma_min_group": 0}).source)  # the body as kernel code
     assert src.count(OUT_WRITE) == 1
-    src = src.replace(OUT_WRITE, OUT_WRITE.replace("acc * blk.inv_sum())", "acc * blk.inv_sum() * (h == 5 ? 1.5f : 1.0f))"))
+    src = src.replace(OUT_WRITE, OUT_WRITE.replace("from_float<out_t>(x)", "from_float<out_t>(x * (h == 5 ? 1.5f : 1.0f))"))
     (tmp_path / "k.cu").write_text(src)
     r = run_kgen("verify", str(spec_path), "--source", str(tmp_path / "k.cu"), "--backend", "cpu", "--seed", "5",
                  "--json")
@@ -339,8 +339,8 @@ def test_cuda_backend_runs_the_adversarial_cases_and_catches_ignored_out_strides
     names = {"strided_q_out", "large_logits", "huge_pool", "long_uniform"}
     good = verify(kgen.build(spec, backend="cuda", verify=False), seed=SEED, cases=sorted(names))
     assert good.passed, good.summary()
-    r = render(spec, {"mma_min_group": 0})  # OUT_WRITE is the CUDA-core body's
-    bad_src = inline_provided(r.source).replace(OUT_WRITE, OUT_WRITE.replace("seq * o_s_seq + (long long)h * o_s_head + d",
-                                                            "((long long)seq * Cfg::NUM_Q_HEADS + h) * D + d"))
+    r = render(spec, {"mma_min_group": 0})  # OUT_WRITE: the epilogue part the CUDA-core body writes through
+    bad_src = inline_provided(r.source).replace(OUT_WRITE, OUT_WRITE.replace("row * o_s_row + (long long)h * o_s_head + d",
+                                                            "((long long)row * Cfg::NUM_Q_HEADS + h) * DV + d"))
     bad = verify(kernel_from_source(spec, bad_src, backend="cuda", config=r.config), seed=SEED, cases=["strided_q_out"])
     assert not bad.passed and "outside 'out'" in bad.summary(), bad.summary()

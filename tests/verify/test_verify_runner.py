@@ -32,7 +32,8 @@ def _spec(**overrides):
 
 def _kernel(spec, config=None, old: str | None = None, new: str = "") -> Kernel:
     """kgen's source, with softmax.cuh (the online softmax, split-KV contract and merge body the
-    decode source includes), attention/visibility.cuh (the key rule), attention/stage_ring.cuh and
+    decode source includes), attention/epilogue.cuh (how a row is written out: conftest's
+    EDITABLE_HEADERS), attention/visibility.cuh (the key rule), attention/stage_ring.cuh and
     attention/kv_format.cuh (the scales) copied in, and with one edit."""
     r = render(spec, config)
     src = inline_provided(inline_provided(r.source), "kgen/attention/visibility.cuh")
@@ -94,21 +95,22 @@ MUTATIONS = [
      "for (int i = tid; i < G * DV; i += THREADS) {\n    const int g = i / DV, d = i % DV;\n    SoftmaxState blk",
      "for (int i = tid; i < G * DV - 1; i += THREADS) {\n    const int g = i / DV, d = i % DV;\n    SoftmaxState blk",
      {"len_1", "long", "mixed_batch"}, set()),
-    # attention sinks (softmax.cuh's add_sink): once per row, at the end or in the merge, as given
+    # attention sinks (softmax.cuh's add_sink, attention/epilogue.cuh's Epilogue): once per row, at the
+    # end or in the merge, as given
     ("sink_added_per_partition", {"attention.sinks": True}, {"partition_size": 32, "mma_min_group": 0},
-     "    const int h = q_head0 + g;\n    if (split) {",
-     "    const int h = q_head0 + g;\n    if (split && sinks != nullptr) acc *= blk.add_sink(sinks[h]);\n"
-     "    if (split) {", {"len_P+1", "len_2P+1", "long"}, {"len_1", "len_P"}),  # one partition: not split
+     "    if (split) {\n      partial_element(",
+     "    if (split) {\n      if (sinks != nullptr) acc *= st.add_sink(sinks[h]);\n      partial_element(",
+     {"len_P+1", "len_2P+1", "long"}, {"len_1", "len_P"}),  # one partition: not split
     ("sink_forgotten_by_the_merge", {"attention.sinks": True}, {"partition_size": 32, "mma_min_group": 0},
      "sinks != nullptr ? SoftmaxState{sinks[h], 1.0f} : SoftmaxState::empty();", "SoftmaxState::empty();",
      {"len_P+1", "len_2P+1", "long"}, {"len_1", "len_P"}),
     ("sink_forgotten", {"attention.sinks": True}, SINGLE_PASS,
-     "if (sinks != nullptr) acc *= blk.add_sink(sinks[h]);", "", {"len_1", "long"}, set()),
+     "      fold_sink(st, h, acc);\n", "", {"len_1", "long"}, set()),
     ("sink_scaled_like_a_logit", {"attention.sinks": True}, SINGLE_PASS,
-     "acc *= blk.add_sink(sinks[h]);", "acc *= blk.add_sink(sinks[h] * Cfg::SOFTMAX_SCALE);", {"len_1", "long"},
+     "acc *= st.add_sink(sinks[h]);", "acc *= st.add_sink(sinks[h] * Cfg::SOFTMAX_SCALE);", {"len_1", "long"},
      set()),
     ("mma_sink_scaled_like_a_logit", {"attention.sinks": True}, {"mma_min_group": 4, "partition_size": 0},
-     "!split ? blk.add_sink(sinks[h])", "!split ? blk.add_sink(sinks[h] * Cfg::SOFTMAX_SCALE)", {"len_1", "long"},
+     "acc *= st.add_sink(sinks[h]);", "acc *= st.add_sink(sinks[h] * Cfg::SOFTMAX_SCALE);", {"len_1", "long"},
      set()),
     # the tensor-core body (templates/common/paged_decode_mma.cuh; BASE's group 4 takes it by default)
     ("mma_tail_mask_dropped", {}, {"mma_min_group": 4},  # fp16 group 4: tensor cores on request

@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import inline_prefill_body
+from conftest import inline_prefill_body, inline_provided
 
 import kgen
 from kgen.families.attention.decode_cases import (
@@ -184,15 +184,16 @@ def test_lse_includes_the_sink_in_every_launch_plan():
         assert check_output("out", lens, np.asarray(out, dtype=np.float64), ref, ref, "bf16").passed
 
 
-# ---- the prefill body's sink, broken on purpose (decode's: tests/verify/test_verify_runner.py) -----
+# ---- the prefill body's sink (attention/epilogue.cuh's), broken on purpose (decode's:
+# tests/verify/test_verify_runner.py) -----
 @pytest.mark.parametrize("old,new,must_fail", [
-    pytest.param("if (sinks != nullptr && !split && row_ok[rr])", "if (sinks != nullptr && row_ok[rr])",  # per partition
+    pytest.param("if (sinks != nullptr && !split) acc *=", "if (sinks != nullptr) acc *=",  # per partition
                  {"split_prefix_3P", "small_chunk_long_prefix"}, marks=pytest.mark.full),  # ~28 s: the Hopper
     # body's same mutation (test_prefill_wgmma.py) and the decode sink mutations (test_verify_runner.py) are default
     # (single-pass rows: the cases whose keys fit one partition of 32)
-    pytest.param("add_sink(sinks[row_head[rr]])", "add_sink(sinks[row_head[rr]] * Cfg::SOFTMAX_SCALE)",  # scaled
+    pytest.param("st.add_sink(sinks[h])", "st.add_sink(sinks[h] * Cfg::SOFTMAX_SCALE)",  # scaled
                  {"chunk_16", "chunk_17"}, marks=pytest.mark.full),  # (the decode ones are default: test_verify_runner)
-    pytest.param("add_sink(sinks[row_head[rr]])", "add_sink(-1e30f)", {"chunk_16", "chunk_17"},  # forgotten
+    pytest.param("st.add_sink(sinks[h])", "st.add_sink(-1e30f)", {"chunk_16", "chunk_17"},  # forgotten
                  marks=pytest.mark.full),
 ])
 def test_prefill_sink_mutations_are_caught(prefill_copy, old, new, must_fail):
@@ -206,10 +207,11 @@ def test_prefill_sink_mutations_are_caught(prefill_copy, old, new, must_fail):
 
 @pytest.fixture(scope="module")
 def prefill_copy():
-    """(spec, render, source) of a split prefill with its body copied in, checked to pass unmutated."""
+    """(spec, render, source) of a split prefill with its body and its epilogue part copied in, checked
+    to pass unmutated."""
     spec = _spec(PREFILL)
     r = render(spec, {"partition_size": 32, "path": 1})  # the mma.sync body (test_prefill_wgmma.py: the Hopper one)
-    src = inline_prefill_body(r.source)  # the body, as a hand-written copy
+    src = inline_provided(inline_prefill_body(r.source), "kgen/attention/epilogue.cuh")  # as a hand-written copy
     good = verify(kernel_from_source(spec, src, backend="cpu", config=r.config, archs=[]), seed=SEED)
     assert good.passed, good.summary()
     return spec, r, src
