@@ -57,7 +57,7 @@ from kgen.verify.judge.bounds import (
 from kgen.verify.judge.report import CaseResult, describe_failure
 from kgen.verify.runner import verify as run_verify
 
-AUDITED_KINDS = tuple(kind for kind, family in FAMILIES.items() if family.auditable)
+AUDITED_KINDS = tuple(kind for kind, by_pool in FAMILIES.items() if any(f.auditable for f in by_pool.values()))
 ON_MISMATCH = ("raise", "warn")
 _FP8 = ("fp8_e4m3", "fp8_e5m2")
 _RECENT = 1024  # call numbers of the most recent audited calls kept in stats.checked_calls

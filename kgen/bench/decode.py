@@ -11,9 +11,9 @@ import time
 import numpy as np
 
 from kgen.bench.timing import build_each, random_tensor, time_per_call, torch_dtype
+from kgen.families.pool import pool_of
 from kgen.families.registry import family_for
 from kgen.formats.cache import CacheFormat, cache_shapes, scale_shape
-from kgen.formats.dtypes import dtype
 
 ROTATE_BYTES = 4  # rotate inputs until the working set is this many times the L2
 MAX_ROTATE = 256
@@ -24,11 +24,9 @@ DRY_RUN_SHAPES = [(2, 40), (3, 100)]
 
 
 def kv_bytes_per_token(spec) -> int:
-    """Bytes of K and V (and per-token scales) one token of context costs a decode call to read."""
-    a, kv = spec.attention, spec.kv_cache
-    row = 2 * a.head_dim * dtype(kv.dtype).itemsize
-    scale = 2 * 4 if kv.scale == "per_token_head" else 0
-    return a.num_kv_heads * (row + scale)
+    """Bytes of K and V (and per-token scales) one token of context costs a decode call to read: its pool
+    format's (kgen/families/pool.py)."""
+    return pool_of(spec).bytes_per_token()
 
 
 def decode_inputs(torch, spec, batch: int, context: int, sets: int, gen) -> dict:

@@ -1,6 +1,9 @@
-"""Kernel families: one module per `kind` (docs/architecture.md); the registry maps a spec to its family."""
+"""Kernel families: one module per `kind` (docs/architecture.md); the registry maps a spec to its
+family: by its kind, then by its pool format (kgen/families/pool.py's `pool_of`)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 from kgen.errors import UnsupportedError
 from kgen.families.attention.decode import PAGED_DECODE
@@ -10,25 +13,38 @@ from kgen.families.base import Family
 from kgen.families.cache.copy import COPY_BLOCKS
 from kgen.families.cache.mla_write import MLA_CACHE_WRITE
 from kgen.families.cache.write import CACHE_WRITE
+from kgen.families.pool import LatentPool, PagedPool, pool_of
 
-FAMILIES: dict[str, Family] = {PAGED_DECODE.kind: PAGED_DECODE, PAGED_PREFILL.kind: PAGED_PREFILL,
-                               CACHE_WRITE.kind: CACHE_WRITE, COPY_BLOCKS.kind: COPY_BLOCKS}
-# The mla layout's kernels (docs/abi.md "MLA"): latent rows read once for K and V, their own bodies.
-MLA_FAMILIES: dict[str, Family] = {MLA_DECODE.kind: MLA_DECODE, MLA_PREFILL.kind: MLA_PREFILL,
-                                   MLA_CACHE_WRITE.kind: MLA_CACHE_WRITE}
+# {kind: {pool format name: the family that builds the kind over that pool}}. The mla layout's latent
+# pool (docs/abi.md "MLA": latent rows read once for K and V) has bodies of its own.
+FAMILIES: dict[str, dict[str, Family]] = {
+    "paged_decode": {PagedPool.name: PAGED_DECODE, LatentPool.name: MLA_DECODE},
+    "paged_prefill": {PagedPool.name: PAGED_PREFILL, LatentPool.name: MLA_PREFILL},
+    "cache_write": {PagedPool.name: CACHE_WRITE, LatentPool.name: MLA_CACHE_WRITE},
+    "copy_blocks": {PagedPool.name: COPY_BLOCKS},
+}
+
+
+def registered() -> Iterator[Family]:
+    """Every registered family (each kind's, over each pool it is built for)."""
+    for by_pool in FAMILIES.values():
+        yield from by_pool.values()
 
 
 def family_for(spec) -> Family:
     """The family that generates `spec`, or UnsupportedError naming what is missing."""
-    family = (MLA_FAMILIES if spec.kv_cache.layout == "mla" else FAMILIES).get(spec.kind)
-    if family is None and spec.kv_cache.layout == "mla" and spec.kind in FAMILIES:
-        raise UnsupportedError(f"{spec.name}: kind '{spec.kind}' is not built for kv_cache.layout mla yet "
-                               f"(mla kinds: {', '.join(sorted(MLA_FAMILIES))})")
-    if family is None:
+    by_pool = FAMILIES.get(spec.kind)
+    if by_pool is None:
         raise UnsupportedError(
             f"{spec.name}: kind '{spec.kind}' is not supported yet "
             f"(supported: {', '.join(sorted(FAMILIES))})"
         )
+    pool = pool_of(spec)
+    family = by_pool.get(pool.name)
+    if family is None:
+        built = sorted(kind for kind, families in FAMILIES.items() if pool.name in families)
+        raise UnsupportedError(f"{spec.name}: kind '{spec.kind}' is not built for kv_cache.layout "
+                               f"{spec.kv_cache.layout} yet ({spec.kv_cache.layout} kinds: {', '.join(built)})")
     problems = unbuilt_features(spec) + family.unsupported(spec)
     if problems:
         raise UnsupportedError("\n".join(f"{spec.name}: {p}" for p in problems))

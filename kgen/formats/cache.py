@@ -14,8 +14,8 @@ strides in elements. head_dim is cut into runs of K_RUN / V_RUN contiguous eleme
 the stride between runs (0 when head_dim is one run): NHD/HND/fused one run; vLLM K runs of x,
 vLLM V runs of 1.
 
-The argument rows and call binding of the pool (cache_args, scale_args, stride_args,
-bind_scales) are kgen/families/pool.py's.
+The argument rows, call binding, template constants and bytes per token of each kind of pool (PagedPool,
+LatentPool) are kgen/families/pool.py's.
 """
 
 from __future__ import annotations

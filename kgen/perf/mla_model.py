@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kgen.families.attention.mla import decode_geometry, row_blocks
+from kgen.families.pool import pool_of
 from kgen.families.registry import family_for
-from kgen.formats.dtypes import dtype
 from kgen.perf import model as pm
 from kgen.plan import target_blocks
 
@@ -45,7 +45,7 @@ def decode_estimate(spec, config: dict, registers: int, batch: int, context: int
     """One decode call of `batch` sequences of `context` tokens with kgen's plan for those lengths."""
     a = spec.attention
     geo = decode_geometry(spec, config)  # the Hopper body's or the mma.sync body's
-    row = getattr(geo, "stored_row", 0) or a.head_dim * dtype(spec.kv_cache.dtype).itemsize  # bytes of a latent row (fp8_ds_mla: 656)
+    row = pool_of(spec).bytes_per_token()  # a latent row as stored (fp8_ds_mla: 656 bytes) and a per-token scale
     occ = pm.occupancy(geo.threads, registers, geo.smem_bytes, dev)
     blocks_per_sm = max(1, occ.blocks)
     lens = np.full(batch, context)

@@ -18,9 +18,8 @@ from kgen.bodies import spec_for_arch
 from kgen.build import build
 from kgen.compile.nvrtc import compile_cubin, resources_as_dict
 from kgen.families.base import PerfModel, resolve_config
+from kgen.families.pool import pool_of
 from kgen.families.registry import family_for
-from kgen.formats.cache import BLOCK_GROUP, CacheFormat
-from kgen.formats.dtypes import dtype
 from kgen.kernel import Kernel
 from kgen.perf import model as pm
 from kgen.perf.sass import sass_text
@@ -41,14 +40,9 @@ def packed_rows(spec) -> bool:
 
 
 def kv_bytes_per_token(spec) -> int:
-    """KV bytes one decoded token reads: K and V rows of every KV head, plus per-token scales (nvfp4: its
-    e4m3 block scales, a byte per 16 elements; the tensor scale is read once)."""
-    a, kv = spec.attention, spec.kv_cache
-    row = dtype(kv.dtype).bytes_for(a.head_dim) + dtype(kv.dtype).bytes_for(spec.v_head_dim_value)  # K and V rows
-    scale = 2 * 4 if kv.scale == "per_token_head" else 0
-    if CacheFormat.of(spec).block_scaled:
-        scale = 2 * a.head_dim // BLOCK_GROUP
-    return a.num_kv_heads * (row + scale)
+    """KV bytes one decoded token reads: its pool format's (kgen/families/pool.py: K and V rows of every KV
+    head plus per-token scales; nvfp4: its e4m3 block scales, a byte per 16 elements)."""
+    return pool_of(spec).bytes_per_token()
 
 
 @dataclass

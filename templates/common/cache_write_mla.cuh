@@ -60,11 +60,11 @@ __device__ __forceinline__ void mla_cache_write_body(
 
   if constexpr (Cfg::DS_MLA) {
     ds_mla_write_row(reinterpret_cast<unsigned char*>(dst), src, lane);
-  } else if constexpr (Cfg::SCALE_MODE == 0) {
+  } else if constexpr (Cfg::SCALE_MODE == ScaleMode::none) {
     for (int d = lane; d < D; d += 32) dst[d] = convert_value<kv_t>(src[d]);
   } else {
     float scale;
-    if constexpr (Cfg::SCALE_MODE == 1) {
+    if constexpr (Cfg::SCALE_MODE == ScaleMode::per_tensor) {
       scale = kv_scale[0];
     } else {
       float amax = 0.0f;

@@ -14,7 +14,8 @@ from kgen.errors import KgenUserError
 from kgen.families.argtable import ROLES
 from kgen.families.attention.common import Rows
 from kgen.families.base import Family, PerfModel, resolve_config
-from kgen.families.registry import FAMILIES, MLA_FAMILIES, family_for
+from kgen.families.pool import pool_of
+from kgen.families.registry import FAMILIES, family_for, registered
 from kgen.fib.convert import OP_TYPE
 from kgen.fib.mla import OP_TYPE as MLA_OP_TYPE
 from kgen.formats.cache import CacheFormat
@@ -39,11 +40,18 @@ METHODS = [name for name in vars(Family) if not name.startswith("_") and callabl
 
 
 def test_every_family_is_bundled_and_registered():
-    registered = {type(f).__name__ for f in [*FAMILIES.values(), *MLA_FAMILIES.values()]}
-    assert set(BUNDLED) <= registered
-    # every dense kind and both mla attention kinds have a bundled spec (the mla cache write has none yet)
-    assert {type(f).__name__ for f in FAMILIES.values()} <= set(BUNDLED)
-    assert {type(MLA_FAMILIES[k]).__name__ for k in ("paged_decode", "paged_prefill")} <= set(BUNDLED)
+    assert set(BUNDLED) <= {type(f).__name__ for f in registered()}
+    # every kind over the paged pool and both attention kinds over the latent pool have a bundled spec
+    # (the mla cache write has none yet)
+    assert {type(by_pool["paged"]).__name__ for by_pool in FAMILIES.values()} <= set(BUNDLED)
+    assert {type(FAMILIES[k]["latent"]).__name__ for k in ("paged_decode", "paged_prefill")} <= set(BUNDLED)
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
+def test_the_registry_picks_by_kind_then_pool(path):
+    """One dict keyed by kind; within a kind, the spec's pool format (kgen/families/pool.py) picks."""
+    spec = kgen.load_spec(path)
+    assert family_for(spec) is FAMILIES[spec.kind][pool_of(spec).name]
     assert {"arguments", "kernels", "cases", "run_case", "bench", "abi_config", "default_space"} <= set(METHODS)
 
 

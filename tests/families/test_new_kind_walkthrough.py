@@ -19,6 +19,7 @@ from kgen.families import registry
 from kgen.families.argtable import KernelDecl, array, scalar
 from kgen.families.base import Config, SingleKernelFamily
 from kgen.families.binding import CallBinder, refuse_plan
+from kgen.families.pool import PagedPool
 from kgen.formats import dtypes
 from kgen.formats.cache import CacheFormat, cache_shapes
 from kgen.paths import templates_dir
@@ -89,7 +90,7 @@ def new_kind(monkeypatch, tmp_path):
     for table, key in ((dtypes.BY_NAME, E8M0.name), (dtypes.BY_NUMPY, E8M0.numpy), (dtypes.BY_TORCH, E8M0.torch_name)):
         monkeypatch.setitem(table, key, E8M0)
     family = BlockSumFamily()
-    monkeypatch.setitem(registry.FAMILIES, family.kind, family)
+    monkeypatch.setitem(registry.FAMILIES, family.kind, {PagedPool.name: family})
     (tmp_path / "block_sum.cu.j2").write_text(TEMPLATE)
     root = templates_dir()
     env = jinja2.Environment(loader=jinja2.ChoiceLoader([jinja2.FileSystemLoader(str(tmp_path)),

@@ -20,29 +20,18 @@ from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
 from kgen.families.attention.decode_geometry import vector_width, vllm_v_copy
 from kgen.families.base import Config, FamilyBase
 from kgen.families.binding import CallBinder, host_values
-from kgen.families.pool import (
-    TENSOR_SCALE_NAMES,
-    bind_scales,
-    bind_tensor_scales,
-    cache_args,
-    scale_args,
-    scale_body_ctype,
-    stride_args,
-    stride_values,
-    tensor_scale_values,
-)
+from kgen.families.pool import BoundPool, pool_of
 from kgen.formats.cache import (
     CacheFormat,
-    block_scale_copy,
-    cache_names,
     cache_rows,
-    cache_shapes,
-    cache_strides,
+    describe,
+    head_dims_text,
     layout_problems,
     vllm_x,
 )
 from kgen.formats.dtypes import dtype
-from kgen.plan import Plan
+from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
+from kgen.plan.split import check_forced_partition, choose_prefill_split, choose_split
 from kgen.runtime.placement import device_index
 
 MERGE_THREADS = 128
@@ -75,18 +64,14 @@ def attention_arguments(spec, config: Config, rows: Rows) -> list[Arg]:
     """Every parameter of the main kernel, in ABI order."""
     a, d = spec.attention, spec.dtype
     Hq, D, DV, R = a.num_q_heads, a.head_dim, spec.v_head_dim_value, rows.count  # q/K and V/out widths
-    single_pass = not config["partition_size"]
-    indptr = [array("q_indptr", "int32", "input", ("num_seqs + 1",),
-                    "sequence s owns query rows q_indptr[s] .. q_indptr[s+1]-1; q_indptr[0] = 0, non-decreasing")]
+    single_pass, pool = not config["partition_size"], pool_of(spec)
     return [
         array("out", d.resolved_out, "output", (R, Hq, DV), rows.out_text),
         array("q", d.q, "input", (R, Hq, D), rows.q_text),
-        *cache_args(spec, "input", const=True),
-        *(indptr if rows.packed else []),
-        array("block_tables", "int32", "input", ("num_seqs", "max_blocks_per_seq"),
-              "physical block ids; entries past ceil(seq_len / block_size) are never read"),
-        array("seq_lens", "int32", "input", ("num_seqs",), rows.seq_lens_text),
-        *scale_args(spec),
+        *pool.cache_args("input", const=True),
+        *([q_indptr_arg()] if rows.packed else []),
+        *table_args(rows),
+        *pool.scale_args(),
         array("alibi_slopes", "fp32", "input", (Hq,),
               "ALiBi slope of each query head" if a.alibi else "null: the spec has no ALiBi", optional=not a.alibi),
         *([array("sinks", "fp32", "input", (Hq,), "sink logit of each query head, used as given: a virtual key "
@@ -101,12 +86,30 @@ def attention_arguments(spec, config: Config, rows: Rows) -> list[Arg]:
         scalar("max_partitions", "int32", "partitions per sequence (grid z" + (" / output slices"
                                                                              if rows.packed else "")
                + "); 1 without split"),
-        stride(f"q_s_{rows.axis}", f"q stride between {_row_word(rows)}"), stride("q_s_head", "q stride between heads"),
-        stride(f"o_s_{rows.axis}", f"out stride between {_row_word(rows)}"),
-        stride("o_s_head", "out stride between heads"),
-        *stride_args(),
+        *row_stride_args(rows),
+        *pool.stride_args(),
         *([] if single_pass else [PARTITION_TOKENS]),
     ]
+
+
+def q_indptr_arg(note: str = "") -> Arg:
+    """A packed kind's q_indptr (`note` ends its description)."""
+    return array("q_indptr", "int32", "input", ("num_seqs + 1",),
+                 "sequence s owns query rows q_indptr[s] .. q_indptr[s+1]-1; q_indptr[0] = 0, non-decreasing" + note)
+
+
+def table_args(rows: Rows) -> list[Arg]:
+    """block_tables and seq_lens."""
+    return [array("block_tables", "int32", "input", ("num_seqs", "max_blocks_per_seq"),
+                  "physical block ids; entries past ceil(seq_len / block_size) are never read"),
+            array("seq_lens", "int32", "input", ("num_seqs",), rows.seq_lens_text)]
+
+
+def row_stride_args(rows: Rows) -> list[Arg]:
+    """q's and out's row and head strides."""
+    word = "query rows" if rows.packed else "sequences"
+    return [stride(f"q_s_{rows.axis}", f"q stride between {word}"), stride("q_s_head", "q stride between heads"),
+            stride(f"o_s_{rows.axis}", f"out stride between {word}"), stride("o_s_head", "out stride between heads")]
 
 
 def split_scratch_args(spec, rows: Rows, optional: bool) -> list[Arg]:
@@ -117,10 +120,6 @@ def split_scratch_args(spec, rows: Rows, optional: bool) -> list[Arg]:
                   "split-KV: each partition's normalised output (null without split)", optional=optional),
             array("part_ml", "fp32", "scratch", (R, Hq, "max_partitions", 2),
                   "split-KV: each partition's (max, sum) of exp (null without split)", optional=optional)]
-
-
-def _row_word(rows: Rows) -> str:
-    return "query rows" if rows.packed else "sequences"
 
 
 def merge_kernel(spec, table: list[Arg], rows: Rows) -> KernelDecl:
@@ -157,18 +156,59 @@ class AttentionFamily(FamilyBase):
         p = config["partition_size"]
         return [f"partition_size must be 0 or a positive multiple of 16 tokens (got {p})"] if p < 0 or p % 16 else []
 
-    def call_lines(self, spec) -> list[str]:
-        """`kgen abi`: the call, the cache arrays and the reading rule."""
-        names = call_names(spec, self.rows)
+    def call_lines(self, spec, names: list[str] | None = None, rules: list[str] | None = None) -> list[str]:
+        """`kgen abi`: the call (`names`: its arguments, call_names' unless given), the cache arrays and
+        the rules (the reading rule unless given)."""
+        pool = pool_of(spec)
         return [
             "",
-            f"Call: kern({', '.join(names)}, out=None, return_lse=False) -> out, or (out, lse); the cache arrays:",
+            f"Call: kern({', '.join(names or call_names(spec, self.rows))}, out=None, return_lse=False) -> out, or "
+            f"(out, lse); the cache {pool.cache_word}:",
             *cache_rows(spec),
             "",
-            "Rules: slots past a sequence's length in its last block hold garbage and must not be read"
-            + ("" if spec.tail_masking else
-               " (tail_masking: false: every seq_len is promised to be a multiple of block_size)") + ".",
+            *(rules or [reading_rule(spec)]),
         ]
+
+    def bucket_of(self, spec, call):
+        """batch = the block table's rows (decode: q's), context = its capacity in tokens."""
+        rows, bt = call.get("q" if not self.rows.packed else "block_tables"), call.get("block_tables")
+        if rows is None or bt is None or len(rows.shape) < 1 or len(bt.shape) != 2:
+            return None
+        return int(rows.shape[0]), int(bt.shape[1]) * spec.kv_cache.block_size
+
+    def split_schedule(self, spec, config: Config, lengths: dict[str, np.ndarray], target_blocks: int,
+                       partition_tokens: int | None, blocks_per_seq: int, window: int = 0, keys: int = 0):
+        """A kind with one query row per sequence: launch sizes for these lengths (kgen/plan/split.py:
+        `blocks_per_seq` blocks a sequence, its KV heads or row blocks; `keys`: every row's key count
+        when not its sequence's, a sparse kind's top-k) and the kernels launched."""
+        extra = sorted(set(lengths) - {"seq_lens"})
+        if extra:
+            raise ArgumentError(f"{extra[0]}: {spec.kind} has one query row per sequence; plan it with "
+                                "kern.plan(seq_lens) alone")
+        seq_lens = np.full(np.size(lengths["seq_lens"]), keys) if keys else lengths["seq_lens"]
+        granule = config["partition_size"]
+        check_forced_partition(partition_tokens, granule)
+        split = choose_split(seq_lens, blocks_per_seq, target_blocks, granule, window, partition_tokens)
+        sizes = {"num_seqs": int(np.size(seq_lens)), "max_partitions": split.max_partitions,
+                 "partition_tokens": split.partition_tokens}
+        kernels = self.kernels(spec, config)
+        return sizes, kernels if split.merged else kernels[:1]
+
+    def packed_split(self, spec, config: Config, lengths: dict[str, np.ndarray], target_blocks: int,
+                     partition_tokens: int | None, kv_heads: int, rows_per_token: int, rows_per_block: int,
+                     window: int = 0):
+        """A packed kind: (launch sizes, each sequence's row blocks, q_indptr, kernels launched) for these
+        lengths and chunks (decode's planner, kgen/plan/split.py: one block per (tile of
+        `rows_per_block` packed rows, KV head, partition)); the kind adds its grid's sizes."""
+        lens, ind = prefill_lengths(spec, lengths)
+        q_lens = np.diff(ind)
+        row_tiles = -(-q_lens * rows_per_token // rows_per_block)
+        split = choose_prefill_split(lens, q_lens, kv_heads, row_tiles, target_blocks, config["partition_size"],
+                                     window, partition_tokens)
+        sizes = {"num_seqs": int(lens.size), "num_q_tokens": int(ind[-1]), "max_partitions": split.max_partitions,
+                 "partition_tokens": split.partition_tokens}
+        kernels = self.kernels(spec, config)
+        return sizes, row_tiles, ind, kernels if split.merged else kernels[:1]
 
     def cases(self, spec, config: Config, rng: np.random.Generator):
         return self.cases_module.matrix_cases(spec, config, rng)
@@ -193,20 +233,14 @@ def c_float(x: float) -> str:
 
 def template_context(spec, config: Config, kernels: list[KernelDecl]) -> dict[str, Any]:
     """The Cfg constants both attention templates take (types, scale mode, logit options, runs)."""
-    a, kv = spec.attention, spec.kv_cache
-    layout_vllm = CacheFormat.of(spec).vllm
+    a = spec.attention
     return {
         "q_ctype": dtype(spec.dtype.q).ctype,
         "out_ctype": dtype(spec.dtype.resolved_out).ctype,
-        "kv_ctype": dtype(kv.dtype).ctype,
-        "scale_mode": CacheFormat.of(spec).scale_mode,
-        "scale_arg_ctype": scale_body_ctype(spec, list(kernels[0].params)),
-        "scale_copy": block_scale_copy(a.head_dim),
+        **pool_of(spec).template_constants(list(kernels[0].params)),
         "softmax_scale": c_float(spec.softmax_scale_value),
         "sliding_window": int(a.sliding_window or 0),
         "soft_cap": c_float(a.logits_soft_cap or 0.0),
-        "k_run": vllm_x(spec) if layout_vllm else a.head_dim,
-        "v_run": 1 if layout_vllm else spec.v_head_dim_value,
         "vec": vector_width(spec),
         "partition_size": config["partition_size"],
         "main": kernels[0],
@@ -222,6 +256,14 @@ def template_context(spec, config: Config, kernels: list[KernelDecl]) -> dict[st
 BODY_DEFAULTS = {"partition_tokens": ("int", "0"), "sinks": ("const float*", "nullptr")}
 
 
+def heads_line(spec) -> str:
+    """`kgen abi`'s first line of a paged attention kind: heads, head dims, block size, cache and scales."""
+    a = spec.attention
+    return (f"num_q_heads {a.num_q_heads}, num_kv_heads {a.num_kv_heads} (query head h reads KV head h / "
+            f"{spec.group_size}), {head_dims_text(spec)}, block_size {spec.kv_cache.block_size}, cache "
+            f"{describe(spec)}, {pool_of(spec).scale_text}")
+
+
 def sinks_note(spec) -> str:
     """`kgen abi`'s line on attention sinks (empty without)."""
     if not spec.attention.sinks:
@@ -231,30 +273,28 @@ def sinks_note(spec) -> str:
             "lse includes it (a row with no key: lse = sinks[h], out = 0)")
 
 
-def call_names(spec, rows: Rows) -> list[str]:
-    """The arguments a call passes, for `kgen abi`'s call line."""
-    names = ["q", *cache_names(spec), *(["q_indptr"] if rows.packed else []), "block_tables", "seq_lens"]
-    names += ["k_scale", "v_scale"] if CacheFormat.of(spec).scaled else []
-    names += list(TENSOR_SCALE_NAMES) if CacheFormat.of(spec).block_scaled else []
+def call_names(spec, rows: Rows, keys: tuple[str, ...] = ("block_tables", "seq_lens")) -> list[str]:
+    """The arguments a call passes, for `kgen abi`'s call line (`keys`: what names the keys; a sparse
+    kind's indices)."""
+    pool = pool_of(spec)
+    names = ["q", *pool.cache_names, *(["q_indptr"] if rows.packed else []), *keys, *pool.scale_names]
     return names + (["alibi_slopes"] if spec.attention.alibi else []) + (["sinks"] if spec.attention.sinks else [])
 
 
+def reading_rule(spec) -> str:
+    """`kgen abi`'s rule on the slots a kernel must not read."""
+    return ("Rules: slots past a sequence's length in its last block hold garbage and must not be read"
+            + ("" if spec.tail_masking else
+               " (tail_masking: false: every seq_len is promised to be a multiple of block_size)") + ".")
+
+
 # ---- the call binding -------------------------------------------------------------------------
-@dataclass
-class Pool:
-    """The call's checked cache arrays and what the kernel is given of them."""
-
-    caches: list[ArrayArg]
-    num_blocks: int
-    strides: Any  # layout.CacheStrides
-
-
 class AttentionBinder(CallBinder):
     """One attention call's arguments, step by step; each kind's bind() runs the steps in order."""
 
     def __init__(self, spec, call: dict[str, Any]):
         super().__init__(spec, call)
-        self.tensor_scales: dict[str, ArrayArg] = {}  # nvfp4's k/v_tensor_scale (scales() binds them)
+        self.pool_format = pool_of(spec)
 
     def query(self, rows: Rows) -> tuple[ArrayArg, int]:
         """q [rows, Hq, D] (its device is the call's), and the number of rows."""
@@ -267,19 +307,15 @@ class AttentionBinder(CallBinder):
         self.check(q, (q.shape[0], a.num_q_heads, a.head_dim), self.spec.dtype.q)
         return q, q.shape[0]
 
-    def pool(self, v_by_token: bool) -> Pool:
-        """The cache arrays: names, shapes, dtype, and the alignment the vector loads need.
+    def pool(self, v_by_token: bool) -> BoundPool:
+        """The paged pool's cache arrays: names, shapes, dtype, and the alignment the vector loads need.
         `v_by_token`: the kernel reads a vLLM V cache along its token axis (decode's copies)."""
-        spec, kv = self.spec, self.spec.kv_cache
-        self.refuse_other_layouts()
-        caches = [self.take(n, True) for n in cache_names(spec)]
-        N = caches[0].shape[0] if caches[0].shape else 0
-        for c, shape in zip(caches, cache_shapes(spec, N).values(), strict=True):
-            self.check(c, shape, kv.dtype)
+        spec = self.spec
+        pool = self.pool_format.take_caches(self)
+        caches, st = pool.caches, pool.strides
         vec = vector_width(spec)
         if CacheFormat.of(spec).dtype.packed:  # the arrays hold bytes: a load's 16 bytes are as many elements
             vec = CacheFormat.of(spec).dtype.bytes_for(vec)
-        st = cache_strides(spec, caches)
         if CacheFormat.of(spec).vllm:  # K steps by block, head, run (x) and token
             self.aligned(caches[0], min(vec, vllm_x(spec)), st.k)
             if v_by_token:  # V by block, head and head_dim row
@@ -287,7 +323,16 @@ class AttentionBinder(CallBinder):
         else:
             for c in caches:
                 self.aligned(c, vec, (*st.k[:3], *st.v[:3], 0, st.v_offset))
-        return Pool(caches, N, st)
+        return pool
+
+    def latent_pool(self, q: ArrayArg) -> BoundPool:
+        """The latent pool's kv_cache (shape, dtype, 16-byte copies: 8 elements, fp8_ds_mla's 16 bytes),
+        after q's alignment."""
+        self.aligned(q, 8, q.strides[:2])
+        pool = self.pool_format.take_caches(self)
+        cache = pool.caches[0]
+        self.aligned(cache, 16 if CacheFormat.of(self.spec).ds_mla else 8, cache.strides[:2])
+        return pool
 
     def aligned(self, arg: ArrayArg, vec: int, strides: tuple[int, ...]):
         """Vector loads need the pointer and every stride they step by to stay 16-byte aligned."""
@@ -312,12 +357,11 @@ class AttentionBinder(CallBinder):
         self.check(sl, (S,), "int32", contiguous=True)
         return bt, sl
 
-    def scales(self, pool: Pool):
-        """k_scale and v_scale (None for a float cache) and their pool strides; nvfp4's tensor scales are
-        kept for values()."""
-        bound = bind_scales(self, self.spec, pool.num_blocks)
-        self.tensor_scales = bind_tensor_scales(self, self.spec)
-        return bound
+    def scales(self, pool: BoundPool, detail: str = "") -> list[ArrayArg | None]:
+        """The pool's scales (k_scale and v_scale, or kv_scale; None for a float cache), bound into
+        `pool` with their launch values."""
+        self.pool_format.bind_scales(self, pool, detail)
+        return pool.scales
 
     def alibi(self) -> ArrayArg | None:
         a = self.spec.attention
@@ -447,21 +491,25 @@ class AttentionBinder(CallBinder):
                 f"(0..{num_blocks - 1}); sequence {i} has {int(lens[i])} tokens"
             )
 
-    def values(self, rows: Rows, q, out, pool: Pool, bt, sl, scales, scale_strides, alibi, part_o, part_ml, lse,
-               sizes: dict[str, int], max_blocks: int, sinks=None, **extra) -> dict[str, Any]:
-        """The launch values of the argument table, by name."""
+    def planned_sizes(self, family, config: Config, plan: Plan | None, num_seqs: int, lens,
+                      target_blocks: int | None):
+        """(launch sizes, kernels) of a call: the plan's, else a schedule for `lens` (its lengths by the
+        names schedule() takes)."""
+        if plan is not None:
+            return self.planned(family, config, plan, num_seqs)
+        return family.schedule(self.spec, config, lens, target_blocks or DEFAULT_TARGET_BLOCKS)
+
+    def values(self, rows: Rows, q, out, pool: BoundPool, bt, sl, part_o, part_ml, lse, sizes: dict[str, int],
+               max_blocks: int, **extra) -> dict[str, Any]:
+        """The launch values of the argument table, by name (`extra`: the kind's own, as pointers or values)."""
         ptr = self.pointer
-        ks, vs = scales
-        st = pool.strides
         return {
-            "out": ptr(out), "q": ptr(q), "k_cache": self.raw(st.k_base), "v_cache": self.raw(st.v_base),
-            "block_tables": ptr(bt), "seq_lens": ptr(sl), "k_scale": ptr(ks), "v_scale": ptr(vs),
-            "alibi_slopes": ptr(alibi), "sinks": ptr(sinks), "part_o": ptr(part_o), "part_ml": ptr(part_ml),
-            "lse": ptr(lse),
-            "max_blocks_per_seq": max_blocks, "max_partitions": sizes["max_partitions"],
-            "partition_tokens": sizes["partition_tokens"], f"q_s_{rows.axis}": q.strides[0],
-            "q_s_head": q.strides[1], f"o_s_{rows.axis}": out.strides[0], "o_s_head": out.strides[1],
-            **stride_values(st, scale_strides), **tensor_scale_values(self, self.tensor_scales), **extra,
+            "out": ptr(out), "q": ptr(q), "block_tables": ptr(bt), "seq_lens": ptr(sl), "part_o": ptr(part_o),
+            "part_ml": ptr(part_ml), "lse": ptr(lse), "max_blocks_per_seq": max_blocks,
+            "max_partitions": sizes["max_partitions"], "partition_tokens": sizes["partition_tokens"],
+            f"q_s_{rows.axis}": q.strides[0], "q_s_head": q.strides[1], f"o_s_{rows.axis}": out.strides[0],
+            "o_s_head": out.strides[1], **pool.values,
+            **{k: ptr(v) if isinstance(v, ArrayArg) or v is None else v for k, v in extra.items()},
         }
 
 

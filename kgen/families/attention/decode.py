@@ -9,13 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from kgen.errors import ArgumentError
 from kgen.families.argtable import KernelDecl
 from kgen.families.attention import decode_cases
 from kgen.families.attention.common import (
     DECODE_ROWS,
     AttentionBinder,
     AttentionFamily,
+    heads_line,
     merge_kernel,
     sinks_note,
     template_context,
@@ -39,10 +39,9 @@ from kgen.families.base import (
     threads_problems,
 )
 from kgen.families.binding import host_values
-from kgen.formats.cache import CacheFormat, describe, head_dims_text
+from kgen.formats.cache import CacheFormat
 from kgen.formats.dtypes import dtype
-from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
-from kgen.plan.split import check_forced_partition, choose_split
+from kgen.plan import Plan
 
 
 class PagedDecodeFamily(AttentionFamily):
@@ -93,20 +92,9 @@ class PagedDecodeFamily(AttentionFamily):
 
     def schedule(self, spec, config: Config, lengths: dict[str, np.ndarray], target_blocks: int,
                  partition_tokens: int | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
-        """Launch sizes for these lengths (kgen/plan/split.py) and the kernels launched."""
-        extra = sorted(set(lengths) - {"seq_lens"})
-        if extra:
-            raise ArgumentError(f"{extra[0]}: {spec.kind} has one query row per sequence; plan it with "
-                                "kern.plan(seq_lens) alone")
-        seq_lens = lengths["seq_lens"]
-        granule = config["partition_size"]
-        check_forced_partition(partition_tokens, granule)
-        split = choose_split(seq_lens, spec.attention.num_kv_heads, target_blocks, granule,
-                             spec.attention.sliding_window or 0, partition_tokens)
-        sizes = {"num_seqs": int(np.size(seq_lens)), "max_partitions": split.max_partitions,
-                 "partition_tokens": split.partition_tokens}
-        kernels = self.kernels(spec, config)
-        return sizes, kernels if split.merged else kernels[:1]
+        """Launch sizes for these lengths (kgen/plan/split.py: a block per KV head) and the kernels launched."""
+        return self.split_schedule(spec, config, lengths, target_blocks, partition_tokens, spec.attention.num_kv_heads,
+                                   spec.attention.sliding_window or 0)
 
     def template_context(self, spec, config: Config) -> dict[str, Any]:
         mma = uses_tensor_cores(spec, config)
@@ -119,10 +107,7 @@ class PagedDecodeFamily(AttentionFamily):
     def abi_notes(self, spec) -> list[str]:
         a, kv = spec.attention, spec.kv_cache
         return [
-            f"num_q_heads {a.num_q_heads}, num_kv_heads {a.num_kv_heads} (query head h reads KV head h / "
-            f"{spec.group_size}), {head_dims_text(spec)}, block_size {kv.block_size}, cache {describe(spec)}, "
-            + ("scales: e4m3 per 16 elements and a tensor scale" if CacheFormat.of(spec).block_scaled
-               else f"scale {kv.scale}"),
+            heads_line(spec),
             f"softmax scale {spec.softmax_scale_value!r}"
             + (f", sliding window {a.sliding_window} (query at seq_len-1 sees keys seq_len-{a.sliding_window} .. "
                "seq_len-1)" if a.sliding_window else "")
@@ -148,35 +133,24 @@ class PagedDecodeFamily(AttentionFamily):
         pool = b.pool(v_by_token=True)
         bt, sl = b.table(S)
         M = bt.shape[1]
-        (ks, vs), scale_strides = b.scales(pool)
+        ks, vs = b.scales(pool)
         alibi = b.alibi()
         sinks = b.sinks()
         out = b.out(q, S)
         lse = b.lse(q, S)
         if checked:
             b.check_lengths(sl, bt, pool.num_blocks, min_len=0)  # 0: a padded row (CUDA graphs)
-        if plan is None:  # lengths known on the host are planned for; a device array's by its table's width
-            lens = host_values(sl) if sl.device == "cpu" else np.full(S, M * spec.kv_cache.block_size)
-            sizes, kernels = self.schedule(spec, config, {"seq_lens": lens}, target_blocks or DEFAULT_TARGET_BLOCKS)
-        else:
-            sizes, kernels = b.planned(self, config, plan, S)
+        # without a plan: lengths known on the host are planned for; a device array's by its table's width
+        lens = None if plan is not None else host_values(sl) if sl.device == "cpu" else np.full(S, M * spec.kv_cache.block_size)
+        sizes, kernels = b.planned_sizes(self, config, plan, S, {"seq_lens": lens}, target_blocks)
         part_o, part_ml = b.split_scratch(config, plan, q, sizes["max_partitions"], sizes["num_seqs"])
         b.refuse_unknown()
         written = [out, lse, part_o, part_ml]
         b.refuse_aliasing(written, [q, *pool.caches, bt, sl, ks, vs, alibi, sinks, *written])
-        values = b.values(DECODE_ROWS, q, out, pool, bt, sl, (ks, vs), scale_strides, alibi, part_o, part_ml, lse,
-                          sizes, M, sinks=sinks)
-        reached = [c.native for c in pool.caches]  # fused: K/V by address
-        launches = [k.launch({**sizes, "num_seqs": S}, values, reached=reached) for k in kernels]
+        values = b.values(DECODE_ROWS, q, out, pool, bt, sl, part_o, part_ml, lse, sizes, M, alibi_slopes=alibi,
+                          sinks=sinks)
+        launches = [k.launch({**sizes, "num_seqs": S}, values, reached=pool.reached) for k in kernels]
         return launches, ((out.obj, lse.obj) if lse is not None else out.obj)
-
-    # ---- verification and benchmarks (kgen/families/attention/decode_cases.py) --------------------
-    def bucket_of(self, spec, call):
-        """batch = q's rows, context = the block table's capacity in tokens."""
-        q, bt = call.get("q"), call.get("block_tables")
-        if q is None or bt is None or len(q.shape) < 1 or len(bt.shape) != 2:
-            return None
-        return int(q.shape[0]), int(bt.shape[1]) * spec.kv_cache.block_size
 
 
 PAGED_DECODE = PagedDecodeFamily()

@@ -1,7 +1,10 @@
-"""paged_decode for the mla layout (docs/mla.md, docs/abi.md section 8): every query head of a
-sequence against its latent rows, K the whole row and V its first v_head_dim elements, read once
-into shared memory for both products (templates/common/paged_mla.cuh), optionally split over KV
-partitions with a merge kernel at v_head_dim. The argument table here is the kernel ABI."""
+"""paged_decode and paged_prefill over the mla layout's latent pool (docs/mla.md, docs/abi.md section 8):
+every query head of a sequence (decode) or query token (prefill) against its latent rows, K the whole
+row and V its first v_head_dim elements, read once into shared memory for both products
+(templates/common/paged_mla.cuh; sm_90: paged_mla_wgmma.cuh), optionally split over KV partitions with
+a merge kernel at v_head_dim. The pool's rows and binding are kgen/families/pool.py's LatentPool, the
+rows, split-KV planning and binding steps the attention kinds' (common.py); what is here is the
+bodies', the table's order and the ABI notes."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from kgen.errors import ArgumentError
-from kgen.families.argtable import Arg, KernelDecl, array, scalar, stride
+from kgen.families.argtable import Arg, KernelDecl, array, scalar
 from kgen.families.attention import mla_cases, sparse_cases
 from kgen.families.attention.common import (
     BODY_DEFAULTS,
@@ -18,13 +21,17 @@ from kgen.families.attention.common import (
     PARTITION_TOKENS,
     PREFILL_ROWS,
     AttentionBinder,
+    AttentionFamily,
     c_float,
     call_lengths,
+    call_names,
     checked_q_lens,
     merge_kernel,
     planned_rows,
-    prefill_lengths,
+    q_indptr_arg,
+    row_stride_args,
     split_scratch_args,
+    table_args,
 )
 from kgen.families.attention.mla_geometry import mla_geometry
 from kgen.families.attention.mla_sparse import (
@@ -40,24 +47,12 @@ from kgen.families.attention.mla_wgmma import (
     wgmma_geometry,
     wgmma_refusal,
 )
-from kgen.families.base import (
-    Config,
-    FamilyBase,
-    PerfModel,
-    TunableParam,
-    resolve_config,
-)
+from kgen.families.base import Config, PerfModel, TunableParam, resolve_config
 from kgen.families.binding import host_values
-from kgen.families.pool import kv_scale_arg, take_kv_scale
-from kgen.formats.cache import (
-    CacheFormat,
-    cache_rows,
-    cache_shapes,
-    describe,
-)
+from kgen.families.pool import pool_of
+from kgen.formats.cache import CacheFormat, describe
 from kgen.formats.dtypes import dtype
-from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
-from kgen.plan.split import check_forced_partition, choose_prefill_split, choose_split
+from kgen.plan import Plan
 
 FP8 = ("fp8_e4m3", "fp8_e5m2")
 
@@ -94,13 +89,17 @@ GEOMETRY_PARAMS = {"row_tiles": TunableParam("row_tiles", 1), "col_warps": Tunab
                    "stages": TunableParam("stages", 2)}
 
 
-class MlaAttentionFamily(FamilyBase):
-    """What mla decode and prefill share: the body, its geometry, the refusals and the ABI notes."""
+class MlaAttentionFamily(AttentionFamily):
+    """mla decode and prefill: the latent pool (kgen/families/pool.py's LatentPool) under the attention
+    kinds' common code (kgen/families/attention/common.py: rows, split-KV, planning, binding steps);
+    what they share beyond it: the body, its geometry, the refusals and the ABI notes."""
 
     template = "paged_mla.cu.j2"
-    auditable = True
+    cases_module = None  # the matrix is mla_cases' or sparse_cases' (cases() below)
     body = ""  # the body function of templates/common/paged_mla.cuh
     sparse_body = ""  # the same for a sparse spec (attention.sparse_topk)
+    q_text = ""  # q's row in the argument table
+    single_pass_scratch = True  # the single-pass table keeps the split scratch (null) and max_partitions
 
     def causal(self, spec) -> bool:
         """Whether a row sees keys up to its own position only (decode's query is the last key anyway;
@@ -113,14 +112,48 @@ class MlaAttentionFamily(FamilyBase):
     def default_space(self, spec) -> dict[str, list[int]]:
         return {"row_tiles": [1, 2], "col_warps": [2, 4]}
 
+    def split(self, spec, config: Config) -> bool:
+        """Whether the config splits the keys over partitions (a merge kernel follows)."""
+        return bool(config.get("partition_size", 0))
+
+    def arguments(self, spec, config: Config) -> list[Arg]:
+        """The table of both kinds: the attention rows (common.py's) around the latent pool's; no ALiBi
+        or sinks; a sparse spec's indices in place of the block table."""
+        a, d, rows, pool = spec.attention, spec.dtype, self.rows, pool_of(spec)
+        Hq, D, Dv, R = a.num_q_heads, a.head_dim, spec.v_head_dim_value, self.rows.count
+        split, sparse = self.split(spec, config), topk(spec)
+        keys = [indices_arg(spec, R), array("seq_lens", "int32", "input", ("num_seqs",), ("KV tokens" if rows.packed
+                                            else "tokens") + " of each sequence (not read by kgen's kernel: the "
+                                            "indices bound every row)")] if sparse else table_args(rows)
+        partitions = split or self.single_pass_scratch
+        return [
+            array("out", d.resolved_out, "output", (R, Hq, Dv), rows.out_text),
+            array("q", d.q, "input", (R, Hq, D), self.q_text.format(Dv=Dv, rope=D - Dv)),
+            *pool.cache_args("input", const=True),
+            *([q_indptr_arg(" (not read by kgen's sparse kernel)" if sparse else "")] if rows.packed else []),
+            *keys,
+            *pool.scale_args(use="real = stored * scale, for K and V"),
+            *(split_scratch_args(spec, rows, not split) if partitions else []),
+            array("lse", "fp32", "output", (R, Hq),
+                  "natural-log log-sum-exp of the final logits" + (", -inf for no key" if rows.packed else "")
+                  + " (null unless requested)", optional=True),
+            *([scalar("num_seqs", "int32", "sequences in the batch")] if rows.packed else []),
+            *([] if sparse else [scalar("max_blocks_per_seq", "int32", "columns of block_tables")]),
+            *([scalar("max_partitions", "int32", "partitions per sequence (grid z); 1 without split")]
+              if partitions else []),
+            *row_stride_args(rows),
+            *pool.stride_args(),
+            *([PARTITION_TOKENS] if split else []),
+        ]
+
     def template_context(self, spec, config: Config) -> dict[str, Any]:
         kernels = self.kernels(spec, config)
         main_params, merge_params = self.params_structs(spec, kernels)
         return {"main_params": main_params, "merge_params": merge_params, "q_ctype": dtype(spec.dtype.q).ctype, "out_ctype": dtype(spec.dtype.resolved_out).ctype,
-                "kv_ctype": dtype(spec.kv_cache.dtype).ctype, "softmax_scale": c_float(spec.softmax_scale_value),
-                "scale_mode": CacheFormat.of(spec).scale_mode, "causal": self.causal(spec),
+                **pool_of(spec).template_constants(), "softmax_scale": c_float(spec.softmax_scale_value),
+                "causal": self.causal(spec),
                 "partition_size": config.get("partition_size", 0), "geo": mla_geometry(spec, config)[0],
-                "ds_mla": CacheFormat.of(spec).ds_mla, "sparse_topk": topk(spec),
+                "sparse_topk": topk(spec),
                 "main": kernels[0], "merge": kernels[1] if len(kernels) > 1 else None, "body": self.body_name(spec, config),
                 "wgmma": self.wgmma(spec, config), "wgeo": wgmma_geometry(spec) if self.wgmma(spec, config) else None}
 
@@ -143,9 +176,7 @@ class MlaAttentionFamily(FamilyBase):
         return self.sparse_body if topk(spec) else self.body
 
     def check_config(self, spec, config: Config) -> list[str]:
-        problems = path_problems(spec, config)
-        p = config.get("partition_size", 0)
-        problems += [f"partition_size must be 0 or a positive multiple of 16 tokens (got {p})"] if p < 0 or p % 16 else []
+        problems = path_problems(spec, config) + self.partition_problems(config)
         if problems or self.wgmma(spec, config):
             return problems
         return problems + mla_geometry(spec, config)[1]
@@ -157,7 +188,7 @@ class MlaAttentionFamily(FamilyBase):
             return None
         if self.wgmma(spec, config):
             geo = wgmma_geometry(spec)
-            rows = "a query token" if spec.kind == "paged_prefill" else "a sequence"
+            rows = "a query token" if self.rows.packed else "a sequence"
             cache = "cache" if spec.kv_cache.dtype == spec.dtype.q else f"{spec.kv_cache.dtype} cache"
             return "wgmma", (f"Hopper body: {spec.dtype.q} q and {cache}, head_dim {spec.attention.head_dim}, "
                              f"v_head_dim {spec.v_head_dim_value}: {geo.rows} heads of {rows} a block in two "
@@ -175,25 +206,19 @@ class MlaAttentionFamily(FamilyBase):
             raise ValueError("; ".join(problems))
         return KernelDecl(spec.name, tuple(self.arguments(spec, config)), grid, geo.threads, smem=geo.smem_bytes)
 
-    def notes(self, spec, rows_text: str, names: list[str]) -> list[str]:
+    def notes(self, spec, rows_text: str) -> list[str]:
         a, kv = spec.attention, spec.kv_cache
         Dv = spec.v_head_dim_value
         geo = mla_geometry(spec, resolve_config(self, spec, None))[0]
-        names = names + (["kv_scale"] if CacheFormat.of(spec).scaled else [])
+        keys = ("indices", "seq_lens") if topk(spec) else ("block_tables", "seq_lens")
         return [
             f"mla layout: num_q_heads {a.num_q_heads} over one latent head, head_dim {a.head_dim} (K: the whole row), "
             f"v_head_dim {Dv} (V and out: the row's first {Dv} elements), block_size {kv.block_size}, "
-            f"cache {describe(spec)}, scale {kv.scale}",
+            f"cache {describe(spec)}, {pool_of(spec).scale_text}",
             f"softmax scale {spec.softmax_scale_value!r} (the model's, given in the spec)",
             *([rows_text] if rows_text else []),
-            "",
-            f"Call: kern({', '.join(names)}, out=None, return_lse=False) -> out, or (out, lse); the cache array:",
-            *cache_rows(spec),
-            "",
-            *(sparse_notes(spec, self.sparse_row_text) if topk(spec) else [
-                "Rules: slots past a sequence's length in its last block hold garbage and must not be read"
-                + ("" if spec.tail_masking else
-                   " (tail_masking: false: every seq_len is promised to be a multiple of block_size)") + "."]),
+            *self.call_lines(spec, call_names(spec, self.rows, keys),
+                             sparse_notes(spec, self.sparse_row_text) if topk(spec) else None),
             "Loads: 16-byte vectors; q, out and kv_cache pointers and strides must be multiples of 8 elements"
             + (" (kv_cache: 16 bytes)" if CacheFormat.of(spec).ds_mla else "") + ".",
             *(["fp8_ds_mla rows: bytes 0..511 e4m3 latent, 512..527 four fp32 scales (scale t for latent values "
@@ -204,58 +229,29 @@ class MlaAttentionFamily(FamilyBase):
             f"{geo.smem_bytes} bytes of dynamic shared memory.",
         ]
 
-    def bind_pool(self, b: AttentionBinder, q):
-        """kv_cache and kv_scale, checked (shape, dtype, 16-byte alignment)."""
-        spec = b.spec
-        b.aligned(q, 8, q.strides[:2])
-        b.refuse_other_layouts()
-        cache = b.take("kv_cache", True)
-        N = cache.shape[0] if cache.shape else 0
-        b.check(cache, cache_shapes(spec, N)["kv_cache"], spec.kv_cache.dtype)
-        b.aligned(cache, 16 if CacheFormat.of(spec).ds_mla else 8, cache.strides[:2])  # 16-byte copies
-        return cache, N
+    # ---- the call ---------------------------------------------------------------------
+    def bind_keys(self, b: AttentionBinder, num_rows: int, num_seqs: int | None, num_blocks: int, checked: bool):
+        """(block_tables or a sparse spec's indices, seq_lens, max_blocks_per_seq: 0 for indices);
+        `num_seqs` None: the keys' rows say how many."""
+        if not topk(b.spec):
+            bt, sl = b.table(num_seqs)
+            return bt, sl, bt.shape[1]
+        refuse_block_tables(b)
+        indices = bind_indices(b, num_rows, num_blocks, checked)
+        sl = b.take("seq_lens", True)
+        if num_seqs is None:
+            if len(sl.shape) != 1:
+                raise ArgumentError(f"seq_lens: expected shape [num_seqs], got {list(sl.shape)}")
+            num_seqs = sl.shape[0]
+        b.check(sl, (num_seqs,), "int32", contiguous=True)
+        return indices, sl, 0
 
     def bucket_of(self, spec, call):
-        """batch = block-table rows, context = the block table's capacity in tokens (sparse: q's rows and
-        the top-k)."""
+        """As the attention kinds' (the block table's capacity in tokens); sparse: q's rows and the top-k."""
         if topk(spec):
             q = call.get("q")
             return None if q is None or len(q.shape) < 1 else (int(q.shape[0]), topk(spec))
-        bt = call.get("block_tables")
-        if bt is None or len(bt.shape) != 2:
-            return None
-        return int(bt.shape[0]), int(bt.shape[1]) * spec.kv_cache.block_size
-
-
-def pool_arg(spec) -> Arg:
-    Dv = spec.v_head_dim_value
-    what = (f"latent rows: K the whole row, V its first {Dv} elements; block and token strides may be padded"
-            + ("; fp8_ds_mla: 656 bytes a row (512 e4m3, 4 fp32 tile scales, 64 bf16 rope), strides multiples of 16"
-               if CacheFormat.of(spec).ds_mla else ""))
-    return array("kv_cache", spec.kv_cache.dtype, "input", cache_shapes(spec)["kv_cache"], what)
-
-
-def table_args(rows) -> list[Arg]:
-    return [array("block_tables", "int32", "input", ("num_seqs", "max_blocks_per_seq"),
-                  "physical block ids; entries past ceil(seq_len / block_size) are never read"),
-            array("seq_lens", "int32", "input", ("num_seqs",), rows.seq_lens_text)]
-
-
-def stride_args(rows, word: str) -> list[Arg]:
-    """q's and out's row and head strides, then the pool's and a per-token scale pool's."""
-    x = rows.axis
-    return [stride(f"q_s_{x}", f"q stride between {word}"), stride("q_s_head", "q stride between heads"),
-            stride(f"o_s_{x}", f"out stride between {word}"), stride("o_s_head", "out stride between heads"),
-            stride("kv_s_block", "kv_cache stride between blocks"), stride("kv_s_token", "kv_cache stride between tokens"),
-            stride("ks_s_block", "per-token kv_scale stride between blocks (else 0)"),
-            stride("ks_s_token", "per-token kv_scale stride between tokens (else 0)")]
-
-
-def pool_values(spec, cache, scale) -> dict[str, int]:
-    """The pool's stride parameters."""
-    per_token = (scale.strides[0], scale.strides[1]) if CacheFormat.of(spec).per_token else (0, 0)
-    return {"kv_s_block": cache.strides[0], "kv_s_token": cache.strides[1], "ks_s_block": per_token[0],
-            "ks_s_token": per_token[1]}
+        return super().bucket_of(spec, call)
 
 
 class MlaDecodeFamily(MlaAttentionFamily):
@@ -263,6 +259,7 @@ class MlaDecodeFamily(MlaAttentionFamily):
     sparse_body = "paged_mla_sparse_decode_body"
     wgmma_body, wgmma_sparse_body = "paged_mla_decode_wgmma_body", "paged_mla_sparse_decode_wgmma_body"
     sparse_row_text = "each sequence's query token (all its heads)"
+    q_text = "absorbed query of each sequence's last token (q_nope {Dv}, then q_pe {rope})"
     perf_model, fib_kind = PerfModel.LATENT, "mla_paged_decode"  # kgen/perf/mla_model.py; kgen/fib/mla.py
     params = {**GEOMETRY_PARAMS, "partition_size": TunableParam("partition_size", 0),
               "path": TunableParam("path", 0)}  # kgen/families/attention/mla_wgmma.py's PATHS: 0 auto, 1 mma, 2 wgmma
@@ -274,98 +271,49 @@ class MlaDecodeFamily(MlaAttentionFamily):
         # the hand-written kernel contract keeps the mma.sync launch (its rows a block), also on sm_90
         return {"partition_size": 0, "path": 1}
 
-    def arguments(self, spec, config: Config) -> list[Arg]:
-        a, d = spec.attention, spec.dtype
-        Hq, D, Dv = a.num_q_heads, a.head_dim, spec.v_head_dim_value
-        single, sparse = not config["partition_size"], topk(spec)
-        return [
-            array("out", d.resolved_out, "output", ("num_seqs", Hq, Dv), "attention output of each query head"),
-            array("q", d.q, "input", ("num_seqs", Hq, D),
-                  f"absorbed query of each sequence's last token (q_nope {Dv}, then q_pe {D - Dv})"),
-            pool_arg(spec),
-            *([indices_arg(spec, "num_seqs"), array("seq_lens", "int32", "input", ("num_seqs",),
-                                                    "tokens of each sequence (not read by kgen's kernel: the "
-                                                    "indices bound every row)")]
-              if sparse else table_args(DECODE_ROWS)),
-            kv_scale_arg(spec, "input", const=True, use="real = stored * scale, for K and V"),
-            *split_scratch_args(spec, DECODE_ROWS, single),
-            array("lse", "fp32", "output", ("num_seqs", Hq),
-                  "natural-log log-sum-exp of the final logits (null unless requested)", optional=True),
-            *([] if sparse else [scalar("max_blocks_per_seq", "int32", "columns of block_tables")]),
-            scalar("max_partitions", "int32", "partitions per sequence (grid z); 1 without split"),
-            *stride_args(DECODE_ROWS, "sequences"),
-            *([] if single else [PARTITION_TOKENS]),
-        ]
-
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
         P = config["partition_size"]
-        main = self.main_kernel(spec, config, (row_blocks(spec, config), "num_seqs", "max_partitions" if P else 1))
+        main = self.main_kernel(spec, config, (row_blocks(spec, config, self), "num_seqs", "max_partitions" if P else 1))
         return [main, merge_kernel(spec, list(main.params), DECODE_ROWS)] if P else [main]
 
     def schedule(self, spec, config: Config, lengths: dict[str, np.ndarray], target_blocks: int,
                  partition_tokens: int | None = None) -> tuple[dict[str, int], list[KernelDecl]]:
         """Launch sizes for these lengths (kgen/plan/split.py: the row blocks of a sequence stand for
-        its KV heads) and the kernels launched."""
-        extra = sorted(set(lengths) - {"seq_lens"})
-        if extra:
-            raise ArgumentError(f"{extra[0]}: {spec.kind} has one query row per sequence; plan it with "
-                                "kern.plan(seq_lens) alone")
-        seq_lens = lengths["seq_lens"]
-        if topk(spec):  # every row's keys are its top-k entries, whatever its sequence's length
-            seq_lens = np.full(np.size(seq_lens), topk(spec))
-        granule = config["partition_size"]
-        check_forced_partition(partition_tokens, granule)
-        split = choose_split(seq_lens, row_blocks(spec, config), target_blocks, granule, 0, partition_tokens)
-        sizes = {"num_seqs": int(np.size(seq_lens)), "max_partitions": split.max_partitions,
-                 "partition_tokens": split.partition_tokens}
-        kernels = self.kernels(spec, config)
-        return sizes, kernels if split.merged else kernels[:1]
+        its KV heads; a sparse row's keys are its top-k entries, whatever its sequence's length) and
+        the kernels launched."""
+        return self.split_schedule(spec, config, lengths, target_blocks, partition_tokens,
+                                   row_blocks(spec, config, self), keys=topk(spec))
 
     def abi_notes(self, spec) -> list[str]:
-        keys = ["indices", "seq_lens"] if topk(spec) else ["block_tables", "seq_lens"]
-        return self.notes(spec, "", ["q", "kv_cache", *keys]) + [
+        return self.notes(spec, "") + [
             "Split-KV configs add partitions on grid z and a merge kernel; a hand-written kernel implements the "
             "single-pass launch below (part_o and part_ml null, max_partitions 1)."]
 
-    # ---- the call ---------------------------------------------------------------------
     def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan: Plan | None = None,
              target_blocks: int | None = None):
         b = AttentionBinder(spec, call)
         q, S = b.query(DECODE_ROWS)
-        cache, N = self.bind_pool(b, q)
-        if topk(spec):
-            refuse_block_tables(b)
-            bt, M = bind_indices(b, S, N, checked), 0
-            sl = b.take("seq_lens", True)
-            b.check(sl, (S,), "int32", contiguous=True)
-        else:
-            bt, sl = b.table(S)
-            M = bt.shape[1]
-        scale = take_kv_scale(b, spec, N, "given by the caller")
+        pool = b.latent_pool(q)
+        bt, sl, M = self.bind_keys(b, S, S, pool.num_blocks, checked)
+        (scale,) = b.scales(pool, "given by the caller")
         out = b.out(q, S)
         b.aligned(out, 1, out.strides[:2])
         lse = b.lse(q, S)
         if checked and not topk(spec):
-            b.check_lengths(sl, bt, N, min_len=0)  # 0: a padded row (CUDA graphs)
-        if plan is None:
-            if topk(spec):  # the schedule sizes every sparse row by the top-k
-                lens = np.zeros(S, dtype=np.int64)
-            else:
-                lens = host_values(sl) if sl.device == "cpu" else np.full(S, M * spec.kv_cache.block_size)
-            sizes, kernels = self.schedule(spec, config, {"seq_lens": lens}, target_blocks or DEFAULT_TARGET_BLOCKS)
+            b.check_lengths(sl, bt, pool.num_blocks, min_len=0)  # 0: a padded row (CUDA graphs)
+        if plan is not None:
+            lens = None
+        elif topk(spec):  # the schedule sizes every sparse row by the top-k
+            lens = np.zeros(S, dtype=np.int64)
         else:
-            sizes, kernels = b.planned(self, config, plan, S)
+            lens = host_values(sl) if sl.device == "cpu" else np.full(S, M * spec.kv_cache.block_size)
+        sizes, kernels = b.planned_sizes(self, config, plan, S, {"seq_lens": lens}, target_blocks)
         part_o, part_ml = b.split_scratch(config, plan, q, sizes["max_partitions"], sizes["num_seqs"])
         b.refuse_unknown()
         written = [out, lse, part_o, part_ml]
-        b.refuse_aliasing(written, [q, cache, bt, sl, scale, *written])
-        p = b.pointer
-        values = {"out": p(out), "q": p(q), "kv_cache": p(cache), "block_tables": p(bt), "indices": p(bt), "seq_lens": p(sl),
-                  "kv_scale": p(scale), "part_o": p(part_o), "part_ml": p(part_ml), "lse": p(lse),
-                  "max_blocks_per_seq": M, "max_partitions": sizes["max_partitions"],
-                  "partition_tokens": sizes["partition_tokens"], "q_s_seq": q.strides[0], "q_s_head": q.strides[1],
-                  "o_s_seq": out.strides[0], "o_s_head": out.strides[1], **pool_values(spec, cache, scale)}
-        launches = [k.launch({**sizes, "num_seqs": S}, values, reached=[cache.native]) for k in kernels]
+        b.refuse_aliasing(written, [q, *pool.caches, bt, sl, scale, *written])
+        values = b.values(DECODE_ROWS, q, out, pool, bt, sl, part_o, part_ml, lse, sizes, M, indices=bt)
+        launches = [k.launch({**sizes, "num_seqs": S}, values, reached=pool.reached) for k in kernels]
         return launches, ((out.obj, lse.obj) if lse is not None else out.obj)
 
     # ---- verification and benchmarks (kgen/families/attention/mla_cases.py) ----------------
@@ -384,27 +332,23 @@ class MlaDecodeFamily(MlaAttentionFamily):
             return sparse_cases.decode_bench(spec, bucket, rng)
         return mla_cases.bench(spec, bucket, rng)
 
-    def bucket_of(self, spec, call):
-        """batch = q's rows, context = the block table's capacity in tokens (sparse: the top-k)."""
-        if topk(spec):
-            return super().bucket_of(spec, call)
-        q, bt = call.get("q"), call.get("block_tables")
-        if q is None or bt is None or len(q.shape) < 1 or len(bt.shape) != 2:
-            return None
-        return int(q.shape[0]), int(bt.shape[1]) * spec.kv_cache.block_size
-
 
 class MlaPrefillFamily(MlaAttentionFamily):
     kind, rows, body = "paged_prefill", PREFILL_ROWS, "paged_mla_prefill_body"
     sparse_body = "paged_mla_sparse_prefill_body"
     wgmma_sparse_body = "paged_mla_sparse_prefill_wgmma_body"  # dense prefill has no Hopper body
     sparse_row_text = "each query token (all its heads)"
+    q_text = "absorbed queries (q_nope {Dv}, then q_pe {rope}), packed by sequence (q_indptr)"
+    single_pass_scratch = False  # ABI 1's single-pass table has no split scratch
     params = {**GEOMETRY_PARAMS, "partition_size": TunableParam("partition_size", 0),
               "path": TunableParam("path", 0)}  # path: sparse specs' body, mla_wgmma.py's PATHS
     fib_kind = "mla_paged_prefill"  # kgen/fib/mla.py
 
     def causal(self, spec) -> bool:
         return spec.attention.causal and not topk(spec)
+
+    def split(self, spec, config: Config) -> bool:
+        return super().split(spec, config) and not topk(spec)  # the single-pass table is ABI 1's
 
     def check_config(self, spec, config: Config) -> list[str]:
         if topk(spec) and config.get("partition_size", 0):
@@ -426,33 +370,6 @@ class MlaPrefillFamily(MlaAttentionFamily):
         return (kernels[0].params_struct("Params", BODY_ABSENT),
                 kernels[1].params_struct("MergeParams", BODY_DEFAULTS) if len(kernels) > 1 else None)
 
-    def arguments(self, spec, config: Config) -> list[Arg]:
-        a, d = spec.attention, spec.dtype
-        Hq, D, Dv = a.num_q_heads, a.head_dim, spec.v_head_dim_value
-        split = bool(config.get("partition_size", 0)) and not topk(spec)  # the single-pass table is ABI 1's
-        return [
-            array("out", d.resolved_out, "output", ("num_q_tokens", Hq, Dv), PREFILL_ROWS.out_text),
-            array("q", d.q, "input", ("num_q_tokens", Hq, D),
-                  f"absorbed queries (q_nope {Dv}, then q_pe {D - Dv}), packed by sequence (q_indptr)"),
-            pool_arg(spec),
-            array("q_indptr", "int32", "input", ("num_seqs + 1",),
-                  "sequence s owns query rows q_indptr[s] .. q_indptr[s+1]-1; q_indptr[0] = 0, non-decreasing"
-                  + (" (not read by kgen's sparse kernel)" if topk(spec) else "")),
-            *([indices_arg(spec, "num_q_tokens"), array("seq_lens", "int32", "input", ("num_seqs",),
-                                                        "KV tokens of each sequence (not read by kgen's kernel: the "
-                                                        "indices bound every row)")]
-              if topk(spec) else table_args(PREFILL_ROWS)),
-            kv_scale_arg(spec, "input", const=True, use="real = stored * scale, for K and V"),
-            *(split_scratch_args(spec, PREFILL_ROWS, False) if split else []),
-            array("lse", "fp32", "output", ("num_q_tokens", Hq),
-                  "natural-log log-sum-exp of the final logits, -inf for no key (null unless requested)", optional=True),
-            scalar("num_seqs", "int32", "sequences in the batch"),
-            *([] if topk(spec) else [scalar("max_blocks_per_seq", "int32", "columns of block_tables")]),
-            *([scalar("max_partitions", "int32", "partitions per sequence (grid z); 1 without split")] if split else []),
-            *stride_args(PREFILL_ROWS, "query rows"),
-            *([PARTITION_TOKENS] if split else []),
-        ]
-
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
         if topk(spec):  # a block per (query token, head tile): every token is a row of its own
             return [self.main_kernel(spec, config, ("num_q_tokens", row_blocks(spec, config, self), 1))]
@@ -465,7 +382,6 @@ class MlaPrefillFamily(MlaAttentionFamily):
         """Launch sizes for these chunks: one block per 16 * row_tiles rows of the longest chunk and
         sequence, and (split configs) per partition of the longest sequence (decode's planner,
         kgen/plan/split.py: a sequence's row blocks stand for its KV heads)."""
-        rows = 16 * config["row_tiles"]
         if topk(spec):
             if partition_tokens:
                 raise ArgumentError(f"partition_tokens {partition_tokens}: sparse mla prefill has no split-KV")
@@ -473,25 +389,19 @@ class MlaPrefillFamily(MlaAttentionFamily):
             sizes = {"num_seqs": int(ind.size - 1), "num_q_tokens": int(ind[-1]), "max_partitions": 1,
                      "partition_tokens": 0, "q_row_blocks": q_row_blocks(spec, config, ind)}
             return sizes, self.kernels(spec, config)
-        lens, ind = prefill_lengths(spec, lengths)
-        q_lens = np.diff(ind)
-        split = choose_prefill_split(lens, q_lens, 1, -(-q_lens * spec.attention.num_q_heads // rows), target_blocks,
-                                     config["partition_size"], 0, partition_tokens)
-        sizes = {"num_seqs": int(lens.size), "num_q_tokens": int(ind[-1]), "max_partitions": split.max_partitions,
-                 "partition_tokens": split.partition_tokens, "q_row_blocks": q_row_blocks(spec, config, ind)}
-        kernels = self.kernels(spec, config)
-        return sizes, kernels if split.merged else kernels[:1]
+        sizes, _, ind, kernels = self.packed_split(spec, config, lengths, target_blocks, partition_tokens, 1,
+                                                   spec.attention.num_q_heads, 16 * config["row_tiles"])
+        return {**sizes, "q_row_blocks": q_row_blocks(spec, config, ind)}, kernels
 
     def abi_notes(self, spec) -> list[str]:
         rows = 16 * resolve_config(self, spec, None)["row_tiles"]
         if topk(spec):
             return self.notes(spec, "Query row j of sequence s is q's row q_indptr[s] + j; indices row t belongs to "
-                              "q's row t.", ["q", "kv_cache", "q_indptr", "indices", "seq_lens"]) + [
+                              "q's row t.") + [
                 f"Grid: x = num_q_tokens, y = ceil({spec.attention.num_q_heads} / {rows}) tiles of {rows} heads."]
         visible = "keys 0 .. p" if spec.attention.causal else "all seq_len keys (causal: false)"
         return self.notes(spec, "Query row j of sequence s (rows q_indptr[s] ..) sits at position p = seq_lens[s] - "
-                          f"q_len + j and sees {visible}. A sequence with q_len 0 writes nothing.",
-                          ["q", "kv_cache", "q_indptr", "block_tables", "seq_lens"]) + [
+                          f"q_len + j and sees {visible}. A sequence with q_len 0 writes nothing.") + [
             f"Grid x: q_row_blocks = ceil(max q_len * {spec.attention.num_q_heads} / {rows}) tiles of {rows} (token, "
             "head) rows, token-major, of each sequence (grid y); blocks past a sequence's rows exit.",
             "Split-KV configs add part_o, part_ml, max_partitions and partition_tokens, partitions on grid z and a "
@@ -501,51 +411,36 @@ class MlaPrefillFamily(MlaAttentionFamily):
              target_blocks: int | None = None):
         b = AttentionBinder(spec, call)
         q, T = b.query(PREFILL_ROWS)
-        cache, N = self.bind_pool(b, q)
-        if topk(spec):
-            refuse_block_tables(b)
-            bt, M = bind_indices(b, T, N, checked), 0
-            sl = b.take("seq_lens", True)
-            if len(sl.shape) != 1:
-                raise ArgumentError(f"seq_lens: expected shape [num_seqs], got {list(sl.shape)}")
-            S = sl.shape[0]
-            b.check(sl, (S,), "int32", contiguous=True)
-        else:
-            bt, sl = b.table(None)
-            S, M = bt.shape
+        pool = b.latent_pool(q)
+        bt, sl, M = self.bind_keys(b, T, None, pool.num_blocks, checked)
+        S = sl.shape[0]
         ind = b.take("q_indptr", True)
         b.check(ind, (S + 1,), "int32", contiguous=True)
-        scale = take_kv_scale(b, spec, N, "given by the caller")
+        (scale,) = b.scales(pool, "given by the caller")
         out = b.out(q, T)
         lse = b.lse(q, T)
         if plan is not None and topk(spec):
             raise ArgumentError("plan: sparse mla prefill has no call-time plan (no split-KV); call it without one")
         if checked and not topk(spec):  # before planning: the plan trusts q_indptr and seq_lens
-            b.check_lengths(sl, bt, N, q_lens=checked_q_lens(host_values(ind), T), min_len=0)
+            b.check_lengths(sl, bt, pool.num_blocks, q_lens=checked_q_lens(host_values(ind), T), min_len=0)
         elif checked:
             checked_q_lens(host_values(ind), T)
         if topk(spec):
             sizes, kernels = self.schedule(spec, config, {"q_indptr": host_values(ind) if ind.device == "cpu"
                                                           else np.asarray([0, T])}, 0)
-        elif plan is None:  # host lengths are planned for; device ones by shapes (full tables, rows spread evenly)
-            sizes, kernels = self.schedule(spec, config, call_lengths(sl, ind, T, M * spec.kv_cache.block_size),
-                                           target_blocks or DEFAULT_TARGET_BLOCKS)
-        else:
-            sizes, kernels = b.planned(self, config, plan, S)
+        else:  # without a plan: host lengths are planned for; device ones by shapes (full tables, rows spread evenly)
+            lens = None if plan is not None else call_lengths(sl, ind, T, M * spec.kv_cache.block_size)
+            sizes, kernels = b.planned_sizes(self, config, plan, S, lens, target_blocks)
         part_o, part_ml = b.split_scratch(config, plan, q, sizes["max_partitions"], planned_rows(plan, T) if T else 0)
         b.refuse_unknown()
         written = [out, lse, part_o, part_ml]
-        b.refuse_aliasing(written, [q, cache, ind, bt, sl, scale, *written])
-        p = b.pointer
-        values = {"out": p(out), "q": p(q), "kv_cache": p(cache), "q_indptr": p(ind), "block_tables": p(bt), "indices": p(bt),
-                  "seq_lens": p(sl), "kv_scale": p(scale), "part_o": p(part_o), "part_ml": p(part_ml), "lse": p(lse),
-                  "num_seqs": S, "max_blocks_per_seq": M, "max_partitions": sizes["max_partitions"],
-                  "partition_tokens": sizes["partition_tokens"], "q_s_tok": q.strides[0], "q_s_head": q.strides[1],
-                  "o_s_tok": out.strides[0], "o_s_head": out.strides[1], **pool_values(spec, cache, scale)}
+        b.refuse_aliasing(written, [q, *pool.caches, ind, bt, sl, scale, *written])
+        values = b.values(PREFILL_ROWS, q, out, pool, bt, sl, part_o, part_ml, lse, sizes, M, q_indptr=ind,
+                          indices=bt, num_seqs=S)
         # grid x from the call's own chunks (a plan may be for others; a device q_indptr: all rows in one chunk)
         grid = {**sizes, "num_seqs": S, "num_q_tokens": T,
                 "q_row_blocks": q_row_blocks(spec, config, host_values(ind) if ind.device == "cpu" else [0, T])}
-        launches = [k.launch(grid, values, reached=[cache.native]) for k in kernels] if T else []
+        launches = [k.launch(grid, values, reached=pool.reached) for k in kernels] if T else []
         return launches, ((out.obj, lse.obj) if lse is not None else out.obj)
 
     def cases(self, spec, config: Config, rng: np.random.Generator):

@@ -19,9 +19,9 @@ from kgen.families.attention.common import (
     AttentionFamily,
     call_lengths,
     checked_q_lens,
+    heads_line,
     merge_kernel,
     planned_rows,
-    prefill_lengths,
     sinks_note,
     template_context,
 )
@@ -39,10 +39,9 @@ from kgen.families.attention.prefill_geometry import (
 )
 from kgen.families.base import Config, PerfModel, TunableParam, resolve_config
 from kgen.families.binding import host_values
-from kgen.formats.cache import CacheFormat, describe, head_dims_text
-from kgen.plan import DEFAULT_TARGET_BLOCKS, Plan
+from kgen.formats.cache import describe, head_dims_text
+from kgen.plan import Plan
 from kgen.plan.arch import smem_limit
-from kgen.plan.split import choose_prefill_split
 
 
 def fitted_to_short_rows(spec, config: Config, max_q_len: int) -> Config:
@@ -144,15 +143,12 @@ class PagedPrefillFamily(AttentionFamily):
         return body, f"not the Hopper body: {geo.refusal}"
 
     def abi_notes(self, spec) -> list[str]:
-        a, kv = spec.attention, spec.kv_cache
+        a = spec.attention
         rows = prefill_geometry(spec, resolve_config(self, spec, self.abi_config(spec))).rows  # the ABI launch's
         visible = ("keys p-" + str(a.sliding_window - 1) + " .. p" if a.sliding_window else "keys 0 .. p") \
             if a.causal else "all seq_len keys (causal: false)"
         return [
-            f"num_q_heads {a.num_q_heads}, num_kv_heads {a.num_kv_heads} (query head h reads KV head h / "
-            f"{spec.group_size}), {head_dims_text(spec)}, block_size {kv.block_size}, cache {describe(spec)}, "
-            + ("scales: e4m3 per 16 elements and a tensor scale" if CacheFormat.of(spec).block_scaled
-               else f"scale {kv.scale}"),
+            heads_line(spec),
             f"softmax scale {spec.softmax_scale_value!r}"
             + (f", logits soft-cap {a.logits_soft_cap} (s = cap*tanh(s/cap), applied before ALiBi)"
                if a.logits_soft_cap else "")
@@ -174,17 +170,12 @@ class PagedPrefillFamily(AttentionFamily):
         """Launch sizes for these lengths and chunks (the call's seq_lens and q_indptr; decode's
         planner, kgen/plan/split.py: one block per (tile of query rows, KV head,
         partition)) and the kernels launched."""
-        lens, ind = prefill_lengths(spec, lengths)
-        q_lens = np.diff(ind)
-        row_tiles = -(-q_lens * spec.group_size // prefill_geometry(spec, config).rows)
-        split = choose_prefill_split(lens, q_lens, spec.attention.num_kv_heads, row_tiles, target_blocks,
-                                     config["partition_size"], spec.attention.sliding_window or 0, partition_tokens)
-        T = int(ind[-1])
-        sizes = {"num_seqs": int(lens.size), "num_q_tokens": T, "max_partitions": split.max_partitions,
-                 "partition_tokens": split.partition_tokens, "q_tiles": int(np.sum(row_tiles)) + int(lens.size),
-                 "z": split.max_partitions * slices(spec)}
-        kernels = self.kernels(spec, config)
-        return sizes, kernels if split.merged else kernels[:1]
+        a = spec.attention
+        sizes, row_tiles, _, kernels = self.packed_split(
+            spec, config, lengths, target_blocks, partition_tokens, a.num_kv_heads, spec.group_size,
+            prefill_geometry(spec, config).rows, a.sliding_window or 0)
+        sizes |= {"q_tiles": int(np.sum(row_tiles)) + sizes["num_seqs"], "z": sizes["max_partitions"] * slices(spec)}
+        return sizes, kernels
 
     def bind(self, spec, config: Config, call: dict[str, Any], checked: bool = True, plan: Plan | None = None,
              target_blocks: int | None = None):
@@ -198,38 +189,28 @@ class PagedPrefillFamily(AttentionFamily):
         S, M = bt.shape
         ind = b.take("q_indptr", True)
         b.check(ind, (S + 1,), "int32", contiguous=True)
-        (ks, vs), scale_strides = b.scales(pool)
+        ks, vs = b.scales(pool)
         alibi = b.alibi()
         sinks = b.sinks()
         out = b.out(q, T)
         lse = b.lse(q, T)
         if checked:  # before planning: the plan trusts q_indptr and seq_lens
             b.check_lengths(sl, bt, pool.num_blocks, q_lens=checked_q_lens(host_values(ind), T), min_len=0)
-        if plan is None:  # host lengths are planned for; device ones by shapes (full tables, rows spread evenly)
-            sizes, kernels = self.schedule(spec, config, call_lengths(sl, ind, T, M * B),
-                                           target_blocks or DEFAULT_TARGET_BLOCKS)
-        else:
-            sizes, kernels = b.planned(self, config, plan, S)
+        # without a plan: host lengths are planned for; device ones by shapes (full tables, rows spread evenly)
+        lens = None if plan is not None else call_lengths(sl, ind, T, M * B)
+        sizes, kernels = b.planned_sizes(self, config, plan, S, lens, target_blocks)
         max_parts = sizes["max_partitions"]
         part_o, part_ml = b.split_scratch(config, plan, q, max_parts, planned_rows(plan, T) if T else 0)
         b.refuse_unknown()
         written = [out, lse, part_o, part_ml]
         b.refuse_aliasing(written, [q, *pool.caches, ind, bt, sl, ks, vs, alibi, sinks, *written])
-        values = b.values(PREFILL_ROWS, q, out, pool, bt, sl, (ks, vs), scale_strides, alibi, part_o, part_ml, lse,
-                          sizes, M, q_indptr=b.pointer(ind), num_seqs=S, sinks=sinks)
+        values = b.values(PREFILL_ROWS, q, out, pool, bt, sl, part_o, part_ml, lse, sizes, M, q_indptr=ind,
+                          num_seqs=S, alibi_slopes=alibi, sinks=sinks)
         rows = prefill_geometry(spec, config).rows  # grid x from the call's shapes (a plan may be for other chunks)
         grid = {"q_tiles": -(-T * spec.group_size // rows) + S, "num_q_tokens": T, "z": max_parts * slices(spec)}
-        reached = [c.native for c in pool.caches]  # fused: K/V by address (an isolated child maps them too)
-        launches = [k.launch(grid, values, reached) for k in kernels] if T else []  # no query row: nothing to launch
+        # fused: K/V by address (an isolated child maps them too); no query row: nothing to launch
+        launches = [k.launch(grid, values, pool.reached) for k in kernels] if T else []  # no query row: nothing to launch
         return launches, ((out.obj, lse.obj) if lse is not None else out.obj)
-
-    # ---- verification and benchmarks (kgen/families/attention/prefill_cases.py) -------------------
-    def bucket_of(self, spec, call):
-        """batch = sequences (block-table rows), context = the block table's capacity in tokens."""
-        bt = call.get("block_tables")
-        if bt is None or len(bt.shape) != 2:
-            return None
-        return int(bt.shape[0]), int(bt.shape[1]) * spec.kv_cache.block_size
 
 
 PAGED_PREFILL = PagedPrefillFamily()

@@ -15,14 +15,8 @@ from kgen.families.base import Config, FamilyBase
 from kgen.families.binding import CallBinder, refuse_plan
 from kgen.families.cache import mla_write_cases
 from kgen.families.cache.write_rules import check_slots_and_scales, conversion_rule
-from kgen.families.pool import kv_scale_arg, take_kv_scale
-from kgen.formats.cache import (
-    SCALE_MODES,
-    CacheFormat,
-    cache_rows,
-    cache_shapes,
-    describe,
-)
+from kgen.families.pool import LatentPool
+from kgen.formats.cache import CacheFormat, cache_rows, describe
 from kgen.formats.dtypes import dtype
 
 THREADS = 32  # one warp per token: lanes stride over head_dim, lane 0 writes a per-token scale
@@ -46,38 +40,33 @@ class MlaCacheWriteFamily(FamilyBase):
         return {}
 
     def arguments(self, spec, config: Config) -> list[Arg]:
-        a, f = spec.attention, CacheFormat.of(spec)
+        a, f, pool = spec.attention, CacheFormat.of(spec), LatentPool(spec)
         return [
             array("kv", spec.dtype.q, "input", ("num_tokens", a.head_dim),
                   f"new latent rows (latent {spec.v_head_dim_value}, then rope {a.head_dim - spec.v_head_dim_value}; "
                   "last dim contiguous)"),
-            array("kv_cache", spec.kv_cache.dtype, "output", cache_shapes(spec)["kv_cache"],
-                  "the latent pool; block and token strides may be padded"
-                  + (" (multiples of 16 bytes; 656-byte fp8_ds_mla rows)" if f.ds_mla else "")),
-            kv_scale_arg(spec, "output" if f.per_token else "input", const=False,
-                         use="WRITTEN for each written slot: max|x| / QMAX (1.0 if that is not > 0)" if f.per_token
-                         else "read: stored = real / scale (positive, finite)"),
+            *pool.cache_args("output"),
+            *pool.scale_args("output" if f.per_token else "input", const=False,
+                             use="WRITTEN for each written slot: max|x| / QMAX (1.0 if that is not > 0)" if f.per_token
+                             else "read: stored = real / scale (positive, finite)"),
             array("slot_mapping", "int32", "input", ("num_tokens",),
                   "slot = block * block_size + offset of each token; -1 = skip; no slot twice"),
             scalar("num_tokens", "int32", "rows of kv"),
             scalar("num_slots", "int64", "num_blocks * block_size (slots past it are never written)"),
             stride("kv_s_tok", "kv stride between tokens"),
-            stride("c_s_block", "kv_cache stride between blocks"), stride("c_s_token", "kv_cache stride between tokens"),
-            stride("cs_s_block", "per-token kv_scale stride between blocks (else 0)"),
-            stride("cs_s_token", "per-token kv_scale stride between tokens (else 0)"),
+            *pool.stride_args("c", "cs"),
         ]
 
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
         return [KernelDecl(spec.name, tuple(self.arguments(spec, config)), ("num_tokens", 1, 1), THREADS)]
 
     def template_context(self, spec, config: Config) -> dict[str, Any]:
-        return {"in_ctype": dtype(spec.dtype.q).ctype, "kv_ctype": dtype(spec.kv_cache.dtype).ctype,
-                "scale_mode": SCALE_MODES[spec.kv_cache.scale], "threads": THREADS, "ds_mla": CacheFormat.of(spec).ds_mla,
+        return {"in_ctype": dtype(spec.dtype.q).ctype, **LatentPool(spec).template_constants(), "threads": THREADS,
                 "main": self.kernels(spec, config)[0]}
 
     def abi_notes(self, spec) -> list[str]:
         a, kv = spec.attention, spec.kv_cache
-        names = ["kv", "kv_cache", "slot_mapping"] + (["kv_scale"] if CacheFormat.of(spec).scaled else [])
+        names = ["kv", "kv_cache", "slot_mapping", *LatentPool(spec).scale_names]
         return [f"mla layout: head_dim {a.head_dim} (latent {spec.v_head_dim_value} + rope "
                 f"{a.head_dim - spec.v_head_dim_value}), block_size {kv.block_size}, cache {describe(spec)}, "
                 f"inputs {spec.dtype.q}", "",
@@ -119,14 +108,15 @@ def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
     b.check(kv, (T, D), spec.dtype.q)
     sm = b.take("slot_mapping", True)
     b.check(sm, (T,), "int32", contiguous=True)
-    b.refuse_other_layouts()
-    cache = b.take("kv_cache", True)
-    N = cache.shape[0] if cache.shape else 0
-    b.check(cache, cache_shapes(spec, N)["kv_cache"], spec.kv_cache.dtype)
+    pool_format = LatentPool(spec)
+    pool = pool_format.take_caches(b, "c")
+    cache, N = pool.caches[0], pool.num_blocks
     if f.ds_mla and (cache.ptr % 16 or any(st % 16 for st in cache.strides[:2])):
         raise ArgumentError(f"kv_cache: fp8_ds_mla rows are written with 4- and 16-byte stores: the pointer and the "
                             f"block and token strides (got {list(cache.strides[:2])} bytes) must be multiples of 16")
-    scale = take_kv_scale(b, spec, N, "the scale pool this kernel writes" if f.per_token else "given by the caller")
+    pool_format.bind_scales(b, pool, "the scale pool this kernel writes" if f.per_token else "given by the caller",
+                            "cs")
+    scale = pool.scales[0]
     b.refuse_unknown()
     b.refuse_aliasing([cache, *([scale] if f.per_token else [])], [kv, sm, *([] if f.per_token else [scale])])
     if checked:
@@ -134,11 +124,9 @@ def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
     if T == 0:
         return [], None
     p = b.pointer
-    per_token = (scale.strides[0], scale.strides[1]) if f.per_token else (0, 0)
-    values = {"kv": p(kv), "kv_cache": p(cache), "kv_scale": p(scale), "slot_mapping": p(sm), "num_tokens": T,
-              "num_slots": N * B, "kv_s_tok": kv.strides[0], "c_s_block": cache.strides[0],
-              "c_s_token": cache.strides[1], "cs_s_block": per_token[0], "cs_s_token": per_token[1]}
-    return [kernel.launch({"num_tokens": T}, values, reached=[cache.native])], None
+    values = {"kv": p(kv), "slot_mapping": p(sm), "num_tokens": T, "num_slots": N * B, "kv_s_tok": kv.strides[0],
+              **pool.values}
+    return [kernel.launch({"num_tokens": T}, values, reached=pool.reached)], None
 
 
 MLA_CACHE_WRITE = MlaCacheWriteFamily()

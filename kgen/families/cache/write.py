@@ -14,27 +14,13 @@ from kgen.families.base import Config, SingleKernelFamily
 from kgen.families.binding import CallBinder, refuse_plan
 from kgen.families.cache import write_cases as cache_write_cases
 from kgen.families.cache.write_rules import check_slots_and_scales, conversion_rule
-from kgen.families.pool import (
-    TENSOR_SCALE_NAMES,
-    bind_scales,
-    bind_tensor_scales,
-    cache_args,
-    scale_args,
-    scale_body_ctype,
-    stride_args,
-    stride_values,
-    tensor_scale_values,
-)
+from kgen.families.pool import PagedPool
 from kgen.formats.cache import (
     CacheFormat,
-    cache_names,
     cache_rows,
-    cache_shapes,
-    cache_strides,
     describe,
     head_dims_text,
     layout_problems,
-    vllm_x,
 )
 from kgen.formats.dtypes import dtype
 
@@ -49,20 +35,20 @@ class CacheWriteFamily(SingleKernelFamily):
     def arguments(self, spec, config: Config) -> list[Arg]:
         a = spec.attention
         H, D, DV = a.num_kv_heads, a.head_dim, spec.v_head_dim_value
-        written = CacheFormat.of(spec).scale_pools
+        written, pool = CacheFormat.of(spec).scale_pools, PagedPool(spec)
         return [
             array("key", spec.dtype.q, "input", ("num_tokens", H, D), "new K rows (last dim contiguous)"),
             array("value", spec.dtype.q, "input", ("num_tokens", H, DV), "new V rows (last dim contiguous)"),
-            *cache_args(spec, "output", const=False),
-            *scale_args(spec, "output" if written else "input", const=False,
-                        use="WRITTEN for each written (slot, head): max|x| / QMAX (1.0 if that is not > 0)" if written
-                        else "read: stored = real / scale (positive, finite)"),
+            *pool.cache_args("output", const=False),
+            *pool.scale_args("output" if written else "input", const=False,
+                             use="WRITTEN for each written (slot, head): max|x| / QMAX (1.0 if that is not > 0)" if written
+                             else "read: stored = real / scale (positive, finite)"),
             array("slot_mapping", "int32", "input", ("num_tokens",),
                   "slot = block * block_size + offset of each token; -1 = skip; no slot twice"),
             scalar("num_slots", "int64", "num_blocks * block_size (slots past it are never written)"),
             stride("key_s_tok", "key stride between tokens"), stride("key_s_head", "key stride between heads"),
             stride("val_s_tok", "value stride between tokens"), stride("val_s_head", "value stride between heads"),
-            *stride_args(),
+            *pool.stride_args(),
         ]
 
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
@@ -71,23 +57,17 @@ class CacheWriteFamily(SingleKernelFamily):
         return [KernelDecl(spec.name, tuple(self.arguments(spec, config)), grid, config["threads"])]
 
     def template_context(self, spec, config: Config) -> dict[str, Any]:
-        vllm = CacheFormat.of(spec).vllm
         return {
             "in_ctype": dtype(spec.dtype.q).ctype,
-            "kv_ctype": dtype(spec.kv_cache.dtype).ctype,
-            "scale_mode": CacheFormat.of(spec).scale_mode,
-            "scale_arg_ctype": scale_body_ctype(spec, self.arguments(spec, config)),
-            "k_run": vllm_x(spec) if vllm else spec.attention.head_dim,
-            "v_run": 1 if vllm else spec.v_head_dim_value,
+            **PagedPool(spec).template_constants(self.arguments(spec, config)),
             "threads": config["threads"],
             "main": self.kernels(spec, config)[0],
         }
 
     def abi_notes(self, spec) -> list[str]:
         a, kv = spec.attention, spec.kv_cache
-        f = CacheFormat.of(spec)
-        names = ["key", "value", *cache_names(spec), "slot_mapping"] + (["k_scale", "v_scale"] if f.scaled else [])
-        names += list(TENSOR_SCALE_NAMES) if f.block_scaled else []
+        pool = PagedPool(spec)
+        names = ["key", "value", *pool.cache_names, "slot_mapping", *pool.scale_names]
         lines = [
             f"num_kv_heads {a.num_kv_heads}, {head_dims_text(spec)}, block_size {kv.block_size}, cache {describe(spec)}, "
             f"inputs {spec.dtype.q}",
@@ -136,32 +116,27 @@ def _bind(b: CallBinder, kernel: KernelDecl, checked: bool):
     sm = b.take("slot_mapping", True)
     b.check(sm, (T,), "int32", contiguous=True)
 
-    b.refuse_other_layouts()
-    caches = [b.take(n, True) for n in cache_names(spec)]
-    N = caches[0].shape[0] if caches[0].shape else 0
-    for c, shape in zip(caches, cache_shapes(spec, N).values(), strict=True):
-        b.check(c, shape, kv.dtype)
-    st = cache_strides(spec, caches)
+    pool_format = PagedPool(spec)
+    pool = pool_format.take_caches(b)
     detail = "the scale pool this kernel writes" if CacheFormat.of(spec).per_token else "given by the caller"
-    scales, pool_strides = bind_scales(b, spec, N, detail)
-    tensor = bind_tensor_scales(b, spec)
+    pool_format.bind_scales(b, pool, detail)
+    caches, scales, tensor = pool.caches, pool.scales, pool.tensor_scales
     b.refuse_unknown()
     pools = CacheFormat.of(spec).scale_pools  # then the scales are pools this kernel writes, like the caches
     b.refuse_aliasing([*caches, *(scales if pools else [])],
                       [key, value, sm, *([] if pools else scales), *tensor.values()])
 
     if checked:
-        check_slots_and_scales(spec, sm, [*scales, *tensor.values()] if tensor else scales, N)
+        check_slots_and_scales(spec, sm, [*scales, *tensor.values()] if tensor else scales, pool.num_blocks)
     if T == 0:
         return [], None
     p = b.pointer
     values = {
-        "key": p(key), "value": p(value), "k_cache": b.raw(st.k_base), "v_cache": b.raw(st.v_base),
-        "k_scale": p(scales[0]), "v_scale": p(scales[1]), "slot_mapping": p(sm), "num_slots": N * B,
+        "key": p(key), "value": p(value), "slot_mapping": p(sm), "num_slots": pool.num_blocks * B,
         "key_s_tok": key.strides[0], "key_s_head": key.strides[1], "val_s_tok": value.strides[0],
-        "val_s_head": value.strides[1], **stride_values(st, pool_strides), **tensor_scale_values(b, tensor),
+        "val_s_head": value.strides[1], **pool.values,
     }
-    return [kernel.launch({"num_tokens": T}, values, reached=[c.native for c in caches])], None
+    return [kernel.launch({"num_tokens": T}, values, reached=pool.reached)], None
 
 
 CACHE_WRITE = CacheWriteFamily()
