@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kgen.families.attention import nvfp4_pools
+from kgen.families.attention import case_pools
 from kgen.formats.cache import (
     CacheFormat,
     cache_shapes,
@@ -164,7 +164,7 @@ def _fixed_scales(spec, profile: Profile, rng: np.random.Generator) -> dict[str,
     """per_tensor/per_head scales sized so the profile's range fills the stored type."""
     kv, H = spec.kv_cache, spec.attention.num_kv_heads
     if CacheFormat.of(spec).block_scaled:  # nvfp4: the tensor scales (the block scales come with the rows)
-        return nvfp4_pools.tensor_scales((profile.k_range, profile.v_range), rng)
+        return case_pools.tensor_scales((profile.k_range, profile.v_range), rng)
     if not CacheFormat.of(spec).quantized or kv.scale not in ("per_tensor", "per_head"):
         return {}
     shape = () if kv.scale == "per_tensor" else (H,)
@@ -224,7 +224,7 @@ def build_pool_case(spec, seq_lens: list[int], rng: np.random.Generator, profile
 
     cd = dtype(kv.dtype).numpy
     fp4 = CacheFormat.of(spec).block_scaled
-    fill = np.asarray(nvfp4_pools.PAD_BYTE if fp4 else poison(kv.dtype)).astype(cd)
+    fill = np.asarray(case_pools.PAD_BYTE if fp4 else poison(kv.dtype)).astype(cd)
     case = PoolCase({})
     for name, shape in cache_shapes(spec, N).items():
         if not huge:
@@ -240,7 +240,7 @@ def build_pool_case(spec, seq_lens: list[int], rng: np.random.Generator, profile
     case.args.update(scales)
     ptoken = CacheFormat.of(spec).quantized and CacheFormat.of(spec).scale_pools
     if ptoken:  # NaN scales (nvfp4: e4m3 NaN bytes) wherever no row is written
-        sd, snan = (np.dtype(np.uint8), nvfp4_pools.NAN_SCALES[0]) if fp4 else (np.dtype(np.float32), np.nan)
+        sd, snan = (np.dtype(np.uint8), case_pools.NAN_SCALES[0]) if fp4 else (np.dtype(np.float32), np.nan)
         for name in ("k_scale", "v_scale"):
             shape = scale_shape(spec, N)
             if huge:
@@ -260,7 +260,7 @@ def build_pool_case(spec, seq_lens: list[int], rng: np.random.Generator, profile
                 real = {w: np.full((len(ids), B, H, x.shape[-1]), np.nan) for w, x in (("k", k), ("v", v))}
                 real["k"].reshape(-1, H, k.shape[-1])[:len(pos)] = k
                 real["v"].reshape(-1, H, v.shape[-1])[:len(pos)] = v
-                for name, arr in nvfp4_pools.layout_pools(spec, real["k"], real["v"], scales, rng).items():
+                for name, arr in case_pools.layout_pools(spec, real["k"], real["v"], scales, rng).items():
                     case.args[name][ids] = arr
                 continue
             blocks, sblocks = {}, {}

@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from kgen.arrays import to_backend, to_numpy
-from kgen.families.attention import ds_mla_pools, nvfp4_pools
+from kgen.families.attention import case_pools
 from kgen.families.attention.adversarial_cases import (
     ADVERSARIAL,
     adversarial_cases,
@@ -192,16 +192,16 @@ def make_decode_case(spec, seq_lens: list[int], rng: np.random.Generator, share_
     filled = fill_unread(store, vstore, unread, used, B, spread, fills, rng)
     fp4 = CacheFormat.of(spec).block_scaled
     if CacheFormat.of(spec).ds_mla:  # quantized rows with tile scales of their own; NaN rows read as NaN
-        args = {"kv_cache": ds_mla_pools.latent_pool(store, rng)}
+        args = {"kv_cache": case_pools.latent_pool(store, rng)}
     elif fp4:  # stored through the reference quantizer; NaN rows become garbage bytes and NaN scales
-        tensor = nvfp4_pools.tensor_scales((4.5 * spread, 4.5 * spread), rng)
-        args = {**nvfp4_pools.layout_pools(spec, store, vstore, tensor, rng), **tensor}
+        tensor = case_pools.tensor_scales((4.5 * spread, 4.5 * spread), rng)
+        args = {**case_pools.layout_pools(spec, store, vstore, tensor, rng), **tensor}
     else:
         args = to_layout(spec, cast_values(store, kv.dtype), cast_values(vstore, kv.dtype))
 
     if padded:
         for name, extra in _pool_padding(spec).items():
-            fill = (nvfp4_pools.NAN_SCALES[0] if name.endswith("scale") else nvfp4_pools.PAD_BYTE) if fp4 \
+            fill = (case_pools.NAN_SCALES[0] if name.endswith("scale") else case_pools.PAD_BYTE) if fp4 \
                 else poison(kv.dtype)
             args[name] = padded_strided(args[name], extra, fill)
 
