@@ -15,9 +15,8 @@
 //
 // Not here: the per-tile update (a tile's row max, raise m, rescale O, weigh each logit, the row
 // sum) is attention/softmax_tile.cuh's TileSoftmax, one numeric (exp2 with log2(e) folded into the
-// scale, one FFMA a logit); the dense decode, decode-mma, prefill and Hopper prefill bodies use it.
-// The MLA bodies (paged_mla.cuh, paged_mla_wgmma.cuh) call raise_max here and still weigh their
-// logits themselves (__expf with a -inf test; exp2 of a folded scale). Which keys a row sees is
+// scale, one FFMA a logit); every attention body uses it (dense decode, decode-mma, prefill, Hopper
+// prefill, and the MLA bodies paged_mla.cuh and paged_mla_wgmma.cuh). Which keys a row sees is
 // attention/visibility.cuh; the logit policy (when the scale may fold into the exponent),
 // attention/logits.cuh.
 //
