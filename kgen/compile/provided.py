@@ -82,6 +82,10 @@ RESERVED_MACROS = {
     "KGEN_ATOMIC_CAS": "defines the SIMT runtime's compare-and-swap functions",
     "KGEN_MINMAX": "defines the SIMT runtime's atomic min/max functions",
     "KGEN_PREFILL_HAS_MMA": "the prefill body uses mma.sync (sm_80 and later, and the CPU backend)",
+    "KGEN_ABI1_DECODE_PARAMETERS": "ABI 1's positional decode parameters, shared by its wrappers (kgen/abi1/)",
+    "KGEN_ABI1_DECODE_FIELDS": "the Params fields ABI 1's decode wrappers fill from them (kgen/abi1/)",
+    "KGEN_ABI1_PREFILL_PARAMETERS": "ABI 1's positional prefill parameters, shared by its wrappers (kgen/abi1/)",
+    "KGEN_ABI1_PREFILL_FIELDS": "the Params fields ABI 1's prefill wrappers fill from them (kgen/abi1/)",
 }
 
 

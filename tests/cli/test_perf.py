@@ -27,7 +27,7 @@ WAIT = "      cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();  // this thread's
 SERIAL = ("      cp_async_wait<0>();  // serialised: every copy in flight lands before the tile is used\n"
           "      __syncthreads();\n")
 NEXT = "    StageRing<STAGES>::next(tile, ntiles, [&](int t) { issue(t, prev); });"  # the CUDA-core body's ring step
-READ = "\n    if (*(volatile const int*)(seq_lens + seq) < 0) return;  // a dependent global read per tile"
+READ = "\n    if (*(volatile const int*)(p.seq_lens + seq) < 0) return;  // a dependent global read per tile"
 
 
 @needs_sass
