@@ -25,6 +25,7 @@ import time
 from io import BytesIO
 from pathlib import Path
 
+from benchmarks.build_time import timed
 from kgen.build import compile_cubins
 from kgen.cache import ArtifactCache
 from kgen.compile import nvrtc
@@ -64,13 +65,8 @@ print(json.dumps({"source": source, "headers": headers}))
 
 
 def best(fn, n: int = 50) -> float:
-    fn()
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return min(out)
+    fn()  # warm: the first call fills the caches the timed calls hit
+    return min(timed(fn, n))
 
 
 def warm_steps() -> list[tuple[str, float]]:
