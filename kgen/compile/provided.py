@@ -55,6 +55,7 @@ PROVIDED_HEADERS = {"kgen/platform.cuh": "common/platform.cuh", "kgen/async_copy
                     "kgen/attention/stage_ring.cuh": "common/attention/stage_ring.cuh",
                     "kgen/attention/kv_format.cuh": "common/attention/kv_format.cuh",
                     "kgen/attention/epilogue.cuh": "common/attention/epilogue.cuh",
+                    "kgen/attention/wgmma_tile.cuh": "common/attention/wgmma_tile.cuh",
                     **ABI1_HEADERS}
 ALLOWED_INCLUDES = (*CUDA_HEADERS, *PROVIDED_HEADERS)
 

@@ -26,12 +26,12 @@
 // thread is done with the previous tile, so its stage can be refilled), the maxima exchanged, P
 // complete. cp.async writes are generic-proxy writes: each thread fences them (fence.proxy.async)
 // before the barrier after which wgmma reads them; P's stores likewise.
-// Ordering (PTX ISA, wgmma.fence): accumulators are written only outside the fence .. wait_group
-// window, and register fences keep the compiler from moving their accesses into it (no C7520
-// serialisation: kgen/compile/wgmma_order.py checks the PTX and SASS).
 // Shared parts (kgen/attention/): the stage ring (StageRing, its landed hook the fence above), the
 // keys a row sees (the decode KeyRule or a sparse row's ListedKeys), the softmax scale folded into
-// the exponent (Logits, TileSoftmax). Every kernel fills a Params struct from its argument table.
+// the exponent (Logits, TileSoftmax), the wgmma tile (the swizzle, the accumulator layout, both
+// products with the ordering rules of wgmma.fence kept: no C7520 serialisation,
+// kgen/compile/wgmma_order.py checks the PTX and SASS) and the epilogue (Epilogue's two ends).
+// Every kernel fills a Params struct from its argument table.
 #pragma once
 
 #include "kgen/attention/traits.cuh"
@@ -39,6 +39,8 @@
 #include "kgen/attention/logits.cuh"
 #include "kgen/attention/softmax_tile.cuh"
 #include "kgen/attention/stage_ring.cuh"
+#include "kgen/attention/epilogue.cuh"
+#include "kgen/attention/wgmma_tile.cuh"
 
 namespace kgen {
 
@@ -74,18 +76,17 @@ struct MlaWgmmaShape {
   static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's geometry and the template disagree");
 };
 
-// A matrix descriptor `bytes` further on in shared memory (the start address field, bits 0-13, is
-// address >> 4; shared addresses stay below 2^18, so it does not carry into the next field).
-__device__ __forceinline__ unsigned long long mla_desc_plus(unsigned long long desc, int bytes) {
-  const unsigned lo = (unsigned)desc + (unsigned)(bytes >> 4);
-  return (desc & 0xffffffff00000000ull) | lo;
-}
-
-// Byte offset of element (r, c) in a 128B-swizzled tile of R rows (from a 1024-aligned base).
-template <int R>
-__device__ __forceinline__ int mla_swizzled(int r, int c) {
-  const int off = (c / 64) * (R * 128) + r * 128 + (c % 64) * 2;
-  return off ^ (((off >> 7) & 7) << 4);
+// The output side, attention/epilogue.cuh's Epilogue: out's width is V_DIM (MlaWgOut gives it the
+// name the part reads), and an MLA kernel has no sinks (its Params none either: the aggregate, not of()).
+template <class Cfg>
+struct MlaWgOut : Cfg {
+  static constexpr int V_HEAD_DIM = Cfg::V_DIM;
+};
+template <class Cfg, class Params>
+__device__ __forceinline__ Epilogue<MlaWgOut<Cfg>> mla_wg_epilogue(const Params& p, long long o_s_row, int part,
+                                                                   bool split) {
+  return Epilogue<MlaWgOut<Cfg>>{p.out, p.part_o, p.part_ml, p.lse, nullptr, o_s_row, p.o_s_head, p.max_partitions,
+                                 part, split};
 }
 
 // Copy keys [tbase, tbase + KT) into `stage` (swizzled); keys outside [k_begin, k_end), and a
@@ -122,7 +123,7 @@ __device__ __forceinline__ void mla_wg_issue_tile(unsigned char* __restrict__ st
 #pragma unroll
     for (int j = 0; j < S::CHUNKS / S::TPR; ++j) {
       const int c = c0 + j * S::TPR;
-      cp_async<16>(stage + mla_swizzled<S::KT>(r, 8 * c), src + 8 * c, valid ? 16 : 0);
+      cp_async<16>(stage + wg_swizzled<S::KT>(r, 8 * c), src + 8 * c, valid ? 16 : 0);
     }
   }
 }
@@ -135,22 +136,93 @@ __device__ __forceinline__ void mla_wg_dequant_tile(unsigned char* __restrict__ 
   constexpr int PER_ROW = S::D / 8;
   for (int i = threadIdx.x; i < S::KT * PER_ROW; i += S::THREADS) {
     const int r = i / PER_ROW, c = i % PER_ROW;
-    *reinterpret_cast<uint4*>(op + mla_swizzled<S::KT>(r, 8 * c)) = ds_mla_dequant8(stage + r * S::STORED, 8 * c);
+    *reinterpret_cast<uint4*>(op + wg_swizzled<S::KT>(r, 8 * c)) = ds_mla_dequant8(stage + r * S::STORED, 8 * c);
   }
+}
+
+// Q of the block's heads [head0, head0 + 64) of query row seq into the swizzled Q tile as cp.async
+// copies (zeros past NUM_Q_HEADS).
+template <class Cfg>
+__device__ __forceinline__ void mla_wg_load_q(unsigned char* q_s, const typename Cfg::q_t* __restrict__ q, int seq,
+                                              int head0, long long q_s_seq, long long q_s_head) {
+  typedef MlaWgmmaShape<Cfg> S;
+  typedef typename S::T T;
+  constexpr int HQ = S::HQ;
+  for (int i = threadIdx.x; i < S::ROWS * S::Q_CHUNKS; i += S::THREADS) {
+    const int r = i / S::Q_CHUNKS, c = i % S::Q_CHUNKS, h = head0 + r;
+    const bool valid = h < HQ;
+    const T* src = q;
+    if (valid) src = q + (long long)seq * q_s_seq + (long long)h * q_s_head + 8 * c;
+    cp_async<16>(q_s + wg_swizzled<S::ROWS>(r, 8 * c), src, valid ? 16 : 0);
+  }
+}
+
+// A thread's two rows finished, once its copies are done: l over the four lanes of a row and both
+// warpgroups (red_l: [2][64] floats), then its output columns through the epilogue.
+template <class Cfg, int NO>
+__device__ __forceinline__ void mla_wg_finish(const Epilogue<MlaWgOut<Cfg>>& ep, SoftmaxState (&st)[2],
+                                              const float (&o)[NO], float* red_l, int seq, int head0, int row0,
+                                              int wg, int t) {
+  typedef MlaWgmmaShape<Cfg> S;
+  constexpr int HQ = S::HQ;
+  const int col_off = wg * S::HALF_COLS;
+  // The row sums: the four lanes of a row, then the two warpgroups' shares through shared memory.
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    st[rr].l = quad_sum(st[rr].l);
+    if (t == 0) red_l[wg * S::ROWS + row0 + 8 * rr] = st[rr].l;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) st[rr].l = red_l[row0 + 8 * rr] + red_l[S::ROWS + row0 + 8 * rr];
+
+  // The warpgroup's columns of its rows (attention/epilogue.cuh): the output, or this partition's
+  // partial; the rows' state (the same in both warpgroups) once, from warpgroup 0.
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int h = head0 + row0 + 8 * rr;
+    if (h >= HQ) continue;
+    const float inv = st[rr].inv_sum();
+    if (ep.split) {
+#pragma unroll
+      for (int e = 0; e < NO; ++e)
+        if (wg_row(e) == rr) ep.partial_element(seq, h, col_off + wg_col(e, t), o[e] * inv);
+      if (wg == 0 && t == 0) ep.partial_state(st[rr], seq, h);
+    } else {
+#pragma unroll
+      for (int e = 0; e < NO; ++e)
+        if (wg_row(e) == rr) ep.output_element(seq, h, col_off + wg_col(e, t), o[e] * inv);
+      if (wg == 0 && t == 0) ep.output_lse(st[rr], seq, h);
+    }
+  }
+}
+
+// Which of a thread's NS / 2 keys of a sparse row's tile (entries from tbase, the warpgroup's from
+// key_off on) name a slot: bit 2 j + b for key tbase + key_off + 8 j + 2 t + b (the accumulator's columns).
+template <int NS>
+__device__ __forceinline__ unsigned mla_wg_named(const int* __restrict__ indices, KeyRange seen, int tbase, int key_off,
+                                                 int t) {
+  unsigned named = 0;
+#pragma unroll
+  for (int k = 0; k < NS / 2; ++k) {
+    const int pos = tbase + key_off + 8 * (k >> 1) + 2 * t + (k & 1);
+    named |= (unsigned)(seen.contains(pos) && ListedKeys::listed(indices[pos])) << k;
+  }
+  return named;
 }
 
 // One block's attention: heads [head0, head0 + 64) of query row `row` (decode: a sequence; sparse
 // prefill: a query token) over keys [k_begin, k_end) of `table` (a block-table row) or of `indices`
-// (a sparse row's SPARSE_TOPK entries: ListedKeys); with `split`, partition `part`'s partial and (m, l).
+// (a sparse row's SPARSE_TOPK entries: ListedKeys); ep: where the rows go (the output and LSE, or
+// with ep.split partition ep.part's partial and (m, l)).
 // Keys: which keys the rows see (no causal mask here: decode's query is the last key, and a sparse
 // row's list is what it sees), within [k_begin, k_end).
 template <class Cfg, class Keys>
-__device__ __forceinline__ void mla_wg_attend(
-    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
-    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ table, const int* __restrict__ indices,
-    float* __restrict__ part_o, float* __restrict__ part_ml, float* __restrict__ lse, int row, int head0, int k_begin,
-    int k_end, bool split, int part, int max_partitions, long long q_s_seq, long long q_s_head, long long o_s_seq,
-    long long o_s_head, long long kv_s_block, long long kv_s_token) {
+__device__ __forceinline__ void mla_wg_attend(const Epilogue<MlaWgOut<Cfg>>& ep, const typename Cfg::q_t* __restrict__ q,
+                                              const typename Cfg::kv_t* __restrict__ kv_cache,
+                                              const int* __restrict__ table, const int* __restrict__ indices, int row,
+                                              int head0, int k_begin, int k_end, long long q_s_seq, long long q_s_head,
+                                              long long kv_s_block, long long kv_s_token) {
   typedef MlaWgmmaShape<Cfg> S;
   typedef typename S::T T;
   constexpr int D = S::D, HQ = S::HQ, KT = S::KT, STAGES = S::STAGES, NS = S::HALF_KEYS / 2, NO = S::HALF_COLS / 2;
@@ -169,14 +241,7 @@ __device__ __forceinline__ void mla_wg_attend(
   float* red_m = reinterpret_cast<float*>(p_s + S::P_BYTES);  // [2][64]: each warpgroup's tile maxima
   float* red_l = red_m + 2 * S::ROWS;                          // [2][64]: each warpgroup's row sums
 
-  // Q of the block's heads (zeros past NUM_Q_HEADS), in the first copy group.
-  for (int i = tid; i < S::ROWS * S::Q_CHUNKS; i += S::THREADS) {
-    const int r = i / S::Q_CHUNKS, c = i % S::Q_CHUNKS, h = head0 + r;
-    const bool valid = h < HQ;
-    const T* src = q;
-    if (valid) src = q + (long long)seq * q_s_seq + (long long)h * q_s_head + 8 * c;
-    cp_async<16>(q_s + mla_swizzled<S::ROWS>(r, 8 * c), src, valid ? 16 : 0);
-  }
+  mla_wg_load_q<Cfg>(q_s, q, seq, head0, q_s_seq, q_s_head);  // in the first copy group
   const int tile0 = k_begin / KT * KT;
   const int ntiles = k_end > k_begin ? (k_end - tile0 + KT - 1) / KT : 0;
   auto issue = [&](int tile) {
@@ -213,7 +278,7 @@ __device__ __forceinline__ void mla_wg_attend(
     StageRing<STAGES>::next(tile, ntiles, issue, [] { fence_proxy_async_shared(); });
     const int s = tile % STAGES, tbase = tile0 + tile * KT;
     const int op_off = S::DS ? 0 : s * S::TILE_BYTES;  // fp8_ds_mla: one operand tile, rewritten a tile
-    const unsigned long long dk = mla_desc_plus(dk0, op_off), dv = mla_desc_plus(dv0, op_off);
+    const unsigned long long dk = wg_desc_plus(dk0, op_off), dv = wg_desc_plus(dv0, op_off);
     if constexpr (S::DS) {
       // Everybody is done with the previous tile's operands (each warpgroup waited on its P V before
       // the barrier above), so the tile may be rewritten; its generic stores fenced for the wgmma.
@@ -222,33 +287,18 @@ __device__ __forceinline__ void mla_wg_attend(
       __syncthreads();
     }
 
-    // A sparse row: which of the thread's NS / 2 keys name a slot (bit 2 j + b: key 8 j + 2 t + b of
-    // the warpgroup's half), read before the products so the loads overlap them.
+    // A sparse row's keys that name a slot, read before the products so the loads overlap them.
     unsigned named = 0;
-    if constexpr (SPARSE) {
-#pragma unroll
-      for (int k = 0; k < NS / 2; ++k) {
-        const int pos = tbase + key_off + 8 * (k >> 1) + 2 * t + (k & 1);
-        named |= (unsigned)(seen.contains(pos) && ListedKeys::listed(indices[pos])) << k;
-      }
-    }
+    if constexpr (SPARSE) named = mla_wg_named<NS>(indices, seen, tbase, key_off, t);
 
-    // 1. S = Q K^T for the warpgroup's keys
-    wgmma_fence_operand(sacc);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_ss<T, S::HALF_KEYS, 0, 0>(sacc, mla_desc_plus(dq, (kk / 4) * (S::ROWS * 128) + (kk % 4) * 32),
-                                      mla_desc_plus(dk, (kk / 4) * (KT * 128) + (kk % 4) * 32), kk > 0 ? 1 : 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operand(sacc);
+    // 1. S = Q K^T for the warpgroup's keys (attention/wgmma_tile.cuh: each product waited on)
+    wg_qk<T, S::HALF_KEYS, D, S::ROWS, KT>(sacc, dq, dk);
 
     // 2. mask the keys the rows do not see; the rows' maxima over both warpgroups
     float m_tile[2] = {KGEN_NEG_INF, KGEN_NEG_INF};
 #pragma unroll
     for (int e = 0; e < NS; ++e) {
-      const int rr = (e >> 1) & 1, pos = tbase + key_off + 8 * (e >> 2) + 2 * t + (e & 1);
+      const int rr = wg_row(e), pos = tbase + key_off + wg_col(e, t);
       sacc[e] = seen.contains(pos) ? sacc[e] : KGEN_NEG_INF;
       if constexpr (SPARSE) sacc[e] = (named >> (2 * (e >> 2) + (e & 1))) & 1u ? sacc[e] : KGEN_NEG_INF;
       m_tile[rr] = fmaxf(m_tile[rr], sacc[e]);
@@ -268,69 +318,18 @@ __device__ __forceinline__ void mla_wg_attend(
     }
 
     // 3. P = exp(logit - m) (a masked -inf gives 0) into the shared P tile as T; l adds the unrounded values
-    float l_tile[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int e = 0; e < NS; ++e) {
-      sacc[e] = softmax.weight(sacc[e], mb[(e >> 1) & 1]);
-      l_tile[(e >> 1) & 1] += sacc[e];
-    }
-    st[0].l += l_tile[0];
-    st[1].l += l_tile[1];
-#pragma unroll
-    for (int e = 0; e < NS; e += 2) {
-      const int rr = (e >> 1) & 1, col = key_off + 8 * (e >> 2) + 2 * t;
-      *reinterpret_cast<unsigned*>(p_s + mla_swizzled<S::ROWS>(row0 + 8 * rr, col)) = pack2<T>(sacc[e], sacc[e + 1]);
-    }
+    wg_weigh(softmax, sacc, mb, st);
+    wg_store_p<T, S::ROWS>(p_s, sacc, row0, key_off, t);
     fence_proxy_async_shared();  // P's generic stores before the wgmma's reads
     __syncthreads();             // both halves of P are in place
 
-    // 4. O += P V for the warpgroup's output columns
-    wgmma_fence_operand(o);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KT / 16; ++kk)
-      wgmma_ss<T, S::HALF_COLS, 0, 1>(o, mla_desc_plus(dp, kk * 32), mla_desc_plus(dv, kk * 16 * 128), 1);
-    wgmma_commit();
-    wgmma_wait<0>();  // P V has read P and the stage: both may be rewritten after the next barrier
-    wgmma_fence_operand(o);
+    // 4. O += P V for the warpgroup's output columns; once it returns, P V has read P and the stage:
+    // both may be rewritten after the next barrier
+    wg_pv_ss<T, S::HALF_COLS, KT>(o, dp, dv);
   }
 
-  // The row sums: the four lanes of a row, then the two warpgroups' shares through shared memory.
   cp_async_wait_all();
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    st[rr].l = quad_sum(st[rr].l);
-    if (t == 0) red_l[wg * S::ROWS + row0 + 8 * rr] = st[rr].l;
-  }
-  __syncthreads();
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) st[rr].l = red_l[row0 + 8 * rr] + red_l[S::ROWS + row0 + 8 * rr];
-
-  // Write the warpgroup's columns of its rows: the output (and LSE), or this partition's partial and (m, l).
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int h = head0 + row0 + 8 * rr;
-    if (h >= HQ) continue;
-    const float inv = st[rr].inv_sum();
-    if (split) {
-      const long long pbase = ((long long)seq * HQ + h) * max_partitions + part;
-#pragma unroll
-      for (int nt = 0; nt < NO / 4; ++nt) {
-        const int d = col_off + 8 * nt + 2 * t;
-        part_o[pbase * S::DV + d] = o[4 * nt + 2 * rr] * inv;
-        part_o[pbase * S::DV + d + 1] = o[4 * nt + 2 * rr + 1] * inv;
-      }
-      if (wg == 0 && t == 0) part_ml[pbase * 2] = st[rr].m, part_ml[pbase * 2 + 1] = st[rr].l;
-    } else {
-      typename Cfg::out_t* dst = out + (long long)seq * o_s_seq + (long long)h * o_s_head + col_off;
-#pragma unroll
-      for (int nt = 0; nt < NO / 4; ++nt) {
-        dst[8 * nt + 2 * t] = from_float<typename Cfg::out_t>(o[4 * nt + 2 * rr] * inv);
-        dst[8 * nt + 2 * t + 1] = from_float<typename Cfg::out_t>(o[4 * nt + 2 * rr + 1] * inv);
-      }
-      if (lse != nullptr && wg == 0 && t == 0) lse[(long long)seq * HQ + h] = st[rr].lse();
-    }
-  }
+  mla_wg_finish(ep, st, o, red_l, seq, head0, row0, wg, t);
 }
 
 // The entries. Each kernel fills a Params struct generated from its argument table (a single-pass
@@ -347,9 +346,9 @@ __device__ __forceinline__ void paged_mla_decode_wgmma_body(const Params& p) {
   if (!decode_key_range<Cfg>(p.seq_lens[seq], part, p.partition_tokens, p.max_partitions, split, k_begin, k_end))
     return;  // block-uniform
   mla_wg_attend<Cfg, typename DecodeKeys<Cfg>::type>(
-      p.out, p.q, p.kv_cache, p.block_tables + (long long)seq * p.max_blocks_per_seq, nullptr, p.part_o, p.part_ml,
-      p.lse, seq, 64 * (int)blockIdx.x, k_begin, k_end, split, part, p.max_partitions, p.q_s_seq, p.q_s_head,
-      p.o_s_seq, p.o_s_head, p.kv_s_block, p.kv_s_token);
+      mla_wg_epilogue<Cfg>(p, p.o_s_seq, part, split), p.q, p.kv_cache,
+      p.block_tables + (long long)seq * p.max_blocks_per_seq, nullptr, seq, 64 * (int)blockIdx.x, k_begin, k_end,
+      p.q_s_seq, p.q_s_head, p.kv_s_block, p.kv_s_token);
 }
 
 // Sparse decode (SPARSE_TOPK = N): block (x, seq, z) takes heads [64 x, 64 x + 64) of sequence seq
@@ -366,9 +365,9 @@ __device__ __forceinline__ void paged_mla_sparse_decode_wgmma_body(const Params&
     if (part >= split_partitions(N, p.partition_tokens, p.max_partitions)) return;  // block-uniform
     clip_to_partition(part, p.partition_tokens, p.max_partitions, k_begin, k_end);
   }
-  mla_wg_attend<Cfg, ListedKeys>(p.out, p.q, p.kv_cache, nullptr, p.indices + (long long)seq * N, p.part_o, p.part_ml,
-                                 p.lse, seq, 64 * (int)blockIdx.x, k_begin, k_end, split, part, p.max_partitions,
-                                 p.q_s_seq, p.q_s_head, p.o_s_seq, p.o_s_head, p.kv_s_block, p.kv_s_token);
+  mla_wg_attend<Cfg, ListedKeys>(mla_wg_epilogue<Cfg>(p, p.o_s_seq, part, split), p.q, p.kv_cache, nullptr,
+                                 p.indices + (long long)seq * N, seq, 64 * (int)blockIdx.x, k_begin, k_end, p.q_s_seq,
+                                 p.q_s_head, p.kv_s_block, p.kv_s_token);
 }
 
 // Sparse prefill: every query token is independent (its indices row names what it sees), so block
@@ -379,9 +378,9 @@ __device__ __forceinline__ void paged_mla_sparse_prefill_wgmma_body(const Params
   constexpr int N = Cfg::SPARSE_TOPK;
   static_assert(N > 0, "the sparse body needs SPARSE_TOPK");
   const int token = blockIdx.x;
-  mla_wg_attend<Cfg, ListedKeys>(p.out, p.q, p.kv_cache, nullptr, p.indices + (long long)token * N, nullptr, nullptr,
-                                 p.lse, token, 64 * (int)blockIdx.y, 0, N, false, 0, 1, p.q_s_tok, p.q_s_head,
-                                 p.o_s_tok, p.o_s_head, p.kv_s_block, p.kv_s_token);
+  mla_wg_attend<Cfg, ListedKeys>(mla_wg_epilogue<Cfg>(p, p.o_s_tok, 0, false), p.q, p.kv_cache, nullptr,
+                                 p.indices + (long long)token * N, token, 64 * (int)blockIdx.y, 0, N, p.q_s_tok,
+                                 p.q_s_head, p.kv_s_block, p.kv_s_token);
 }
 
 }  // namespace kgen

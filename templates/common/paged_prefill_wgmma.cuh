@@ -8,11 +8,8 @@
 // (wgmma's M). Cfg::WARPS = 4 * C consumer warps, so a block holds 16 * WARPS rows as on the mma
 // path.
 // Shared memory (from a 1024-byte aligned base): Q [ROWS x D], then STAGES stages of K [KT x D]
-// and V [KT x DV], all in q's type with the 128-byte swizzle: a tile is stored as column blocks
-// of 64 elements (one 128-byte row a key or query row), element (r, c) at byte
-// (c / 64) * R * 128 + r * 128 + (c % 64) * 2, chunk bits [4,7) XORed with row bits [7,10).
-// Q and K are K-major operands (SBO 1024: eight rows), V an MN-major one (LBO: the next 64
-// columns, R * 128 bytes; SBO 1024: the next eight keys).
+// and V [KT x DV], all in q's type with the 128-byte swizzle (attention/wgmma_tile.cuh's
+// wg_swizzled). Q and K are K-major operands, V an MN-major one.
 // Paged K/V: a tile's rows come from different cache blocks, so the producer gathers them with
 // 16-byte cp.async per row chunk through the block table, into the swizzled place by hand (zero
 // fill past the block's keys), then cp.async.wait_group, fence.proxy.async (the wgmma reads through
@@ -20,17 +17,11 @@
 // full[s], compute, and every consumer thread arrives on empty[s] (count 128 * C) after the tile's
 // P V wgmma completed; the producer waits empty[s] before refilling stage s. A consumer warpgroup
 // whose rows see none of a tile still waits and arrives, so each phase counts one tile.
-// Math per tile and consumer warpgroup: S = Q K^T by D/16 wgmma_ss (m64 nKT k16), online softmax
-// on the accumulators (the m16n8 C-fragment layout per warp: S viewed as [KT/8][4]), P rounded to
-// q's type into A registers, O += P V by KT/16 wgmma_rs (m64 nDV k16, V MN-major), each followed by
-// wgmma.wait_group 0 (no overlap of the softmax with the next tile's products).
-// Ordering (PTX ISA, wgmma.fence): a register a wgmma reads or writes (accumulators, A fragments) is
-// accessed only before the wgmma.fence that precedes it or after the wait_group that completes it.
-// So all of P's A fragments are written before the fence, and register fences
-// (wgmma_fence_operand) on the accumulators and A registers at both ends of each batch keep the
-// compiler from moving their accesses into the window. Writing A inside the window made ptxas fence
-// each wgmma itself and serialise them (advisory C7520); kgen/compile/wgmma_order.py checks the
-// PTX and SASS for it (tests/compile/test_wgmma_order.py).
+// Math per tile and consumer warpgroup, the wgmma tile part's (attention/wgmma_tile.cuh, which also
+// states the ordering rules its fences keep): S = Q K^T by D/16 wgmma_ss (m64 nKT k16), online
+// softmax on the accumulators (wg_softmax_tile below), P rounded to q's type into A registers,
+// O += P V by KT/16 wgmma_rs (m64 nDV k16, V MN-major), each waited on (no overlap of the softmax
+// with the next tile's products).
 // Registers (Cfg::SETMAXNREG, two consumer warpgroups whose tiles need more than 168 a thread):
 // setmaxnreg moves registers from the producer (40) to the consumers (232).
 #pragma once
@@ -41,6 +32,7 @@
 #include "kgen/attention/softmax_tile.cuh"
 #include "kgen/attention/kv_format.cuh"
 #include "kgen/attention/epilogue.cuh"
+#include "kgen/attention/wgmma_tile.cuh"
 
 namespace kgen {
 
@@ -65,23 +57,9 @@ struct WgmmaPrefillShape {
   static_assert(SMEM_BYTES == Cfg::SMEM_BYTES, "shared memory: kgen's smem_bytes and the template disagree");
 };
 
-// A matrix descriptor `bytes` further on in shared memory: its start address field (bits 0-13,
-// address >> 4) plus bytes >> 4; shared addresses stay below 2^18, so the field does not carry.
-__device__ __forceinline__ unsigned long long desc_plus(unsigned long long desc, int bytes) {
-  const unsigned lo = (unsigned)desc + (unsigned)(bytes >> 4);  // a 32-bit add: the high word stays
-  return (desc & 0xffffffff00000000ull) | lo;
-}
-
 template <bool B> struct BoolTag { static constexpr bool value = B; };
 
 __device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-
-// Byte offset of element (r, c) in a 128B-swizzled tile of R rows (from a 1024-aligned base).
-template <int R>
-__device__ __forceinline__ int wg_swizzled(int r, int c) {
-  const int off = (c / 64) * (R * 128) + r * 128 + (c % 64) * 2;
-  return off ^ (((off >> 7) & 7) << 4);
-}
 
 // The online softmax of one S tile in a consumer thread's registers (s: the m64nKT accumulators,
 // the m16n8 C-fragment layout per warp, [KT/8][4]): logits, masks (MASKED), the running (m, l) of
@@ -104,7 +82,7 @@ __device__ __forceinline__ void wg_softmax_tile(float (&s)[NS], float (&o)[NO], 
     seen[rr] = row_ok[rr] ? PrefillKeys<Cfg>::type::row_keys(row_pos[rr], hi) : KeyRange{0, 0};
 #pragma unroll
   for (int e = 0; e < NS; ++e) {
-    const int rr = (e >> 1) & 1, key = kv0 + 8 * (e >> 2) + 2 * t + (e & 1);
+    const int rr = wg_row(e), key = kv0 + wg_col(e, t);
     float x = LINEAR ? s[e] : Logits<Cfg>::of(s[e], scale, slope[rr], key, row_pos[rr]);
     if (MASKED) {
       x = seen[rr].contains(key) ? x : KGEN_NEG_INF;
@@ -116,15 +94,124 @@ __device__ __forceinline__ void wg_softmax_tile(float (&s)[NS], float (&o)[NO], 
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr)  // the four lanes of a group hold the row's columns
     scale_row(o, rr, softmax.raise(st[rr], quad_max(m_tile[rr]), mb[rr]));
-  float l_tile[2] = {0.0f, 0.0f};
+  wg_weigh(softmax, s, mb, st);
+}
+
+// The producer warpgroup: K/V tiles [lo, hi) of the block, KT keys a tile, gathered through the
+// block-table row `table` into the ring of STAGES stages (full/empty: the mbarriers above).
+template <class Cfg, class Params>
+__device__ __forceinline__ void wg_prefill_produce(const Params& p, unsigned char* stages, unsigned long long* full,
+                                                   unsigned long long* empty, const int* table, int tid, int kv_head,
+                                                   int lo, int hi, int ntiles) {
+  typedef WgmmaPrefillShape<Cfg> S;
+  typedef typename S::T T;
+  constexpr int KT = S::KT, D = S::D, DV = S::DV, STAGES = S::STAGES;
+  const auto* __restrict__ k_cache = p.k_cache;
+  const auto* __restrict__ v_cache = p.v_cache;
+  const long long k_s_block = p.k_s_block, k_s_head = p.k_s_head, k_s_token = p.k_s_token;
+  const long long v_s_block = p.v_s_block, v_s_head = p.v_s_head, v_s_token = p.v_s_token;
+  // Thread tid copies chunks CH * (tid % TPR) .. + CH - 1 (16 bytes each; TPR threads a row of
+  // C = D / 8 chunks) of rows tid / TPR, tid / TPR + 128 / TPR, .. of a tile, K's and V's alike
+  // when D = DV: one block-table read per key, its address math shared by 2 * CH copies, the
+  // head's offsets hoisted out of the tile loop. Other widths: one chunk at a time.
+  constexpr int KC = D / 8, VC = DV / 8, CH = KC >= 4 ? 4 : KC, TPR = KC / CH;
+  constexpr bool PAIRED = KC == VC && KC % CH == 0 && 128 % TPR == 0;
+  const int c0 = (tid % TPR) * CH, r_first = tid / TPR;
+  const T* k_head = k_cache + (long long)kv_head * k_s_head + c0 * 8;
+  const T* v_head = v_cache + (long long)kv_head * v_s_head + c0 * 8;
+  for (int i = 0; i < ntiles; ++i) {
+    const int s = i % STAGES, kv0 = lo + i * KT;
+    if (i >= STAGES) mbar_wait(&empty[s], (i / STAGES - 1) & 1);  // the consumers are done with tile i - STAGES
+    unsigned char* ks = stages + s * S::STAGE_BYTES;
+    unsigned char* vs = ks + S::K_BYTES;
+    if constexpr (PAIRED) {
+      for (int r = r_first; r < KT; r += 128 / TPR) {
+        // keys at or past hi: zero-filled copies from the block's last key (a valid address, no
+        // branch); unsigned: keys and block ids are not negative (cheaper division and products)
+        const int key = kv0 + r;
+        const int bytes = key < hi ? 16 : 0;
+        const unsigned kc = (unsigned)min(key, hi - 1);
+        const unsigned long long phys = (unsigned)table[kc / Cfg::BLOCK_SIZE], slot = kc % Cfg::BLOCK_SIZE;
+        const T* ksrc = k_head + (long long)(phys * (unsigned long long)k_s_block + slot * (unsigned long long)k_s_token);
+        const T* vsrc = v_head + (long long)(phys * (unsigned long long)v_s_block + slot * (unsigned long long)v_s_token);
 #pragma unroll
-  for (int e = 0; e < NS; ++e) {
-    const int rr = (e >> 1) & 1;
-    s[e] = softmax.weight(s[e], mb[rr]);
-    l_tile[rr] += s[e];
+        for (int j = 0; j < CH; ++j) {
+          const int off = wg_swizzled<KT>(r, (c0 + j) * 8);
+          cp_async<16>(ks + off, ksrc + 8 * j, bytes);
+          cp_async<16>(vs + off, vsrc + 8 * j, bytes);
+        }
+      }
+    } else {
+      for (int idx = tid; idx < KT * (KC + VC); idx += 128) {
+        const bool is_v = idx >= KT * KC;
+        const int j = is_v ? idx - KT * KC : idx, c = is_v ? VC : KC, key_i = j / c, d0 = (j % c) * 8;
+        const int key = kv0 + key_i;
+        const bool valid = key < hi;
+        const T* src = is_v ? v_cache : k_cache;
+        if (valid) {
+          const long long phys = table[key / Cfg::BLOCK_SIZE];
+          const int slot = key % Cfg::BLOCK_SIZE;
+          src = is_v ? v_cache + phys * v_s_block + (long long)kv_head * v_s_head + slot * v_s_token + d0
+                     : k_cache + phys * k_s_block + (long long)kv_head * k_s_head + slot * k_s_token + d0;
+        }
+        unsigned char* dst = is_v ? vs + wg_swizzled<KT>(key_i, d0) : ks + wg_swizzled<KT>(key_i, d0);
+        cp_async<16>(dst, src, valid ? 16 : 0);
+      }
+    }
+    cp_async_commit();
+    if (i >= STAGES - 1) {  // tile i - STAGES + 1 has landed: announce it
+      cp_async_wait<STAGES - 1>();
+      fence_proxy_async_shared();
+      mbar_arrive(&full[(i - STAGES + 1) % STAGES]);
+    }
   }
-  st[0].l += l_tile[0];
-  st[1].l += l_tile[1];
+  cp_async_wait<0>();
+  fence_proxy_async_shared();
+  for (int i = max(0, ntiles - STAGES + 1); i < ntiles; ++i) mbar_arrive(&full[i % STAGES]);
+}
+
+// Q of the block's rows [r0, r0 + rows) of sequence rows from q_begin into the swizzled Q tile, by
+// every thread (zeros past the last row).
+template <class Cfg, class Params>
+__device__ __forceinline__ void wg_prefill_load_q(const Params& p, unsigned char* q_s, int q_begin, int r0, int rows,
+                                                  int kv_head) {
+  typedef WgmmaPrefillShape<Cfg> S;
+  typedef typename S::T T;
+  constexpr int G = S::G, ROWS = S::ROWS, D = S::D;
+  const auto* __restrict__ q = p.q;
+  const long long q_s_tok = p.q_s_tok, q_s_head = p.q_s_head;
+  for (int idx = threadIdx.x; idx < ROWS * D; idx += S::THREADS) {
+    const int r = idx / D, d = idx % D, pr = r0 + r;
+    T x = from_float<T>(0.0f);
+    if (r < rows) x = q[(long long)(q_begin + pr / G) * q_s_tok + (long long)(kv_head * G + pr % G) * q_s_head + d];
+    *reinterpret_cast<T*>(q_s + wg_swizzled<ROWS>(r, d)) = x;
+  }
+}
+
+// A consumer thread's two rows finished (attention/epilogue.cuh): l over the four lanes of a row, the
+// sink once (single pass), the elements and the state.
+template <class Cfg, int NO>
+__device__ __forceinline__ void wg_prefill_finish(const Epilogue<Cfg>& ep, SoftmaxState (&st)[2], const float (&o)[NO],
+                                                  const bool (&row_ok)[2], const int (&row_tok)[2],
+                                                  const int (&row_head)[2], int t) {
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) st[rr].l = quad_sum(st[rr].l);
+  float sink[2];  // single pass: each row's sink once, at the end (a partial holds none)
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) sink[rr] = row_ok[rr] ? ep.sink(st[rr], row_head[rr]) : 1.0f;
+  const float inv[2] = {st[0].inv_sum() * sink[0], st[1].inv_sum() * sink[1]};
+#pragma unroll
+  for (int nt = 0; nt < NO / 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int rr = e >> 1, d = 8 * nt + 2 * t + (e & 1);
+      if (row_ok[rr]) ep.element(row_tok[rr], row_head[rr], d, o[4 * nt + e] * inv[rr]);
+    }
+  if (t == 0) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+      if (row_ok[rr]) ep.state(st[rr], row_tok[rr], row_head[rr]);
+  }
 }
 
 template <class Cfg, class Params>
@@ -133,16 +220,10 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(const Params& p) {
   // epilogue's (attention/epilogue.cuh), the rest bound here under the names the body uses; ABI 1's
   // positional signature is templates/abi1/'s, which fills a Params and calls this.
   const Epilogue<Cfg> ep = Epilogue<Cfg>::of(p, p.o_s_tok, blockIdx.z);  // DV <= 256: blockIdx.z is the partition
-  const auto* __restrict__ q = p.q;
-  const auto* __restrict__ k_cache = p.k_cache;
-  const auto* __restrict__ v_cache = p.v_cache;
-  const long long q_s_tok = p.q_s_tok, q_s_head = p.q_s_head;
-  const long long k_s_block = p.k_s_block, k_s_head = p.k_s_head, k_s_token = p.k_s_token;
-  const long long v_s_block = p.v_s_block, v_s_head = p.v_s_head, v_s_token = p.v_s_token;
   typedef WgmmaPrefillShape<Cfg> S;
   typedef typename S::T T;
   constexpr int G = S::G, ROWS = S::ROWS, KT = S::KT, D = S::D, DV = S::DV, W = Cfg::SLIDING_WINDOW;
-  constexpr int STAGES = S::STAGES, ONT = DV / 8;
+  constexpr int STAGES = S::STAGES;
   constexpr bool CAUSAL = Cfg::CAUSAL;
   // The warpgroup index broadcast from lane 0: ptxas then knows it is warp-uniform, and so is every
   // branch and loop bound derived from it, which keeps the consumers' wgmma in uniform control flow
@@ -176,77 +257,14 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(const Params& p) {
     }
     fence_mbarrier_init();
   }
-  // Q of the block's rows, by every thread (zeros past the last row).
-  for (int idx = tid; idx < ROWS * D; idx += S::THREADS) {
-    const int r = idx / D, d = idx % D, pr = r0 + r;
-    T x = from_float<T>(0.0f);
-    if (r < rows) x = q[(long long)(q_begin + pr / G) * q_s_tok + (long long)(kv_head * G + pr % G) * q_s_head + d];
-    *reinterpret_cast<T*>(q_s + wg_swizzled<ROWS>(r, d)) = x;
-  }
+  wg_prefill_load_q<Cfg>(p, q_s, q_begin, r0, rows, kv_head);  // by every thread
   fence_proxy_async_shared();  // Q's generic stores before the wgmma's async-proxy reads
   __syncthreads();             // the only block-wide barrier: the roles part here
 
   const int* table = p.block_tables + (long long)seq * p.max_blocks_per_seq;
   if (wg == 0) {  // ---- producer: gathers K/V tiles through the block table ----
     if constexpr (Cfg::SETMAXNREG) setmaxnreg_dec<40>();  // its registers go to the consumers
-    // Thread tid copies chunks CH * (tid % TPR) .. + CH - 1 (16 bytes each; TPR threads a row of
-    // C = D / 8 chunks) of rows tid / TPR, tid / TPR + 128 / TPR, .. of a tile, K's and V's alike
-    // when D = DV: one block-table read per key, its address math shared by 2 * CH copies, the
-    // head's offsets hoisted out of the tile loop. Other widths: one chunk at a time.
-    constexpr int KC = D / 8, VC = DV / 8, CH = KC >= 4 ? 4 : KC, TPR = KC / CH;
-    constexpr bool PAIRED = KC == VC && KC % CH == 0 && 128 % TPR == 0;
-    const int c0 = (tid % TPR) * CH, r_first = tid / TPR;
-    const T* k_head = k_cache + (long long)kv_head * k_s_head + c0 * 8;
-    const T* v_head = v_cache + (long long)kv_head * v_s_head + c0 * 8;
-    for (int i = 0; i < ntiles; ++i) {
-      const int s = i % STAGES, kv0 = lo + i * KT;
-      if (i >= STAGES) mbar_wait(&empty[s], (i / STAGES - 1) & 1);  // the consumers are done with tile i - STAGES
-      unsigned char* ks = stages + s * S::STAGE_BYTES;
-      unsigned char* vs = ks + S::K_BYTES;
-      if constexpr (PAIRED) {
-        for (int r = r_first; r < KT; r += 128 / TPR) {
-          // keys at or past hi: zero-filled copies from the block's last key (a valid address, no
-          // branch); unsigned: keys and block ids are not negative (cheaper division and products)
-          const int key = kv0 + r;
-          const int bytes = key < hi ? 16 : 0;
-          const unsigned kc = (unsigned)min(key, hi - 1);
-          const unsigned long long phys = (unsigned)table[kc / Cfg::BLOCK_SIZE], slot = kc % Cfg::BLOCK_SIZE;
-          const T* ksrc = k_head + (long long)(phys * (unsigned long long)k_s_block + slot * (unsigned long long)k_s_token);
-          const T* vsrc = v_head + (long long)(phys * (unsigned long long)v_s_block + slot * (unsigned long long)v_s_token);
-#pragma unroll
-          for (int j = 0; j < CH; ++j) {
-            const int off = wg_swizzled<KT>(r, (c0 + j) * 8);
-            cp_async<16>(ks + off, ksrc + 8 * j, bytes);
-            cp_async<16>(vs + off, vsrc + 8 * j, bytes);
-          }
-        }
-      } else {
-        for (int idx = tid; idx < KT * (KC + VC); idx += 128) {
-          const bool is_v = idx >= KT * KC;
-          const int j = is_v ? idx - KT * KC : idx, c = is_v ? VC : KC, key_i = j / c, d0 = (j % c) * 8;
-          const int key = kv0 + key_i;
-          const bool valid = key < hi;
-          const T* src = is_v ? v_cache : k_cache;
-          if (valid) {
-            const long long phys = table[key / Cfg::BLOCK_SIZE];
-            const int slot = key % Cfg::BLOCK_SIZE;
-            src = is_v ? v_cache + phys * v_s_block + (long long)kv_head * v_s_head + slot * v_s_token + d0
-                       : k_cache + phys * k_s_block + (long long)kv_head * k_s_head + slot * k_s_token + d0;
-          }
-          unsigned char* dst = is_v ? vs + wg_swizzled<KT>(key_i, d0) : ks + wg_swizzled<KT>(key_i, d0);
-          cp_async<16>(dst, src, valid ? 16 : 0);
-        }
-      }
-      cp_async_commit();
-      if (i >= STAGES - 1) {  // tile i - STAGES + 1 has landed: announce it
-        cp_async_wait<STAGES - 1>();
-        fence_proxy_async_shared();
-        mbar_arrive(&full[(i - STAGES + 1) % STAGES]);
-      }
-    }
-    cp_async_wait<0>();
-    fence_proxy_async_shared();
-    for (int i = max(0, ntiles - STAGES + 1); i < ntiles; ++i) mbar_arrive(&full[i % STAGES]);
+    wg_prefill_produce<Cfg>(p, stages, full, empty, table, tid, kv_head, lo, hi, ntiles);
     return;
   }
 
@@ -286,37 +304,15 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(const Params& p) {
     constexpr bool MASKED = decltype(masked_tag)::value;
     const int s = i % STAGES, kv0 = lo + i * KT;
     mbar_wait(&full[s], (i / STAGES) & 1);  // tile i has landed
-    const unsigned long long dk = desc_plus(dk0, s * S::STAGE_BYTES), dv = desc_plus(dv0, s * S::STAGE_BYTES);
+    const unsigned long long dk = wg_desc_plus(dk0, s * S::STAGE_BYTES), dv = wg_desc_plus(dv0, s * S::STAGE_BYTES);
     const bool sees = !MASKED || (wg_rows > 0 && !(CAUSAL && kv0 > wg_pos_last) &&
                                   !(W > 0 && kv0 + KT - 1 <= wg_pos_first - W));
-    if (sees) {  // warpgroup-uniform
-      wgmma_fence_operand(sacc);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        wgmma_ss<T, KT, 0, 0>(sacc, desc_plus(dq, (kk / 4) * (ROWS * 128) + (kk % 4) * 32),
-                              desc_plus(dk, (kk / 4) * (KT * 128) + (kk % 4) * 32), kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_operand(sacc);
+    if (sees) {  // warpgroup-uniform (attention/wgmma_tile.cuh: each product waited on)
+      wg_qk<T, KT, D, ROWS, KT>(sacc, dq, dk);
       wg_softmax_tile<Cfg, MASKED>(sacc, o, st, kv0, hi, t, row_ok, row_pos, slope);
-      unsigned pa[KT / 16][4];  // P in wgmma's A fragments, all written before the fence
-#pragma unroll
-      for (int kk = 0; kk < KT / 16; ++kk)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) pa[kk][j] = pack2<T>(sacc[8 * kk + 2 * j], sacc[8 * kk + 2 * j + 1]);
-      wgmma_fence_operand(pa);
-      wgmma_fence_operand(o);
-      wgmma_fence();  // o and P were written since the last wgmma
-#pragma unroll
-      for (int kk = 0; kk < KT / 16; ++kk) wgmma_rs<T, DV, 1>(o, pa[kk], desc_plus(dv, kk * 16 * 128), 1);
-      wgmma_commit();
-      wgmma_wait<0>();  // the tile's P V has read V: the stage may be refilled
-      wgmma_fence_operand(o);
-      wgmma_fence_operand(pa);
+      wg_pv_rs<T, DV, KT>(o, sacc, dv);
     }
-    mbar_arrive(&empty[s]);
+    mbar_arrive(&empty[s]);  // the tile's P V has read V: the stage may be refilled
   };
   // Tiles [i_a, i_b) need no mask for any row of the warpgroup (all 64 rows real, every key below hi,
   // on or below every row's diagonal, inside every row's window): they run the unmasked softmax in a
@@ -330,27 +326,7 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(const Params& p) {
   for (int i = i_a; i < i_b; ++i) step(i, BoolTag<false>());
   for (int i = i_b; i < ntiles; ++i) step(i, BoolTag<true>());
 
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 1, 32);
-    st[rr].l += __shfl_xor_sync(0xffffffffu, st[rr].l, 2, 32);
-  }
-  float sink[2];  // single pass: each row's sink once, at the end (a partial holds none)
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) sink[rr] = row_ok[rr] ? ep.sink(st[rr], row_head[rr]) : 1.0f;
-  const float inv[2] = {st[0].inv_sum() * sink[0], st[1].inv_sum() * sink[1]};
-#pragma unroll
-  for (int nt = 0; nt < ONT; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int rr = e >> 1, d = 8 * nt + 2 * t + (e & 1);
-      if (row_ok[rr]) ep.element(row_tok[rr], row_head[rr], d, o[4 * nt + e] * inv[rr]);
-    }
-  if (t == 0) {
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr)
-      if (row_ok[rr]) ep.state(st[rr], row_tok[rr], row_head[rr]);
-  }
+  wg_prefill_finish(ep, st, o, row_ok, row_tok, row_head, t);
 }
 
 }  // namespace kgen

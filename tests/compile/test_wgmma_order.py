@@ -1,7 +1,8 @@
 """The wgmma ordering rules the CPU backend cannot observe (its fences are no-ops), checked in the PTX
 and the SASS of the Hopper prefill body (kgen/compile/wgmma_order.py): the body as built passes, and
-mutants that break a rule (P's A fragments written after wgmma.fence, as the body once did; the wait
-before the softmax reads S dropped) are caught. No GPU needed."""
+mutants of its wgmma tile part (kgen/attention/wgmma_tile.cuh) that break a rule (P's A fragments
+written after wgmma.fence, as the body once did; a batch's wait dropped, so the softmax reads S
+before it completed) are caught. No GPU needed."""
 
 from __future__ import annotations
 
@@ -20,35 +21,40 @@ CUOBJDUMP = find_cuobjdump()
 needs_cuobjdump = pytest.mark.skipif(CUOBJDUMP is None, reason="cuobjdump (nvidia-cuda-cuobjdump wheel) is absent")
 HEADER = "kgen/bodies/paged_prefill_wgmma.cuh"
 
+PART = "kgen/attention/wgmma_tile.cuh"  # the tile's products, where the ordering rules live
+
 # P packed into A inside the P V loop, after wgmma.fence: each wgmma_rs reads registers written
 # inside the window (the body before the fix).
-FENCED_P = ("""      wgmma_fence_operand(pa);
-      wgmma_fence_operand(o);
-      wgmma_fence();  // o and P were written since the last wgmma
+FENCED_P = ("""  wgmma_fence_operand(pa);
+  wg_batch(o, [&] {
 #pragma unroll
-      for (int kk = 0; kk < KT / 16; ++kk) wgmma_rs<T, DV, 1>(o, pa[kk], desc_plus(dv, kk * 16 * 128), 1);""",
-            """      wgmma_fence_operand(o);
-      wgmma_fence();
+    for (int kk = 0; kk < KT / 16; ++kk) wgmma_rs<T, N, 1>(o, pa[kk], wg_desc_plus(dv, kk * 16 * 128), 1);
+  });""", """  wg_batch(o, [&] {
 #pragma unroll
-      for (int kk = 0; kk < KT / 16; ++kk) {
+    for (int kk = 0; kk < KT / 16; ++kk) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) pa[kk][j] = pack2<T>(sacc[8 * kk + 2 * j + 1], sacc[8 * kk + 2 * j]);
-        wgmma_rs<T, DV, 1>(o, pa[kk], desc_plus(dv, kk * 16 * 128), 1);
-      }""")
-# S read by the softmax with no wait for the wgmma that writes it.
-NO_WAIT = ("""      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_operand(sacc);""", """      wgmma_commit();
-      wgmma_fence_operand(sacc);""")
+      for (int j = 0; j < 4; ++j) pa[kk][j] = pack2<T>(p[8 * kk + 2 * j + 1], p[8 * kk + 2 * j]);
+      wgmma_rs<T, N, 1>(o, pa[kk], wg_desc_plus(dv, kk * 16 * 128), 1);
+    }
+  });""")
+# A batch's wait dropped: the softmax reads S (and the next tile's rescale O) with no wait for the
+# wgmma that writes it.
+NO_WAIT = ("""  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operand(acc);""", """  wgmma_commit();
+  wgmma_fence_operand(acc);""")
 
 
 def _hopper_source(config: dict | None = None) -> str:
-    """llama3_8b_prefill retargeted to sm_90 alone (the Hopper body), the body copied in as kernel code."""
+    """llama3_8b_prefill retargeted to sm_90 alone (the Hopper body), the body and its wgmma tile part
+    copied in as kernel code."""
     spec = load_spec(ROOT / "specs" / "llama3_8b_prefill.yaml").with_overrides(targets=["sm_90"])
     source = render(spec, config).source
-    include = f'#include "{HEADER}"\n'
-    assert source.count(include) == 1
-    return source.replace(include, kgen_headers()[HEADER].replace("#pragma once", ""))
+    for header in (HEADER, PART):  # the body includes the part
+        include = f'#include "{header}"\n'
+        assert source.count(include) == 1
+        source = source.replace(include, kgen_headers()[header].replace("#pragma once", ""))
+    return source
 
 
 def _checked(source: str, cache: ArtifactCache):

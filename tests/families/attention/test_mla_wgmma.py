@@ -110,6 +110,10 @@ MUTANTS = [
     ("V from the rope end", "wgmma_desc(operand + (col_off / 64) * (KT * 128)",
      "wgmma_desc(operand + (col_off / 64 + 1) * (KT * 128)"),
     ("tail key not masked", "seen{max(k_begin, keys.begin), keys.end};", "seen{max(k_begin, keys.begin), keys.end + 1};"),
+    # the wgmma tile part's (kgen/attention/wgmma_tile.cuh)
+    ("tiles not swizzled", "return off ^ (((off >> 7) & 7) << 4);", "return off;"),
+    ("S adds onto the last tile's", "(kk % 4) * 32), kk > 0 ? 1 : 0);", "(kk % 4) * 32), 1);"),
+    ("a thread's l of one row", "l_tile[wg_row(e)] += s[e];", "l_tile[0] += s[e];"),
 ]
 
 
@@ -117,7 +121,8 @@ MUTANTS = [
 def test_verifier_rejects_mutant(old, new):
     spec = _spec(**{"attention.num_q_heads": 72})
     rendered = render(spec, {"partition_size": 32})
-    source = inline_provided(rendered.source)  # the body as kernel code (a provided header)
+    # the body and its wgmma tile part as kernel code (provided headers)
+    source = inline_provided(inline_provided(rendered.source), "kgen/attention/wgmma_tile.cuh")
     assert source.count(old) == 1, old
     kern = kernel_from_source(spec, source.replace(old, new), backend="cpu", config=rendered.config, archs=[])
     assert not verify(kern, seed=99).passed

@@ -3,7 +3,7 @@ kgen/families/attention/prefill_geometry.py): a producer warpgroup gathering pag
 128B-swizzled stages, consumer warpgroups computing S = Q K^T (wgmma_ss) and O += P V (wgmma_rs), full /
 empty mbarriers between them. Verified element by element on the CPU backend (its wgmma, mbarrier and
 cp.async emulation); the fallback to mma.sync with its note; pruned configs; the sm_90a cubin's HGMMA;
-and mutants that drop an arrive or a wait fail verification."""
+and mutants that drop an arrive or a wait, or pack P out of order, fail verification."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import dataclasses
 import re
 
 import pytest
+from conftest import inline_provided
 
 import kgen
 from kgen.build import check_register_splits
@@ -217,3 +218,15 @@ def test_the_hopper_body_s_sink_mutants_fail(old, new):
     assert body.count(old) == 1
     mutant = kernel_from_source(spec, body.replace(old, new), backend="cpu", config=rendered.config, archs=[])
     assert not verify(mutant, seed=3).passed
+
+
+# The wgmma tile part's P in A fragments (kgen/attention/wgmma_tile.cuh, which only this body packs into
+# registers; the part's other mutants are test_mla_wgmma.py's): each pair of P's elements swapped.
+def test_p_packed_out_of_order_fails():
+    spec = _spec(**{"attention.num_q_heads": 4})
+    rendered = render(spec, {"partition_size": 0, "kv_tile": 16, "warps": 4})
+    source = inline_provided(_inline_body(rendered.source), "kgen/attention/wgmma_tile.cuh")
+    old = "pack2<T>(p[8 * kk + 2 * j], p[8 * kk + 2 * j + 1])"
+    assert source.count(old) == 1
+    mutant = source.replace(old, "pack2<T>(p[8 * kk + 2 * j + 1], p[8 * kk + 2 * j])")
+    assert not verify(kernel_from_source(spec, mutant, backend="cpu", config=rendered.config, archs=[]), seed=3).passed
