@@ -208,7 +208,7 @@ def test_the_hopper_body_verifies_on_the_gpu(overrides):
 # is not copied in here): a body that adds the sink to a partial, and one that forgets it.
 @pytest.mark.parametrize("old,new", [
     ("row_ok[rr] ? ep.sink(st[rr], row_head[rr]) : 1.0f",
-     "row_ok[rr] && p.sinks != nullptr ? st[rr].add_sink(p.sinks[row_head[rr]]) : 1.0f"),  # a partial's sink
+     "row_ok[rr] && ep.sinks != nullptr ? st[rr].add_sink(ep.sinks[row_head[rr]]) : 1.0f"),  # a partial's sink
     ("ep.sink(st[rr], row_head[rr])", "1.0f"),                                                # sink forgotten
 ])
 def test_the_hopper_body_s_sink_mutants_fail(old, new):
