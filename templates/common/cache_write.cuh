@@ -43,6 +43,24 @@ template <> __device__ __forceinline__ i8 quantize_value<i8>(float x) {
   return (i8)__float2int_rn(c);  // round half to even
 }
 
+// The largest of the warp's 32 values (every lane gets it).
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o, 32));
+  return v;
+}
+
+// A per_token_head row's scale: max|x| / QMAX over the row's D values, which the warp's lanes take in
+// turn (lane, lane + 32, ...); every lane gets it. The cache writers of every layout share it.
+template <class T, class In>
+__device__ __forceinline__ float token_scale(const In* __restrict__ src, int D, int lane) {
+  float amax = 0.0f;
+  for (int d = lane; d < D; d += 32) amax = fmaxf(amax, fabsf(to_float(src[d])));
+  float scale = warp_max(amax) / quant_max<T>::value;
+  if (!(scale > 0.0f)) scale = 1.0f;  // all-zero (or underflowing) row: any scale stores zeros
+  return scale;
+}
+
 // nvfp4 (kgen/formats/nvfp4.py): fp32 (already divided by the group's scale) -> e2m1 nibble, round
 // to nearest even (a midpoint goes to the even code), saturating to ±6; -0 for a negative value that
 // rounds to zero, +0 for NaN.
@@ -134,12 +152,7 @@ __device__ __forceinline__ void cache_write_body(
       } else if constexpr (ScaleModeOf<Cfg>::value == ScaleMode::per_head) {
         scale = scales[h];
       } else {
-        float amax = 0.0f;
-        for (int d = lane; d < D; d += 32) amax = fmaxf(amax, fabsf(to_float(src[d])));
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o, 32));
-        scale = amax / quant_max<kv_t>::value;
-        if (!(scale > 0.0f)) scale = 1.0f;  // all-zero (or underflowing) row: any scale stores zeros
+        scale = token_scale<kv_t>(src, D, lane);
         if (lane == 0) {
           float* pool = is_v ? v_scale + blk * vs_s_block + h * vs_s_head + off * vs_s_token
                              : k_scale + blk * ks_s_block + h * ks_s_head + off * ks_s_token;

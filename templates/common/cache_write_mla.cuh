@@ -1,8 +1,8 @@
 // Cache write for the mla layout (docs/abi.md "MLA"): store each token's latent row kv[token]
 // (head_dim elements: the latent vector, then the rope part) at slot_mapping[token] = block *
 // BLOCK_SIZE + offset (negative = skip) of the one pool [num_blocks, block_size, head_dim],
-// converted or quantized exactly as cache_write_body does (quantize_value, convert_value, quant_max
-// from cache_write.cuh, whose numpy model is kgen/quantize.py). A quantized pool has one scale set
+// converted or quantized exactly as cache_write_body does (quantize_value, convert_value, token_scale,
+// warp_max from cache_write.cuh, whose numpy model is kgen/quantize.py). A quantized pool has one scale set
 // kv_scale: per tensor (read), or per token (written: max|x| / QMAX of the row, 1.0 if not > 0).
 //
 // fp8_ds_mla (Cfg::DS_MLA; ds_mla_row.cuh): each row is quantized into its 656-byte form, the scale
@@ -28,8 +28,7 @@ __device__ __forceinline__ void ds_mla_write_row(unsigned char* __restrict__ dst
       x[j] = to_float(src[t * R::TILE + lane + 32 * j]);
       amax = fmaxf(amax, fabsf(x[j]));
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o, 32));
+    amax = warp_max(amax);
     // FlashMLA's scale: 2^ceil(log2(max(amax / 448, 1e-4))), amax / 448 an IEEE fp32 division
     const float scale = ds_mla_pow2_ceil(fmaxf(amax / quant_max<__nv_fp8_e4m3>::value, 1e-4f));
     if (lane == 0) *reinterpret_cast<float*>(dst + R::SCALES_AT + 4 * t) = scale;
@@ -67,12 +66,7 @@ __device__ __forceinline__ void mla_cache_write_body(
     if constexpr (Cfg::SCALE_MODE == ScaleMode::per_tensor) {
       scale = kv_scale[0];
     } else {
-      float amax = 0.0f;
-      for (int d = lane; d < D; d += 32) amax = fmaxf(amax, fabsf(to_float(src[d])));
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o, 32));
-      scale = amax / quant_max<kv_t>::value;
-      if (!(scale > 0.0f)) scale = 1.0f;  // all-zero (or underflowing) row: any scale stores zeros
+      scale = token_scale<kv_t>(src, D, lane);
       if (lane == 0) kv_scale[blk * cs_s_block + off * cs_s_token] = scale;
     }
     for (int d = lane; d < D; d += 32) dst[d] = quantize_value<kv_t>(to_float(src[d]) / scale);

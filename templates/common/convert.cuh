@@ -1,8 +1,8 @@
 // Packed conversions to float: a 32-bit word of elements at a time, bit for bit what the
 // scalar to_float (platform.cuh) gives for each element.
 //   fp16, bf16   a half2 / bfloat162 -> float2 (NVIDIA's __half22float2, __bfloat1622float2)
-//   fp8          two e4m3 / e5m2 -> half2 (__nv_cvt_fp8x2_to_halfraw2: one cvt.rn.f16x2.e4m3x2 on
-//                sm_89+), the scalar path's own fp8 -> half -> float route
+//   fp8          two e4m3 / e5m2 -> half2 (fp8x2_to_half2_bits: one cvt.rn.f16x2.e4m3x2 on sm_89+),
+//                the scalar path's own fp8 -> half -> float route (fp8x2_to_float2)
 //   int8         four per word by byte permutation: 0x4B000000 | (x + 128) is the float
 //                2^23 + 128 + x exactly, so subtracting 2^23 + 128 gives x (no I2F)
 //   nvfp4        eight nibbles per word by bit placement into half2, times the group's e4m3
@@ -40,11 +40,31 @@ template <> struct Widen<__nv_bfloat16> {
   }
 };
 
+// Two fp8 values (the low and high byte of `two`) as a half2's bits, exactly (fp8 values are fp16
+// values): one cvt.rn.f16x2.e4m3x2 / e5m2x2 on sm_89+. Every fp8 pair conversion starts here (the
+// attention MMA operands, attention/kv_format.cuh's KvPair; fp8_ds_mla rows, ds_mla_row.cuh).
+template <__nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ unsigned fp8x2_to_half2_bits(unsigned short two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, KIND);
+  unsigned r;
+  memcpy(&r, &h, 4);
+  return r;
+}
+
+// ... and as two floats (exact).
+template <__nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ float2 fp8x2_to_float2(unsigned short two) {
+  const unsigned h = fp8x2_to_half2_bits<KIND>(two);
+  __half2 hh;
+  memcpy(&hh, &h, 4);
+  return __half22float2(hh);
+}
+
 template <__nv_fp8_interpretation_t KIND>
 struct WidenFp8 {
   static constexpr int PER_WORD = 4;
   static __device__ __forceinline__ void pair(unsigned short two, float* d) {
-    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(two, KIND)));
+    const float2 f = fp8x2_to_float2<KIND>(two);
     d[0] = f.x;
     d[1] = f.y;
   }

@@ -6,8 +6,11 @@
 // kgen/quantize.py (FlashMLA's tests/quant.py): scale = the smallest power of two >= max(amax / 448,
 // 1e-4), stored = e4m3(x / scale).
 //
-// Needs cuda_bf16.h and cuda_fp8.h before it.
+// Needs cuda_bf16.h, cuda_fp8.h and kgen/platform.cuh before it; includes convert.cuh (the fp8 pair
+// conversion).
 #pragma once
+
+#include "kgen/convert.cuh"
 
 namespace kgen {
 
@@ -19,10 +22,7 @@ struct DsMlaRow {
 
 // Two e4m3 values (low byte first) times the tile scale, as two bf16 in one register.
 __device__ __forceinline__ unsigned ds_mla_dequant2(unsigned short two, float scale) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3);  // exact: e4m3 values are fp16 values
-  __half2 hh;
-  memcpy(&hh, &h, 4);
-  const float2 f = __half22float2(hh);
+  const float2 f = fp8x2_to_float2<__NV_E4M3>(two);  // exact: e4m3 values are fp16 values
   const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * scale, f.y * scale);  // one rounding each
   unsigned r;
   memcpy(&r, &b, 4);

@@ -179,24 +179,15 @@ __device__ __forceinline__ void kv_staged_chunk(const typename Cfg::kv_t* rows, 
 
 // Two 8-bit cache elements (the low and high byte of `two`) as two elements of T (fp16 or bf16) in
 // one register, exactly (fp8 and int8 values are exact in fp16 and bf16).
+// (The MLA bodies' fp8 tiles too.)
 template <class KV, class T> struct KvPair;
-template <__nv_fp8_interpretation_t KIND>
-__device__ __forceinline__ unsigned fp8x2_to_half2_bits(unsigned short two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, KIND);  // cvt.rn.f16x2.e4m3x2 / e5m2x2 on sm_89+
-  unsigned r;
-  memcpy(&r, &h, 4);
-  return r;
-}
 template <__nv_fp8_interpretation_t KIND, class T>
-struct KvPairFp8 {
+struct KvPairFp8 {  // convert.cuh's fp8 pair conversions
   static __device__ __forceinline__ unsigned two(unsigned short x) {
-    const unsigned h = fp8x2_to_half2_bits<KIND>(x);
     if constexpr (IsSame<T, __half>::value) {
-      return h;
+      return fp8x2_to_half2_bits<KIND>(x);
     } else {  // via half2 and float2: exact (fp8's values are bf16 values)
-      __half2 hh;
-      memcpy(&hh, &h, 4);
-      const float2 f = __half22float2(hh);
+      const float2 f = fp8x2_to_float2<KIND>(x);
       return pack2<T>(f.x, f.y);
     }
   }
