@@ -21,24 +21,26 @@
 //      (P by ldmatrix, V by ldmatrix.trans from the same tile rows as K).
 // At the end the warps' shares of l are added through shared memory; each warp writes its columns.
 // Split-KV (decode and prefill): partition z of the grid attends keys [z P, (z + 1) P) and writes its
-// normalised partial and (m, l); the merge kernel (softmax.cuh's merge_partitions_body) combines them at
-// V_DIM.
+// normalised partial and (m, l) through the Epilogue; the merge kernel (attention/epilogue.cuh's
+// merge_partitions_body) combines them at V_DIM.
 //
 // Sparse (SPARSE_TOPK = N > 0): a row's keys are the N entries of its indices row, physical slots
-// block_id * BLOCK_SIZE + offset or -1 (mla_key_row picks the rows; -1 is zero-filled and masked), with
-// no block table, causal mask or window; see paged_mla_sparse_decode_body / _prefill_body.
+// block_id * BLOCK_SIZE + offset or -1 (LatentRows::row picks the rows; -1 is zero-filled and masked),
+// with no block table, causal mask or window; see paged_mla_sparse_decode_body / _prefill_body.
 //
 // fp8 caches (e4m3, e5m2): the tile lands as stored (RAW_ROW_BYTES a row, with its per-token scales),
-// then one pass converts it into the 16-bit operand tile (exact: fp8 values are fp16 and bf16 values)
-// that both products read. Scales stay outside the products, in fp32: a per-tensor scale multiplies
+// then one pass converts it into the 16-bit operand tile (exact: fp8 values are fp16 and bf16 values;
+// attention/kv_format.cuh's KvPair) that both products read. Scales stay outside the products, in fp32: a per-tensor scale multiplies
 // the logits and the output; a per-token one logit column j and P[:, j] (for P V) by kv_scale[j],
 // while l sums the unscaled P. fp8_ds_mla rows (Cfg::DS_MLA, ds_mla_row.cuh) are staged as their 656
 // bytes and the same pass dequantizes them (e4m3 * tile scale, rounded once to bf16; rope copied).
 //
-// Shared parts (kgen/attention/): the stage ring (StageRing), which keys a row sees (MlaKeys: the
-// causal KeyRule over positions, or a sparse row's ListedKeys over its entries), the logit and
-// when its scale folds into the exponent (Logits), the per-tile softmax update (TileSoftmax) and
-// the cache's ScaleMode. Every kernel fills a Params struct generated from its argument table.
+// Shared parts (kgen/attention/): the latent rows (LatentRows: which pool row a key is; MlaKeys:
+// the causal KeyRule over positions, or a sparse row's ListedKeys over its entries; MlaRows), the
+// stage ring (StageRing), the logit and when its scale folds into the exponent (Logits), the
+// per-tile softmax update (TileSoftmax), the fp8 pairs (KvPair) and the cache's ScaleMode, and the
+// row's end (Epilogue: the output and LSE, or the partial and (m, l)). Every kernel fills a Params
+// struct generated from its argument table.
 //
 // Needs kgen/platform.cuh, async_copy.cuh, softmax.cuh and mma.cuh before it.
 #pragma once
@@ -48,12 +50,11 @@
 #include "kgen/attention/logits.cuh"
 #include "kgen/attention/softmax_tile.cuh"
 #include "kgen/attention/stage_ring.cuh"
+#include "kgen/attention/kv_format.cuh"
+#include "kgen/attention/epilogue.cuh"
+#include "kgen/attention/latent_rows.cuh"
 
 namespace kgen {
-
-template <class KV> struct MlaFp8Kind;
-template <> struct MlaFp8Kind<__nv_fp8_e4m3> { static constexpr __nv_fp8_interpretation_t value = __NV_E4M3; };
-template <> struct MlaFp8Kind<__nv_fp8_e5m2> { static constexpr __nv_fp8_interpretation_t value = __NV_E5M2; };
 
 template <class Cfg>
 struct MlaShape {
@@ -89,38 +90,19 @@ struct MlaShape {
   static_assert(STAGES >= 1 && STAGES <= 4, "stages");
 };
 
-// Which keys a row sees (attention/visibility.cuh): a dense row the sequence's positions by the
-// causal rule (decode's query is the last key: DecodeKeys), a sparse row the entries of its index
-// list that name a slot (ListedKeys).
-template <class Cfg, bool SPARSE = (Cfg::SPARSE_TOPK > 0)> struct MlaKeys {
-  typedef typename PrefillKeys<Cfg>::type prefill;
-  typedef typename DecodeKeys<Cfg>::type decode;
-};
-template <class Cfg> struct MlaKeys<Cfg, true> { typedef ListedKeys prefill, decode; };
-
-// The block's part of the sequence: its rows, their positions and the keys they see.
-struct MlaRows {
-  int first;      // the block's first row (of the sequence's q_len * NUM_Q_HEADS)
-  int count;      // q_len * NUM_Q_HEADS
-  int q_len;      // query tokens of the sequence
-  int seq_len;    // keys of the sequence (including the query tokens)
-  long long q_row0;  // the sequence's first query token in q, out and lse
-};
-
-// Which latent rows a key loop reads. Key `pos` of a dense row is the sequence's position pos, found
-// through its block table; of a sparse row (SPARSE_TOPK > 0) it is entry pos of the row's indices, a
-// physical slot block_id * BLOCK_SIZE + offset, or -1 for none. The element offset of its row in a
-// pool of these strides, or -1 (sparse only) for an unused entry.
+// The block's Q rows into shared memory (zeros past the sequence's rows; cp.async, in the first copy
+// group).
 template <class Cfg>
-__device__ __forceinline__ long long mla_key_row(int pos, const int* __restrict__ table,
-                                                 const int* __restrict__ indices, long long s_block,
-                                                 long long s_token) {
-  constexpr int B = Cfg::BLOCK_SIZE;
-  if constexpr (Cfg::SPARSE_TOPK > 0) {
-    const int slot = indices[pos];
-    return !ListedKeys::listed(slot) ? -1LL : (long long)((unsigned)slot / B) * s_block + ((unsigned)slot % B) * s_token;
-  } else {
-    return (long long)table[(unsigned)pos / B] * s_block + (pos % B) * s_token;
+__device__ __forceinline__ void mla_stage_q(unsigned char* __restrict__ q_s, const typename Cfg::q_t* __restrict__ q,
+                                            const MlaRows& rows, long long q_s_row, long long q_s_head) {
+  typedef MlaShape<Cfg> S;
+  constexpr int D = S::D, HQ = S::HQ;
+  for (int i = threadIdx.x; i < 16 * S::R * (D / 8); i += S::THREADS) {
+    const int r = i / (D / 8), d0 = (i % (D / 8)) * 8, row = rows.first + r;
+    const bool valid = row < rows.count;
+    const typename Cfg::q_t* src = q;
+    if (valid) src = q + (rows.q_row0 + row / HQ) * q_s_row + (long long)(row % HQ) * q_s_head + d0;
+    cp_async<16>(q_s + r * S::ROW + d0 * 2, src, valid ? 16 : 0);
   }
 }
 
@@ -128,10 +110,7 @@ __device__ __forceinline__ long long mla_key_row(int pos, const int* __restrict_
 // sparse row's unused entries, are zero-filled, not read.
 template <class Cfg>
 __device__ __forceinline__ void mla_issue_tile(unsigned char* __restrict__ stage, int tbase, int k_begin, int k_end,
-                                               const int* __restrict__ table, const int* __restrict__ indices,
-                                               const typename Cfg::kv_t* __restrict__ kv_cache,
-                                               const float* __restrict__ kv_scale, long long kv_s_block,
-                                               long long kv_s_token, long long ks_s_block, long long ks_s_token) {
+                                               const LatentRows<Cfg>& pool) {
   typedef MlaShape<Cfg> S;
   constexpr int ES = sizeof(typename Cfg::kv_t), CHUNK = 16 / ES, PER_ROW = S::STORED / 16;
   constexpr int COPIES = S::NT * PER_ROW, ROW = S::KV8 ? S::RAW_ROW : S::ROW;
@@ -139,11 +118,11 @@ __device__ __forceinline__ void mla_issue_tile(unsigned char* __restrict__ stage
   for (int i = threadIdx.x; i < COPIES; i += S::THREADS) {
     const int t = i / PER_ROW, d0 = (i % PER_ROW) * CHUNK, pos = tbase + t;
     bool valid = pos >= k_begin && pos < k_end;
-    const typename Cfg::kv_t* src = kv_cache;
+    const typename Cfg::kv_t* src = pool.kv_cache;
     if (valid) {
-      const long long row = mla_key_row<Cfg>(pos, table, indices, kv_s_block, kv_s_token);
+      const long long row = pool.row(pos, pool.kv_s_block, pool.kv_s_token);
       if constexpr (Cfg::SPARSE_TOPK > 0) valid = row >= 0;
-      if (valid) src = kv_cache + row + d0;
+      if (valid) src = pool.kv_cache + row + d0;
     }
     cp_async<16>(stage + t * ROW + d0 * ES, src, valid ? 16 : 0);
   }
@@ -152,30 +131,14 @@ __device__ __forceinline__ void mla_issue_tile(unsigned char* __restrict__ stage
     for (int t = threadIdx.x; t < S::NT; t += S::THREADS) {
       const int pos = tbase + t;
       bool valid = pos >= k_begin && pos < k_end;
-      const float* src = kv_scale;
+      const float* src = pool.kv_scale;
       if (valid) {
-        const long long row = mla_key_row<Cfg>(pos, table, indices, ks_s_block, ks_s_token);
+        const long long row = pool.row(pos, pool.ks_s_block, pool.ks_s_token);
         if constexpr (Cfg::SPARSE_TOPK > 0) valid = row >= 0;
-        if (valid) src = kv_scale + row;
+        if (valid) src = pool.kv_scale + row;
       }
       cp_async<4>(ss + t, src, valid ? 4 : 0);
     }
-  }
-}
-
-// Two fp8 values (the low and high byte) as two T in one register, exactly.
-template <class KV, class T>
-__device__ __forceinline__ unsigned mla_fp8x2(unsigned short two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, MlaFp8Kind<KV>::value);
-  if constexpr (IsSame<T, __half>::value) {
-    unsigned r;
-    memcpy(&r, &h, 4);
-    return r;
-  } else {  // via float2: fp8's values are bf16 values
-    __half2 hh;
-    memcpy(&hh, &h, 4);
-    const float2 f = __half22float2(hh);
-    return pack2<T>(f.x, f.y);
   }
 }
 
@@ -183,6 +146,7 @@ __device__ __forceinline__ unsigned mla_fp8x2(unsigned short two) {
 template <class Cfg>
 __device__ __forceinline__ void mla_convert_tile(unsigned char* __restrict__ op, const unsigned char* __restrict__ raw) {
   typedef MlaShape<Cfg> S;
+  typedef KvPair<typename Cfg::kv_t, typename S::T> Pair;
   constexpr int PER_ROW = S::D / 8;
   for (int i = threadIdx.x; i < S::NT * PER_ROW; i += S::THREADS) {
     const int t = i / PER_ROW, d0 = (i % PER_ROW) * 8;
@@ -191,30 +155,122 @@ __device__ __forceinline__ void mla_convert_tile(unsigned char* __restrict__ op,
       w = ds_mla_dequant8(raw + t * S::RAW_ROW, d0);
     } else {
       const uint2 v = *reinterpret_cast<const uint2*>(raw + t * S::RAW_ROW + d0);
-      w.x = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.x & 0xFFFFu));
-      w.y = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.x >> 16));
-      w.z = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.y & 0xFFFFu));
-      w.w = mla_fp8x2<typename Cfg::kv_t, typename S::T>((unsigned short)(v.y >> 16));
+      w.x = Pair::two((unsigned short)(v.x & 0xFFFFu));
+      w.y = Pair::two((unsigned short)(v.x >> 16));
+      w.z = Pair::two((unsigned short)(v.y & 0xFFFFu));
+      w.w = Pair::two((unsigned short)(v.y >> 16));
     }
     *reinterpret_cast<uint4*>(op + t * S::ROW + d0 * 2) = w;
   }
 }
 
-// The attention of the block's 16 * ROW_TILES rows over keys [k_begin, k_end) of one sequence (its
-// block-table row `table`), or of one sparse row (`indices`: its SPARSE_TOPK entries; see mla_key_row),
-// each row masked by Keys (MlaKeys). split: write the normalised partial and (m, l) of partition
-// `part` instead of out and lse.
+// S = Q K^T for a warp's 16 keys (rows ROW bytes apart from k_w) and its 16 query rows (from q_w), on
+// the tensor cores: s[j][i] is row g + 8 (i >> 1), key 8j + 2t + (i & 1).
+template <class Cfg>
+__device__ __forceinline__ void mla_qk(float (&s)[2][4], const unsigned char* q_w, const unsigned char* k_w, int lane) {
+  typedef MlaShape<Cfg> S;
+#pragma unroll 4
+  for (int kc = 0; kc < S::KC; ++kc) {
+    unsigned a[4], b[4];
+    ldmatrix<4, false>(a, q_w + (lane % 16) * S::ROW + (kc * 16 + (lane / 16) * 8) * 2);
+    ldmatrix<4, false>(b, k_w + (lane % 8 + (lane / 16) * 8) * S::ROW + (kc * 16 + ((lane / 8) % 2) * 8) * 2);
+    const unsigned b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+    mma_m16n8k16<typename S::T>(s[0], a, b0, s[0]);
+    mma_m16n8k16<typename S::T>(s[1], a, b1, s[1]);
+  }
+}
+
+// O[16 rows, the warp's DW columns] += P[16 rows, NT keys] V[those keys, the columns]: P by ldmatrix
+// from p_w, V by ldmatrix.trans from the tile's rows (v_w: the warp's first column of key 0).
+template <class Cfg>
+__device__ __forceinline__ void mla_pv(float (&o)[MlaShape<Cfg>::OT][4], const unsigned char* p_w,
+                                       const unsigned char* v_w, int lane) {
+  typedef MlaShape<Cfg> S;
+#pragma unroll 1
+  for (int kc = 0; kc < S::NT / 16; ++kc) {
+    unsigned a[4];
+    ldmatrix<4, false>(a, p_w + (lane % 16) * S::PROW + (kc * 16 + (lane / 16) * 8) * 2);
+    const unsigned char* v_row = v_w + (16 * kc + lane % 8 + ((lane / 8) % 2) * 8) * S::ROW;
+#pragma unroll
+    for (int nt = 0; nt < S::OT; nt += 2) {
+      unsigned b[4];
+      ldmatrix<4, true>(b, v_row + 8 * (nt + lane / 16) * 2);
+      const unsigned b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+      mma_m16n8k16<typename S::T>(o[nt], a, b0, o[nt]);
+      mma_m16n8k16<typename S::T>(o[nt + 1], a, b1, o[nt + 1]);
+    }
+  }
+}
+
+// The lane's two rows' values (already reduced over the four lanes of a row) reduced over the row
+// tile's C warps through shared memory `red` ([R][C][16] floats): the maximum (MAX) or the sum, in
+// warp order. Holds a block barrier.
+template <class Cfg, bool MAX>
+__device__ __forceinline__ void mla_across_warps(float (&v)[2], float* red, int rt, int cw, int g, int t) {
+  constexpr int C = MlaShape<Cfg>::C;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr)
+    if (t == 0) red[(rt * C + cw) * 16 + g + 8 * rr] = v[rr];
+  __syncthreads();
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float x = MAX ? KGEN_NEG_INF : 0.0f;
+#pragma unroll
+    for (int w = 0; w < C; ++w) {
+      const float y = red[(rt * C + w) * 16 + g + 8 * rr];
+      x = MAX ? fmaxf(x, y) : x + y;
+    }
+    v[rr] = x;
+  }
+}
+
+// A sparse row: whether each of the lane's four key columns (keys k0 + 8j + c, of the block's [k_begin,
+// k_end)) names a slot, loaded before the products; a dense row's all do.
+template <class Cfg>
+__device__ __forceinline__ void mla_named_keys(bool (&named)[2][2], const LatentRows<Cfg>& pool, int k0, int k_begin,
+                                               int k_end) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int pos = k0 + 8 * j + c;
+      named[j][c] = Cfg::SPARSE_TOPK == 0 || (pos >= k_begin && pos < k_end && ListedKeys::listed(pool.indices[pos]));
+    }
+}
+
+// The warp's columns of the lane's two rows (g and g + 8 of row tile rt) through the epilogue
+// (attention/epilogue.cuh), normalised here: 1 / l (l: the rows' sums), then V's per-tensor scale
+// v_out. Rows past the sequence's are dropped.
+template <class Cfg>
+__device__ __forceinline__ void mla_write_rows(const Epilogue<Cfg>& ep, SoftmaxState (&st)[2], const float (&l)[2],
+                                               const float (&o)[MlaShape<Cfg>::OT][4], const MlaRows& rows, int rt,
+                                               int cw, int g, int t, float v_out) {
+  typedef MlaShape<Cfg> S;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int row = rows.first + 16 * rt + g + 8 * rr;
+    if (row >= rows.count) continue;
+    const long long qrow = rows.q_row0 + row / S::HQ;
+    const int h = row % S::HQ;
+    st[rr].l = l[rr];
+    const float inv = st[rr].inv_sum() * v_out;
+    ep.template fragment<2 * S::OT>(
+        st[rr], qrow, h, [&](int i) { return cw * S::DW + 8 * (i >> 1) + 2 * t + (i & 1); },
+        [&](int i) { return o[i >> 1][2 * rr + (i & 1)] * inv; }, cw == 0 && t == 0);
+  }
+}
+
+// The attention of the block's 16 * ROW_TILES rows over keys [k_begin, k_end) of one sequence (a
+// block-table row) or of one sparse row (its SPARSE_TOPK entries), read from `pool` (LatentRows),
+// each row masked by Keys (MlaKeys), written through `ep` (the output and LSE, or when split the
+// partition's partial and (m, l)).
 template <class Cfg, class Keys>
-__device__ __forceinline__ void mla_attend(
-    typename Cfg::out_t* __restrict__ out, const typename Cfg::q_t* __restrict__ q,
-    const typename Cfg::kv_t* __restrict__ kv_cache, const int* __restrict__ table, const int* __restrict__ indices,
-    const float* __restrict__ kv_scale, float* __restrict__ part_o, float* __restrict__ part_ml,
-    float* __restrict__ lse, const MlaRows rows, int k_begin, int k_end, bool split, int part, int max_partitions,
-    long long q_s_row, long long q_s_head, long long o_s_row, long long o_s_head, long long kv_s_block,
-    long long kv_s_token, long long ks_s_block, long long ks_s_token) {
+__device__ __forceinline__ void mla_attend(const Epilogue<Cfg>& ep, const LatentRows<Cfg>& pool,
+                                           const typename Cfg::q_t* __restrict__ q, long long q_s_row,
+                                           long long q_s_head, const MlaRows rows, int k_begin, int k_end) {
   typedef MlaShape<Cfg> S;
   typedef typename S::T T;
-  constexpr int D = S::D, HQ = S::HQ, NT = S::NT, STAGES = S::STAGES, C = S::C;
+  constexpr int HQ = S::HQ, NT = S::NT, STAGES = S::STAGES, C = S::C;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int rt = warp / C, cw = warp % C;  // the warp's row tile and column group
 
@@ -226,19 +282,11 @@ __device__ __forceinline__ void mla_attend(
   float* red_m = reinterpret_cast<float*>(p_s + S::P_BYTES);
   float* red_l = red_m + S::R * C * 16;
 
-  // Q rows into shared memory (zeros past the sequence's rows), in the first copy group.
-  for (int i = tid; i < 16 * S::R * (D / 8); i += S::THREADS) {
-    const int r = i / (D / 8), d0 = (i % (D / 8)) * 8, row = rows.first + r;
-    const bool valid = row < rows.count;
-    const typename Cfg::q_t* src = q;
-    if (valid) src = q + (rows.q_row0 + row / HQ) * q_s_row + (long long)(row % HQ) * q_s_head + d0;
-    cp_async<16>(q_s + r * S::ROW + d0 * 2, src, valid ? 16 : 0);
-  }
+  mla_stage_q<Cfg>(q_s, q, rows, q_s_row, q_s_head);
   const int tile0 = k_begin / NT * NT;
   const int ntiles = k_end > k_begin ? (k_end - tile0 + NT - 1) / NT : 0;
   auto issue = [&](int tile) {
-    mla_issue_tile<Cfg>(tiles + (tile % STAGES) * S::STAGE_BYTES, tile0 + tile * NT, k_begin, k_end, table, indices,
-                        kv_cache, kv_scale, kv_s_block, kv_s_token, ks_s_block, ks_s_token);
+    mla_issue_tile<Cfg>(tiles + (tile % STAGES) * S::STAGE_BYTES, tile0 + tile * NT, k_begin, k_end, pool);
   };
   StageRing<STAGES>::start(ntiles, issue);  // attention/stage_ring.cuh
 
@@ -252,7 +300,7 @@ __device__ __forceinline__ void mla_attend(
   unsigned char* p_w = p_s + 16 * rt * S::PROW;
 
   // A per-tensor scale outside the products: K's into the logits, V's onto the output.
-  const float k_tensor = S::SCALES == ScaleMode::per_tensor ? kv_scale[0] : 1.0f;
+  const float k_tensor = S::SCALES == ScaleMode::per_tensor ? pool.kv_scale[0] : 1.0f;
   const float qk_scale = Cfg::SOFTMAX_SCALE * k_tensor, v_out = k_tensor;
   // FOLD: the logit is the product (times its per-token scale) times a positive compile-time scale
   // (attention/logits.cuh's LINEAR): the row's max is taken on the raw products and the scale goes
@@ -260,11 +308,7 @@ __device__ __forceinline__ void mla_attend(
   constexpr bool FOLD = Logits<Cfg>::LINEAR && Cfg::SOFTMAX_SCALE > 0.0f && S::SCALES != ScaleMode::per_tensor;
   const TileSoftmax softmax = TileSoftmax::of(FOLD ? Cfg::SOFTMAX_SCALE : 1.0f);
   SoftmaxState st[2] = {SoftmaxState::empty(), SoftmaxState::empty()};  // l: this lane's keys only
-  float o[S::OT][4];
-#pragma unroll
-  for (int nt = 0; nt < S::OT; ++nt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) o[nt][i] = 0.0f;
+  float o[S::OT][4] = {};
 
   // The loop bound is uniform across the block, so every thread reaches every barrier.
   for (int tile = 0; tile < ntiles; ++tile) {
@@ -277,32 +321,14 @@ __device__ __forceinline__ void mla_attend(
     }
     const unsigned char* stage = S::KV8 ? op_s : raw;
     const int tbase = tile0 + tile * NT;
-    // A sparse row: whether each of the lane's four key columns names a slot (loaded before the products).
-    bool named[2][2] = {{true, true}, {true, true}};
-    if constexpr (Cfg::SPARSE_TOPK > 0) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int pos = tbase + 16 * cw + 8 * j + 2 * t + c;
-          named[j][c] = pos >= k_begin && pos < k_end && ListedKeys::listed(indices[pos]);
-        }
-    }
+    bool named[2][2];
+    mla_named_keys<Cfg>(named, pool, tbase + 16 * cw + 2 * t, k_begin, k_end);
 
     // 1. S = Q K^T for the warp's 16 keys: s[j][i] is row g + 8 (i >> 1), key 16 cw + 8j + 2t + (i & 1).
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-    const unsigned char* k_w = stage + 16 * cw * S::ROW;
-#pragma unroll 4
-    for (int kc = 0; kc < S::KC; ++kc) {
-      unsigned a[4], b[4];
-      ldmatrix<4, false>(a, q_w + (lane % 16) * S::ROW + (kc * 16 + (lane / 16) * 8) * 2);
-      ldmatrix<4, false>(b, k_w + (lane % 8 + (lane / 16) * 8) * S::ROW + (kc * 16 + ((lane / 8) % 2) * 8) * 2);
-      const unsigned b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-      mma_m16n8k16<T>(s[0], a, b0, s[0]);
-      mma_m16n8k16<T>(s[1], a, b1, s[1]);
-    }
+    mla_qk<Cfg>(s, q_w, stage + 16 * cw * S::ROW, lane);
     // 2. logits (raw products when FOLD), mask, and the row tile's maximum over its warps
-    float m_tile[2] = {KGEN_NEG_INF, KGEN_NEG_INF};
+    float m[2] = {KGEN_NEG_INF, KGEN_NEG_INF}, mb[2];
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -311,22 +337,14 @@ __device__ __forceinline__ void mla_attend(
         const float x = FOLD ? (S::TOKEN_SCALES ? s[j][i] * ss[col] : s[j][i])
                              : Logits<Cfg>::of(s[j][i], S::TOKEN_SCALES ? qk_scale * ss[col] : qk_scale, 0.0f, pos, 0);
         s[j][i] = pos >= k_begin && Keys::sees(pos, qpos[rr], k_end) && named[j][i & 1] ? x : KGEN_NEG_INF;
-        m_tile[rr] = fmaxf(m_tile[rr], s[j][i]);
+        m[rr] = fmaxf(m[rr], s[j][i]);
       }
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {  // the four lanes of a group hold the row's keys
-      const float m = quad_max(m_tile[rr]);
-      if (t == 0) red_m[(rt * C + cw) * 16 + g + 8 * rr] = m;
-    }
-    __syncthreads();
-    float mb[2];
+    for (int rr = 0; rr < 2; ++rr) m[rr] = quad_max(m[rr]);  // the four lanes of a group hold the row's keys
+    mla_across_warps<Cfg, true>(m, red_m, rt, cw, g, t);
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      float m = KGEN_NEG_INF;
-#pragma unroll
-      for (int w = 0; w < C; ++w) m = fmaxf(m, red_m[(rt * C + w) * 16 + g + 8 * rr]);
-      scale_row(o, rr, softmax.raise(st[rr], m, mb[rr]));  // the same m and factor in every warp of the row tile
-    }
+    for (int rr = 0; rr < 2; ++rr)  // the same m and factor in every warp of the row tile
+      scale_row(o, rr, softmax.raise(st[rr], m[rr], mb[rr]));
     // 3. P = exp(logit - m) into shared memory as T; l adds the unrounded values
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -343,85 +361,35 @@ __device__ __forceinline__ void mla_attend(
     }
     __syncthreads();
     // 4. O += P V over the tile's keys, for the warp's output columns
-#pragma unroll 1
-    for (int kc = 0; kc < NT / 16; ++kc) {
-      unsigned a[4];
-      ldmatrix<4, false>(a, p_w + (lane % 16) * S::PROW + (kc * 16 + (lane / 16) * 8) * 2);
-      const unsigned char* v_row = stage + (16 * kc + lane % 8 + ((lane / 8) % 2) * 8) * S::ROW + cw * S::DW * 2;
-#pragma unroll
-      for (int nt = 0; nt < S::OT; nt += 2) {
-        unsigned b[4];
-        ldmatrix<4, true>(b, v_row + 8 * (nt + lane / 16) * 2);
-        const unsigned b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        mma_m16n8k16<T>(o[nt], a, b0, o[nt]);
-        mma_m16n8k16<T>(o[nt + 1], a, b1, o[nt + 1]);
-      }
-    }
+    mla_pv<Cfg>(o, p_w, stage + cw * S::DW * 2, lane);
   }
 
   // The row sums: the four lanes of a row, then the row tile's warps through shared memory.
   cp_async_wait_all();
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    st[rr].l = quad_sum(st[rr].l);
-    if (t == 0) red_l[(rt * C + cw) * 16 + g + 8 * rr] = st[rr].l;
-  }
-  __syncthreads();
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float l = 0.0f;
-#pragma unroll
-    for (int w = 0; w < C; ++w) l += red_l[(rt * C + w) * 16 + g + 8 * rr];
-    st[rr].l = l;
-  }
+  float l[2] = {quad_sum(st[0].l), quad_sum(st[1].l)};
+  mla_across_warps<Cfg, false>(l, red_l, rt, cw, g, t);
 
-  // Write the warp's columns of its rows: the output (and LSE), or this partition's partial and (m, l).
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int row = rows.first + 16 * rt + g + 8 * rr;
-    if (row >= rows.count) continue;
-    const long long qrow = rows.q_row0 + row / HQ;
-    const int h = row % HQ;
-    const float inv = st[rr].inv_sum() * v_out;
-    if (split) {
-      const long long base = (qrow * HQ + h) * max_partitions + part;
-#pragma unroll
-      for (int nt = 0; nt < S::OT; ++nt) {
-        const int d = cw * S::DW + 8 * nt + 2 * t;
-        part_o[base * S::DV + d] = o[nt][2 * rr] * inv;
-        part_o[base * S::DV + d + 1] = o[nt][2 * rr + 1] * inv;
-      }
-      if (cw == 0 && t == 0) part_ml[base * 2] = st[rr].m, part_ml[base * 2 + 1] = st[rr].l;
-    } else {
-      typename Cfg::out_t* dst = out + qrow * o_s_row + (long long)h * o_s_head + cw * S::DW;
-#pragma unroll
-      for (int nt = 0; nt < S::OT; ++nt) {
-        dst[8 * nt + 2 * t] = from_float<typename Cfg::out_t>(o[nt][2 * rr] * inv);
-        dst[8 * nt + 2 * t + 1] = from_float<typename Cfg::out_t>(o[nt][2 * rr + 1] * inv);
-      }
-      if (lse != nullptr && cw == 0 && t == 0) lse[qrow * HQ + h] = st[rr].lse();
-    }
-  }
+  mla_write_rows<Cfg>(ep, st, l, o, rows, rt, cw, g, t, v_out);
 }
 
 // The entries. Each kernel fills a Params struct generated from its argument table (a single-pass
-// kernel's lacks part_o, part_ml, max_partitions and partition_tokens: constants there,
-// kgen/families/attention/mla.py) and passes it here.
+// kernel's lacks part_o, part_ml, max_partitions, partition_tokens and sinks: constants there,
+// kgen/families/attention/mla.py) and passes it here; the output side is the Epilogue's (split:
+// Cfg::SPLIT and more than one partition).
 
 // Decode: one query token per sequence; block (x, seq, z) takes rows [16 ROW_TILES x, ..) = heads,
 // over the keys its query sees in partition z (attention/visibility.cuh's decode_key_range).
 template <class Cfg, class Params>
 __device__ __forceinline__ void paged_mla_decode_body(const Params& p) {
   const int seq = blockIdx.y, part = blockIdx.z;
-  const bool split = Cfg::SPLIT && p.max_partitions > 1;
+  const Epilogue<Cfg> ep = Epilogue<Cfg>::of(p, p.o_s_seq, part);
   const int seq_len = p.seq_lens[seq];
   int k_begin, k_end;
-  if (!decode_key_range<Cfg>(seq_len, part, p.partition_tokens, p.max_partitions, split, k_begin, k_end)) return;
+  if (!decode_key_range<Cfg>(seq_len, part, p.partition_tokens, p.max_partitions, ep.split, k_begin, k_end)) return;
   const MlaRows rows{16 * Cfg::ROW_TILES * (int)blockIdx.x, Cfg::NUM_Q_HEADS, 1, seq_len, seq};
   mla_attend<Cfg, typename MlaKeys<Cfg>::decode>(
-      p.out, p.q, p.kv_cache, p.block_tables + (long long)seq * p.max_blocks_per_seq, nullptr, p.kv_scale, p.part_o,
-      p.part_ml, p.lse, rows, k_begin, k_end, split, part, p.max_partitions, p.q_s_seq, p.q_s_head, p.o_s_seq,
-      p.o_s_head, p.kv_s_block, p.kv_s_token, p.ks_s_block, p.ks_s_token);
+      ep, LatentRows<Cfg>::of(p, p.block_tables + (long long)seq * p.max_blocks_per_seq, nullptr), p.q, p.q_s_seq,
+      p.q_s_head, rows, k_begin, k_end);
 }
 
 // Prefill: the chunk of q_len = q_indptr[s+1] - q_indptr[s] query tokens of each sequence, packed by
@@ -437,20 +405,18 @@ __device__ __forceinline__ void paged_mla_prefill_body(const Params& p) {
   const int q0 = p.q_indptr[seq], q_len = p.q_indptr[seq + 1] - q0, seq_len = p.seq_lens[seq];
   const int first = 16 * Cfg::ROW_TILES * (int)blockIdx.x, count = q_len * Cfg::NUM_Q_HEADS;
   if (first >= count) return;  // block-uniform: this sequence has fewer row tiles than the grid
-  const bool split = Cfg::SPLIT && p.max_partitions > 1;
+  const Epilogue<Cfg> ep = Epilogue<Cfg>::of(p, p.o_s_tok, part);
   const int last_row = min(first + 16 * Cfg::ROW_TILES, count) - 1, pos0 = seq_len - q_len;
   typedef typename MlaKeys<Cfg>::prefill Keys;
   const KeyRange keys = Keys::rows_keys(pos0 + first / Cfg::NUM_Q_HEADS, pos0 + last_row / Cfg::NUM_Q_HEADS, seq_len);
   int k_begin = keys.begin, k_end = keys.end;
-  if (split) {
+  if (ep.split) {
     if (part >= split_partitions(seq_len, p.partition_tokens, p.max_partitions)) return;  // uniform
     clip_to_partition(part, p.partition_tokens, p.max_partitions, k_begin, k_end);
   }
   const MlaRows rows{first, count, q_len, seq_len, q0};
-  mla_attend<Cfg, Keys>(p.out, p.q, p.kv_cache, p.block_tables + (long long)seq * p.max_blocks_per_seq, nullptr,
-                        p.kv_scale, p.part_o, p.part_ml, p.lse, rows, k_begin, k_end, split, part, p.max_partitions,
-                        p.q_s_tok, p.q_s_head, p.o_s_tok, p.o_s_head, p.kv_s_block, p.kv_s_token, p.ks_s_block,
-                        p.ks_s_token);
+  mla_attend<Cfg, Keys>(ep, LatentRows<Cfg>::of(p, p.block_tables + (long long)seq * p.max_blocks_per_seq, nullptr),
+                        p.q, p.q_s_tok, p.q_s_head, rows, k_begin, k_end);
 }
 
 // Sparse decode (SPARSE_TOPK = N): one query token per sequence, attending the N entries of its
@@ -460,34 +426,28 @@ __device__ __forceinline__ void paged_mla_prefill_body(const Params& p) {
 template <class Cfg, class Params>
 __device__ __forceinline__ void paged_mla_sparse_decode_body(const Params& p) {
   constexpr int N = Cfg::SPARSE_TOPK;
-  static_assert(N > 0, "the sparse body needs SPARSE_TOPK");
   const int seq = blockIdx.y, part = blockIdx.z;
-  const bool split = Cfg::SPLIT && p.max_partitions > 1;
-  int k_begin = 0, k_end = N;
-  if (split) {
-    if (part >= split_partitions(N, p.partition_tokens, p.max_partitions)) return;
-    clip_to_partition(part, p.partition_tokens, p.max_partitions, k_begin, k_end);
-  }
+  const Epilogue<Cfg> ep = Epilogue<Cfg>::of(p, p.o_s_seq, part);
+  int k_begin, k_end;
+  if (!sparse_key_range<Cfg>(part, p.partition_tokens, p.max_partitions, ep.split, k_begin, k_end)) return;
   const MlaRows rows{16 * Cfg::ROW_TILES * (int)blockIdx.x, Cfg::NUM_Q_HEADS, 1, N, seq};
-  mla_attend<Cfg, ListedKeys>(p.out, p.q, p.kv_cache, nullptr, p.indices + (long long)seq * N, p.kv_scale, p.part_o,
-                              p.part_ml, p.lse, rows, k_begin, k_end, split, part, p.max_partitions, p.q_s_seq,
-                              p.q_s_head, p.o_s_seq, p.o_s_head, p.kv_s_block, p.kv_s_token, p.ks_s_block,
-                              p.ks_s_token);
+  mla_attend<Cfg, ListedKeys>(ep, LatentRows<Cfg>::of(p, nullptr, p.indices + (long long)seq * N), p.q, p.q_s_seq,
+                              p.q_s_head, rows, k_begin, k_end);
 }
 
 // Sparse prefill: every query token is a row of its own (no causal mask: its indices row names what
 // it sees), so block (token, y) takes heads [16 ROW_TILES y, ..) of query token `token` over the N
 // entries of its indices row (tokens on grid x: a prompt may have more than grid y's 65,535).
-// q_indptr, seq_lens and num_seqs are not read: the indices bound every row.
+// q_indptr, seq_lens and num_seqs are not read: the indices bound every row. Single pass (the
+// Params' max_partitions is the constant 1: the Epilogue writes the output).
 template <class Cfg, class Params>
 __device__ __forceinline__ void paged_mla_sparse_prefill_body(const Params& p) {
   constexpr int N = Cfg::SPARSE_TOPK;
   static_assert(N > 0, "the sparse body needs SPARSE_TOPK");
   const int token = blockIdx.x;
   const MlaRows rows{16 * Cfg::ROW_TILES * (int)blockIdx.y, Cfg::NUM_Q_HEADS, 1, N, token};
-  mla_attend<Cfg, ListedKeys>(p.out, p.q, p.kv_cache, nullptr, p.indices + (long long)token * N, p.kv_scale, nullptr,
-                              nullptr, p.lse, rows, 0, N, false, 0, 1, p.q_s_tok, p.q_s_head, p.o_s_tok, p.o_s_head,
-                              p.kv_s_block, p.kv_s_token, p.ks_s_block, p.ks_s_token);
+  mla_attend<Cfg, ListedKeys>(Epilogue<Cfg>::of(p, p.o_s_tok, 0), LatentRows<Cfg>::of(p, nullptr, p.indices + (long long)token * N),
+                              p.q, p.q_s_tok, p.q_s_head, rows, 0, N);
 }
 
 }  // namespace kgen

@@ -39,7 +39,7 @@
 #include "kgen/attention/logits.cuh"
 #include "kgen/attention/softmax_tile.cuh"
 #include "kgen/attention/stage_ring.cuh"
-#include "kgen/attention/epilogue.cuh"
+#include "kgen/attention/epilogue.cuh"  // the Epilogue, and the split-KV merge kernel (the source's merge entry)
 #include "kgen/attention/wgmma_tile.cuh"
 
 namespace kgen {

@@ -1,5 +1,5 @@
-// The online-softmax state of kgen's attention bodies, the logit adjustments, the split-KV contract
-// and the merge kernels' bodies. Every attention source includes it (decode, prefill and MLA).
+// The online-softmax state of kgen's attention bodies, the logit adjustments and the split-KV
+// contract. Every attention source includes it (decode, prefill and MLA).
 //
 //   SoftmaxState           running max m and sum l of one row and its merges: merge (two states:
 //                          lanes, warps, KV partitions), add (one logit; the SoftmaxState test's,
@@ -9,11 +9,10 @@
 //   adjust_logit           a logit's adjustments after the scaled dot product (soft-cap, ALiBi)
 //   split_partitions,      the split-KV contract: how many partitions a sequence has and which
 //   clip_to_partition      keys partition z holds (the bodies and the merge agree through these)
-//   merge_partitions_body  the merge kernel body: partitions' (o, m, l) combined by log-sum-exp
-//   paged_prefill_merge_body  the merge kernel of packed query rows (prefill: dense and mla)
 //   run_offset             a head_dim element's offset in a cached row cut into runs (vLLM K)
 //
-// Not here: the per-tile update (a tile's row max, raise m, rescale O, weigh each logit, the row
+// Not here: the split-KV merge kernel's body (merge_partitions_body, paged_prefill_merge_body) is
+// attention/epilogue.cuh's, beside the partials' layout and the output's stores. The per-tile update (a tile's row max, raise m, rescale O, weigh each logit, the row
 // sum) is attention/softmax_tile.cuh's TileSoftmax, one numeric (exp2 with log2(e) folded into the
 // scale, one FFMA a logit); every attention body uses it (dense decode, decode-mma, prefill, Hopper
 // prefill, and the MLA bodies paged_mla.cuh and paged_mla_wgmma.cuh). Which keys a row sees is
@@ -99,7 +98,7 @@ __device__ __forceinline__ float adjust_logit(float s, float alibi_slope, int ke
 // partition_tokens P and max_partitions at call time. Partition z holds keys [z * P, (z + 1) * P),
 // the last one everything to the end of the sequence (so a plan made for shorter lengths still
 // gives the right answer). Each block writes its normalised partial output and (m, l); the merge
-// kernel combines them.
+// kernel (attention/epilogue.cuh) combines them.
 
 // The partitions a sequence of kv_len keys has (a block of a later partition writes nothing,
 // and the merge reads exactly these).
@@ -112,53 +111,6 @@ __device__ __forceinline__ void clip_to_partition(int part, int partition_tokens
                                                   int& hi) {
   lo = max(lo, part * partition_tokens);
   if (part < max_partitions - 1) hi = min(hi, (part + 1) * partition_tokens);
-}
-
-// The merge kernel's body: the log-sum-exp merge of the KV partitions of one output row `row`
-// (a decode sequence, or a prefill query token, whose sequence has kv_len keys) and query head
-// blockIdx.x. Scratch: part_o [rows, NUM_Q_HEADS, max_partitions, V_HEAD_DIM] of normalised
-// partial outputs, part_ml [rows, NUM_Q_HEADS, max_partitions, 2] of their (m, l). The partitions
-// hold no sink: with `sinks` (a spec with sinks) the merge adds the head's once.
-template <class Cfg>
-__device__ __forceinline__ void merge_partitions_body(typename Cfg::out_t* __restrict__ out,
-                                                      const float* __restrict__ part_o,
-                                                      const float* __restrict__ part_ml, float* __restrict__ lse,
-                                                      int row, int kv_len, int max_partitions, int partition_tokens,
-                                                      long long o_s_row, long long o_s_head,
-                                                      const float* __restrict__ sinks = nullptr) {
-  constexpr int D = CfgVHeadDim<Cfg>::value;  // the output's width
-  const int h = blockIdx.x;
-  const int num_parts = split_partitions(kv_len, partition_tokens, max_partitions);
-  const long long base = ((long long)row * Cfg::NUM_Q_HEADS + h) * max_partitions;
-  const float* ml = part_ml + base * 2;
-  // every partition's state merged, starting from the sink's (a key of value zero: no accumulator)
-  SoftmaxState tot = sinks != nullptr ? SoftmaxState{sinks[h], 1.0f} : SoftmaxState::empty();
-  for (int p = 0; p < num_parts; ++p) tot.merge(SoftmaxState{ml[2 * p], ml[2 * p + 1]});
-  const float inv = tot.inv_sum();
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int p = 0; p < num_parts; ++p) {
-      // Partials are normalised: partition p weighs l_p * exp(m_p - m); an empty one is not read.
-      const float wp = ml[2 * p + 1] * SoftmaxState::rescale(ml[2 * p], tot.m);
-      if (wp != 0.0f) acc += part_o[(base + p) * D + d] * wp;
-    }
-    out[row * o_s_row + (long long)h * o_s_head + d] = from_float<typename Cfg::out_t>(acc * inv);
-  }
-  if (threadIdx.x == 0 && lse != nullptr) lse[(long long)row * Cfg::NUM_Q_HEADS + h] = tot.lse();
-}
-
-// The merge kernel of packed query rows (q_indptr; dense and mla prefill): the partitions of one
-// (query token blockIdx.y, query head blockIdx.x), as many as its sequence's seq_len gives.
-template <class Cfg, class Params>
-__device__ __forceinline__ void paged_prefill_merge_body(const Params& p) {
-  const int tok = blockIdx.y;
-  int lo = 0, hi = p.num_seqs;  // the token's sequence: the last s with q_indptr[s] <= tok
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (p.q_indptr[mid] <= tok) lo = mid; else hi = mid;
-  }
-  merge_partitions_body<Cfg>(p.out, p.part_o, p.part_ml, p.lse, tok, p.seq_lens[lo], p.max_partitions,
-                             p.partition_tokens, p.o_s_tok, p.o_s_head, p.sinks);
 }
 
 // Offset of head_dim element d in a token row cut into runs of RUN contiguous elements,

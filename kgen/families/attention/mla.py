@@ -478,9 +478,10 @@ def q_row_blocks(spec, config: Config, q_indptr) -> int:
     return max(1, -(-longest * spec.attention.num_q_heads // (16 * config["row_tiles"])))
 
 
-# What the mla bodies read that a single-pass kernel does not take (kgen/families/argtable.py)
+# What the mla bodies read that a kernel does not take (kgen/families/argtable.py): a single pass's split-KV
+# scratch, and sinks, which the mla layout has none of (the shared epilogue, attention/epilogue.cuh, reads them)
 BODY_ABSENT = {"part_o": ("float*", "nullptr"), "part_ml": ("float*", "nullptr"), "max_partitions": ("int", "1"),
-                  "partition_tokens": ("int", "0")}
+               "partition_tokens": ("int", "0"), "sinks": ("const float*", "nullptr")}
 
 
 MLA_DECODE = MlaDecodeFamily()

@@ -1,8 +1,8 @@
 """Token-level sparse attention over the mla layout (attention.sparse_topk, docs/abi.md section 8):
 each query row attends only to the N cache slots its `indices` row names. What the sparse kernels
 take in place of the block table (the `indices` argument), how a call's indices are checked, and
-the ABI notes; the kernels are the mla body's (templates/common/paged_mla.cuh: mla_key_row picks
-the rows)."""
+the ABI notes; the kernels are the mla body's (templates/common/paged_mla.cuh; LatentRows::row in
+templates/common/attention/latent_rows.cuh picks the rows)."""
 
 from __future__ import annotations
 

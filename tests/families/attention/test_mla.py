@@ -105,13 +105,13 @@ MUTANTS = [
      "mla_convert_tile<Cfg>(op_s, raw);", FP8_TOKEN),
     ("no barrier before P V", "pack2<T>(s[j][2 * rr], s[j][2 * rr + 1]);\n    }\n    __syncthreads();",
      "pack2<T>(s[j][2 * rr], s[j][2 * rr + 1]);\n    }\n", {}),
-    ("own max only", "for (int w = 0; w < C; ++w) m = fmaxf(m, red_m[(rt * C + w) * 16 + g + 8 * rr]);",
-     "m = red_m[(rt * C + cw) * 16 + g + 8 * rr];", {}),
-    ("V from the rope end", "+ cw * S::DW * 2;", "+ cw * S::DW * 2 + 2 * (S::D - S::DV);", {}),
+    ("own max only", "mla_across_warps<Cfg, true>(m, red_m, rt, cw, g, t);", "", {}),
+    ("the row tile's warps read their own entry only", "const float y = red[(rt * C + w) * 16 + g + 8 * rr];",
+     "const float y = red[(rt * C + cw) * 16 + g + 8 * rr];", {}),
+    ("V from the rope end", "stage + cw * S::DW * 2, lane)", "stage + cw * S::DW * 2 + 2 * (S::D - S::DV), lane)", {}),
     ("mask on the wrong key", "col = 16 * cw + 8 * j + 2 * t + (i & 1), pos = tbase + col;",
      "col = 16 * cw + 8 * j + 2 * t + (i & 1), pos = tbase + col - (i & 1);", {}),
-    ("row sums of one warp", "for (int w = 0; w < C; ++w) l += red_l[(rt * C + w) * 16 + g + 8 * rr];",
-     "l = red_l[(rt * C + cw) * 16 + g + 8 * rr];", {}),
+    ("row sums of one warp", "mla_across_warps<Cfg, false>(l, red_l, rt, cw, g, t);", "", {}),
 ]
 
 

@@ -86,7 +86,7 @@ MUTANTS = [
      "indices + (long long)(token / 2 * 2) * N", {"kind": "paged_prefill"}),
     ("merge counts seq_lens' partitions", "Cfg::SPARSE_TOPK, max_partitions", "seq_lens[blockIdx.y], max_partitions",
      {"attention.sparse_topk": 100}),
-    ("last entry dropped", "int k_begin = 0, k_end = N;", "int k_begin = 0, k_end = N - 1;", {}),
+    ("last entry dropped", "k_begin = 0, k_end = N;", "k_begin = 0, k_end = N - 1;", {}),
 ]
 
 

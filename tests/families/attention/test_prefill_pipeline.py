@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import inline_provided, tiny_decode
+from conftest import inline_prefill_body, inline_provided, tiny_decode
 
 import kgen
 from kgen.families.attention.prefill import PAGED_PREFILL
@@ -258,13 +258,13 @@ MERGE_PARTS = "const int num_parts = split_partitions(kv_len, partition_tokens, 
 
 
 def test_prefill_merge_is_the_shared_merge_body_and_a_broken_one_fails():
-    """Prefill's merge kernel runs softmax.cuh's merge_partitions_body, the one decode runs too
+    """Prefill's merge kernel runs attention/epilogue.cuh's merge_partitions_body, the one decode runs too
     (tests/verify/test_verify_runner.py breaks it for decode): dropping the last partition there
     fails prefill's split cases, while the unbroken copy verifies."""
     spec = _spec()
     rendered = render(spec, {"partition_size": 32, "kv_tile": 16, "warps": 2})
     assert "kgen::paged_prefill_merge_body<Cfg>(" in rendered.source
-    source = inline_provided(rendered.source)
+    source = inline_provided(inline_prefill_body(rendered.source), "kgen/attention/epilogue.cuh")  # the body's part
     assert source.count(MERGE_PARTS) == 1
     good = kernel_from_source(spec, source, backend="cpu", config=rendered.config, archs=[])
     assert verify(good, seed=5).passed
