@@ -42,7 +42,8 @@
 // row's end (Epilogue: the output and LSE, or the partial and (m, l)). Every kernel fills a Params
 // struct generated from its argument table.
 //
-// Needs kgen/platform.cuh, async_copy.cuh, softmax.cuh and mma.cuh before it.
+// Needs kgen/platform.cuh, async_copy.cuh, convert.cuh, softmax.cuh, mma.cuh and ds_mla_row.cuh before it;
+// it includes the attention parts it uses itself.
 #pragma once
 
 #include "kgen/attention/traits.cuh"
