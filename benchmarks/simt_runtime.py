@@ -1,9 +1,11 @@
 """CPU SIMT runtime figures: fiber switches per second and g++ build times.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/simt_runtime.py [--iters N] [--threads W]
+    PYTHONPATH=. .venv/bin/python benchmarks/simt_runtime.py [--iters N] [--threads W] [--launch-only]
 
 A "switch" is one fiber-to-fiber context switch: a __syncthreads in a block of T threads
-costs T switches, a full-warp shuffle round costs 32 switches per warp.
+costs T switches, a full-warp shuffle round costs 32 switches per warp. The launch rows time
+`CpuModule.launch` of a one-block kernel that only stores, per block size (fiber stacks, the
+runtime's fixed cost, Python's argument packing); `--launch-only` gives only those.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ extern "C" __global__ void __launch_bounds__(256) bench_shfl(float* out, int ite
   for (int i = 0; i < iters; ++i) v += __shfl_xor_sync(0xffffffffu, v, i & 31) * 0.5f;
   out[blockIdx.x * blockDim.x + threadIdx.x] = v;
 }
-extern "C" __global__ void __launch_bounds__(128) bench_empty(float* out) {
+extern "C" __global__ void __launch_bounds__(1024) bench_empty(float* out) {
   out[blockIdx.x * blockDim.x + threadIdx.x] = 1.0f;
 }
 """
@@ -41,6 +43,27 @@ def _time(fn, reps=3):
     return best
 
 
+LAUNCH_BLOCKS = (1, 32, 128, 1024)  # threads per block of the launch-overhead rows
+
+
+def launch_rows(art, workers: int, blocks: int) -> list[tuple[str, str, str]]:
+    """Launch overhead per block size: best of 3 rounds of n launches (fewer for big blocks)."""
+    from kgen.runtime.base import Launch
+    from kgen.runtime.cpu import CpuModule
+
+    mod = CpuModule(art, workers=workers)
+    rows = []
+    for threads in LAUNCH_BLOCKS:
+        n = max(20, min(500, 16000 // threads))
+        out = np.zeros(blocks * threads, np.float32)
+        ln = Launch("bench_empty", (blocks, 1, 1), (threads, 1, 1), 0, [out])
+        mod.launch(ln)  # first launch: library state, helper threads
+        t = _time(lambda m=mod, ln=ln, n=n: [m.launch(ln) for _ in range(n)])
+        rows.append((f"launch overhead, {blocks} block(s) x {threads} thr, {workers or os.cpu_count()} worker(s)",
+                     f"{t / n * 1e6:.1f} us/launch", f"best of 3 x {n}"))
+    return rows
+
+
 def main() -> None:
     from kgen.compile.host import compile_host
     from kgen.runtime.base import Launch
@@ -49,9 +72,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=0, help="worker threads (0: all CPUs)")
+    ap.add_argument("--launch-only", action="store_true", help="only the launch-overhead rows (cached build)")
     a = ap.parse_args()
 
     rows = []
+    if a.launch_only:
+        art = compile_host(SRC, ["bench_sync", "bench_shfl", "bench_empty"])
+        rows += launch_rows(art, 1, 1) + launch_rows(art, a.threads, 4)
+        _print(rows)
+        return
     tmp = tempfile.TemporaryDirectory()
     if True:
         os.environ["KGEN_CACHE_DIR"] = tmp.name
@@ -81,14 +110,12 @@ def main() -> None:
         t = _time(lambda m=mod, ln=shfl: m.launch(ln))
         rows.append((f"__shfl_xor_sync, 256 thr, {label}", f"{sw / t / 1e6:.1f} M switches/s",
                      f"{sw / 32 / t / 1e6:.2f} M warp-shuffles/s"))
-    mod = CpuModule(art)
-    out = np.zeros(128, np.float32)
-    ln = Launch("bench_empty", (1, 1, 1), (128, 1, 1), 0, [out])
-    n = 2000
-    t = _time(lambda: [mod.launch(ln) for _ in range(n)], reps=2)
-    rows.append(("launch overhead, 1 block x 128 thr", f"{t / n * 1e6:.1f} us/launch", ""))
-
+    rows += launch_rows(art, 1, 1) + launch_rows(art, a.threads, 4)
     tmp.cleanup()
+    _print(rows)
+
+
+def _print(rows: list[tuple[str, str, str]]) -> None:
     w = max(len(r[0]) for r in rows)
     print(f"{'measure':<{w}}  {'value':>26}  note")
     for name, val, note in rows:
