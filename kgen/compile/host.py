@@ -15,6 +15,8 @@ library exports (C ABI):
     const char* kgen_signature(const char* kernel);   // "p,i4,f4": parameter type codes, NULL if unknown
     void kgen_set_options(unsigned workers, size_t stack_bytes);  // 0 = default
     void kgen_set_schedule(int schedule, unsigned long long seed);  // thread order in a block; 0 = default
+    size_t kgen_keep_stacks(int keep);  // fiber stacks between launches: keep (1), unmap (0), as they
+                                        // are (-1); returns the memory maps they hold now
 
 With `race_check=True` the kernels are instrumented for shared-memory race detection
 (templates/simt/kgen_simt_race.h): the source is compiled with g++'s -fsanitize=thread and
@@ -144,6 +146,7 @@ SHIM_EXPORT void kgen_set_schedule(int schedule, unsigned long long seed) {
   ::kgen_simt::g_options.schedule = schedule;
   ::kgen_simt::g_options.seed = seed;
 }
+SHIM_EXPORT size_t kgen_keep_stacks(int keep) { return ::kgen_simt::keep_stacks(keep); }
 """
 
 
@@ -341,6 +344,7 @@ def compile_host(
     key = content_key(
         "host-v2",
         source,
+        _SHIM,
         "\0".join(names),
         *(p.name + "\0" + p.read_text() for p in headers),
         kgen_headers_digest(),

@@ -25,6 +25,7 @@ from kgen.compile.host import HostArtifact, compile_host, compiler, rebuild_host
 from kgen.errors import ArgumentError, KernelRuntimeError, ToolchainError
 from kgen.optional import is_torch_tensor
 from kgen.runtime.base import Launch
+from kgen.runtime.fiber_stacks import KEEPER
 from kgen.runtime.race_report import SCHEDULES, describe
 from kgen.settings import (
     KGEN_CXX,
@@ -69,6 +70,10 @@ class _Library:
         sched.argtypes = [ctypes.c_int, ctypes.c_ulonglong]
         self._set_schedule = sched
         self._schedule: tuple[int, int] | None = None
+        keep = self.lib.kgen_keep_stacks
+        keep.restype = ctypes.c_size_t
+        keep.argtypes = [ctypes.c_int]
+        self._keep_stacks = keep
         self.signatures: dict[str, tuple[str, ...] | None] = {}
 
     def set_options(self, workers: int, stack_size: int) -> None:
@@ -80,6 +85,11 @@ class _Library:
         if self._schedule != (schedule, seed):
             self._set_schedule(schedule, seed)
             self._schedule = (schedule, seed)
+
+    def keep_stacks(self, keep: int) -> int:
+        """Fiber stacks between launches: keep (1), unmap (0), as they are (-1); returns the maps they
+        hold. KEEPER (kgen/runtime/fiber_stacks.py) decides."""
+        return self._keep_stacks(keep)
 
     def signature(self, kernel: str) -> tuple[str, ...] | None:
         if kernel not in self.signatures:
@@ -263,15 +273,19 @@ class CpuModule:
         lib.set_options(*self._options())
         lib.set_schedule(SCHEDULES.get(self.schedule or "", 0), self.seed % (1 << 64))
         err = ctypes.create_string_buffer(ERR_LEN)
-        for ln in launches:
-            sig = lib.signature(ln.kernel)
-            assert sig is not None
-            gx, gy, gz = _dims(ln.grid, "grid")
-            bx, by, bz = _dims(ln.block, "block")
-            argv, _keep = pack_args(ln.kernel, sig, ln.args)
-            rc = lib.launch(ln.kernel.encode(), gx, gy, gz, bx, by, bz, int(ln.smem), argv, err, ERR_LEN)
-            if rc != 0:
-                raise KernelRuntimeError(describe(err.value.decode(errors="replace"), self.artifact))
+        KEEPER.before_launch(lib)
+        try:
+            for ln in launches:
+                sig = lib.signature(ln.kernel)
+                assert sig is not None
+                gx, gy, gz = _dims(ln.grid, "grid")
+                bx, by, bz = _dims(ln.block, "block")
+                argv, _keep = pack_args(ln.kernel, sig, ln.args)
+                rc = lib.launch(ln.kernel.encode(), gx, gy, gz, bx, by, bz, int(ln.smem), argv, err, ERR_LEN)
+                if rc != 0:
+                    raise KernelRuntimeError(describe(err.value.decode(errors="replace"), self.artifact))
+        finally:
+            KEEPER.after_launch(lib)
 
 
 # ---- sanitize mode: launches in a child python with the ASan runtime preloaded ----

@@ -28,6 +28,7 @@ struct Options {
   std::atomic<size_t> stack_size{0};  // 0: KGEN_SIMT_STACK or kDefaultStack
   std::atomic<int> schedule{SCHEDULE_DEFAULT};  // default: mixed with race detection, else FIFO
   std::atomic<unsigned long long> seed{0};   // of the shuffled and mixed schedules
+  std::atomic<bool> keep_stacks{false};      // fiber stacks outlive a launch (see keep_stacks())
 };
 inline Options g_options;
 
@@ -69,9 +70,16 @@ struct Job {
   std::string err;
 };
 
+// Every worker of this library, for keep_stacks() (pushed lock-free: helpers start side by side,
+// and a fork()ed child inherits the list with no lock held). Never shrinks: workers are never freed.
+inline std::atomic<Worker*> g_workers{nullptr};
+
 inline Worker* this_worker() {
   if (!tls_w) {
-    tls_w = new Worker();  // one per OS thread, kept for the thread's life (stacks are not: see release_stacks)
+    tls_w = new Worker();  // one per OS thread, kept for the thread's life
+    Worker* head = g_workers.load();
+    do tls_w->next_worker = head;
+    while (!g_workers.compare_exchange_weak(head, tls_w));
     install_overflow_guard();
 #if defined(KGEN_SIMT_ASAN)
     pthread_attr_t attr;
@@ -106,6 +114,11 @@ inline bool setup_race(Worker* w, const Job* job) {
   return true;
 }
 
+// The worker's share of a launch is over: its stacks go unless this library keeps them.
+inline void end_of_launch(Worker* w) {
+  if (!g_options.keep_stacks.load()) release_stacks(w);
+}
+
 // Run blocks of `job` until none are left or one failed.
 inline void run_worker(Job* job) {
   Worker* w = this_worker();
@@ -135,7 +148,7 @@ inline void run_worker(Job* job) {
     // 1024-byte aligned: wgmma's 128B swizzle pattern repeats from 1024-byte boundaries
     if (posix_memalign(&smem, 1024, job->smem) != 0) {
       record(std::string("kernel '") + job->kernel + "': cannot allocate dynamic shared memory");
-      release_stacks(w);
+      end_of_launch(w);
       return;
     }
   }
@@ -144,7 +157,7 @@ inline void run_worker(Job* job) {
   if (kRaceCheck && !setup_race(w, job)) {
     free(smem);
     record(std::string("kernel '") + job->kernel + "': race detection cannot find the shared-memory range");
-    release_stacks(w);
+    end_of_launch(w);
     return;
   }
   int mode = g_options.schedule.load();
@@ -169,7 +182,7 @@ inline void run_worker(Job* job) {
   free(smem);
   w->dyn_smem = nullptr;
   w->race.on = false;
-  release_stacks(w);
+  end_of_launch(w);
 }
 
 // A pool of helper threads, created on demand and kept (idle ones sleep on a condvar).
@@ -236,6 +249,27 @@ inline ProcessState& process_state() {
 }
 inline Pool& pool() { return *process_state().pool; }
 inline std::mutex& launch_mutex() { return *process_state().launch_m; }
+
+// Fiber stacks between launches. Mapping a launch's stacks and unmapping them when it ends costs
+// about 20 us per thread of its block (an mprotect per guard page, page faults on fresh memory,
+// the munmap), so a library may keep them: `keep` > 0 keeps them from now on, 0 unmaps those kept
+// and stops keeping, < 0 changes nothing. Kept stacks cost memory maps (a guard page splits the
+// mapping: two per stack), and every library loaded into a process has its own workers, so kept
+// by all of them they would exhaust vm.max_map_count (65,530) after a few dozen libraries; the
+// caller decides which libraries keep theirs (kgen/runtime/fiber_stacks.py). Returns the maps this
+// library's stacks hold now. A kept stack is reused as it was left, as the blocks of one launch
+// always reused them: its guard page stays PROT_NONE, and every block starts its fibers afresh
+// (init_fiber), whatever the last launch left on them (a block abandoned after an error).
+inline size_t keep_stacks(int keep) {
+  std::lock_guard<std::mutex> lk(launch_mutex());  // no launch in flight: no worker is on its stacks
+  if (keep >= 0) g_options.keep_stacks = keep > 0;
+  size_t maps = 0;
+  for (Worker* w = g_workers.load(); w; w = w->next_worker) {
+    if (keep == 0) release_stacks(w);
+    maps += 2 * (size_t)w->stack_count;
+  }
+  return maps;
+}
 
 inline int write_err(char* err, size_t errlen, const std::string& msg) {
   if (err && errlen) {

@@ -122,6 +122,7 @@ struct Worker {
   char* stack_mem = nullptr;
   size_t stack_mem_len = 0, stack_size = 0;
   unsigned stack_count = 0;
+  Worker* next_worker = nullptr;  // the library's list of workers (stacks kept between launches)
   sigjmp_buf overflow_jb;  // run_block's landing point after a fiber stack overflow
   volatile bool in_block = false;
 #if defined(KGEN_SIMT_ASAN)
@@ -503,10 +504,7 @@ inline size_t page_size() {
   return p;
 }
 
-// Unmap a worker's stacks. Called when the worker's share of a launch ends: the guard pages split
-// the mapping into two maps per stack, and every kernel library loaded into a process has its own
-// workers, so stacks kept between launches would exhaust vm.max_map_count (65,530) after a few
-// dozen libraries ("failed to map segment from shared object" at the next dlopen).
+// Unmap a worker's stacks: the guard pages split the mapping into two maps per stack.
 inline void release_stacks(Worker* w) {
   if (w->stack_mem) munmap(w->stack_mem, w->stack_mem_len);
   w->stack_mem = nullptr;
