@@ -138,12 +138,14 @@ def tiny_decode(name: str = "tiny_decode", tuning: dict | None = None, **overrid
 
 
 # kgen's provided headers that a mutant may edit as kernel code (no compiler branch in them): the online
-# softmax, the kernel bodies other than prefill's (inline_prefill_body), the epilogue part (a row's end and
-# the split-KV merge) and the MLA bodies' latent-row part (last: included by a body copied in before them).
+# softmax, the kernel bodies other than prefill's (inline_prefill_body), and the parts the bodies include
+# (after the bodies: each is included by a body copied in before it): the K/V pool, the CUDA-core tile
+# math, the epilogue (a row's end and the split-KV merge) and the MLA bodies' latent-row part.
 EDITABLE_HEADERS = ("kgen/softmax.cuh", "kgen/bodies/paged_decode.cuh", "kgen/bodies/paged_decode_mma.cuh",
                     "kgen/bodies/paged_mla.cuh", "kgen/bodies/cache_write.cuh", "kgen/bodies/cache_write_mla.cuh",
                     "kgen/bodies/copy_blocks.cuh", "kgen/bodies/paged_mla_wgmma.cuh", "kgen/ds_mla_row.cuh",
-                    "kgen/attention/epilogue.cuh", "kgen/attention/latent_rows.cuh")
+                    "kgen/attention/kv_pool.cuh", "kgen/attention/simt_tile.cuh", "kgen/attention/epilogue.cuh",
+                    "kgen/attention/latent_rows.cuh")
 
 
 def inline_provided(source: str, headers: str | tuple[str, ...] = EDITABLE_HEADERS) -> str:

@@ -54,6 +54,8 @@ PROVIDED_HEADERS = {"kgen/platform.cuh": "common/platform.cuh", "kgen/async_copy
                     "kgen/attention/softmax_tile.cuh": "common/attention/softmax_tile.cuh",
                     "kgen/attention/stage_ring.cuh": "common/attention/stage_ring.cuh",
                     "kgen/attention/kv_format.cuh": "common/attention/kv_format.cuh",
+                    "kgen/attention/kv_pool.cuh": "common/attention/kv_pool.cuh",
+                    "kgen/attention/simt_tile.cuh": "common/attention/simt_tile.cuh",
                     "kgen/attention/epilogue.cuh": "common/attention/epilogue.cuh",
                     "kgen/attention/wgmma_tile.cuh": "common/attention/wgmma_tile.cuh",
                     "kgen/attention/latent_rows.cuh": "common/attention/latent_rows.cuh",

@@ -331,17 +331,11 @@ __device__ __forceinline__ void decode_mma_pv(float (&o)[DecodeMmaShape<Cfg>::ON
 template <class Cfg, class Params>
 __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
   // The parameters (Params: generated from the kernel's argument table): the output side is the
-  // epilogue's (attention/epilogue.cuh), the rest bound here under the names the body uses; ABI 1's
+  // epilogue's (attention/epilogue.cuh), the K/V pool's (attention/kv_pool.cuh), q bound here; ABI 1's
   // positional signature is templates/abi1/'s, which fills a Params and calls this.
   const auto* __restrict__ q = p.q;
-  const auto* __restrict__ k_cache = p.k_cache;
-  const auto* __restrict__ v_cache = p.v_cache;
-  const typename Cfg::scale_arg_t k_scale = p.k_scale, v_scale = p.v_scale;
   const long long q_s_seq = p.q_s_seq, q_s_head = p.q_s_head;
-  const long long k_s_block = p.k_s_block, k_s_head = p.k_s_head, k_s_token = p.k_s_token, k_s_run = p.k_s_run;
-  const long long v_s_block = p.v_s_block, v_s_head = p.v_s_head, v_s_token = p.v_s_token, v_s_run = p.v_s_run;
-  const long long ks_s_block = p.ks_s_block, ks_s_head = p.ks_s_head, ks_s_token = p.ks_s_token;
-  const long long vs_s_block = p.vs_s_block, vs_s_head = p.vs_s_head, vs_s_token = p.vs_s_token;
+  const KvPool<Cfg> pool = KvPool<Cfg>::of(p);  // the K/V pool (attention/kv_pool.cuh)
   typedef DecodeMmaShape<Cfg> S;
   typedef typename S::T T;
   constexpr int DV = S::DV, G = S::G, NT = S::NT, STAGES = S::STAGES, WARPS = S::WARPS;
@@ -362,9 +356,10 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
   const int* table = p.block_tables + (long long)seq * p.max_blocks_per_seq;
   auto issue = [&](int tile) {
     decode_mma_issue_tile<Cfg>(smem + (tile % STAGES) * S::STAGE_BYTES, tile0 + tile * NT, tok_begin, tok_end,
-                               kv_head, table, k_cache, v_cache, k_scale, v_scale, k_s_block, k_s_head, k_s_token,
-                               k_s_run, v_s_block, v_s_head, v_s_token, ks_s_block, ks_s_head, ks_s_token,
-                               vs_s_block, vs_s_head, vs_s_token);
+                               kv_head, table, pool.k_cache, pool.v_cache, pool.k_scale, pool.v_scale,
+                               pool.k_s_block, pool.k_s_head, pool.k_s_token, pool.k_s_run, pool.v_s_block,
+                               pool.v_s_head, pool.v_s_token, pool.ks_s_block, pool.ks_s_head, pool.ks_s_token,
+                               pool.vs_s_block, pool.vs_s_head, pool.vs_s_token);
   };
   StageRing<STAGES>::start(ntiles, issue);  // attention/stage_ring.cuh
 
@@ -393,12 +388,12 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
   // Scales outside the products (attention/kv_format.cuh): per tensor or head, K's folds into the
   // softmax scale and V's multiplies the output; nvfp4's block scales are in the operands (fp16
   // ones carry 2^-7 more).
-  const typename S::F::Scales kv_sc = S::F::tensor_scales(k_scale, v_scale, kv_head, S::FP4_UNIT);
+  const typename S::F::Scales kv_sc = S::F::tensor_scales(pool.k_scale, pool.v_scale, kv_head, S::FP4_UNIT);
   float qk_scale = Cfg::SOFTMAX_SCALE * kv_sc.k, v_out = kv_sc.v, v_inv_ref = 1.0f;
   if constexpr (S::V_REF)  // fp16 P: V's per-token scales relative to their largest over the block's keys
-    S::F::template v_reference<S::THREADS>(v_scale, table, tok_begin, tok_end, kv_head, vs_s_block, vs_s_head,
-                                           vs_s_token, reinterpret_cast<float*>(smem + S::BODY_BYTES), v_out,
-                                           v_inv_ref);
+    S::F::template v_reference<S::THREADS>(pool.v_scale, table, tok_begin, tok_end, kv_head, pool.vs_s_block,
+                                           pool.vs_s_head, pool.vs_s_token,
+                                           reinterpret_cast<float*>(smem + S::BODY_BYTES), v_out, v_inv_ref);
 
   SoftmaxState st[2] = {SoftmaxState::empty(), SoftmaxState::empty()};
   // FOLD: the logit is the product (times its per-token K scale) times a positive compile-time

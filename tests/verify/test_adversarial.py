@@ -55,10 +55,10 @@ def _run(kernel, names: set[str]):
 
 
 OUT_WRITE = "out[row * o_s_row + (long long)h * o_s_head + d] = from_float<out_t>(x);"  # attention/epilogue.cuh
-K_ROW = ("ksrc = k_cache + phys * k_s_block + kv_head * k_s_head + slot * k_s_token +\n"
-         "                 run_offset<Cfg::K_RUN>(d0, k_s_run) / S::PER;")
-V_ROW = "vsrc = v_cache + phys * v_s_block + kv_head * v_s_head + slot * v_s_token + d0 / S::PER;"
-KV_ROWS = K_ROW + "\n          " + V_ROW  # the K loop's (V rows of their own width have a loop of their own)
+K_ROW = ("return k_cache + phys * k_s_block + kv_head * k_s_head + slot * k_s_token +\n"  # attention/kv_pool.cuh
+         "           run_offset<Cfg::K_RUN>(d0, k_s_run) / PER;")
+# the copier's K loop (V rows of their own width have a loop of their own)
+KV_ROWS = "ksrc = pool.k_row(phys, kv_head, slot, d0);\n          vsrc = pool.v_row(phys, kv_head, slot, d0);"
 LSE_WRITE = "lse[(long long)row * Cfg::NUM_Q_HEADS + h] = st.lse();"  # attention/epilogue.cuh
 SCALES = "  // Per-tensor / per-head dequantisation scales (per-token ones and nvfp4's block scales come with each tile).\n"
 WRITE_OUT = "  // Write out: the final output, or this partition's normalised partial and its (m, l).\n"
@@ -76,8 +76,8 @@ MUTANTS = [
      {"long_uniform", "long_32k"}, {"long", "mixed_batch"}, ()),
     ("stops_at_32768_tokens", {}, None, NTILES, NTILES.replace("(tok_end - tile0", "(min(tok_end, 32768) - tile0"),
      {"long_32k"}, {"long_uniform", "long"}, ()),
-    ("fp16_sum_accumulator", {}, None, "          l_part += p;",  # the transpose-reduce path's share of l
-     "          l_part = __half2float(__float2half(l_part + p));", {"long_32k"}, {"len_1"}, ()),
+    ("fp16_sum_accumulator", {}, None, "        l_part += p;",  # the transpose-reduce path's share of l
+     "        l_part = __half2float(__float2half(l_part + p));", {"long_32k"}, {"len_1"}, ()),
     ("fp16_output_accumulator", {}, None, O_ACC,
      O_ACC.replace("o[h][c * VEC + i] += s[h][j] * vf[i];",
                    "o[h][c * VEC + i] = __half2float(__float2half(o[h][c * VEC + i] + s[h][j] * vf[i]));"),
@@ -96,7 +96,7 @@ MUTANTS = [
      " = from_float<typename Cfg::q_t>(0.0f);\n" + SCALES,
      {"len_1", "long"}, set(), ("input 'q'",)),
     ("writes_input_k_cache_tail", {}, None, KV_ROWS,
-     KV_ROWS + "\n          if (d0 == 0 && t == hi - 1 && slot + 1 < B) const_cast<kv_t*>(ksrc)[k_s_token] = ksrc[0];",
+     KV_ROWS + "\n          if (d0 == 0 && t == hi - 1 && slot + 1 < B) const_cast<kv_t*>(ksrc)[pool.k_s_token] = ksrc[0];",
      {"len_1", "len_B+1"}, {"len_B"}, ("input 'k_cache'",)),
     ("writes_past_out", {}, None, WRITE_OUT,
      "  if (!ep.split && tid == 0 && seq == (int)gridDim.y - 1 && kv_head == (int)gridDim.x - 1)\n"

@@ -33,7 +33,7 @@ def _spec(**overrides):
 def _kernel(spec, config=None, old: str | None = None, new: str = "") -> Kernel:
     """kgen's source, with softmax.cuh (the online softmax, split-KV contract and merge body the
     decode source includes), attention/epilogue.cuh (how a row is written out: conftest's
-    EDITABLE_HEADERS), attention/visibility.cuh (the key rule), attention/stage_ring.cuh and
+    EDITABLE_HEADERS, with the K/V pool and the CUDA-core tile math), attention/visibility.cuh (the key rule), attention/stage_ring.cuh and
     attention/kv_format.cuh (the scales) copied in, and with one edit."""
     r = render(spec, config)
     src = inline_provided(inline_provided(r.source), "kgen/attention/visibility.cuh")
@@ -74,8 +74,8 @@ MUTATIONS = [
      "const int end = Cfg::TAIL_MASK ? seq_len : ((seq_len + B - 1) / B) * B;",
      "const int end = ((seq_len + B - 1) / B) * B;", {"len_B-1", "len_B+1"}, {"len_B"}),
     ("v_read_with_k_strides", {}, CUDA_CORES,
-     "kv_head * v_s_head + slot * v_s_token + d0 / S::PER;\n        }",  # the K loop's V copy (same widths)
-     "kv_head * k_s_head + slot * k_s_token + d0 / S::PER;\n        }",
+     "kv_head * v_s_head + slot * v_s_token + d0 / PER;",  # attention/kv_pool.cuh's V row (here: the K loop's copy)
+     "kv_head * k_s_head + slot * k_s_token + d0 / PER;",
      {"padded_pool"}, {"long", "len_B+1"}),
     ("gqa_query_head_off_by_one", {}, CUDA_CORES,
      "q + seq * q_s_seq + (long long)(q_head0 + g) * q_s_head;",
