@@ -59,6 +59,7 @@ PROVIDED_HEADERS = {"kgen/platform.cuh": "common/platform.cuh", "kgen/async_copy
                     "kgen/attention/epilogue.cuh": "common/attention/epilogue.cuh",
                     "kgen/attention/wgmma_tile.cuh": "common/attention/wgmma_tile.cuh",
                     "kgen/attention/latent_rows.cuh": "common/attention/latent_rows.cuh",
+                    "kgen/attention/mma_tile.cuh": "common/attention/mma_tile.cuh",
                     **ABI1_HEADERS}
 ALLOWED_INCLUDES = (*CUDA_HEADERS, *PROVIDED_HEADERS)
 

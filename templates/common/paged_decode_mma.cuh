@@ -40,8 +40,10 @@
 // the output times v_ref, so P stays within fp16's range). l sums the unscaled P.
 //
 // Needs kgen/platform.cuh, async_copy.cuh, convert.cuh, softmax.cuh and mma.cuh, and paged_decode.cuh
-// (which includes the attention parts), before it.
+// (which includes the attention parts), before it; it includes the MMA tile part itself.
 #pragma once
+
+#include "kgen/attention/mma_tile.cuh"
 
 namespace kgen {
 
@@ -67,6 +69,7 @@ struct DecodeMmaShape {
   static constexpr int KC = D / 16;            // k16 chunks of Q K^T
   static constexpr int ONT = DV / 8;           // n8 tiles of the output
   static constexpr int LANE_ROWS = G <= 8 ? 1 : 2;   // rows a lane holds: g, and g + 8 when the group passes 8
+  static constexpr bool UPPER = LANE_ROWS == 2;       // rows g + 8 kept (attention/mma_tile.cuh)
   static constexpr bool TOKEN_SCALES = F::TOKEN_SCALES;
   static constexpr bool V_REF = TOKEN_SCALES && IsSame<T, __half>::value;
   static constexpr int K_BYTES = NT * ROW;     // one K tile
@@ -83,22 +86,6 @@ struct DecodeMmaShape {
                 (!FP4 || (D % 32 == 0 && DV == D)), "rows");
   static_assert(STAGES >= 1 && STAGES <= 4, "stages");
 };
-
-// acc += A B on the tensor cores for the lane's rows g (and g + 8 when LANE_ROWS is 2). With LANE_ROWS 1 (a group
-// of at most 8 heads) rows 8..15 are padding: their accumulators are neither kept nor read, which
-// halves the registers of S and of the output.
-template <class T, int LANE_ROWS>
-__device__ __forceinline__ void mma_rows(float (&acc)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-  if constexpr (LANE_ROWS == 2) {
-    mma_m16n8k16<T>(acc, a, b, acc);
-  } else {
-    const float c[4] = {acc[0], acc[1], 0.0f, 0.0f};
-    float d[4];
-    mma_m16n8k16<T>(d, a, b, c);
-    acc[0] = d[0];
-    acc[1] = d[1];
-  }
-}
 
 // Head_dim element of reduction index k (0..15) of a k16 chunk of Q K^T: as is for a 16-bit cache;
 // for an 8-bit one, the order in which ldmatrix and the packed conversions deliver K (above).
@@ -179,7 +166,7 @@ __device__ __forceinline__ void decode_mma_issue_tile(
 // s[j] += Q . K[tokens 8j .. 8j + 7]^T over head_dim, for the warp's 16 tokens of a tile (k_w: the
 // first one's row).
 template <class Cfg>
-__device__ __forceinline__ void decode_mma_qk(float (&s)[2][4], const unsigned (&qf)[DecodeMmaShape<Cfg>::KC][4],
+__device__ __forceinline__ void decode_mma_qk(float (&s)[1][2][4], const unsigned (&qf)[DecodeMmaShape<Cfg>::KC][1][4],
                                               const unsigned char* k_w, const unsigned char* ks_w, int lane) {
   typedef DecodeMmaShape<Cfg> S;
   typedef typename S::T T;
@@ -200,29 +187,32 @@ __device__ __forceinline__ void decode_mma_qk(float (&s)[2][4], const unsigned (
       fp4_word_pairs<T>(r[0], s0, f0, e0);
       fp4_word_pairs<T>(r[1], s1, f1, e1);
       const unsigned a0[2] = {e0[0], e0[1]}, a1[2] = {e1[0], e1[1]}, b0[2] = {e0[2], e0[3]}, b1[2] = {e1[2], e1[3]};
-      mma_rows<T, S::LANE_ROWS>(s[0], qf[2 * c2], a0);
-      mma_rows<T, S::LANE_ROWS>(s[1], qf[2 * c2], a1);
-      mma_rows<T, S::LANE_ROWS>(s[0], qf[2 * c2 + 1], b0);
-      mma_rows<T, S::LANE_ROWS>(s[1], qf[2 * c2 + 1], b1);
+      mma_tile<T, S::UPPER>(s[0][0], qf[2 * c2][0], a0);
+      mma_tile<T, S::UPPER>(s[0][1], qf[2 * c2][0], a1);
+      mma_tile<T, S::UPPER>(s[0][0], qf[2 * c2 + 1][0], b0);
+      mma_tile<T, S::UPPER>(s[0][1], qf[2 * c2 + 1][0], b1);
     }
     return;
   }
+  if constexpr (!S::BYTES8) {  // 16-bit K as stored (attention/mma_tile.cuh)
+    qk_tile<T, S::UPPER, 1, 2, S::KC, S::ROW / 2>(
+        s,
+        [&](int c, unsigned (&a)[1][4]) {  // Q's, kept in registers
 #pragma unroll
-  for (int c = 0; c < S::KC; ++c) {
-    unsigned b0[2], b1[2];
-    if constexpr (!S::BYTES8) {
-      unsigned b[4];  // matrices: tokens 0-7 x dims 0-7, 0-7 x 8-15, 8-15 x 0-7, 8-15 x 8-15 of the chunk
-      ldmatrix<4, false>(b, k_w + (lane % 8 + (lane / 16) * 8) * S::ROW + (c * 16 + ((lane / 8) % 2) * 8) * 2);
-      b0[0] = b[0], b0[1] = b[1], b1[0] = b[2], b1[1] = b[3];
-    } else {
+          for (int i = 0; i < 4; ++i) a[0][i] = qf[c][0][i];
+        },
+        k_lane_row<S::ROW / 2>(reinterpret_cast<const T*>(k_w), lane));
+  } else {
+    typedef KvPair<typename Cfg::kv_t, T> P;
+#pragma unroll
+    for (int c = 0; c < S::KC; ++c) {
       unsigned r[2];  // tokens 0-7 and 8-15 of the chunk: lane (g, t) gets bytes 4t .. 4t + 3 of token g
       ldmatrix<2, false>(r, k_w + (lane % 16) * S::ROW + c * 16);
-      typedef KvPair<typename Cfg::kv_t, T> P;
-      b0[0] = P::two((unsigned short)(r[0] & 0xFFFFu)), b0[1] = P::two((unsigned short)(r[0] >> 16));
-      b1[0] = P::two((unsigned short)(r[1] & 0xFFFFu)), b1[1] = P::two((unsigned short)(r[1] >> 16));
+      const unsigned b0[2] = {P::two((unsigned short)(r[0] & 0xFFFFu)), P::two((unsigned short)(r[0] >> 16))};
+      const unsigned b1[2] = {P::two((unsigned short)(r[1] & 0xFFFFu)), P::two((unsigned short)(r[1] >> 16))};
+      mma_tile<T, S::UPPER>(s[0][0], qf[c][0], b0);
+      mma_tile<T, S::UPPER>(s[0][1], qf[c][0], b1);
     }
-    mma_rows<T, S::LANE_ROWS>(s[0], qf[c], b0);
-    mma_rows<T, S::LANE_ROWS>(s[1], qf[c], b1);
   }
 }
 
@@ -242,10 +232,12 @@ __device__ __forceinline__ int pv_column(int nt, int i, int t) {
 
 // o += P[16 heads x the warp's 16 tokens] V[those tokens, v_head_dim] (v_w: the first token's row).
 template <class Cfg>
-__device__ __forceinline__ void decode_mma_pv(float (&o)[DecodeMmaShape<Cfg>::ONT][4], const unsigned (&a)[4],
+__device__ __forceinline__ void decode_mma_pv(float (&acc)[1][DecodeMmaShape<Cfg>::ONT][4], const unsigned (&pa)[1][4],
                                               const unsigned char* v_w, const unsigned char* vs_w, int lane) {
   typedef DecodeMmaShape<Cfg> S;
   typedef typename S::T T;
+  float(&o)[S::ONT][4] = acc[0];
+  const unsigned(&a)[4] = pa[0];
   if constexpr (S::FP4) {
     // ldmatrix.trans of 16-bit elements: lane (g, t) gets bytes 2g, 2g + 1 (columns 4g .. 4g + 3 of
     // the 32-column span) of tokens 2t and 2t + 1 (matrix 0; 2t + 8, 2t + 9: matrix 1); nibble j of
@@ -281,21 +273,19 @@ __device__ __forceinline__ void decode_mma_pv(float (&o)[DecodeMmaShape<Cfg>::ON
           for (int j = 0; j < 4; ++j) {
             const unsigned b[2] = {fp4_column_pair<T>(r[2 * h], j, hab, fa, fb),
                                    fp4_column_pair<T>(r[2 * h + 1], j, hcd, fc, fd)};
-            mma_rows<T, S::LANE_ROWS>(o[8 * q + 4 * h + j], a, b);
+            mma_tile<T, S::UPPER>(o[8 * q + 4 * h + j], a, b);
           }
         }
       }
     }
-  } else if constexpr (!S::BYTES8) {
-    const unsigned char* v_row = v_w + (lane % 8 + ((lane / 8) % 2) * 8) * S::VROW;
+  } else if constexpr (!S::BYTES8) {  // 16-bit V as stored (attention/mma_tile.cuh)
+    pv_tile<T, S::UPPER, 1, S::ONT, 1, S::VROW / 2>(
+        acc,
+        [&](int, unsigned (&b)[1][4]) {  // P's: one k16 step, the warp's 16 tokens
 #pragma unroll
-    for (int nt = 0; nt < S::ONT; nt += 2) {
-      unsigned b[4];
-      ldmatrix<4, true>(b, v_row + 8 * (nt + lane / 16) * 2);
-      const unsigned b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-      mma_rows<T, S::LANE_ROWS>(o[nt], a, b0);
-      mma_rows<T, S::LANE_ROWS>(o[nt + 1], a, b1);
-    }
+          for (int i = 0; i < 4; ++i) b[0][i] = a[i];
+        },
+        v_lane_row<S::VROW / 2>(reinterpret_cast<const T*>(v_w), lane), lane, S::DV);
   } else {
     typedef KvPair<typename Cfg::kv_t, T> P;
     // matrices: tokens 0-7 and 8-15 of bytes [32q, 32q + 16), then of [32q + 16, 32q + 32)
@@ -310,8 +300,8 @@ __device__ __forceinline__ void decode_mma_pv(float (&o)[DecodeMmaShape<Cfg>::ON
         const unsigned e0 = __byte_perm(r[0], 0, 0x3120u), e1 = __byte_perm(r[1], 0, 0x3120u);
         const unsigned be[2] = {P::two((unsigned short)(e0 & 0xFFFFu)), P::two((unsigned short)(e1 & 0xFFFFu))};
         const unsigned bo[2] = {P::two((unsigned short)(e0 >> 16)), P::two((unsigned short)(e1 >> 16))};
-        mma_rows<T, S::LANE_ROWS>(o[4 * q], a, be);
-        mma_rows<T, S::LANE_ROWS>(o[4 * q + 1], a, bo);
+        mma_tile<T, S::UPPER>(o[4 * q], a, be);
+        mma_tile<T, S::UPPER>(o[4 * q + 1], a, bo);
       } else {
         unsigned r[4];
         ldmatrix<4, true>(r, v_row + 32 * q);
@@ -320,58 +310,28 @@ __device__ __forceinline__ void decode_mma_pv(float (&o)[DecodeMmaShape<Cfg>::ON
           const unsigned e0 = __byte_perm(r[2 * h], 0, 0x3120u), e1 = __byte_perm(r[2 * h + 1], 0, 0x3120u);
           const unsigned be[2] = {P::two((unsigned short)(e0 & 0xFFFFu)), P::two((unsigned short)(e1 & 0xFFFFu))};
           const unsigned bo[2] = {P::two((unsigned short)(e0 >> 16)), P::two((unsigned short)(e1 >> 16))};
-          mma_rows<T, S::LANE_ROWS>(o[4 * q + 2 * h], a, be);
-          mma_rows<T, S::LANE_ROWS>(o[4 * q + 2 * h + 1], a, bo);
+          mma_tile<T, S::UPPER>(o[4 * q + 2 * h], a, be);
+          mma_tile<T, S::UPPER>(o[4 * q + 2 * h + 1], a, bo);
         }
       }
     }
   }
 }
 
-template <class Cfg, class Params>
-__device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
-  // The parameters (Params: generated from the kernel's argument table): the output side is the
-  // epilogue's (attention/epilogue.cuh), the K/V pool's (attention/kv_pool.cuh), q bound here; ABI 1's
-  // positional signature is templates/abi1/'s, which fills a Params and calls this.
-  const auto* __restrict__ q = p.q;
-  const long long q_s_seq = p.q_s_seq, q_s_head = p.q_s_head;
-  const KvPool<Cfg> pool = KvPool<Cfg>::of(p);  // the K/V pool (attention/kv_pool.cuh)
+// Q's A fragments (rows g and g + 8: query heads, zeros past the group; reduction index k of chunk
+// c at head_dim column 16c + qk_column(k)), built once from global memory, and the rows' ALiBi slopes.
+template <class Cfg>
+__device__ __forceinline__ void decode_mma_q_fragments(unsigned (&qf)[DecodeMmaShape<Cfg>::KC][1][4], float (&slope)[2],
+                                                       const typename Cfg::q_t* q_seq, long long q_s_head,
+                                                       const float* alibi_slopes, int q_head0, int lane) {
   typedef DecodeMmaShape<Cfg> S;
   typedef typename S::T T;
-  constexpr int DV = S::DV, G = S::G, NT = S::NT, STAGES = S::STAGES, WARPS = S::WARPS;
-  const Epilogue<Cfg> ep = Epilogue<Cfg>::of(p, p.o_s_seq, blockIdx.z);  // the output side, partition blockIdx.z
-  const int kv_head = blockIdx.x, seq = blockIdx.y;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int q_head0 = kv_head * G;
-
-  const int seq_len = p.seq_lens[seq];
-  int tok_begin, tok_end;  // attention/visibility.cuh
-  if (!decode_key_range<Cfg>(seq_len, ep.part, p.partition_tokens, p.max_partitions, ep.split, tok_begin, tok_end))
-    return;
-  const KeyRange keys{tok_begin, tok_end};
-  const int tile0 = tok_begin / NT * NT;
-  const int ntiles = tok_end > tok_begin ? (tok_end - tile0 + NT - 1) / NT : 0;
-
-  __shared__ __align__(16) unsigned char smem[S::SMEM_BYTES];
-  const int* table = p.block_tables + (long long)seq * p.max_blocks_per_seq;
-  auto issue = [&](int tile) {
-    decode_mma_issue_tile<Cfg>(smem + (tile % STAGES) * S::STAGE_BYTES, tile0 + tile * NT, tok_begin, tok_end,
-                               kv_head, table, pool.k_cache, pool.v_cache, pool.k_scale, pool.v_scale,
-                               pool.k_s_block, pool.k_s_head, pool.k_s_token, pool.k_s_run, pool.v_s_block,
-                               pool.v_s_head, pool.v_s_token, pool.ks_s_block, pool.ks_s_head, pool.ks_s_token,
-                               pool.vs_s_block, pool.vs_s_head, pool.vs_s_token);
-  };
-  StageRing<STAGES>::start(ntiles, issue);  // attention/stage_ring.cuh
-
-  // Q's A fragments: rows g and g + 8 (query heads; zeros past the group), reduction index k of
-  // chunk c at head_dim column 16c + qk_column(k).
-  unsigned qf[S::KC][4];
-  float slope[2];
+  const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int head = g + 8 * rr;
-    const bool real = (S::LANE_ROWS == 2 || rr == 0) && head < G;
-    const typename Cfg::q_t* qh = q + seq * q_s_seq + (long long)(q_head0 + (real ? head : 0)) * q_s_head;
+    const bool real = (S::UPPER || rr == 0) && head < S::G;
+    const typename Cfg::q_t* qh = q_seq + (long long)(q_head0 + (real ? head : 0)) * q_s_head;
 #pragma unroll
     for (int c = 0; c < S::KC; ++c)
 #pragma unroll
@@ -379,96 +339,23 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
         const int k = 2 * t + 8 * hi;
         const int d0 = S::FP4 ? fp4_qk_column(c, k) : 16 * c + qk_column<S::BYTES8>(k);
         const int d1 = S::FP4 ? fp4_qk_column(c, k + 1) : 16 * c + qk_column<S::BYTES8>(k + 1);
-        qf[c][rr + 2 * hi] = S::LANE_ROWS == 1 && rr == 1 ? 0u  // padding rows: constant zeros
-                                                   : pack2<T>(real ? to_float(qh[d0]) : 0.0f, real ? to_float(qh[d1]) : 0.0f);
+        qf[c][0][rr + 2 * hi] = !S::UPPER && rr == 1 ? 0u  // padding rows: constant zeros
+                                                     : pack2<T>(real ? to_float(qh[d0]) : 0.0f, real ? to_float(qh[d1]) : 0.0f);
       }
-    slope[rr] = Cfg::ALIBI && real ? p.alibi_slopes[q_head0 + head] : 0.0f;
+    slope[rr] = Cfg::ALIBI && real ? alibi_slopes[q_head0 + head] : 0.0f;
   }
+}
 
-  // Scales outside the products (attention/kv_format.cuh): per tensor or head, K's folds into the
-  // softmax scale and V's multiplies the output; nvfp4's block scales are in the operands (fp16
-  // ones carry 2^-7 more).
-  const typename S::F::Scales kv_sc = S::F::tensor_scales(pool.k_scale, pool.v_scale, kv_head, S::FP4_UNIT);
-  float qk_scale = Cfg::SOFTMAX_SCALE * kv_sc.k, v_out = kv_sc.v, v_inv_ref = 1.0f;
-  if constexpr (S::V_REF)  // fp16 P: V's per-token scales relative to their largest over the block's keys
-    S::F::template v_reference<S::THREADS>(pool.v_scale, table, tok_begin, tok_end, kv_head, pool.vs_s_block,
-                                           pool.vs_s_head, pool.vs_s_token,
-                                           reinterpret_cast<float*>(smem + S::BODY_BYTES), v_out, v_inv_ref);
-
-  SoftmaxState st[2] = {SoftmaxState::empty(), SoftmaxState::empty()};
-  // FOLD: the logit is the product (times its per-token K scale) times a positive compile-time
-  // scale (attention/logits.cuh's LINEAR, no runtime K scale whose sign could flip the order): the
-  // products stay raw, a row's max is scaled once and exp2 takes the scale in its FFMA
-  // (attention/softmax_tile.cuh).
-  constexpr bool FOLD = Logits<Cfg>::LINEAR && Cfg::SOFTMAX_SCALE > 0.0f &&
-                        (S::SCALES == ScaleMode::none || S::SCALES == ScaleMode::per_token_head);
-  const TileSoftmax softmax = TileSoftmax::of(FOLD ? Cfg::SOFTMAX_SCALE : 1.0f);
-  float o[S::ONT][4];
-#pragma unroll
-  for (int nt = 0; nt < S::ONT; ++nt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) o[nt][i] = 0.0f;
-
-  // The loop bound is uniform across the block, so every thread reaches every barrier.
-  for (int tile = 0; tile < ntiles; ++tile) {
-    StageRing<STAGES>::next(tile, ntiles, issue);
-    const int pos_w = tile0 + tile * NT + 16 * warp;  // the warp's first token
-    if (!keys.meets(pos_w, 16)) continue;  // warp-uniform: none of its tokens is seen
-    const unsigned char* stage = smem + (tile % STAGES) * S::STAGE_BYTES;
-    const unsigned char* k_w = stage + 16 * warp * S::ROW;
-    const unsigned char* v_w = stage + S::K_BYTES + 16 * warp * S::VROW;
-    const float* ss = reinterpret_cast<const float*>(stage + S::K_BYTES + S::V_BYTES) + 16 * warp;
-    const unsigned char* ks_w = stage + S::K_BYTES + S::V_BYTES + 16 * warp * S::GROUPS;  // nvfp4 block scales
-    const unsigned char* vs_w = ks_w + NT * S::GROUPS;
-
-    float s[2][4];
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s[j][i] = 0.0f;
-    decode_mma_qk<Cfg>(s, qf, k_w, ks_w, lane);
-
-    // s[j][i]: head g + 8 (i >> 1), token 8j + 2t + (i & 1) of the warp's 16.
-    float m_tile[2] = {KGEN_NEG_INF, KGEN_NEG_INF};
-    const int lane_pos = pos_w + 2 * t;  // the position of this lane's first column (2t)
-    const KeyRange seen{tok_begin - lane_pos, tok_end - lane_pos};  // its column 2t + c is seen: c in seen
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int i = 0; i < 2 * S::LANE_ROWS; ++i) {
-        const int rr = i >> 1, col = 8 * j + 2 * t + (i & 1), pos = pos_w + col;
-        const float y = FOLD ? (S::TOKEN_SCALES ? s[j][i] * ss[col] : s[j][i])
-                             : Logits<Cfg>::of(s[j][i], S::TOKEN_SCALES ? qk_scale * ss[col] : qk_scale, slope[rr],
-                                               pos, seq_len - 1);
-        s[j][i] = seen.contains(8 * j + (i & 1)) ? y : KGEN_NEG_INF;
-        m_tile[rr] = fmaxf(m_tile[rr], s[j][i]);
-      }
-    float mb[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int rr = 0; rr < S::LANE_ROWS; ++rr)  // the four lanes of a group hold the row's tokens
-      scale_row(o, rr, softmax.raise(st[rr], quad_max(m_tile[rr]), mb[rr]));
-    // Each pair of weights packed into P's A fragment as soon as it is made, and added to the row's
-    // sum there (no per-tile sums): ptxas allocates 2 to 4 fewer registers this way
-    // (docs/decode-family.md, "Registers of the softmax update").
-    unsigned a[4] = {0u, 0u, 0u, 0u};
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int rr = 0; rr < S::LANE_ROWS; ++rr) {
-        float p[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          p[e] = softmax.weight(s[j][2 * rr + e], mb[rr]);  // exp(logit - m); a masked -inf gives 0
-          st[rr].l += p[e];  // this lane's share; the four lanes' shares add up at the end
-          if (S::TOKEN_SCALES) p[e] *= ss[NT + 8 * j + 2 * t + e] * v_inv_ref;  // P V sees P times V's scales
-        }
-        a[2 * j + rr] = pack2<T>(p[0], p[1]);
-      }
-    decode_mma_pv<Cfg>(o, a, v_w, vs_w, lane);
-  }
-
-  // Merge the warps through shared memory (free once every copy has landed and every thread is
-  // past the loop): (m, l) [warp][head], then o [head][d] accumulated warp by warp.
+// Merge the warps' (o, m, l) through shared memory (free once every copy has landed and every thread
+// is past the loop: (m, l) [warp][head], then o [head][d] accumulated warp by warp) and write out
+// the final output, or this partition's normalised partial and its (m, l).
+template <class Cfg>
+__device__ __forceinline__ void decode_mma_merge_warps(unsigned char* smem, const float (&o)[DecodeMmaShape<Cfg>::ONT][4],
+                                                       SoftmaxState (&st)[2], const Epilogue<Cfg>& ep, float v_out,
+                                                       int seq, int q_head0) {
+  typedef DecodeMmaShape<Cfg> S;
+  constexpr int DV = S::DV, G = S::G, WARPS = S::WARPS;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int rr = 0; rr < S::LANE_ROWS; ++rr) {
     st[rr].l = quad_sum(st[rr].l);
@@ -510,8 +397,6 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
     }
     __syncthreads();
   }
-
-  // Write out: the final output, or this partition's normalised partial and its (m, l).
   for (int i = tid; i < G * DV; i += S::THREADS) {
     const int head = i / DV, d = i % DV;
     SoftmaxState blk = SoftmaxState::empty();
@@ -519,6 +404,143 @@ __device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
     for (int w = 0; w < WARPS; ++w) blk.merge(SoftmaxState{ml_s[(w * G + head) * 2], ml_s[(w * G + head) * 2 + 1]});
     ep.finish(blk, seq, q_head0 + head, d, o_s[i], v_out);  // (single pass: the sink once, at the end)
   }
+}
+
+// One tile's softmax update of the warp's S (s[j][i]: head g + 8 (i >> 1), token 8j + 2t + (i & 1)
+// of the warp's 16, from pos_w on): the logits (FOLD: raw products, the scale in exp2's FFMA),
+// the mask, the rows' state raised and O rescaled, and the weights as P's A fragment (times V's
+// per-token scales).
+template <class Cfg, bool FOLD>
+__device__ __forceinline__ void decode_mma_weights(unsigned (&pa)[1][4], float (&s)[2][4], SoftmaxState (&st)[2],
+                                                   float (&o)[DecodeMmaShape<Cfg>::ONT][4], const TileSoftmax& softmax,
+                                                   const float* ss, int pos_w, const KeyRange& keys, float qk_scale,
+                                                   float v_inv_ref, const float (&slope)[2], int seq_len, int lane) {
+  typedef DecodeMmaShape<Cfg> S;
+  typedef typename S::T T;
+  constexpr int NT = S::NT;
+  const int t = lane & 3;
+  float m_tile[2] = {KGEN_NEG_INF, KGEN_NEG_INF};
+  const int lane_pos = pos_w + 2 * t;  // the position of this lane's first column (2t)
+  const KeyRange seen{keys.begin - lane_pos, keys.end - lane_pos};  // its column 2t + c is seen: c in seen
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int i = 0; i < 2 * S::LANE_ROWS; ++i) {
+      const int rr = i >> 1, col = 8 * j + 2 * t + (i & 1), pos = pos_w + col;
+      const float y = FOLD ? (S::TOKEN_SCALES ? s[j][i] * ss[col] : s[j][i])
+                           : Logits<Cfg>::of(s[j][i], S::TOKEN_SCALES ? qk_scale * ss[col] : qk_scale, slope[rr],
+                                             pos, seq_len - 1);
+      s[j][i] = seen.contains(8 * j + (i & 1)) ? y : KGEN_NEG_INF;
+      m_tile[rr] = fmaxf(m_tile[rr], s[j][i]);
+    }
+  float mb[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int rr = 0; rr < S::LANE_ROWS; ++rr)  // the four lanes of a group hold the row's tokens
+    scale_row(o, rr, softmax.raise(st[rr], quad_max(m_tile[rr]), mb[rr]));
+  // Each weight added to the row's sum as it is made (no per-tile sums; docs/decode-family.md,
+  // "Registers of the softmax update").
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int i = 0; i < 2 * S::LANE_ROWS; ++i) {
+      const int rr = i >> 1;
+      s[j][i] = softmax.weight(s[j][i], mb[rr]);  // exp(logit - m); a masked -inf gives 0
+      st[rr].l += s[j][i];  // this lane's share; the four lanes' shares add up at the end
+      if (S::TOKEN_SCALES) s[j][i] *= ss[NT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;  // P V sees P times V's scales
+    }
+  a_from_c<T>(pa[0], s[0], s[1]);  // (rows past LANE_ROWS: the zeros S started with; attention/mma_tile.cuh)
+}
+
+template <class Cfg, class Params>
+__device__ __forceinline__ void paged_decode_mma_body(const Params& p) {
+  // The parameters (Params: generated from the kernel's argument table): the output side is the
+  // epilogue's (attention/epilogue.cuh), the K/V pool's (attention/kv_pool.cuh), q bound here; ABI 1's
+  // positional signature is templates/abi1/'s, which fills a Params and calls this.
+  const auto* __restrict__ q = p.q;
+  const long long q_s_seq = p.q_s_seq, q_s_head = p.q_s_head;
+  const KvPool<Cfg> pool = KvPool<Cfg>::of(p);  // the K/V pool (attention/kv_pool.cuh)
+  typedef DecodeMmaShape<Cfg> S;
+  typedef typename S::T T;
+  constexpr int DV = S::DV, G = S::G, NT = S::NT, STAGES = S::STAGES, WARPS = S::WARPS;
+  const Epilogue<Cfg> ep = Epilogue<Cfg>::of(p, p.o_s_seq, blockIdx.z);  // the output side, partition blockIdx.z
+  const int kv_head = blockIdx.x, seq = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int q_head0 = kv_head * G;
+
+  const int seq_len = p.seq_lens[seq];
+  int tok_begin, tok_end;  // attention/visibility.cuh
+  if (!decode_key_range<Cfg>(seq_len, ep.part, p.partition_tokens, p.max_partitions, ep.split, tok_begin, tok_end))
+    return;
+  const KeyRange keys{tok_begin, tok_end};
+  const int tile0 = tok_begin / NT * NT;
+  const int ntiles = tok_end > tok_begin ? (tok_end - tile0 + NT - 1) / NT : 0;
+
+  __shared__ __align__(16) unsigned char smem[S::SMEM_BYTES];
+  const int* table = p.block_tables + (long long)seq * p.max_blocks_per_seq;
+  auto issue = [&](int tile) {
+    decode_mma_issue_tile<Cfg>(smem + (tile % STAGES) * S::STAGE_BYTES, tile0 + tile * NT, tok_begin, tok_end,
+                               kv_head, table, pool.k_cache, pool.v_cache, pool.k_scale, pool.v_scale,
+                               pool.k_s_block, pool.k_s_head, pool.k_s_token, pool.k_s_run, pool.v_s_block,
+                               pool.v_s_head, pool.v_s_token, pool.ks_s_block, pool.ks_s_head, pool.ks_s_token,
+                               pool.vs_s_block, pool.vs_s_head, pool.vs_s_token);
+  };
+  StageRing<STAGES>::start(ntiles, issue);  // attention/stage_ring.cuh
+
+  unsigned qf[S::KC][1][4];  // Q's A fragments, for the whole kernel
+  float slope[2];
+  decode_mma_q_fragments<Cfg>(qf, slope, q + seq * q_s_seq, q_s_head, p.alibi_slopes, q_head0, lane);
+
+  // Scales outside the products (attention/kv_format.cuh): per tensor or head, K's folds into the
+  // softmax scale and V's multiplies the output; nvfp4's block scales are in the operands (fp16
+  // ones carry 2^-7 more).
+  const typename S::F::Scales kv_sc = S::F::tensor_scales(pool.k_scale, pool.v_scale, kv_head, S::FP4_UNIT);
+  float qk_scale = Cfg::SOFTMAX_SCALE * kv_sc.k, v_out = kv_sc.v, v_inv_ref = 1.0f;
+  if constexpr (S::V_REF)  // fp16 P: V's per-token scales relative to their largest over the block's keys
+    S::F::template v_reference<S::THREADS>(pool.v_scale, table, tok_begin, tok_end, kv_head, pool.vs_s_block,
+                                           pool.vs_s_head, pool.vs_s_token,
+                                           reinterpret_cast<float*>(smem + S::BODY_BYTES), v_out, v_inv_ref);
+
+  SoftmaxState st[2] = {SoftmaxState::empty(), SoftmaxState::empty()};
+  // FOLD: the logit is the product (times its per-token K scale) times a positive compile-time
+  // scale (attention/logits.cuh's LINEAR, no runtime K scale whose sign could flip the order): the
+  // products stay raw, a row's max is scaled once and exp2 takes the scale in its FFMA
+  // (attention/softmax_tile.cuh).
+  constexpr bool FOLD = Logits<Cfg>::LINEAR && Cfg::SOFTMAX_SCALE > 0.0f &&
+                        (S::SCALES == ScaleMode::none || S::SCALES == ScaleMode::per_token_head);
+  const TileSoftmax softmax = TileSoftmax::of(FOLD ? Cfg::SOFTMAX_SCALE : 1.0f);
+  float acc[1][S::ONT][4];  // the output: one m16 tile of rows (attention/mma_tile.cuh)
+  float(&o)[S::ONT][4] = acc[0];
+#pragma unroll
+  for (int nt = 0; nt < S::ONT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o[nt][i] = 0.0f;
+
+  // The loop bound is uniform across the block, so every thread reaches every barrier.
+  for (int tile = 0; tile < ntiles; ++tile) {
+    StageRing<STAGES>::next(tile, ntiles, issue);
+    const int pos_w = tile0 + tile * NT + 16 * warp;  // the warp's first token
+    if (!keys.meets(pos_w, 16)) continue;  // warp-uniform: none of its tokens is seen
+    const unsigned char* stage = smem + (tile % STAGES) * S::STAGE_BYTES;
+    const unsigned char* k_w = stage + 16 * warp * S::ROW;
+    const unsigned char* v_w = stage + S::K_BYTES + 16 * warp * S::VROW;
+    const float* ss = reinterpret_cast<const float*>(stage + S::K_BYTES + S::V_BYTES) + 16 * warp;
+    const unsigned char* ks_w = stage + S::K_BYTES + S::V_BYTES + 16 * warp * S::GROUPS;  // nvfp4 block scales
+    const unsigned char* vs_w = ks_w + NT * S::GROUPS;
+
+    float sc[1][2][4];  // S: one m16 tile of rows, two n8 tiles of tokens
+    float(&s)[2][4] = sc[0];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[j][i] = 0.0f;
+    decode_mma_qk<Cfg>(sc, qf, k_w, ks_w, lane);
+
+    unsigned pa[1][4];  // P's A fragment
+    decode_mma_weights<Cfg, FOLD>(pa, s, st, o, softmax, ss, pos_w, keys, qk_scale, v_inv_ref, slope, seq_len, lane);
+    decode_mma_pv<Cfg>(acc, pa, v_w, vs_w, lane);
+  }
+
+  decode_mma_merge_warps<Cfg>(smem, o, st, ep, v_out, seq, q_head0);
 }
 
 }  // namespace kgen

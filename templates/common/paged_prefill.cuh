@@ -51,6 +51,7 @@
 #include "kgen/attention/stage_ring.cuh"
 #include "kgen/attention/kv_format.cuh"
 #include "kgen/attention/epilogue.cuh"
+#include "kgen/attention/mma_tile.cuh"
 
 namespace kgen {
 
@@ -147,7 +148,7 @@ struct PrefillMath<Cfg, true> {
   typedef typename S::T T;
   static constexpr int MT = S::MT;
 
-  // s[mt][j] = Q[rows 16mt .. 16mt + 15 of the warp's] . K[keys 8j..8j+7]^T
+  // s[mt][j] = Q[rows 16mt .. 16mt + 15 of the warp's] . K[keys 8j..8j+7]^T (attention/mma_tile.cuh)
   static __device__ __forceinline__ void qk(float (&s)[MT][S::N8][4], const T* q_w, const T* k_s, int lane) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -156,62 +157,21 @@ struct PrefillMath<Cfg, true> {
 #pragma unroll
         for (int i = 0; i < 4; ++i) s[mt][j][i] = 0.0f;
     // this lane's ldmatrix rows; the loops add constants (immediate offsets, no address math)
-    const T* q_l = q_w + (lane % 16) * S::LD + (lane / 16) * 8;
-    const T* k_l = k_s + ((lane / 16) * 8 + lane % 8) * S::LD + ((lane / 8) % 2) * 8;
-#pragma unroll
-    for (int kk = 0; kk < S::DK / 16; ++kk) {
-      unsigned a[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) ldmatrix<4, false>(a[mt], q_l + 16 * mt * S::LD + kk * 16);
-#pragma unroll
-      for (int j = 0; j < S::N8; j += 2) {
-        unsigned b[4];
-        ldmatrix<4, false>(b, k_l + j * 8 * S::LD + kk * 16);
-        const unsigned b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_m16n8k16<T>(s[mt][j], a[mt], b0, s[mt][j]);
-          mma_m16n8k16<T>(s[mt][j + 1], a[mt], b1, s[mt][j + 1]);
-        }
-      }
-    }
+    const T* q_l = a_lane_row<S::LD>(q_w, lane);
+    qk_tile<T, true, MT, S::N8, S::DK / 16, S::LD>(
+        s, [&](int kk, unsigned (&a)[MT][4]) { a_step<MT, S::LD>(a, q_l, 16 * kk); }, k_lane_row<S::LD>(k_s, lane));
   }
 
   // o[mt][nt] += P[16 rows of m tile mt, KT keys] . V[keys, columns d0 + 8nt ..]; p holds P as S's C fragments.
   static __device__ __forceinline__ void pv(float (&o)[MT][S::ONT][4], const float (&p)[MT][S::N8][4], const T* v_s,
                                             int d0, int dn, float*, int lane) {
-    const T* v_l = v_s + (((lane / 8) % 2) * 8 + lane % 8) * S::LDV + d0;  // this lane's ldmatrix row
+    pv_tile<T, true, MT, S::ONT, S::KT / 16, S::LDV>(
+        o,
+        [&](int kk, unsigned (&a)[MT][4]) {  // P's A fragments of keys 16kk .. 16kk + 15
 #pragma unroll
-    for (int kk = 0; kk < S::KT / 16; ++kk) {
-      unsigned a[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        a[mt][0] = pack2<T>(p[mt][2 * kk][0], p[mt][2 * kk][1]);
-        a[mt][1] = pack2<T>(p[mt][2 * kk][2], p[mt][2 * kk][3]);
-        a[mt][2] = pack2<T>(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
-        a[mt][3] = pack2<T>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
-      }
-      const T* v_row = v_l + kk * 16 * S::LDV;
-#pragma unroll
-      for (int nt = 0; nt < S::ONT; nt += 2) {
-        if (8 * nt >= dn) break;  // uniform: dn is the slice's width
-        if (nt + 1 < S::ONT && 8 * (nt + 1) < dn) {
-          unsigned b[4];
-          ldmatrix<4, true>(b, v_row + (lane / 16) * 8 + 8 * nt);
-          const unsigned b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            mma_m16n8k16<T>(o[mt][nt], a[mt], b0, o[mt][nt]);
-            mma_m16n8k16<T>(o[mt][nt + 1], a[mt], b1, o[mt][nt + 1]);
-          }
-        } else {
-          unsigned b[2];
-          ldmatrix<2, true>(b, v_row + 8 * nt);
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) mma_m16n8k16<T>(o[mt][nt], a[mt], b, o[mt][nt]);
-        }
-      }
-    }
+          for (int mt = 0; mt < MT; ++mt) a_from_c<T>(a[mt], p[mt][2 * kk], p[mt][2 * kk + 1]);
+        },
+        v_lane_row<S::LDV>(v_s, lane) + d0, lane, dn);
   }
 };
 
@@ -458,6 +418,161 @@ __device__ __forceinline__ void prefill_convert_tile(typename Cfg::q_t* k_s, typ
   }
 }
 
+// K's zero padding past head_dim (columns D .. DK of every K operand tile): copies never touch it.
+template <class Cfg>
+__device__ __forceinline__ void prefill_zero_k_padding(unsigned char* stages, typename Cfg::q_t* k_op) {
+  typedef PrefillShape<Cfg> S;
+  typedef typename S::T T;
+  if (S::DK > S::D) {
+    constexpr int KT = S::KT, PAD = S::DK - S::D, NK = S::PATH == 0 ? S::STAGES : 1;
+    for (int idx = threadIdx.x; idx < NK * KT * PAD; idx += S::THREADS) {
+      const int k = idx / (KT * PAD), r = idx % (KT * PAD);
+      T* k_tile = S::PATH == 0 ? reinterpret_cast<T*>(stages + k * S::STAGE_BYTES) : k_op;
+      k_tile[(r / PAD) * S::LD + S::D + r % PAD] = from_float<T>(0.0f);
+    }
+  }
+}
+
+// Q of the block's rows (packed rows r0 .. r0 + rows of the sequence from token q_begin; zeros past
+// the last row and past head_dim), negated where q_neg, into q_s (LD elements a row).
+template <class Cfg>
+__device__ __forceinline__ void prefill_load_q(typename Cfg::q_t* q_s, const typename Cfg::q_t* __restrict__ q,
+                                               long long q_s_tok, long long q_s_head, int q_begin, int r0, int rows,
+                                               int kv_head, bool q_neg) {
+  typedef PrefillShape<Cfg> S;
+  constexpr int G = S::G;
+  for (int idx = threadIdx.x; idx < S::ROWS * S::DK; idx += S::THREADS) {
+    const int r = idx / S::DK, d = idx % S::DK, pr = r0 + r;
+    float x = 0.0f;
+    if (r < rows && d < S::D)
+      x = to_float(q[(long long)(q_begin + pr / G) * q_s_tok + (long long)(kv_head * G + pr % G) * q_s_head + d]);
+    q_s[r * S::LD + d] = from_float<typename S::T>(q_neg ? -x : x);
+  }
+}
+
+// One tile's online-softmax update of a warp's S (sm[mt][j]: C fragments of its MT m16 tiles of rows
+// and the tile's keys kv0 + 8j ..): the logits (PLAIN: raw products, the scale in exp2's FFMA), the
+// mask (masked tiles only), the rows' state raised and O rescaled, the weights in place (times V's
+// per-token scales) and the rows' sums. row_pos(q): lane row q's position (2 * mt + r: row g + 8r
+// of m tile mt).
+template <class Cfg, bool PLAIN, class Keys, class RowPos>
+__device__ __forceinline__ void prefill_softmax_tile(
+    float (&sm)[PrefillShape<Cfg>::MT][PrefillShape<Cfg>::N8][4], SoftmaxState (&st)[2 * PrefillShape<Cfg>::MT],
+    float (&o)[PrefillShape<Cfg>::MT][PrefillShape<Cfg>::ONT][4], const TileSoftmax& softmax, RowPos&& row_pos,
+    const float (&slope)[Cfg::ALIBI ? 2 * PrefillShape<Cfg>::MT : 1], int kv0, int hi, bool masked,
+    const float* tok_sc, float qk_scale, float v_inv_ref, int lane) {
+  typedef PrefillShape<Cfg> S;
+  constexpr int MT = S::MT, LANE_ROWS = 2 * MT;
+  const int t = lane & 3;
+  float m_tile[LANE_ROWS];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    float(&s)[S::N8][4] = sm[mt];
+    m_tile[2 * mt] = m_tile[2 * mt + 1] = KGEN_NEG_INF;
+#pragma unroll
+    for (int j = 0; j < S::N8; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int rr = 2 * mt + (i >> 1), col = 8 * j + 2 * t + (i & 1), key = kv0 + col;
+        if constexpr (!PLAIN) {
+          s[j][i] = Logits<Cfg>::of(s[j][i], S::TOKEN_SCALES ? qk_scale * tok_sc[col] : qk_scale,
+                                    slope[Cfg::ALIBI ? rr : 0], key, row_pos(rr));
+        }
+      }
+  }
+  if (masked) {  // only the diagonal, window-edge and tail tiles pay for the mask
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < S::N8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int rr = 2 * mt + (i >> 1), key = kv0 + 8 * j + 2 * t + (i & 1);
+          if (!Keys::sees(key, row_pos(rr), hi)) sm[mt][j][i] = KGEN_NEG_INF;
+        }
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < S::N8; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) m_tile[2 * mt + (i >> 1)] = fmaxf(m_tile[2 * mt + (i >> 1)], sm[mt][j][i]);
+  float mb[LANE_ROWS];  // each row's exponent offset (TileSoftmax)
+#pragma unroll
+  for (int rr = 0; rr < LANE_ROWS; ++rr)  // the four lanes of a group hold the row's columns
+    scale_row(o[rr / 2], rr % 2, softmax.raise(st[rr], quad_max(m_tile[rr]), mb[rr]));
+  float l_tile[LANE_ROWS];  // this lane's share of the row sums; the lanes' shares add up at the end
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    float(&s)[S::N8][4] = sm[mt];
+    l_tile[2 * mt] = l_tile[2 * mt + 1] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < S::N8; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int rr = 2 * mt + (i >> 1);
+        s[j][i] = softmax.weight(s[j][i], mb[rr]);  // exp(logit - m); a masked -inf gives 0
+        l_tile[rr] += s[j][i];
+      }
+    if constexpr (S::TOKEN_SCALES) {  // P V sees P times V's scales; l above is that of the real logits
+#pragma unroll
+      for (int j = 0; j < S::N8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[j][i] *= tok_sc[S::KT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < LANE_ROWS; ++rr) st[rr].l += l_tile[rr];
+}
+
+// Write the warp's rows out (attention/epilogue.cuh): the final output or the partition's partial
+// (columns d0 .. d0 + dn of the slice) and, from slice 0, each row's state. row_at(q): lane row q's
+// packed index in the sequence; rows: the block's rows from r0.
+template <class Cfg, class RowAt>
+__device__ __forceinline__ void prefill_write_rows(const Epilogue<Cfg>& ep, SoftmaxState (&st)[2 * PrefillShape<Cfg>::MT],
+                                                   const float (&o)[PrefillShape<Cfg>::MT][PrefillShape<Cfg>::ONT][4],
+                                                   RowAt&& row_at, int rows, int r0, int q_begin, int kv_head, int d0,
+                                                   int dn, int slice, float v_out, int lane) {
+  typedef PrefillShape<Cfg> S;
+  constexpr int G = S::G, MT = S::MT, LANE_ROWS = 2 * MT;
+  const int t = lane & 3;
+#pragma unroll
+  for (int rr = 0; rr < LANE_ROWS; ++rr) {
+    st[rr].l = quad_sum(st[rr].l);
+  }
+  bool row_ok[LANE_ROWS];
+  int row_tok[LANE_ROWS], row_head[LANE_ROWS];
+#pragma unroll
+  for (int rr = 0; rr < LANE_ROWS; ++rr) {
+    const int pr = row_at(rr);
+    row_ok[rr] = pr - r0 < rows;
+    row_tok[rr] = q_begin + pr / G;
+    row_head[rr] = kv_head * G + pr % G;
+  }
+  float sink[LANE_ROWS];  // single pass: each row's sink once, at the end (a partial holds none)
+#pragma unroll
+  for (int rr = 0; rr < LANE_ROWS; ++rr) sink[rr] = row_ok[rr] ? ep.sink(st[rr], row_head[rr]) : 1.0f;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const float inv[2] = {st[2 * mt].inv_sum() * sink[2 * mt] * v_out,  // V's scale too
+                          st[2 * mt + 1].inv_sum() * sink[2 * mt + 1] * v_out};
+#pragma unroll
+    for (int nt = 0; nt < S::ONT; ++nt) {
+      if (8 * nt >= dn) break;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int rr = 2 * mt + (i >> 1), d = d0 + 8 * nt + 2 * t + (i & 1);
+        if (row_ok[rr]) ep.element(row_tok[rr], row_head[rr], d, o[mt][nt][i] * inv[i >> 1]);
+      }
+    }
+  }
+  if (slice == 0 && t == 0) {
+#pragma unroll
+    for (int rr = 0; rr < LANE_ROWS; ++rr)
+      if (row_ok[rr]) ep.state(st[rr], row_tok[rr], row_head[rr]);
+  }
+}
+
 template <class Cfg, class Params>
 __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   // The parameters (Params: generated from the kernel's argument table): the output side is the
@@ -527,15 +642,7 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   // The first STAGES - 1 tiles are requested before anything else is done (Q's loads overlap them;
   // attention/stage_ring.cuh).
   if constexpr (S::PATH != 2) StageRing<STAGES>::start(ntiles, issue);
-  // K's zero padding past head_dim (columns D .. DK of every K operand tile): copies never touch it.
-  if (S::DK > S::D) {
-    constexpr int PAD = S::DK - S::D, NK = S::PATH == 0 ? STAGES : 1;
-    for (int idx = tid; idx < NK * KT * PAD; idx += S::THREADS) {
-      const int k = idx / (KT * PAD), r = idx % (KT * PAD);
-      T* k_tile = S::PATH == 0 ? reinterpret_cast<T*>(stages + k * S::STAGE_BYTES) : k_op;
-      k_tile[(r / PAD) * S::LD + S::D + r % PAD] = from_float<T>(0.0f);
-    }
-  }
+  prefill_zero_k_padding<Cfg>(stages, k_op);
   // The scales outside the products (attention/kv_format.cuh): per tensor / per head, K's folds into
   // the softmax scale and V's multiplies the output (nvfp4: the tensor scales; the block scales are
   // in the tiles); per token, each tile's come with it (K's and V's KT floats in the stage), and
@@ -553,14 +660,7 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   const bool q_neg = qk_scale < 0.0f;
   qk_scale = fabsf(qk_scale);
 
-  // Q of the block's rows (zeros past the last row and past head_dim).
-  for (int idx = tid; idx < ROWS * S::DK; idx += S::THREADS) {
-    const int r = idx / S::DK, d = idx % S::DK, pr = r0 + r;
-    float x = 0.0f;
-    if (r < rows && d < S::D)
-      x = to_float(q[(long long)(q_begin + pr / G) * q_s_tok + (long long)(kv_head * G + pr % G) * q_s_head + d]);
-    q_s[r * S::LD + d] = from_float<T>(q_neg ? -x : x);
-  }
+  prefill_load_q<Cfg>(q_s, q, q_s_tok, q_s_head, q_begin, r0, rows, kv_head, q_neg);
 
   // This lane's rows: g and g + 8 of each of the warp's MT m16 tiles (index 2 * mt + rr).
   constexpr int MT = S::MT, LANE_ROWS = 2 * MT;
@@ -625,103 +725,12 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
       continue;
     float sm[MT][S::N8][4];
     Math::qk(sm, q_s + warp * S::WROWS * S::LD, k_s, lane);
-    float m_tile[LANE_ROWS];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      float(&s)[S::N8][4] = sm[mt];
-      m_tile[2 * mt] = m_tile[2 * mt + 1] = KGEN_NEG_INF;
-#pragma unroll
-      for (int j = 0; j < S::N8; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int rr = 2 * mt + (i >> 1), col = 8 * j + 2 * t + (i & 1), key = kv0 + col;
-          if constexpr (!PLAIN) {
-            s[j][i] = Logits<Cfg>::of(s[j][i], S::TOKEN_SCALES ? qk_scale * tok_sc[col] : qk_scale,
-                                      slope[Cfg::ALIBI ? rr : 0], key, row_pos(rr));
-          }
-        }
-    }
-    if (masked) {  // only the diagonal, window-edge and tail tiles pay for the mask
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < S::N8; ++j)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int rr = 2 * mt + (i >> 1), key = kv0 + 8 * j + 2 * t + (i & 1);
-            if (!Keys::sees(key, row_pos(rr), hi)) sm[mt][j][i] = KGEN_NEG_INF;
-          }
-    }
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < S::N8; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) m_tile[2 * mt + (i >> 1)] = fmaxf(m_tile[2 * mt + (i >> 1)], sm[mt][j][i]);
-    float mb[LANE_ROWS];  // each row's exponent offset (TileSoftmax)
-#pragma unroll
-    for (int rr = 0; rr < LANE_ROWS; ++rr)  // the four lanes of a group hold the row's columns
-      scale_row(o[rr / 2], rr % 2, softmax.raise(st[rr], quad_max(m_tile[rr]), mb[rr]));
-    float l_tile[LANE_ROWS];  // this lane's share of the row sums; the lanes' shares add up at the end
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      float(&s)[S::N8][4] = sm[mt];
-      l_tile[2 * mt] = l_tile[2 * mt + 1] = 0.0f;
-#pragma unroll
-      for (int j = 0; j < S::N8; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int rr = 2 * mt + (i >> 1);
-          s[j][i] = softmax.weight(s[j][i], mb[rr]);  // exp(logit - m); a masked -inf gives 0
-          l_tile[rr] += s[j][i];
-        }
-      if constexpr (S::TOKEN_SCALES) {  // P V sees P times V's scales; l above is that of the real logits
-#pragma unroll
-        for (int j = 0; j < S::N8; ++j)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) s[j][i] *= tok_sc[S::KT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;
-      }
-    }
-#pragma unroll
-    for (int rr = 0; rr < LANE_ROWS; ++rr) st[rr].l += l_tile[rr];
+    prefill_softmax_tile<Cfg, PLAIN, Keys>(sm, st, o, softmax, row_pos, slope, kv0, hi, masked, tok_sc, qk_scale,
+                                            v_inv_ref, lane);
     Math::pv(o, sm, v_s, d0, dn, p_w, lane);
   }
 
-#pragma unroll
-  for (int rr = 0; rr < LANE_ROWS; ++rr) {
-    st[rr].l = quad_sum(st[rr].l);
-  }
-  bool row_ok[LANE_ROWS];
-  int row_tok[LANE_ROWS], row_head[LANE_ROWS];
-#pragma unroll
-  for (int rr = 0; rr < LANE_ROWS; ++rr) {
-    const int pr = row_at(rr);
-    row_ok[rr] = pr - r0 < rows;
-    row_tok[rr] = q_begin + pr / G;
-    row_head[rr] = kv_head * G + pr % G;
-  }
-  float sink[LANE_ROWS];  // single pass: each row's sink once, at the end (a partial holds none)
-#pragma unroll
-  for (int rr = 0; rr < LANE_ROWS; ++rr) sink[rr] = row_ok[rr] ? ep.sink(st[rr], row_head[rr]) : 1.0f;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    const float inv[2] = {st[2 * mt].inv_sum() * sink[2 * mt] * v_out,  // V's scale too
-                          st[2 * mt + 1].inv_sum() * sink[2 * mt + 1] * v_out};
-#pragma unroll
-    for (int nt = 0; nt < S::ONT; ++nt) {
-      if (8 * nt >= dn) break;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int rr = 2 * mt + (i >> 1), d = d0 + 8 * nt + 2 * t + (i & 1);
-        if (row_ok[rr]) ep.element(row_tok[rr], row_head[rr], d, o[mt][nt][i] * inv[i >> 1]);
-      }
-    }
-  }
-  if (slice == 0 && t == 0) {
-#pragma unroll
-    for (int rr = 0; rr < LANE_ROWS; ++rr)
-      if (row_ok[rr]) ep.state(st[rr], row_tok[rr], row_head[rr]);
-  }
+  prefill_write_rows<Cfg>(ep, st, o, row_at, rows, r0, q_begin, kv_head, d0, dn, slice, v_out, lane);
 }
 
 }  // namespace kgen

@@ -33,11 +33,13 @@ def _spec(**overrides):
 def _kernel(spec, config=None, old: str | None = None, new: str = "") -> Kernel:
     """kgen's source, with softmax.cuh (the online softmax, split-KV contract and merge body the
     decode source includes), attention/epilogue.cuh (how a row is written out: conftest's
-    EDITABLE_HEADERS, with the K/V pool and the CUDA-core tile math), attention/visibility.cuh (the key rule), attention/stage_ring.cuh and
-    attention/kv_format.cuh (the scales) copied in, and with one edit."""
+    EDITABLE_HEADERS, with the K/V pool and the CUDA-core tile math), attention/visibility.cuh (the key rule),
+    attention/stage_ring.cuh, attention/kv_format.cuh (the scales) and attention/mma_tile.cuh (the tensor-core
+    tile products) copied in, and with one edit."""
     r = render(spec, config)
     src = inline_provided(inline_provided(r.source), "kgen/attention/visibility.cuh")
-    src = inline_provided(src, ("kgen/attention/stage_ring.cuh", "kgen/attention/kv_format.cuh"))
+    src = inline_provided(src, ("kgen/attention/stage_ring.cuh", "kgen/attention/kv_format.cuh",
+                                "kgen/attention/mma_tile.cuh"))
     if old is not None:
         assert src.count(old) == 1, f"mutation target not found exactly once: {old!r}"
         src = src.replace(old, new)
@@ -122,8 +124,13 @@ MUTATIONS = [
     ("mma_v_columns_unpermuted", {"kv_cache.dtype": "fp8_e4m3", "kv_cache.scale": "per_tensor"}, None,
      "return 32 * (nt / 4) + 16 * (k / 2) + 2 * n + k % 2;", "return 8 * nt + n;", {"len_1", "long"}, set()),
     ("mma_token_v_scale_dropped", {"kv_cache.dtype": "fp8_e5m2", "kv_cache.scale": "per_token_head"}, None,
-     "if (S::TOKEN_SCALES) p[e] *= ss[NT + 8 * j + 2 * t + e] * v_inv_ref;", "",
+     "if (S::TOKEN_SCALES) s[j][i] *= ss[NT + 8 * j + 2 * t + (i & 1)] * v_inv_ref;", "",
      {"long"}, {"len_1"}),  # one key: v_ref is its own scale, and the output times v_ref is right
+    # the MMA tile part both mma.sync bodies share (attention/mma_tile.cuh): P's keys 8-15 of row g given
+    # to row g + 8 (a padding row of group 4), so every row's P V misses half of each warp's tokens
+    ("mma_p_fragment_registers_swapped", {}, {"mma_min_group": 4},
+     "  a[1] = pack2<T>(c0[2], c0[3]);\n  a[2] = pack2<T>(c1[0], c1[1]);",
+     "  a[2] = pack2<T>(c0[2], c0[3]);\n  a[1] = pack2<T>(c1[0], c1[1]);", {"long", "len_B+1"}, {"len_1"}),
     ("mma_stage_refilled_without_barrier", {}, {"mma_min_group": 4},  # fp16 group 4: tensor cores on request
      "    __syncthreads();  // everybody's have; and everybody is done with tile - 1, whose stage is refilled next\n",
      "", {"len_1"}, set()),  # the race checker stops at the first case (a shared-memory race report)
