@@ -35,7 +35,7 @@ def abi_text(spec) -> str:
         "Kernel parameters, in order (shapes and strides in elements" + ("; an nvfp4 cache's element is a byte, "
                                                                         "two e2m1 values" if packed else "")
         + "; roles: input/output arrays, kgen's scratch, scalar and stride values):",
-        *abi_rows(family.arguments(spec, config)),
+        *abi_rows(kernels[0].params),  # the main kernel's parameters: the argument table
         "",
         f"Launch (as kgen does it; config {config}):",
         *(f"  {k.name}: {k.geometry()}" for k in kernels),

@@ -62,7 +62,8 @@ def render(spec, config: Config | None = None, arch: str | None = None) -> Rende
     problems = family.check_config(seen, resolved)
     if problems:
         raise KgenUserError("\n".join(f"{spec.name}: config {resolved} for target {arch}: {p}" for p in problems))
-    context = family.template_context(seen, resolved)
+    kernels = family.kernels(seen, resolved)  # the argument table, built once for the template and the names
+    context = family.template_context(seen, resolved, kernels)
     source = _environment().get_template(family.template).render(
         spec=spec,
         spec_hash=spec.spec_hash(),
@@ -72,4 +73,4 @@ def render(spec, config: Config | None = None, arch: str | None = None) -> Rende
     )
     choice = family.body_choice(seen, resolved) if hasattr(family, "body_choice") else None
     body, why = choice or ("", "")
-    return Rendered(source, family.kernel_names(seen, resolved), resolved, [], arch, body, why)
+    return Rendered(source, [k.name for k in kernels], resolved, [], arch, body, why)

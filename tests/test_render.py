@@ -8,8 +8,10 @@ from pathlib import Path
 import jinja2
 import pytest
 
+from kgen.bodies import spec_for_arch
 from kgen.compile.provided import ABI1_HEADERS
 from kgen.errors import KgenUserError, UnsupportedError
+from kgen.families.registry import family_for
 from kgen.render import _environment, render
 from kgen.spec.models import load_spec
 
@@ -132,3 +134,21 @@ def test_strict_undefined():
     env = _environment()
     with pytest.raises(jinja2.UndefinedError):
         env.from_string("{{ missing }}").render()
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "specs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_a_render_builds_the_argument_table_once(path, monkeypatch):
+    """render() builds the kernels (and so the argument table) once and hands them to the family's
+    template context; the kernel names come from the same list."""
+    spec = load_spec(path)
+    family = family_for(spec)
+    real, built = type(family).arguments, []
+
+    def counted(self, spec_, config):
+        built.append(spec_.name)
+        return real(self, spec_, config)
+
+    monkeypatch.setattr(type(family), "arguments", counted)
+    rendered = render(spec)
+    assert built == [spec.name]
+    assert rendered.kernel_names == [k.name for k in family.kernels(spec_for_arch(spec, rendered.arch), rendered.config)]

@@ -89,7 +89,9 @@ class Family(Protocol):
 
     def kernel_names(self, spec, config: Config) -> list[str]: ...
 
-    def template_context(self, spec, config: Config) -> dict[str, Any]: ...
+    def template_context(self, spec, config: Config, kernels: list[KernelDecl]) -> dict[str, Any]:
+        """The template's variables; `kernels`: kernels(spec, config), which the caller built (render()
+        builds the argument table once, for the template and the kernel names)."""
 
     def abi_notes(self, spec) -> list[str]:
         """The kind's part of `kgen abi`: the specialised sizes, the call arguments, the rules."""

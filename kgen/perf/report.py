@@ -154,7 +154,8 @@ def tile_hint(spec, config) -> pm.TileHint | None:
     family = family_for(spec)
     if family.perf_model is not PerfModel.STREAMING:
         return None
-    ctx = family.template_context(spec, config)  # a streaming family's context carries geo and tensor_cores
+    # a streaming family's context carries geo and tensor_cores
+    ctx = family.template_context(spec, config, family.kernels(spec, config))
     geo = ctx["geo"]
     tile_bytes = geo.tile_tokens * kv_bytes_per_token(spec) / spec.attention.num_kv_heads / geo.threads
     return pm.TileHint(tile_bytes, 1 if ctx["tensor_cores"] else geo.tokens_per_thread // geo.batch_tokens)

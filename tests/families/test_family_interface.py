@@ -105,7 +105,8 @@ def test_capabilities_answer_what_perf_and_fib_ask(path):
     if family.perf_model in (PerfModel.STREAMING, PerfModel.TILES, PerfModel.LATENT):
         assert family.rows is not None  # the models read attention kernels
     if family.perf_model is PerfModel.STREAMING:  # the contract kgen/perf/report.py's tile_hint reads
-        ctx = family.template_context(spec, resolve_config(family, spec, None))
+        config = resolve_config(family, spec, None)
+        ctx = family.template_context(spec, config, family.kernels(spec, config))
         assert {"geo", "tensor_cores"} <= set(ctx) and ctx["geo"].tile_tokens > 0
     if family.fib_kind is not None:  # gqa_paged_* or (latent rows) mla_paged_*, matching the rows it packs
         op = MLA_OP_TYPE if CacheFormat.of(spec).mla else OP_TYPE

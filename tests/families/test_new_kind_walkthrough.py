@@ -62,10 +62,10 @@ class BlockSumFamily(SingleKernelFamily):
     def kernels(self, spec, config: Config):
         return [KernelDecl(spec.name, tuple(self.arguments(spec, config)), ("num_blocks", 1, 1), config["threads"])]
 
-    def template_context(self, spec, config: Config):
+    def template_context(self, spec, config: Config, kernels: list[KernelDecl]):
         f = CacheFormat.of(spec)
         block_bytes = f.dtype.bytes_for(f.block_size * f.num_kv_heads * f.head_dim)
-        return {"kv_ctype": f.dtype.ctype, "block_bytes": block_bytes, "main": self.kernels(spec, config)[0]}
+        return {"kv_ctype": f.dtype.ctype, "block_bytes": block_bytes, "main": kernels[0]}
 
     def abi_notes(self, spec) -> list[str]:
         return [f"cache {CacheFormat.of(spec).describe()}"]

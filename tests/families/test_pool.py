@@ -68,8 +68,9 @@ def test_template_context_carries_the_pool_constants(path):
     if spec.kind == "copy_blocks":
         return
     config = resolve_config(family, spec, None)
-    ctx = family.template_context(spec, config)
-    want = pool_of(spec).template_constants(list(family.kernels(spec, config)[0].params))
+    kernels = family.kernels(spec, config)
+    ctx = family.template_context(spec, config, kernels)
+    want = pool_of(spec).template_constants(list(kernels[0].params))
     assert {k: ctx[k] for k in want} == want
 
 

@@ -162,8 +162,8 @@ def test_every_config_failing_is_an_error_not_a_silent_default(spec, monkeypatch
 def test_compile_failure_scores_inf_and_the_run_goes_on(spec, monkeypatch, tmp_path):
     real = PAGED_DECODE.template_context
 
-    def broken(spec_, config):  # partition 32 renders a kernel NVRTC rejects (a constant that does not parse)
-        ctx = real(spec_, config)
+    def broken(spec_, config, kernels):  # partition 32 renders a kernel NVRTC rejects (a constant that does not parse)
+        ctx = real(spec_, config, kernels)
         return {**ctx, "softmax_scale": "1.0f +"} if config["partition_size"] == 32 else ctx
 
     monkeypatch.setattr(PAGED_DECODE, "template_context", broken)

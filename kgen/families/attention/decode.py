@@ -96,12 +96,12 @@ class PagedDecodeFamily(AttentionFamily):
         return self.split_schedule(spec, config, lengths, target_blocks, partition_tokens, spec.attention.num_kv_heads,
                                    spec.attention.sliding_window or 0)
 
-    def template_context(self, spec, config: Config) -> dict[str, Any]:
+    def template_context(self, spec, config: Config, kernels: list[KernelDecl]) -> dict[str, Any]:
         mma = uses_tensor_cores(spec, config)
         geo, problems = (mma_geometry if mma else decode_geometry)(spec, config)
         if geo is None:
             raise ValueError("; ".join(problems))  # render() runs check_config first
-        return {**template_context(spec, config, self.kernels(spec, config)), "threads": config["threads"],
+        return {**template_context(spec, config, kernels), "threads": config["threads"],
                 "geo": geo, "tensor_cores": mma, "body_note": body_note(spec, config)}
 
     def abi_notes(self, spec) -> list[str]:

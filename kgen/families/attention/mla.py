@@ -146,8 +146,7 @@ class MlaAttentionFamily(AttentionFamily):
             *([PARTITION_TOKENS] if split else []),
         ]
 
-    def template_context(self, spec, config: Config) -> dict[str, Any]:
-        kernels = self.kernels(spec, config)
+    def template_context(self, spec, config: Config, kernels: list[KernelDecl]) -> dict[str, Any]:
         main_params, merge_params = self.params_structs(spec, kernels)
         return {"main_params": main_params, "merge_params": merge_params, "q_ctype": dtype(spec.dtype.q).ctype, "out_ctype": dtype(spec.dtype.resolved_out).ctype,
                 **pool_of(spec).template_constants(), "softmax_scale": c_float(spec.softmax_scale_value),

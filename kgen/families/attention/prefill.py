@@ -112,10 +112,10 @@ class PagedPrefillFamily(AttentionFamily):
                           max_registers=geo.max_registers, launch_registers=geo.launch_registers)
         return [main, merge_kernel(spec, table, PREFILL_ROWS)] if P else [main]
 
-    def template_context(self, spec, config: Config) -> dict[str, Any]:
+    def template_context(self, spec, config: Config, kernels: list[KernelDecl]) -> dict[str, Any]:
         geo = prefill_geometry(spec, config)
         return {
-            **template_context(spec, config, self.kernels(spec, config)),
+            **template_context(spec, config, kernels),
             "warps": geo.warps,
             "kv_tile": geo.kv_tile,
             "stages": geo.stages,

@@ -58,8 +58,8 @@ class CopyBlocksFamily(SingleKernelFamily):
         return [KernelDecl(spec.name, tuple(self.arguments(spec, config)), ("num_pairs", "num_planes", 1),
                            config["threads"])]
 
-    def template_context(self, spec, config: Config) -> dict[str, Any]:
-        return {"threads": config["threads"], "main": self.kernels(spec, config)[0]}
+    def template_context(self, spec, config: Config, kernels: list[KernelDecl]) -> dict[str, Any]:
+        return {"threads": config["threads"], "main": kernels[0]}
 
     def abi_notes(self, spec) -> list[str]:
         kv = spec.kv_cache

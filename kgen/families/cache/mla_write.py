@@ -60,9 +60,9 @@ class MlaCacheWriteFamily(FamilyBase):
     def kernels(self, spec, config: Config) -> list[KernelDecl]:
         return [KernelDecl(spec.name, tuple(self.arguments(spec, config)), ("num_tokens", 1, 1), THREADS)]
 
-    def template_context(self, spec, config: Config) -> dict[str, Any]:
+    def template_context(self, spec, config: Config, kernels: list[KernelDecl]) -> dict[str, Any]:
         return {"in_ctype": dtype(spec.dtype.q).ctype, **LatentPool(spec).template_constants(), "threads": THREADS,
-                "main": self.kernels(spec, config)[0]}
+                "main": kernels[0]}
 
     def abi_notes(self, spec) -> list[str]:
         a, kv = spec.attention, spec.kv_cache

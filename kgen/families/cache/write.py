@@ -56,12 +56,12 @@ class CacheWriteFamily(SingleKernelFamily):
         grid = ("num_tokens", -(-2 * spec.attention.num_kv_heads // warps), 1)
         return [KernelDecl(spec.name, tuple(self.arguments(spec, config)), grid, config["threads"])]
 
-    def template_context(self, spec, config: Config) -> dict[str, Any]:
+    def template_context(self, spec, config: Config, kernels: list[KernelDecl]) -> dict[str, Any]:
         return {
             "in_ctype": dtype(spec.dtype.q).ctype,
-            **PagedPool(spec).template_constants(self.arguments(spec, config)),
+            **PagedPool(spec).template_constants(list(kernels[0].params)),
             "threads": config["threads"],
-            "main": self.kernels(spec, config)[0],
+            "main": kernels[0],
         }
 
     def abi_notes(self, spec) -> list[str]:
