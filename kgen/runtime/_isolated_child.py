@@ -15,25 +15,16 @@ parent turns the signal into a verdict.
 """
 
 import ctypes
-import importlib.util
 import math
 import os
 import resource
 import socket
 import sys
 
-
-def _sibling(name: str):
-    """kgen/runtime/<name>.py, loaded by path: this file runs as a script, and importing the kgen
-    package would pull in all of kgen (numpy, pydantic, ...) before the first request."""
-    spec = importlib.util.spec_from_file_location(f"_kgen_isolated_{name}",
-                                                  os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_wire = _sibling("_wire")
+# Siblings (kgen/runtime/_wire.py) by name from this folder, put last on the path: this file runs as a
+# script, and importing the kgen package would pull in all of kgen (numpy, pydantic, ...) first.
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+import _wire  # noqa: E402
 
 ERR_LEN = 4096
 PROT_RW = 0x1 | 0x2

@@ -18,25 +18,16 @@ if len(sys.argv) > 5:  # the parent's import path: numpy and CuPy may be install
     sys.path[:0] = [p for p in sys.argv[5].split(os.pathsep) if p]
 
 import ctypes  # noqa: E402
-import importlib.util  # noqa: E402
 import math  # noqa: E402
 import resource  # noqa: E402
 import socket  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-
-def _sibling(name: str):
-    """kgen/runtime/<name>.py, loaded by path: this file runs as a script, and importing the kgen
-    package would pull in all of kgen (numpy, pydantic, ...) before the first request."""
-    spec = importlib.util.spec_from_file_location(f"_kgen_isolated_{name}",
-                                                  os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_wire = _sibling("_wire")
+# Siblings (kgen/runtime/_wire.py) by name from this folder, put last on the path: this file runs as a
+# script, and importing the kgen package would pull in all of kgen (numpy, pydantic, ...) first.
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+import _wire  # noqa: E402
 
 
 def set_soft(which, value):

@@ -1,6 +1,7 @@
 """Messages on the isolated child's socket: a 4-byte length, then JSON; file descriptors ride along
 as SCM_RIGHTS. JSON (never pickle) because the child runs untrusted code: whatever it sends back is
-parsed as data only. Standard library only: the children import this file by path."""
+parsed as data only. Standard library only: the children import it by name from this folder, not
+through the kgen package."""
 
 from __future__ import annotations
 

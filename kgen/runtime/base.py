@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from kgen.errors import ArgumentError
+
 
 @dataclass
 class Launch:
@@ -44,6 +46,12 @@ def has_blocks(launch: Launch) -> bool:
     """False for a launch of zero blocks (a grid with a 0: an empty batch), which does no work."""
     grid = (launch.grid,) if isinstance(launch.grid, int) else tuple(launch.grid)
     return all(int(g) != 0 for g in grid)
+
+
+def check_kernel(kernel: str, names) -> None:
+    """Refuse a launch (or signature) of a kernel that a module with kernels `names` does not have."""
+    if kernel not in names:
+        raise ArgumentError(f"unknown kernel {kernel!r}; this module has {', '.join(names)}")
 
 
 class Module(Protocol):

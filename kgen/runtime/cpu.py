@@ -24,7 +24,7 @@ import numpy as np
 from kgen.compile.host import HostArtifact, compile_host, compiler, rebuild_host
 from kgen.errors import ArgumentError, KernelRuntimeError, ToolchainError
 from kgen.optional import is_torch_tensor
-from kgen.runtime.base import Launch
+from kgen.runtime.base import Launch, check_kernel
 from kgen.runtime.fiber_stacks import KEEPER
 from kgen.runtime.race_report import SCHEDULES, describe
 from kgen.settings import (
@@ -243,8 +243,7 @@ class CpuModule:
         return self.artifact.kernel_names
 
     def _check_kernel(self, kernel: str) -> None:
-        if kernel not in self.artifact.kernel_names:
-            raise ArgumentError(f"unknown kernel {kernel!r}; this module has {', '.join(self.artifact.kernel_names)}")
+        check_kernel(kernel, self.artifact.kernel_names)
 
     def signature(self, kernel: str) -> tuple[str, ...]:
         self._check_kernel(kernel)

@@ -7,7 +7,6 @@ import ctypes
 import hashlib
 import os
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -26,9 +25,9 @@ from kgen.errors import (
 )
 from kgen.optional import module_of
 from kgen.plan.arch import limits_for
-from kgen.runtime.base import DeviceAddress, Launch
+from kgen.runtime.base import DeviceAddress, Launch, check_kernel
 from kgen.runtime.cpu import _dims
-from kgen.runtime.isolated import Child, Limits
+from kgen.runtime.isolated import Child, ChildModule, Limits
 from kgen.settings import child_environment
 
 
@@ -286,12 +285,11 @@ def _device_pointer(a: Any) -> int:
     return int(a.data_ptr()) if hasattr(a, "data_ptr") else int(a.data.ptr)
 
 
-class IsolatedCudaModule:
+class IsolatedCudaModule(ChildModule):
     """CudaModule's twin for untrusted kernels: each launch runs in a child process that owns its CUDA
     context (a fault poisons that context only) and reaches the caller's arrays through CUDA IPC."""
 
     backend = "cuda"
-    isolated = True
 
     def __init__(self, cubin_path: Path, kernel_names: list[str], limits: Limits | None = None):
         require_gpu()
@@ -305,23 +303,13 @@ class IsolatedCudaModule:
         # LD_LIBRARY_PATH (where libcuda may be found).
         paths = [p for p in sys.path if p and os.path.isabs(p)]
         env = {k: v for k, v in child_environment().items() if k == "LD_LIBRARY_PATH"}
-        self._child = Child(CUDA_CHILD, [str(Path(cubin_path).resolve()), ",".join(self.kernel_names), bus_id,
-                                         os.pathsep.join(paths)],
-                            python_flags=("-I", "-B"), startup_s=self.limits.startup_s, env=env,
-                            start_failure=ToolchainError)
-        self._lock = threading.Lock()
-
-    @property
-    def child(self) -> Child:
-        return self._child
-
-    def close(self) -> None:
-        with self._lock:
-            self._child.stop()
+        super().__init__(Child(CUDA_CHILD, [str(Path(cubin_path).resolve()), ",".join(self.kernel_names), bus_id,
+                                            os.pathsep.join(paths)],
+                               python_flags=("-I", "-B"), startup_s=self.limits.startup_s, env=env,
+                               start_failure=ToolchainError))
 
     def launch(self, launch: Launch) -> None:
-        if launch.kernel not in self.kernel_names:
-            raise ArgumentError(f"unknown kernel {launch.kernel!r}; this module has {', '.join(self.kernel_names)}")
+        check_kernel(launch.kernel, self.kernel_names)
         runtime = cupy_module().cuda.runtime
         with self._lock:
             runtime.setDevice(self._device)  # the context whose allocations the pointers name

@@ -50,7 +50,7 @@ import numpy as np
 from kgen.compile.host import HostArtifact
 from kgen.errors import ArgumentError, KernelRuntimeError
 from kgen.runtime import _wire
-from kgen.runtime.base import Launch
+from kgen.runtime.base import Launch, check_kernel
 from kgen.runtime.cpu import _SCALAR_CTYPES, _as_numpy, _by_value, _dims, _scalar
 from kgen.runtime.race_report import describe
 from kgen.runtime.shared import SharedBuffer, Staging
@@ -302,28 +302,15 @@ def _as_pointer_arg(a: Any) -> Any:
     return int(a) if isinstance(a, np.integer) else a
 
 
-class IsolatedCpuModule:
-    """Kernels of one compiled CPU artifact, each launch run in a child process with limits
-    (implements runtime.base.Module). `close()` ends the child; so does garbage collection."""
+class ChildModule:
+    """What the isolated modules (IsolatedCpuModule, kgen.runtime.cuda.IsolatedCudaModule) share: the
+    child that runs their launches and the lock that serialises its requests; `close()` ends the child."""
 
-    backend = "cpu"
     isolated = True
 
-    def __init__(self, artifact: HostArtifact, *, workers: int = 0, stack_size: int = 0,
-                 limits: Limits | None = None):
-        if artifact.sanitize:
-            raise ValueError("IsolatedCpuModule: a sanitized artifact runs in CpuModule's own child process")
-        self.artifact = artifact
-        self.limits = limits or Limits()
-        self.workers = workers or KGEN_SIMT_THREADS.value() or len(os.sched_getaffinity(0))
-        self.stack_size = stack_size or KGEN_SIMT_STACK.value()
-        self._child = Child(CPU_CHILD, [str(artifact.library), ",".join(artifact.kernel_names), str(self.workers),
-                                        str(self.stack_size)], startup_s=self.limits.startup_s)
+    def __init__(self, child: Child):
+        self._child = child
         self._lock = threading.Lock()
-
-    @property
-    def kernel_names(self) -> tuple[str, ...]:
-        return self.artifact.kernel_names
 
     @property
     def child(self) -> Child:
@@ -333,9 +320,27 @@ class IsolatedCpuModule:
         with self._lock:
             self._child.stop()
 
-    def _check_kernel(self, kernel: str) -> None:
-        if kernel not in self.artifact.kernel_names:
-            raise ArgumentError(f"unknown kernel {kernel!r}; this module has {', '.join(self.artifact.kernel_names)}")
+
+class IsolatedCpuModule(ChildModule):
+    """Kernels of one compiled CPU artifact, each launch run in a child process with limits
+    (implements runtime.base.Module). `close()` ends the child; so does garbage collection."""
+
+    backend = "cpu"
+
+    def __init__(self, artifact: HostArtifact, *, workers: int = 0, stack_size: int = 0,
+                 limits: Limits | None = None):
+        if artifact.sanitize:
+            raise ValueError("IsolatedCpuModule: a sanitized artifact runs in CpuModule's own child process")
+        self.artifact = artifact
+        self.limits = limits or Limits()
+        self.workers = workers or KGEN_SIMT_THREADS.value() or len(os.sched_getaffinity(0))
+        self.stack_size = stack_size or KGEN_SIMT_STACK.value()
+        super().__init__(Child(CPU_CHILD, [str(artifact.library), ",".join(artifact.kernel_names), str(self.workers),
+                                           str(self.stack_size)], startup_s=self.limits.startup_s))
+
+    @property
+    def kernel_names(self) -> tuple[str, ...]:
+        return self.artifact.kernel_names
 
     def _signature(self, kernel: str) -> tuple[str, ...]:
         hello = self._child.start(f"kernel library {self.artifact.library.parent.name}")
@@ -347,7 +352,7 @@ class IsolatedCpuModule:
         return tuple(c for c in raw.split(",") if c)
 
     def signature(self, kernel: str) -> tuple[str, ...]:
-        self._check_kernel(kernel)
+        check_kernel(kernel, self.kernel_names)
         with self._lock:
             return self._signature(kernel)
 
@@ -357,7 +362,7 @@ class IsolatedCpuModule:
     def launch_many(self, launches: Sequence[Launch]) -> None:
         """Run launches in order; arrays not in shared memory are staged once for the whole batch."""
         for ln in launches:
-            self._check_kernel(ln.kernel)
+            check_kernel(ln.kernel, self.kernel_names)
         with self._lock:
             sigs = [self._signature(ln.kernel) for ln in launches]
             arrays = [a for ln, sig in zip(launches, sigs, strict=True)

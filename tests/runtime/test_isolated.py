@@ -91,6 +91,9 @@ def test_launch_runs_in_a_child_and_writes_the_callers_arrays(mod):
     assert np.array_equal(out, x + 1.5)
     assert mod.child.pid not in (None, os.getpid())
     assert mod.signature("add") == ("p", "p", "i4", "f4")
+    for refused in (lambda: mod.launch(one("nope")), lambda: mod.signature("nope")):
+        with pytest.raises(ArgumentError, match="unknown kernel 'nope'; this module has add, strided_copy"):
+            refused()
 
 
 def test_child_has_an_empty_environment_a_scratch_cwd_and_only_its_socket(artifact, tmp_path):
