@@ -22,7 +22,8 @@ def _requirement_name(requirement: str) -> str:
 
 
 def _imported_modules() -> dict[str, str]:
-    """{top-level module: a file importing it} over kgen/, the standard library and kgen left out."""
+    """{top-level module: a file importing it} over kgen/, the standard library and kgen left out (kgen's
+    own files too where a script imports a sibling by name: the isolated children import _wire so)."""
     found: dict[str, str] = {}
     for path in sorted((ROOT / "kgen").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -34,7 +35,8 @@ def _imported_modules() -> dict[str, str]:
                 continue
             for name in names:
                 top = name.split(".")[0]
-                if top not in sys.stdlib_module_names and top != "kgen":
+                sibling = (path.parent / f"{top}.py").is_file()
+                if top not in sys.stdlib_module_names and top != "kgen" and not sibling:
                     found.setdefault(top, str(path.relative_to(ROOT)))
     return found
 
