@@ -50,6 +50,7 @@
 #include "kgen/attention/softmax_tile.cuh"
 #include "kgen/attention/stage_ring.cuh"
 #include "kgen/attention/kv_format.cuh"
+#include "kgen/attention/kv_pool.cuh"
 #include "kgen/attention/epilogue.cuh"
 #include "kgen/attention/mma_tile.cuh"
 
@@ -278,12 +279,7 @@ __device__ __forceinline__ void load_row_chunk(const T* __restrict__ row, int d0
 template <class Cfg>
 __device__ __forceinline__ void prefill_load_kv_tile(
     typename Cfg::q_t* k_s, typename Cfg::q_t* v_s, float* tok_sc, int kv0, int kv_end, const int* __restrict__ table,
-    int kv_head,
-    const typename Cfg::kv_t* __restrict__ k_cache, const typename Cfg::kv_t* __restrict__ v_cache,
-    typename Cfg::scale_arg_t k_scale, typename Cfg::scale_arg_t v_scale, long long k_s_block, long long k_s_head,
-    long long k_s_token, long long k_s_run, long long v_s_block, long long v_s_head, long long v_s_token,
-    long long v_s_run, long long ks_s_block, long long ks_s_head, long long ks_s_token, long long vs_s_block,
-    long long vs_s_head, long long vs_s_token) {
+    int kv_head, const KvPool<Cfg>& kv) {
   typedef PrefillShape<Cfg> S;
   typedef typename S::T T;
   typedef typename Cfg::kv_t KV;
@@ -298,15 +294,16 @@ __device__ __forceinline__ void prefill_load_kv_tile(
       const long long phys = table[key / B];
       const int slot = key % B;
       if (has_k)
-        load_row_chunk<KV, VEC, Cfg::K_RUN>(k_cache + phys * k_s_block + (long long)kv_head * k_s_head +
-                                                slot * k_s_token, c * VEC, k_s_run, kf);
+        load_row_chunk<KV, VEC, Cfg::K_RUN>(kv.k_cache + phys * kv.k_s_block + (long long)kv_head * kv.k_s_head +
+                                                slot * kv.k_s_token, c * VEC, kv.k_s_run, kf);
       if (has_v)
-        load_row_chunk<KV, VEC, Cfg::V_RUN>(v_cache + phys * v_s_block + (long long)kv_head * v_s_head +
-                                                slot * v_s_token, c * VEC, v_s_run, vf);
+        load_row_chunk<KV, VEC, Cfg::V_RUN>(kv.v_cache + phys * kv.v_s_block + (long long)kv_head * kv.v_s_head +
+                                                slot * kv.v_s_token, c * VEC, kv.v_s_run, vf);
       if (S::TOKEN_SCALES && c == 0) {
         constexpr ScaleMode TOKEN = ScaleMode::per_token_head;
-        tok_sc[i] = kv_scale_at<TOKEN>(k_scale, phys, slot, kv_head, ks_s_block, ks_s_head, ks_s_token);
-        tok_sc[S::KT + i] = kv_scale_at<TOKEN>(v_scale, phys, slot, kv_head, vs_s_block, vs_s_head, vs_s_token);
+        tok_sc[i] = kv_scale_at<TOKEN>(kv.k_scale, phys, slot, kv_head, kv.ks_s_block, kv.ks_s_head, kv.ks_s_token);
+        tok_sc[S::KT + i] =
+            kv_scale_at<TOKEN>(kv.v_scale, phys, slot, kv_head, kv.vs_s_block, kv.vs_s_head, kv.vs_s_token);
       }
     } else {
 #pragma unroll
@@ -325,11 +322,7 @@ __device__ __forceinline__ void prefill_load_kv_tile(
 template <class Cfg>
 __device__ __forceinline__ void prefill_issue_tile(
     unsigned char* __restrict__ stage, int kv0, int kv_end, const int* __restrict__ table, int kv_head,
-    const typename Cfg::kv_t* __restrict__ k_cache, const typename Cfg::kv_t* __restrict__ v_cache,
-    typename Cfg::scale_arg_t k_scale, typename Cfg::scale_arg_t v_scale, long long k_s_block, long long k_s_head,
-    long long k_s_token, long long k_s_run, long long v_s_block, long long v_s_head, long long v_s_token,
-    long long v_s_run, long long ks_s_block, long long ks_s_head, long long ks_s_token, long long vs_s_block,
-    long long vs_s_head, long long vs_s_token) {
+    const KvPool<Cfg>& kv) {
   typedef PrefillShape<Cfg> S;
   typedef typename Cfg::kv_t KV;
   constexpr int B = Cfg::BLOCK_SIZE, VEC = S::VEC, KT = S::KT;
@@ -344,21 +337,23 @@ __device__ __forceinline__ void prefill_issue_tile(
   if constexpr (TPK > 0) {
     const int i = threadIdx.x / TPK, c0 = threadIdx.x % TPK, key = kv0 + i;
     const bool valid = key < kv_end;
-    const KV* krow = k_cache;
-    const KV* vrow = v_cache;
+    const KV* krow = kv.k_cache;
+    const KV* vrow = kv.v_cache;
     if (valid) {
       const long long phys = table[key / B];
       const int slot = key % B;
-      krow = k_cache + phys * k_s_block + (long long)kv_head * k_s_head + slot * k_s_token;
-      vrow = v_cache + phys * v_s_block + (long long)kv_head * v_s_head + slot * v_s_token;
+      krow = kv.k_cache + phys * kv.k_s_block + (long long)kv_head * kv.k_s_head + slot * kv.k_s_token;
+      vrow = kv.v_cache + phys * kv.v_s_block + (long long)kv_head * kv.v_s_head + slot * kv.v_s_token;
     }
 #pragma unroll
     for (int n = 0; n < MC / (TPK > 0 ? TPK : 1); ++n) {
       const int c = c0 + TPK * n, d0 = c * VEC;
       const bool has_k = S::CHUNKS == MC || c < S::CHUNKS, has_v = S::V_CHUNKS == MC || c < S::V_CHUNKS;
       // (a row in one run, every layout but vLLM's K: the offset is d0, no 64-bit product)
-      const KV* ksrc = valid ? krow + (Cfg::K_RUN >= S::D ? d0 : run_offset<Cfg::K_RUN>(d0, k_s_run)) / S::PER : k_cache;
-      const KV* vsrc = valid ? vrow + (Cfg::V_RUN >= S::DV ? d0 : run_offset<Cfg::V_RUN>(d0, v_s_run)) / S::PER : v_cache;
+      const KV* ksrc =
+          valid ? krow + (Cfg::K_RUN >= S::D ? d0 : run_offset<Cfg::K_RUN>(d0, kv.k_s_run)) / S::PER : kv.k_cache;
+      const KV* vsrc =
+          valid ? vrow + (Cfg::V_RUN >= S::DV ? d0 : run_offset<Cfg::V_RUN>(d0, kv.v_s_run)) / S::PER : kv.v_cache;
       if (has_k) cp_async<S::COPY>(ks + (i * ROW + d0) / S::PER, ksrc, valid ? S::COPY : 0);
       if (has_v) cp_async<S::COPY>(vs + (i * V_ROW + d0) / S::PER, vsrc, valid ? S::COPY : 0);
     }
@@ -366,15 +361,15 @@ __device__ __forceinline__ void prefill_issue_tile(
     const int i = idx / MC, c = idx % MC, d0 = c * VEC, key = kv0 + i;
     const bool has_k = S::CHUNKS == MC || c < S::CHUNKS, has_v = S::V_CHUNKS == MC || c < S::V_CHUNKS;
     const bool valid = key < kv_end;
-    const KV* ksrc = k_cache;
-    const KV* vsrc = v_cache;
+    const KV* ksrc = kv.k_cache;
+    const KV* vsrc = kv.v_cache;
     if (valid) {
       const long long phys = table[key / B];
       const int slot = key % B;
-      ksrc = k_cache + phys * k_s_block + (long long)kv_head * k_s_head + slot * k_s_token +
-             run_offset<Cfg::K_RUN>(d0, k_s_run) / S::PER;
-      vsrc = v_cache + phys * v_s_block + (long long)kv_head * v_s_head + slot * v_s_token +
-             run_offset<Cfg::V_RUN>(d0, v_s_run) / S::PER;
+      ksrc = kv.k_cache + phys * kv.k_s_block + (long long)kv_head * kv.k_s_head + slot * kv.k_s_token +
+             run_offset<Cfg::K_RUN>(d0, kv.k_s_run) / S::PER;
+      vsrc = kv.v_cache + phys * kv.v_s_block + (long long)kv_head * kv.v_s_head + slot * kv.v_s_token +
+             run_offset<Cfg::V_RUN>(d0, kv.v_s_run) / S::PER;
     }
     if (has_k) cp_async<S::COPY>(ks + (i * ROW + d0) / S::PER, ksrc, valid ? S::COPY : 0);
     if (has_v) cp_async<S::COPY>(vs + (i * V_ROW + d0) / S::PER, vsrc, valid ? S::COPY : 0);
@@ -383,7 +378,8 @@ __device__ __forceinline__ void prefill_issue_tile(
   // (attention/kv_format.cuh; the copy path has none)
   if constexpr (!COPY)
     S::F::template issue_scales<KT, S::THREADS, true>(
-        stage + S::SCALES_AT, k_scale, v_scale, ks_s_block, ks_s_head, ks_s_token, vs_s_block, vs_s_head, vs_s_token,
+        stage + S::SCALES_AT, kv.k_scale, kv.v_scale, kv.ks_s_block, kv.ks_s_head, kv.ks_s_token, kv.vs_s_block,
+        kv.vs_s_head, kv.vs_s_token,
         kv_head, [&](int t) { return kv0 + t < kv_end; },
         [&](int t, long long& phys, int& slot) {
           phys = table[(kv0 + t) / B];
@@ -573,20 +569,40 @@ __device__ __forceinline__ void prefill_write_rows(const Epilogue<Cfg>& ep, Soft
   }
 }
 
+// Step k's K and V operand tiles (the block's barriers included): gathered into k_op / v_op
+// (PATH_GATHER, step k's tile at kv0), or its stage waited for and the next tiles' copies issued
+// (attention/stage_ring.cuh), then read in place (PATH_COPY: k_s / v_s point into the stage) or
+// converted into k_op / v_op (PATH_STAGE).
+template <class Cfg, class Issue>
+__device__ __forceinline__ void prefill_tile_operands(int k, int ntiles, Issue& issue, unsigned char* stages, int kv0,
+                                                      int hi, const int* table, int kv_head, const KvPool<Cfg>& kv,
+                                                      typename Cfg::q_t* k_op, typename Cfg::q_t* v_op,
+                                                      const typename Cfg::q_t*& k_s, const typename Cfg::q_t*& v_s) {
+  typedef PrefillShape<Cfg> S;
+  typedef typename S::T T;
+  if constexpr (S::PATH == 2) {
+    __syncthreads();  // Q is stored; every warp is done with the previous tile
+    prefill_load_kv_tile<Cfg>(k_op, v_op, reinterpret_cast<float*>(stages), kv0, hi, table, kv_head, kv);
+    __syncthreads();
+  } else {
+    StageRing<S::STAGES>::next(k, ntiles, issue);  // (its barrier: Q is stored too)
+    const unsigned char* stage = stages + (k % S::STAGES) * S::STAGE_BYTES;
+    if constexpr (S::PATH == 0) {
+      k_s = reinterpret_cast<const T*>(stage);
+      v_s = reinterpret_cast<const T*>(stage + S::TILE_BYTES);
+    } else {
+      prefill_convert_tile<Cfg>(k_op, v_op, stage);
+      __syncthreads();  // the operand tiles are written
+    }
+  }
+}
+
 template <class Cfg, class Params>
 __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   // The parameters (Params: generated from the kernel's argument table): the output side is the
-  // epilogue's (attention/epilogue.cuh, below), the rest bound here under the names the body uses;
+  // epilogue's (attention/epilogue.cuh, below), the K/V pool the KvPool's (attention/kv_pool.cuh);
   // ABI 1's positional signature is templates/abi1/'s, which fills a Params and calls this.
-  const auto* __restrict__ q = p.q;
-  const auto* __restrict__ k_cache = p.k_cache;
-  const auto* __restrict__ v_cache = p.v_cache;
-  const typename Cfg::scale_arg_t k_scale = p.k_scale, v_scale = p.v_scale;
-  const long long q_s_tok = p.q_s_tok, q_s_head = p.q_s_head;
-  const long long k_s_block = p.k_s_block, k_s_head = p.k_s_head, k_s_token = p.k_s_token, k_s_run = p.k_s_run;
-  const long long v_s_block = p.v_s_block, v_s_head = p.v_s_head, v_s_token = p.v_s_token, v_s_run = p.v_s_run;
-  const long long ks_s_block = p.ks_s_block, ks_s_head = p.ks_s_head, ks_s_token = p.ks_s_token;
-  const long long vs_s_block = p.vs_s_block, vs_s_head = p.vs_s_head, vs_s_token = p.vs_s_token;
+  const KvPool<Cfg> kv = KvPool<Cfg>::of(p);
   typedef PrefillShape<Cfg> S;
   typedef typename S::T T;
   typedef PrefillMath<Cfg, S::MMA> Math;
@@ -601,26 +617,17 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   const int q_begin = p.q_indptr[seq], q_len = p.q_indptr[seq + 1] - q_begin, kv_len = p.seq_lens[seq];
   const int r0 = tile * ROWS, rows = min(ROWS, q_len * G - r0);
   const int pos0 = kv_len - q_len;  // absolute position of the chunk's first token
-  typedef typename PrefillKeys<Cfg>::type Keys;  // attention/visibility.cuh
-  const int pos_first = pos0 + r0 / G, pos_last = pos0 + (r0 + rows - 1) / G;  // the block's first and last row
-  // Keys some row of the block sees: [lo, hi).
-  const KeyRange keys = Keys::rows_keys(pos_first, pos_last, kv_len);
-  int lo = keys.begin, hi = keys.end;
-  if (ep.split) {  // partition `part` holds keys [part * P, (part + 1) * P), the last one the rest
-    const int part = ep.part, P = p.partition_tokens;
-    if (part >= split_partitions(kv_len, P, p.max_partitions)) return;  // uniform; the merge reads the same count
-    clip_to_partition(part, P, p.max_partitions, lo, hi);
-  }
-  const int ntiles = hi > lo ? (hi - lo + KT - 1) / KT : 0;  // tile i: keys lo + i * KT ..
-  // Tiles [t_a, t_b) are full: every row of the block sees all their keys, so they need no mask.
-  // They are computed first (the online softmax takes tiles in any order), then the masked ones:
-  // those before t_a (the window's edge) and from t_b on (the causal diagonal, the tail).
+  // The block's keys and their tiles (attention/visibility.cuh): the full ones, which no row of the
+  // block masks, first, then the masked ones (the window's edge, the causal diagonal, the tail).
+  typedef typename PrefillKeys<Cfg>::type Keys;
+  const PrefillRows<Keys, G> block{pos0, r0, rows};
+  KeyTiles<Keys, KT> tiles;
+  if (!prefill_key_tiles(block.span(0, ROWS), kv_len, ep.split, ep.part, p.partition_tokens, p.max_partitions, tiles))
+    return;  // uniform: the partition lies past the sequence
+  const int lo = tiles.lo, hi = tiles.hi, ntiles = tiles.n;
   int t_a, t_b;
-  Keys::template full_tiles<KT>(lo, hi, ntiles, pos_first, pos_last, t_a, t_b);
-  if (t_b == t_a) t_a = t_b = 0;
-  const int nfull = t_b - t_a;
-  // the tile computed at step k
-  auto tile_at = [&](int k) { return k < nfull ? t_a + k : k - nfull < t_a ? k - nfull : k; };
+  tiles.full(block.span(0, ROWS), t_a, t_b);
+  const FullFirst order = FullFirst::of(t_a, t_b);
 
   // Shared memory: Q | operand K, V (stage and gather paths) | STAGES stages | fp32 P per warp.
   KGEN_DYNAMIC_SMEM(T, q_s);
@@ -630,14 +637,9 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   unsigned char* stages = smem + S::Q_BYTES + S::OPERAND_BYTES;
   float* p_w = reinterpret_cast<float*>(smem + S::Q_BYTES + S::KV_BYTES) + warp * S::WROWS * KT;  // fp32 math only
   const int* table = p.block_tables + (long long)seq * p.max_blocks_per_seq;
-  // the KV head's rows, offset once: fewer 64-bit values live through the tile loop
-  const typename Cfg::kv_t* k_head = k_cache + (long long)kv_head * k_s_head;
-  const typename Cfg::kv_t* v_head = v_cache + (long long)kv_head * v_s_head;
+  const KvPool<Cfg> head = kv.head(kv_head);  // the KV head's rows, offset once
   auto issue = [&](int i) {  // the copies of step i's tile
-    prefill_issue_tile<Cfg>(stages + (i % STAGES) * S::STAGE_BYTES, lo + tile_at(i) * KT, hi, table, kv_head, k_head,
-                            v_head, k_scale, v_scale, k_s_block, 0LL, k_s_token, k_s_run, v_s_block, 0LL,
-                            v_s_token, v_s_run, ks_s_block, ks_s_head, ks_s_token, vs_s_block, vs_s_head,
-                            vs_s_token);
+    prefill_issue_tile<Cfg>(stages + (i % STAGES) * S::STAGE_BYTES, tiles.key0(order.at(i)), hi, table, kv_head, head);
   };
   // The first STAGES - 1 tiles are requested before anything else is done (Q's loads overlap them;
   // attention/stage_ring.cuh).
@@ -648,11 +650,11 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   // in the tiles); per token, each tile's come with it (K's and V's KT floats in the stage), and
   // for fp16 q V's are taken relative to their largest over the block's keys (v_reference; bf16 and
   // fp32 have fp32's range: no v_ref).
-  const typename S::F::Scales kv_sc = S::F::tensor_scales(k_scale, v_scale, kv_head);
+  const typename S::F::Scales kv_sc = S::F::tensor_scales(kv.k_scale, kv.v_scale, kv_head);
   float qk_scale = Cfg::SOFTMAX_SCALE * kv_sc.k, v_out = kv_sc.v, v_inv_ref = 1.0f;
   if constexpr (S::TOKEN_SCALES && IsSame<T, __half>::value) {
-    S::F::template v_reference<S::THREADS>(v_scale, table, lo, hi, kv_head, vs_s_block, vs_s_head, vs_s_token,
-                                           reinterpret_cast<float*>(smem), v_out, v_inv_ref);  // Q's first bytes
+    S::F::template v_reference<S::THREADS>(kv.v_scale, table, lo, hi, kv_head, kv.vs_s_block, kv.vs_s_head,
+                                           kv.vs_s_token, reinterpret_cast<float*>(smem), v_out, v_inv_ref);  // Q's first bytes
     __syncthreads();  // everybody has read them before Q overwrites them
   }
   // A negative scale's sign goes into Q (negating is exact), so qk_scale > 0: a row's largest raw
@@ -660,7 +662,7 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   const bool q_neg = qk_scale < 0.0f;
   qk_scale = fabsf(qk_scale);
 
-  prefill_load_q<Cfg>(q_s, q, q_s_tok, q_s_head, q_begin, r0, rows, kv_head, q_neg);
+  prefill_load_q<Cfg>(q_s, p.q, p.q_s_tok, p.q_s_head, q_begin, r0, rows, kv_head, q_neg);
 
   // This lane's rows: g and g + 8 of each of the warp's MT m16 tiles (index 2 * mt + rr).
   constexpr int MT = S::MT, LANE_ROWS = 2 * MT;
@@ -671,9 +673,7 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
 #pragma unroll
   for (int q = 0; q < (Cfg::ALIBI ? LANE_ROWS : 1); ++q)
     slope[q] = Cfg::ALIBI && row_at(q) - r0 < rows ? p.alibi_slopes[kv_head * G + row_at(q) % G] : 0.0f;
-  const int warp_rows = rows - warp * S::WROWS;  // <= 0: an idle warp
-  const int warp_pos_first = pos0 + (r0 + warp * S::WROWS) / G;
-  const int warp_pos_last = pos0 + (r0 + min(rows, warp * S::WROWS + S::WROWS) - 1) / G;
+  const RowSpan<Keys> warp_rows = block.span(warp * S::WROWS, S::WROWS);  // rows <= 0: an idle warp
   const int d0 = slice * S::DS;
   const int dn = S::SLICES == 1 ? S::DS : min(S::DS, S::DV - d0);
   // PLAIN: the logit is the product times qk_scale (attention/logits.cuh's LINEAR, and no per-token
@@ -685,44 +685,20 @@ __device__ __forceinline__ void paged_prefill_body(const Params& p) {
   SoftmaxState st[LANE_ROWS];
 #pragma unroll
   for (int q = 0; q < LANE_ROWS; ++q) st[q] = SoftmaxState::empty();
-  float o[MT][S::ONT][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < S::ONT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) o[mt][nt][i] = 0.0f;
+  float o[MT][S::ONT][4] = {};
 
   // Step k: wait for its tile (issued STAGES - 1 steps ago), refill the buffers of step k - 1,
   // then the warp's products and softmax. The loop bound is uniform across the block, so every
   // thread reaches every barrier.
   for (int k = 0; k < ntiles; ++k) {
-    const bool masked = k >= nfull;  // block-uniform: the tile may hold keys some row must not see
-    const int kv0 = lo + tile_at(k) * KT;
+    const bool masked = order.masked(k);  // block-uniform: the tile may hold keys some row must not see
+    const int kv0 = tiles.key0(order.at(k));
     const T* k_s = k_op;
     const T* v_s = v_op;
     const float* tok_sc = reinterpret_cast<const float*>(stages + (k % STAGES) * S::STAGE_BYTES + S::SCALES_AT);
-    if constexpr (S::PATH == 2) {
-      __syncthreads();  // Q is stored; every warp is done with the previous tile
-      prefill_load_kv_tile<Cfg>(k_op, v_op, reinterpret_cast<float*>(stages), kv0, hi, table, kv_head, k_cache,
-                                v_cache, k_scale, v_scale, k_s_block, k_s_head, k_s_token, k_s_run, v_s_block,
-                                v_s_head, v_s_token, v_s_run, ks_s_block, ks_s_head, ks_s_token, vs_s_block,
-                                vs_s_head, vs_s_token);
-      __syncthreads();
-    } else {
-      StageRing<STAGES>::next(k, ntiles, issue);  // (its barrier: Q is stored too)
-      const unsigned char* stage = stages + (k % STAGES) * S::STAGE_BYTES;
-      if constexpr (S::PATH == 0) {
-        k_s = reinterpret_cast<const T*>(stage);
-        v_s = reinterpret_cast<const T*>(stage + S::TILE_BYTES);
-      } else {
-        prefill_convert_tile<Cfg>(k_op, v_op, stage);
-        __syncthreads();  // the operand tiles are written
-      }
-    }
+    prefill_tile_operands<Cfg>(k, ntiles, issue, stages, kv0, hi, table, kv_head, kv, k_op, v_op, k_s, v_s);
     // Warp-uniform: an idle warp, or (masked tiles) one whose rows see none of this tile's keys, skips it.
-    if (warp_rows <= 0 || (masked && Keys::tile_unseen(kv0, KT, warp_pos_first, warp_pos_last)))
-      continue;
+    if (warp_rows.rows <= 0 || (masked && !warp_rows.sees_some(kv0, KT))) continue;
     float sm[MT][S::N8][4];
     Math::qk(sm, q_s + warp * S::WROWS * S::LD, k_s, lane);
     prefill_softmax_tile<Cfg, PLAIN, Keys>(sm, st, o, softmax, row_pos, slope, kv0, hi, masked, tok_sc, qk_scale,

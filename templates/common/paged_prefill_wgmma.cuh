@@ -31,6 +31,7 @@
 #include "kgen/attention/logits.cuh"
 #include "kgen/attention/softmax_tile.cuh"
 #include "kgen/attention/kv_format.cuh"
+#include "kgen/attention/kv_pool.cuh"
 #include "kgen/attention/epilogue.cuh"
 #include "kgen/attention/wgmma_tile.cuh"
 
@@ -58,8 +59,6 @@ struct WgmmaPrefillShape {
 };
 
 template <bool B> struct BoolTag { static constexpr bool value = B; };
-
-__device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
 // The online softmax of one S tile in a consumer thread's registers (s: the m64nKT accumulators,
 // the m16n8 C-fragment layout per warp, [KT/8][4]): logits, masks (MASKED), the running (m, l) of
@@ -106,10 +105,7 @@ __device__ __forceinline__ void wg_prefill_produce(const Params& p, unsigned cha
   typedef WgmmaPrefillShape<Cfg> S;
   typedef typename S::T T;
   constexpr int KT = S::KT, D = S::D, DV = S::DV, STAGES = S::STAGES;
-  const auto* __restrict__ k_cache = p.k_cache;
-  const auto* __restrict__ v_cache = p.v_cache;
-  const long long k_s_block = p.k_s_block, k_s_head = p.k_s_head, k_s_token = p.k_s_token;
-  const long long v_s_block = p.v_s_block, v_s_head = p.v_s_head, v_s_token = p.v_s_token;
+  const KvPool<Cfg> kv = KvPool<Cfg>::of(p);  // attention/kv_pool.cuh
   // Thread tid copies chunks CH * (tid % TPR) .. + CH - 1 (16 bytes each; TPR threads a row of
   // C = D / 8 chunks) of rows tid / TPR, tid / TPR + 128 / TPR, .. of a tile, K's and V's alike
   // when D = DV: one block-table read per key, its address math shared by 2 * CH copies, the
@@ -117,8 +113,8 @@ __device__ __forceinline__ void wg_prefill_produce(const Params& p, unsigned cha
   constexpr int KC = D / 8, VC = DV / 8, CH = KC >= 4 ? 4 : KC, TPR = KC / CH;
   constexpr bool PAIRED = KC == VC && KC % CH == 0 && 128 % TPR == 0;
   const int c0 = (tid % TPR) * CH, r_first = tid / TPR;
-  const T* k_head = k_cache + (long long)kv_head * k_s_head + c0 * 8;
-  const T* v_head = v_cache + (long long)kv_head * v_s_head + c0 * 8;
+  const T* k_head = kv.k_cache + (long long)kv_head * kv.k_s_head + c0 * 8;
+  const T* v_head = kv.v_cache + (long long)kv_head * kv.v_s_head + c0 * 8;
   for (int i = 0; i < ntiles; ++i) {
     const int s = i % STAGES, kv0 = lo + i * KT;
     if (i >= STAGES) mbar_wait(&empty[s], (i / STAGES - 1) & 1);  // the consumers are done with tile i - STAGES
@@ -132,8 +128,10 @@ __device__ __forceinline__ void wg_prefill_produce(const Params& p, unsigned cha
         const int bytes = key < hi ? 16 : 0;
         const unsigned kc = (unsigned)min(key, hi - 1);
         const unsigned long long phys = (unsigned)table[kc / Cfg::BLOCK_SIZE], slot = kc % Cfg::BLOCK_SIZE;
-        const T* ksrc = k_head + (long long)(phys * (unsigned long long)k_s_block + slot * (unsigned long long)k_s_token);
-        const T* vsrc = v_head + (long long)(phys * (unsigned long long)v_s_block + slot * (unsigned long long)v_s_token);
+        const unsigned long long k_s_block = kv.k_s_block, k_s_token = kv.k_s_token;
+        const unsigned long long v_s_block = kv.v_s_block, v_s_token = kv.v_s_token;
+        const T* ksrc = k_head + (long long)(phys * k_s_block + slot * k_s_token);
+        const T* vsrc = v_head + (long long)(phys * v_s_block + slot * v_s_token);
 #pragma unroll
         for (int j = 0; j < CH; ++j) {
           const int off = wg_swizzled<KT>(r, (c0 + j) * 8);
@@ -147,12 +145,12 @@ __device__ __forceinline__ void wg_prefill_produce(const Params& p, unsigned cha
         const int j = is_v ? idx - KT * KC : idx, c = is_v ? VC : KC, key_i = j / c, d0 = (j % c) * 8;
         const int key = kv0 + key_i;
         const bool valid = key < hi;
-        const T* src = is_v ? v_cache : k_cache;
+        const T* src = is_v ? kv.v_cache : kv.k_cache;
         if (valid) {
           const long long phys = table[key / Cfg::BLOCK_SIZE];
           const int slot = key % Cfg::BLOCK_SIZE;
-          src = is_v ? v_cache + phys * v_s_block + (long long)kv_head * v_s_head + slot * v_s_token + d0
-                     : k_cache + phys * k_s_block + (long long)kv_head * k_s_head + slot * k_s_token + d0;
+          src = is_v ? kv.v_cache + phys * kv.v_s_block + (long long)kv_head * kv.v_s_head + slot * kv.v_s_token + d0
+                     : kv.k_cache + phys * kv.k_s_block + (long long)kv_head * kv.k_s_head + slot * kv.k_s_token + d0;
         }
         unsigned char* dst = is_v ? vs + wg_swizzled<KT>(key_i, d0) : ks + wg_swizzled<KT>(key_i, d0);
         cp_async<16>(dst, src, valid ? 16 : 0);
@@ -222,9 +220,7 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(const Params& p) {
   const Epilogue<Cfg> ep = Epilogue<Cfg>::of(p, p.o_s_tok, blockIdx.z);  // DV <= 256: blockIdx.z is the partition
   typedef WgmmaPrefillShape<Cfg> S;
   typedef typename S::T T;
-  constexpr int G = S::G, ROWS = S::ROWS, KT = S::KT, D = S::D, DV = S::DV, W = Cfg::SLIDING_WINDOW;
-  constexpr int STAGES = S::STAGES;
-  constexpr bool CAUSAL = Cfg::CAUSAL;
+  constexpr int G = S::G, ROWS = S::ROWS, KT = S::KT, D = S::D, DV = S::DV, STAGES = S::STAGES;
   // The warpgroup index broadcast from lane 0: ptxas then knows it is warp-uniform, and so is every
   // branch and loop bound derived from it, which keeps the consumers' wgmma in uniform control flow
   // (a wgmma ptxas must assume divergent is serialised: advisory C7520).
@@ -236,14 +232,12 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(const Params& p) {
   const int q_begin = p.q_indptr[seq], q_len = p.q_indptr[seq + 1] - q_begin, kv_len = p.seq_lens[seq];
   const int r0 = tile * ROWS, rows = min(ROWS, q_len * G - r0);
   const int pos0 = kv_len - q_len;
-  typedef typename PrefillKeys<Cfg>::type Keys;
-  const KeyRange keys = Keys::rows_keys(pos0 + r0 / G, pos0 + (r0 + rows - 1) / G, kv_len);
-  int lo = keys.begin, hi = keys.end;
-  if (ep.split) {
-    if (ep.part >= split_partitions(kv_len, p.partition_tokens, p.max_partitions)) return;  // uniform
-    clip_to_partition(ep.part, p.partition_tokens, p.max_partitions, lo, hi);
-  }
-  const int ntiles = hi > lo ? (hi - lo + KT - 1) / KT : 0;
+  typedef typename PrefillKeys<Cfg>::type Keys;  // the block's keys and their tiles: attention/visibility.cuh
+  const PrefillRows<Keys, G> block{pos0, r0, rows};
+  KeyTiles<Keys, KT> tiles;
+  if (!prefill_key_tiles(block.span(0, ROWS), kv_len, ep.split, ep.part, p.partition_tokens, p.max_partitions, tiles))
+    return;  // uniform: the partition lies past the sequence
+  const int lo = tiles.lo, hi = tiles.hi, ntiles = tiles.n;
 
   KGEN_DYNAMIC_SMEM(unsigned char, smem_raw);
   unsigned char* base = smem_align_1024(smem_raw);  // the 1024 bytes of slack in SMEM_BYTES
@@ -285,9 +279,7 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(const Params& p) {
     row_pos[rr] = pos0 + pr / G;
     slope[rr] = Cfg::ALIBI && row_ok[rr] ? p.alibi_slopes[row_head[rr]] : 0.0f;
   }
-  const int wg_rows = rows - rb;  // <= 0: an idle warpgroup (it still takes part in the barriers)
-  const int wg_pos_first = pos0 + (r0 + rb) / G;
-  const int wg_pos_last = pos0 + (r0 + min(rows, rb + 64) - 1) / G;
+  const RowSpan<Keys> wg_rows = block.span(rb, 64);  // rows <= 0: idle (it still takes part in the barriers)
 
   SoftmaxState st[2] = {SoftmaxState::empty(), SoftmaxState::empty()};
   float o[DV / 2];
@@ -305,8 +297,7 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(const Params& p) {
     const int s = i % STAGES, kv0 = lo + i * KT;
     mbar_wait(&full[s], (i / STAGES) & 1);  // tile i has landed
     const unsigned long long dk = wg_desc_plus(dk0, s * S::STAGE_BYTES), dv = wg_desc_plus(dv0, s * S::STAGE_BYTES);
-    const bool sees = !MASKED || (wg_rows > 0 && !(CAUSAL && kv0 > wg_pos_last) &&
-                                  !(W > 0 && kv0 + KT - 1 <= wg_pos_first - W));
+    const bool sees = !MASKED || wg_rows.sees_some(kv0, KT);
     if (sees) {  // warpgroup-uniform (attention/wgmma_tile.cuh: each product waited on)
       wg_qk<T, KT, D, ROWS, KT>(sacc, dq, dk);
       wg_softmax_tile<Cfg, MASKED>(sacc, o, st, kv0, hi, t, row_ok, row_pos, slope);
@@ -317,11 +308,8 @@ __device__ __forceinline__ void paged_prefill_wgmma_body(const Params& p) {
   // Tiles [i_a, i_b) need no mask for any row of the warpgroup (all 64 rows real, every key below hi,
   // on or below every row's diagonal, inside every row's window): they run the unmasked softmax in a
   // loop of their own; the tiles before (window edge) and after (diagonal, tail) are masked.
-  int i_a = 0, i_b = wg_rows >= 64 ? floor_div(hi - lo, KT) : 0;
-  if (CAUSAL) i_b = min(i_b, floor_div(wg_pos_first + 1 - lo, KT));
-  if (W > 0) i_a = max(0, -floor_div(lo - (wg_pos_last - W + 1), KT));  // ceil((wg_pos_last - W + 1 - lo) / KT)
-  i_a = min(i_a, ntiles);
-  i_b = max(i_a, min(i_b, ntiles));
+  int i_a, i_b;
+  tiles.full(wg_rows, i_a, i_b, wg_rows.rows >= 64);
   for (int i = 0; i < i_a; ++i) step(i, BoolTag<true>());
   for (int i = i_a; i < i_b; ++i) step(i, BoolTag<false>());
   for (int i = i_b; i < ntiles; ++i) step(i, BoolTag<true>());

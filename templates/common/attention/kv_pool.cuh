@@ -1,9 +1,10 @@
 // The paged K/V pool a decode block reads, as its Params give it: the two caches, their dequantisation
 // scales and the strides that place an element (docs/abi.md: block, KV head, slot, and K's head_dim
-// runs where K is stored x-packed; the vLLM V layout's head_dim rows). Both decode bodies bind it
-// once in their prologue, so the pool's parameters are named in one place:
+// runs where K is stored x-packed; the vLLM V layout's head_dim rows). The decode and prefill bodies
+// bind it once in their prologue, so the pool's parameters are named in one place:
 //
 //   KvPool<Cfg>::of(p)              the pool of a kernel's Params
+//   head(kv_head)                   the pool of one KV head (its rows offset once)
 //   k_row / v_row(phys, h, slot, d)  where element d of a token-major K / V row starts (K's runs,
 //                                   Cfg::K_RUN, included)
 //   v_column(phys, h, d, slot)      where token `slot` of V's head_dim row d starts (vLLM layout)
@@ -31,6 +32,16 @@ struct KvPool {
     return KvPool{p.k_cache,    p.v_cache,    p.k_scale,    p.v_scale,    p.k_s_block,  p.k_s_head,
                   p.k_s_token,  p.k_s_run,    p.v_s_block,  p.v_s_head,   p.v_s_token,  p.v_s_run,
                   p.ks_s_block, p.ks_s_head,  p.ks_s_token, p.vs_s_block, p.vs_s_head,  p.vs_s_token};
+  }
+
+  // The pool of one KV head: its K and V rows offset once (head strides 0), so fewer 64-bit values
+  // live through a body's tile loop; the per-token scales keep their head stride.
+  __device__ __forceinline__ KvPool head(int kv_head) const {
+    KvPool h = *this;
+    h.k_cache += (long long)kv_head * k_s_head;
+    h.v_cache += (long long)kv_head * v_s_head;
+    h.k_s_head = h.v_s_head = 0;
+    return h;
   }
 
   __device__ __forceinline__ const kv_t* k_row(long long phys, int kv_head, int slot, int d0) const {

@@ -14,6 +14,16 @@
 //   KeyRule::full_tiles        the tiles every row of a block sees whole (they need no mask)
 //   decode_key_range           a decode block's keys, narrowed to its KV partition (softmax.cuh)
 //
+// A prefill block's rows are packed (row r of its chunk: query token r / G, head r % G; the chunk's
+// first token at position pos0), and its keys come in tiles of KT (both prefill bodies start here):
+//
+//   PrefillRows::span(off, n)  rows [off, off + n) of the block (a warp's, a warpgroup's): how many
+//                              are real, their first and last position (a RowSpan)
+//   RowSpan::sees_some         a masked tile some real row of the span sees (else it is skipped)
+//   prefill_key_tiles          the block's keys [lo, hi), narrowed to its KV partition, as KeyTiles
+//   KeyTiles::full             the tiles a span sees whole (they need no mask): KeyRule::full_tiles
+//   FullFirst                  an order of the tiles: the full ones first, then the masked ones
+//
 // Sparse attention: a row's keys are the entries [0, N) of its own index list, entry k naming a
 // cache slot or -1 (none). The list is what the row sees, so over entries the rule is KeyRule<false,
 // 0> (every entry below end: no causal mask, no window), and an entry that names no slot is masked
@@ -97,5 +107,64 @@ __device__ __forceinline__ bool decode_key_range(int seq_len, int part, int P, i
   }
   return true;
 }
+
+// Rows of a prefill block at positions [pos_first, pos_last], `rows` of them real (<= 0: none).
+template <class Keys>
+struct RowSpan {
+  int rows, pos_first, pos_last;
+  // Some real row of the span may see some of the keys [kv0, kv0 + n) (a masked tile; else skipped).
+  __device__ __forceinline__ bool sees_some(int kv0, int n) const {
+    return rows > 0 && !Keys::tile_unseen(kv0, n, pos_first, pos_last);
+  }
+};
+
+// A prefill block: `rows` real rows from packed row r0 of a chunk whose first token is at pos0.
+template <class Keys, int G>
+struct PrefillRows {
+  int pos0, r0, rows;
+  // rows [off, off + n) of the block (the first and last real ones' positions)
+  __device__ __forceinline__ RowSpan<Keys> span(int off, int n) const {
+    return RowSpan<Keys>{rows - off, pos0 + (r0 + off) / G, pos0 + (r0 + min(rows, off + n) - 1) / G};
+  }
+};
+
+// A block's keys [lo, hi) in n tiles of KT, tile i from key lo + i * KT.
+template <class Keys, int KT>
+struct KeyTiles {
+  int lo, hi, n;
+  __device__ __forceinline__ int key0(int i) const { return lo + i * KT; }
+  // tiles [a, b) every row of `span` sees whole; those before a (the window's edge) and from b on
+  // (the diagonal, the tail) need the mask. Without `any` (a body whose unmasked tiles need every row
+  // of the span real, and some is not) none is full: a == b.
+  __device__ __forceinline__ void full(const RowSpan<Keys>& span, int& a, int& b, bool any = true) const {
+    Keys::template full_tiles<KT>(lo, any ? hi : lo, n, span.pos_first, span.pos_last, a, b);
+  }
+};
+
+// The keys a prefill block computes: those some row of `block` sees (of the chunk's keys [0, kv_len)),
+// narrowed to the block's KV partition `part` when split (P keys each, the last one the rest). False
+// when the partition lies past the sequence: the block writes nothing (uniform across the block;
+// the merge reads the same count).
+template <class Keys, int KT>
+__device__ __forceinline__ bool prefill_key_tiles(const RowSpan<Keys>& block, int kv_len, bool split, int part, int P,
+                                                  int max_partitions, KeyTiles<Keys, KT>& tiles) {
+  const KeyRange keys = Keys::rows_keys(block.pos_first, block.pos_last, kv_len);
+  int lo = keys.begin, hi = keys.end;
+  if (split) {
+    if (part >= split_partitions(kv_len, P, max_partitions)) return false;
+    clip_to_partition(part, P, max_partitions, lo, hi);
+  }
+  tiles = KeyTiles<Keys, KT>{lo, hi, hi > lo ? (hi - lo + KT - 1) / KT : 0};
+  return true;
+}
+
+// The full tiles [a, b) first (the online softmax takes tiles in any order), then the masked ones
+// in key order: at(k) is the tile computed at step k, masked(k) whether it needs the mask.
+struct FullFirst {
+  int a, nfull;
+  static __device__ __forceinline__ FullFirst of(int a, int b) { return FullFirst{b == a ? 0 : a, b - a}; }
+  __device__ __forceinline__ int at(int k) const { return k < nfull ? a + k : k - nfull < a ? k - nfull : k; }
+  __device__ __forceinline__ bool masked(int k) const { return k >= nfull; }
+};
 
 }  // namespace kgen
