@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_kgen
+from conftest import full_tier_except, inlined_prefill_kernel, run_kgen
 
 import kgen
 from kgen.compile.nvrtc import compile_cubin
@@ -150,6 +150,21 @@ def test_sequences_without_query_rows():
     assert _check(spec, args, out).passed
     empty = make_prefill_case(spec, [0, 12], [0, 0], rng)  # no query row at all: nothing is launched
     assert kernel(**empty).shape == (0, 6, 64)
+
+
+# The block's key tiles (attention/visibility.cuh, which both prefill bodies start from): a tile the
+# causal diagonal crosses, or one the window's edge crosses, taken for a full tile (no mask) must fail.
+# The window's (~17 s) runs by default; the diagonal's (~35 s) in the full tier.
+@pytest.mark.parametrize("old,new,overrides", full_tier_except([
+    ("a = WINDOW > 0 ? min(ntiles, (max(0, pos_last - WINDOW + 1 - lo) + KT - 1) / KT) : 0;",
+     "a = WINDOW > 0 ? min(ntiles, max(0, pos_last - WINDOW + 1 - lo) / KT) : 0;", {"attention.sliding_window": 40}),
+    ("b = full_end > lo ? min(ntiles, (full_end - lo) / KT) : 0;",
+     "b = full_end > lo ? min(ntiles, (full_end - lo + KT - 1) / KT) : 0;", {}),
+], {0}), ids=["window_edge_tile_unmasked", "diagonal_tile_unmasked"])
+def test_a_crossed_tile_taken_for_full_fails_verification(old, new, overrides):
+    mutant = inlined_prefill_kernel(_spec(**overrides), {"partition_size": 0, "path": 1}, [(old, new)],
+                                    parts=("kgen/attention/visibility.cuh",))  # path 1: the mma.sync body
+    assert not kgen.verify(mutant, seed=5).passed
 
 
 def test_tiles_before_every_rows_window_are_never_read():
