@@ -172,12 +172,15 @@ __device__ __forceinline__ void decode_mma_qk(float (&s)[1][2][4], const unsigne
   typedef typename S::T T;
   if constexpr (S::FP4) {  // a 16-byte span (32 elements, two k16 chunks) of tokens g and g + 8 a time
     const int g = lane >> 2, t = lane & 3;
+    // The lane's scales: elements 8t .. 8t + 7 lie in group 2 c2 + t / 2 of token g (and g + 8). A
+    // pointer to them, so that ptxas folds each load's constant into its address; written as one
+    // index a load, it kept those sums in registers across the loop (docs/decode-family.md).
+    const unsigned char* ks_l = ks_w + g * S::GROUPS + (t >> 1);
 #pragma unroll
     for (int c2 = 0; c2 < S::KC / 2; ++c2) {
       unsigned r[2];
       ldmatrix<2, false>(r, k_w + (lane % 16) * S::ROW + c2 * 16);
-      const int grp = 2 * c2 + (t >> 1);  // elements 8t .. 8t + 7 lie in one group
-      const unsigned char s0 = ks_w[g * S::GROUPS + grp], s1 = ks_w[(g + 8) * S::GROUPS + grp];
+      const unsigned char s0 = ks_l[2 * c2], s1 = ks_l[8 * S::GROUPS + 2 * c2];
       __half2 f0, f1;  // fp16 operands: the two tokens' factors, each in both halves
       if constexpr (S::FP4_HALF) {
         const __half2 f = fp4_half_factors(s0, s1);

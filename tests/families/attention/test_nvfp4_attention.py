@@ -175,7 +175,7 @@ MUTANTS = [
     (2, "return tbase + t >= tok_begin && tbase + t < tok_end; }",
      "return tbase + t >= tok_begin && tbase + t < tok_end + 8; }"),
     # tensor cores: K's elements 8t .. 8t + 7 given the span's first group whatever t
-    (2, "const int grp = 2 * c2 + (t >> 1);", "const int grp = 2 * c2;"),
+    (2, "ks_l = ks_w + g * S::GROUPS + (t >> 1);", "ks_l = ks_w + g * S::GROUPS;"),
     # tensor cores: V's nibble j taken from the wrong end of the byte pair (attention/kv_format.cuh)
     (2, "fp4_place(w << (12 - 4 * j))", "fp4_place(w << (4 * j))"),
 ]
