@@ -247,6 +247,9 @@ __device__ __forceinline__ void decode_mma_pv(float (&acc)[1][DecodeMmaShape<Cfg
     // them is column 4g + j, the n8 tile j of the span (pv_column). The group of 4g .. 4g + 3 is one.
     const int g = lane >> 2, t = lane & 3;
     const unsigned char* v_row = v_w + (lane % 8 + ((lane / 8) % 2) * 8) * S::VROW + 16 * (lane / 16);
+    // The lane's scales: group 4q + 2h + g / 4 of tokens 2t, 2t + 1, 2t + 8 and 2t + 9, through one
+    // pointer as K's (decode_mma_qk's ks_l)
+    const unsigned char* vs_l = vs_w + 2 * t * S::GROUPS + (g >> 2);
 #pragma unroll
     for (int q = 0; q < (S::DV + 63) / 64; ++q) {
       const int halves = S::DV % 64 != 0 && q == S::DV / 64 ? 1 : 2;  // a last span of 32 columns: two matrices
@@ -261,9 +264,9 @@ __device__ __forceinline__ void decode_mma_pv(float (&acc)[1][DecodeMmaShape<Cfg
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (h < halves) {
-          const int grp = 4 * q + 2 * h + (g >> 2);
-          const unsigned char sa = vs_w[(2 * t) * S::GROUPS + grp], sb = vs_w[(2 * t + 1) * S::GROUPS + grp];
-          const unsigned char sc = vs_w[(2 * t + 8) * S::GROUPS + grp], sd = vs_w[(2 * t + 9) * S::GROUPS + grp];
+          const int grp = 4 * q + 2 * h;
+          const unsigned char sa = vs_l[grp], sb = vs_l[S::GROUPS + grp];
+          const unsigned char sc = vs_l[8 * S::GROUPS + grp], sd = vs_l[9 * S::GROUPS + grp];
           float fa = 0.0f, fb = 0.0f, fc = 0.0f, fd = 0.0f;
           __half2 hab, hcd;
           if constexpr (S::FP4_HALF) {

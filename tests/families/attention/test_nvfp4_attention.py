@@ -178,13 +178,15 @@ MUTANTS = [
     (2, "ks_l = ks_w + g * S::GROUPS + (t >> 1);", "ks_l = ks_w + g * S::GROUPS;"),
     # tensor cores: V's nibble j taken from the wrong end of the byte pair (attention/kv_format.cuh)
     (2, "fp4_place(w << (12 - 4 * j))", "fp4_place(w << (4 * j))"),
+    # tensor cores: V's columns 4g .. 4g + 3 given the 32-column half's first group whatever g
+    (2, "vs_l = vs_w + 2 * t * S::GROUPS + (g >> 2);", "vs_l = vs_w + 2 * t * S::GROUPS;"),
 ]
 
 
 # By default one mutant of each body (CUDA cores: the tail's scales; tensor cores: V's nibble order).
 @pytest.mark.parametrize(("mma", "old", "new"), full_tier_except(MUTANTS, {0, 5}),
                          ids=["tail_scales", "first_group_only", "v_with_k_scales", "mma_tail_scales", "mma_k_group",
-                              "mma_v_nibble"])
+                              "mma_v_nibble", "mma_v_group"])
 def test_mutants_fail_verification(mma, old, new):
     spec = variant(q="fp16", block=8)
     rendered = render(spec, {"partition_size": 0, "mma_min_group": mma})
